@@ -1,0 +1,586 @@
+//! The execution boundary: every tool call passes one ordered chain of stages, written top to
+//! bottom in [`Boundary::chain`]. Each stage lives in its own file and returns a typed
+//! [`Refusal`] naming itself; the first refusal ends the chain. Only the chain can make the
+//! [`Permit`] an executor needs.
+//!
+//! ListTools uses the same resolve, access and scope stages, so what the model sees and what may
+//! execute cannot drift apart.
+
+pub mod access;
+pub mod bind;
+pub mod idempotency;
+pub mod outcome;
+mod permit;
+pub mod resolve;
+pub mod schema;
+pub mod scopes;
+pub mod structure;
+
+use std::{sync::Arc, time::Duration};
+
+use arc_swap::ArcSwap;
+use futures::{StreamExt, stream};
+use tokio::time::Instant;
+use tracing::Instrument;
+
+pub use outcome::CallOutcome;
+pub use permit::Permit;
+
+use crate::{
+    approvals::{self, Approval, ApprovalState, ApprovalStore, DecideError},
+    audit::{AuditEvent, AuditLog, EventKind, rfc3339},
+    canonical,
+    catalog::{Catalog, RiskLevel, ToolVersion, revision_of},
+    clock::SharedClock,
+    config::LimitsConfig,
+    error::{Reason, Refusal, Stage, Status},
+    executor::{ExecError, Executors},
+    identity::Caller,
+    limits::RateLimits,
+};
+use idempotency::{Claim, IdempotencyStore, Stored};
+use resolve::{Definitions, RevisionLog};
+
+/// The catalog and the state that must change with it, swapped as one on reload.
+pub struct CatalogState {
+    pub catalog: Catalog,
+    pub rate_limits: RateLimits,
+}
+
+/// What is common to the calls of one request.
+#[derive(Debug, Clone)]
+pub struct Turn {
+    pub caller: Caller,
+    pub run_id: String,
+    pub step: u32,
+    /// The revision the model was shown, if the client says.
+    pub catalog_revision: Option<String>,
+    /// The client's gRPC deadline, if any.
+    pub deadline: Option<Instant>,
+}
+
+/// One call as the model proposed it, in domain terms.
+#[derive(Debug, Clone, Default)]
+pub struct CallRequest {
+    pub call_id: String,
+    pub name: String,
+    pub arguments_json: String,
+    pub version: Option<String>,
+    pub idempotency_key: Option<String>,
+    pub approval_id: Option<String>,
+}
+
+/// Everything the chain needs, for the life of the server.
+pub struct Boundary {
+    state: ArcSwap<CatalogState>,
+    limits: LimitsConfig,
+    approvals: ApprovalStore,
+    idempotency: IdempotencyStore,
+    executors: Executors,
+    audit: AuditLog,
+    revisions: RevisionLog,
+    clock: SharedClock,
+}
+
+/// What a successful chain produced.
+struct Success {
+    output: String,
+    approval_id: Option<String>,
+}
+
+impl Boundary {
+    pub fn new(
+        catalog: Catalog,
+        limits: LimitsConfig,
+        approvals: ApprovalStore,
+        executors: Executors,
+        audit: AuditLog,
+        clock: SharedClock,
+    ) -> Self {
+        let rate_limits = RateLimits::build(&catalog, clock.clone(), None);
+        Boundary {
+            state: ArcSwap::from_pointee(CatalogState {
+                catalog,
+                rate_limits,
+            }),
+            idempotency: IdempotencyStore::new(
+                clock.clone(),
+                limits.idempotency_window,
+                limits.idempotency_max_entries,
+            ),
+            limits,
+            approvals,
+            executors,
+            audit,
+            revisions: RevisionLog::new(4096),
+            clock,
+        }
+    }
+
+    /// The catalog in force now.
+    pub fn catalog(&self) -> Arc<CatalogState> {
+        self.state.load_full()
+    }
+
+    pub fn executors(&self) -> &Executors {
+        &self.executors
+    }
+
+    pub fn audit(&self) -> &AuditLog {
+        &self.audit
+    }
+
+    pub fn limits(&self) -> &LimitsConfig {
+        &self.limits
+    }
+
+    /// Replaces the catalog. Calls already running keep the definition they started with; rate
+    /// limit state carries over for unchanged quotas; open approvals of changed tools are voided.
+    pub fn replace_catalog(&self, catalog: Catalog) -> usize {
+        let previous = self.state.load();
+        let rate_limits =
+            RateLimits::build(&catalog, self.clock.clone(), Some(&previous.rate_limits));
+        let invalidated = self.approvals.invalidate_changed(&catalog);
+        self.state.store(Arc::new(CatalogState {
+            catalog,
+            rate_limits,
+        }));
+        invalidated
+    }
+
+    /// The tools this caller's model may see, sorted by name, and their revision.
+    pub fn list_tools(&self, caller: &Caller) -> (Vec<Arc<ToolVersion>>, String) {
+        let state = self.state.load();
+        let visible = visible_tools(&state.catalog, caller);
+        let revision = revision_of(visible.iter().map(|t| t.as_ref()));
+        self.revisions.record(&revision, || definitions(&visible));
+        (visible, revision)
+    }
+
+    /// Runs the calls of one model turn; results come back in the order of `calls`.
+    pub async fn execute_batch(
+        &self,
+        turn: &Turn,
+        calls: Vec<CallRequest>,
+        parallel: bool,
+        max_parallel: usize,
+    ) -> Vec<CallOutcome> {
+        let cap = match max_parallel {
+            0 => self.limits.max_parallel,
+            n => n.min(self.limits.max_parallel),
+        };
+        let calls = calls
+            .into_iter()
+            .enumerate()
+            .map(|(index, call)| self.execute(turn, call, index));
+        if parallel && cap > 1 {
+            // `buffered` runs up to `cap` at once and yields in input order.
+            stream::iter(calls).buffered(cap).collect().await
+        } else {
+            stream::iter(calls).then(|call| call).collect().await
+        }
+    }
+
+    /// Runs one call through the chain and records its audit event, also if it is cancelled.
+    pub async fn execute(&self, turn: &Turn, call: CallRequest, index: usize) -> CallOutcome {
+        let started = Instant::now();
+        let call_id = structure::normalize_call_id(&call.call_id, turn.step, index);
+        let span = tracing::info_span!(
+            "execute_tool",
+            otel.name = %format!("execute_tool {}", call.name),
+            gen_ai.operation.name = "execute_tool",
+            gen_ai.tool.name = %call.name,
+            gen_ai.tool.call.id = %call_id,
+            toolgate.tenant = %turn.caller.tenant,
+            toolgate.agent = %turn.caller.agent,
+            toolgate.status = tracing::field::Empty,
+            toolgate.refused_by = tracing::field::Empty,
+        );
+        let mut guard = AuditGuard::new(&self.audit, self.base_event(turn, &call_id, &call.name));
+        let result = self
+            .chain(turn, &call, &call_id, guard.event())
+            .instrument(span.clone())
+            .await;
+        let event = guard.event();
+        let mut outcome = match result {
+            Ok(success) => {
+                let mut outcome = CallOutcome::ok(
+                    call_id,
+                    call.name,
+                    event.tool_version.clone(),
+                    success.output,
+                );
+                outcome.approval_id = success.approval_id;
+                outcome
+            }
+            Err(refusal) => {
+                CallOutcome::refused(call_id, call.name, event.tool_version.clone(), refusal)
+            }
+        };
+        outcome.duration = started.elapsed();
+        outcome.idempotent_replay = event.idempotent_replay;
+        span.record("toolgate.status", outcome.status.as_str());
+        if let Some(refusal) = &outcome.refusal {
+            span.record("toolgate.refused_by", refusal.stage.as_str());
+        }
+        guard.finish(&outcome).await;
+        outcome
+    }
+
+    /// The ordered chain. Each line is one stage; the first refusal returns.
+    async fn chain(
+        &self,
+        turn: &Turn,
+        call: &CallRequest,
+        call_id: &str,
+        trail: &mut AuditEvent,
+    ) -> Result<Success, Refusal> {
+        let caller = &turn.caller;
+        // 1-2. Structure: a tool name and one JSON object within the size and depth limits.
+        let arguments = structure::check(&call.name, &call.arguments_json, &self.limits)?;
+        // The catalog is pinned for the rest of this call, even if a reload happens meanwhile.
+        let state = self.state.load_full();
+        let catalog = &state.catalog;
+        // 3. Tool and version, and whether the model was shown this definition.
+        let tool = resolve::resolve(catalog, &call.name, call.version.as_deref(), caller)?;
+        trail.tool_version = tool.version.clone();
+        trail.risk_level = Some(tool.risk_level.as_str());
+        if let Some(shown) = &turn.catalog_revision {
+            resolve::check_revision(&self.revisions, shown, tool, || {
+                current_revision(catalog, caller)
+            })?;
+        }
+        // 4. Allow/deny lists: global, tenant, agent.
+        access::check(catalog, caller, &tool.name)?;
+        // 5. Scopes.
+        scopes::check(caller, tool)?;
+        // 6. Arguments against the visible JSON Schema.
+        schema::check(tool, &arguments)?;
+        // 7. Server-bound arguments.
+        let bound = bind::apply(tool, caller, arguments).map_err(|(refusal, attempts)| {
+            trail.bound_override_attempts = attempts;
+            refusal
+        })?;
+        trail.bound_override_attempts = bound.override_attempts;
+        let arguments_sha256 = canonical::sha256_hex(&bound.arguments);
+        trail.arguments_sha256 = Some(arguments_sha256.clone());
+        // 8. Rate limits.
+        let tenant_rate = catalog
+            .tenants
+            .get(&caller.tenant)
+            .and_then(|t| t.rate_limit);
+        state.rate_limits.check(&caller.tenant, tool, tenant_rate)?;
+        // 9. Approval for risky tools, bound to these exact arguments.
+        let approval_id = self.approval(turn, call, tool, &bound.arguments, &arguments_sha256)?;
+        trail.approval_id.clone_from(&approval_id);
+        let permit = Permit::new(
+            call_id.to_owned(),
+            turn.run_id.clone(),
+            tool.clone(),
+            caller.clone(),
+            bound.arguments,
+        );
+        // 10. Idempotency, wrapping 11-12: execute under the deadline and shape the result.
+        let output = match call.idempotency_key.as_deref() {
+            None => self.run(&permit, turn.deadline).await,
+            Some(key) => match self
+                .idempotency
+                .claim(&caller.tenant, &tool.name, key, &arguments_sha256)
+                .await?
+            {
+                Claim::Replay(stored) => {
+                    trail.idempotent_replay = true;
+                    trail.tool_version = stored.tool_version;
+                    stored.result
+                }
+                Claim::Owner(slot) => {
+                    let result = self.run(&permit, turn.deadline).await;
+                    slot.complete(Stored {
+                        result: result.clone(),
+                        tool_version: tool.version.clone(),
+                    });
+                    result
+                }
+            },
+        }?;
+        Ok(Success {
+            output,
+            approval_id,
+        })
+    }
+
+    /// Stage 9.
+    fn approval(
+        &self,
+        turn: &Turn,
+        call: &CallRequest,
+        tool: &ToolVersion,
+        arguments: &serde_json::Value,
+        arguments_sha256: &str,
+    ) -> Result<Option<String>, Refusal> {
+        if !tool.requires_approval {
+            return Ok(None);
+        }
+        let binding = approvals::Binding {
+            tenant: turn.caller.tenant.clone(),
+            subject: turn.caller.subject.clone(),
+            agent: turn.caller.agent.clone(),
+            run_id: turn.run_id.clone(),
+            tool: tool.name.clone(),
+            tool_version: tool.version.clone(),
+            arguments_sha256: arguments_sha256.to_owned(),
+        };
+        let refuse =
+            |(reason, message): (Reason, String)| Refusal::new(Stage::Approval, reason, message);
+        match call
+            .approval_id
+            .as_deref()
+            .filter(|id| !id.trim().is_empty())
+        {
+            None => {
+                let approval = self
+                    .approvals
+                    .create(
+                        binding,
+                        canonical::to_string(arguments),
+                        tool.risk_level,
+                        tool.definition_hash.clone(),
+                    )
+                    .map_err(refuse)?;
+                Err(Refusal::new(
+                    Stage::Approval,
+                    Reason::ApprovalRequired,
+                    format!(
+                        "{} needs approval; an approver must approve {} before the call is repeated with that approval_id",
+                        tool.name, approval.id
+                    ),
+                )
+                .with_approval_id(approval.id))
+            }
+            Some(id) => match self.approvals.redeem(id, &binding) {
+                Ok(approval) => Ok(Some(approval.id)),
+                Err(err) => Err(refuse(err).with_approval_id(id)),
+            },
+        }
+    }
+
+    /// Stages 11 and 12: run under min(tool timeout, client deadline), then check the output.
+    async fn run(&self, permit: &Permit, deadline: Option<Instant>) -> Result<String, Refusal> {
+        let tool = permit.tool();
+        let tool_deadline = Instant::now() + tool.timeout;
+        let deadline = deadline.map_or(tool_deadline, |d| d.min(tool_deadline));
+        let executor = self.executors.for_spec(&tool.executor);
+        let output = match tokio::time::timeout_at(deadline, executor.execute(permit)).await {
+            Ok(Ok(output)) => output,
+            Ok(Err(ExecError::Failed(message))) => {
+                return Err(Refusal::new(Stage::Execute, Reason::ToolFailed, message));
+            }
+            Ok(Err(ExecError::Unavailable(message))) => {
+                return Err(Refusal::new(
+                    Stage::Execute,
+                    Reason::UpstreamUnavailable,
+                    message,
+                ));
+            }
+            Err(_elapsed) => {
+                return Err(timeout_refusal(
+                    tool,
+                    deadline.min(tool_deadline) == tool_deadline,
+                ));
+            }
+        };
+        if output.len() > tool.max_output_bytes {
+            return Err(Refusal::new(
+                Stage::Result,
+                Reason::OutputTooLarge,
+                format!(
+                    "the tool's output is {} bytes; the limit is {}",
+                    output.len(),
+                    tool.max_output_bytes
+                ),
+            ));
+        }
+        Ok(output)
+    }
+
+    /// Lists approvals of the approver's tenant.
+    pub fn list_approvals(
+        &self,
+        approver: &Caller,
+        state: Option<ApprovalState>,
+    ) -> Result<Vec<Approval>, DecideError> {
+        self.approvals.list(approver, state)
+    }
+
+    /// Approves or rejects, and records the decision in the audit trail.
+    pub async fn decide_approval(
+        &self,
+        approver: &Caller,
+        id: &str,
+        approve: Option<bool>,
+        reason: &str,
+    ) -> Result<Approval, DecideError> {
+        let approve = approve.ok_or(DecideError::NoDecision)?;
+        let approval = self.approvals.decide(approver, id, approve, reason)?;
+        self.audit
+            .record(AuditEvent {
+                time: rfc3339(self.clock.unix_ms()),
+                kind: Some(EventKind::ApprovalDecision),
+                run_id: approval.binding.run_id.clone(),
+                tenant: approval.binding.tenant.clone(),
+                subject: approval.binding.subject.clone(),
+                agent: approval.binding.agent.clone(),
+                tool: approval.binding.tool.clone(),
+                tool_version: approval.binding.tool_version.clone(),
+                risk_level: Some(approval.risk_level.as_str()),
+                arguments_sha256: Some(approval.binding.arguments_sha256.clone()),
+                status: if approve { "APPROVED" } else { "REJECTED" },
+                reason: Some(reason.to_owned()).filter(|r| !r.is_empty()),
+                approval_id: Some(approval.id.clone()),
+                approver: Some(approver.subject.clone()),
+                ..AuditEvent::default()
+            })
+            .await;
+        Ok(approval)
+    }
+
+    /// Approvals waiting for a decision.
+    pub fn pending_approvals(&self) -> usize {
+        self.approvals.pending()
+    }
+
+    fn base_event(&self, turn: &Turn, call_id: &str, tool: &str) -> AuditEvent {
+        AuditEvent {
+            time: rfc3339(self.clock.unix_ms()),
+            kind: Some(EventKind::ToolCall),
+            call_id: call_id.to_owned(),
+            run_id: turn.run_id.clone(),
+            step: turn.step,
+            tenant: turn.caller.tenant.clone(),
+            subject: turn.caller.subject.clone(),
+            agent: turn.caller.agent.clone(),
+            tool: tool.to_owned(),
+            ..AuditEvent::default()
+        }
+    }
+}
+
+fn timeout_refusal(tool: &ToolVersion, tool_timeout_hit: bool) -> Refusal {
+    let limit = if tool_timeout_hit {
+        format!("its timeout of {} ms", tool.timeout.as_millis())
+    } else {
+        "the client's deadline".to_owned()
+    };
+    if tool.risk_level == RiskLevel::ReadOnly {
+        Refusal::new(
+            Stage::Execute,
+            Reason::Timeout,
+            format!("{} did not finish within {limit}", tool.name),
+        )
+    } else {
+        // A write may have happened before the deadline: retrying blindly could repeat it.
+        Refusal::new(
+            Stage::Execute,
+            Reason::Timeout,
+            format!("{} did not finish within {limit}; the outcome is unknown and changes may have been made", tool.name),
+        )
+        .with_retryable(false)
+    }
+}
+
+/// The tools a caller may see: resolved for its tenant, allowed, and within its scopes.
+fn visible_tools(catalog: &Catalog, caller: &Caller) -> Vec<Arc<ToolVersion>> {
+    catalog
+        .names()
+        .filter_map(|name| resolve::resolve(catalog, name, None, caller).ok())
+        .filter(|tool| {
+            access::check(catalog, caller, &tool.name).is_ok()
+                && scopes::check(caller, tool).is_ok()
+        })
+        .cloned()
+        .collect()
+}
+
+fn definitions(visible: &[Arc<ToolVersion>]) -> Definitions {
+    visible
+        .iter()
+        .map(|t| (t.name.clone(), t.definition_hash.clone()))
+        .collect()
+}
+
+fn current_revision(catalog: &Catalog, caller: &Caller) -> (String, Definitions) {
+    let visible = visible_tools(catalog, caller);
+    (
+        revision_of(visible.iter().map(|t| t.as_ref())),
+        definitions(&visible),
+    )
+}
+
+/// Makes sure a call leaves an audit event even when its future is dropped (client cancel,
+/// shutdown): then the event says CANCELLED.
+struct AuditGuard<'a> {
+    audit: &'a AuditLog,
+    event: Option<AuditEvent>,
+    started: Instant,
+}
+
+impl<'a> AuditGuard<'a> {
+    fn new(audit: &'a AuditLog, event: AuditEvent) -> Self {
+        AuditGuard {
+            audit,
+            event: Some(event),
+            started: Instant::now(),
+        }
+    }
+
+    fn event(&mut self) -> &mut AuditEvent {
+        self.event.get_or_insert_with(AuditEvent::default)
+    }
+
+    async fn finish(mut self, outcome: &CallOutcome) {
+        if let Some(mut event) = self.event.take() {
+            fill(
+                &mut event,
+                outcome.status,
+                outcome.refusal.as_ref(),
+                outcome.duration,
+            );
+            if event.approval_id.is_none() {
+                event.approval_id.clone_from(&outcome.approval_id);
+            }
+            self.audit.record(event).await;
+        }
+    }
+}
+
+impl Drop for AuditGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(mut event) = self.event.take() {
+            let refusal = Refusal::new(
+                Stage::Execute,
+                Reason::Cancelled,
+                "the client cancelled the call",
+            );
+            fill(
+                &mut event,
+                Status::Cancelled,
+                Some(&refusal),
+                self.started.elapsed(),
+            );
+            self.audit.record_detached(event);
+        }
+    }
+}
+
+fn fill(event: &mut AuditEvent, status: Status, refusal: Option<&Refusal>, duration: Duration) {
+    event.status = status.as_str();
+    event.duration_ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
+    if let Some(refusal) = refusal {
+        event.error_type = Some(refusal.reason.code());
+        event.refused_by = Some(refusal.stage.as_str());
+        event.reason = Some(refusal.message.clone());
+        if event.approval_id.is_none() {
+            event.approval_id.clone_from(&refusal.approval_id);
+        }
+    }
+}

@@ -1,0 +1,63 @@
+//! The [`Permit`]: proof that a call passed every stage of the boundary. Only this module's parent
+//! can construct one, and executors take nothing else.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::{catalog::ToolVersion, identity::Caller};
+
+/// A call the boundary decided may run, with its final (bound) arguments.
+#[derive(Debug)]
+pub struct Permit {
+    call_id: String,
+    run_id: String,
+    tool: Arc<ToolVersion>,
+    caller: Caller,
+    arguments: Value,
+    /// Private: nothing outside `boundary` can build a permit.
+    _sealed: Sealed,
+}
+
+#[derive(Debug)]
+struct Sealed;
+
+impl Permit {
+    pub(super) fn new(
+        call_id: String,
+        run_id: String,
+        tool: Arc<ToolVersion>,
+        caller: Caller,
+        arguments: Value,
+    ) -> Self {
+        Permit {
+            call_id,
+            run_id,
+            tool,
+            caller,
+            arguments,
+            _sealed: Sealed,
+        }
+    }
+
+    pub fn call_id(&self) -> &str {
+        &self.call_id
+    }
+
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    pub fn tool(&self) -> &ToolVersion {
+        &self.tool
+    }
+
+    pub fn caller(&self) -> &Caller {
+        &self.caller
+    }
+
+    /// The arguments after validation and binding: what the backend receives.
+    pub fn arguments(&self) -> &Value {
+        &self.arguments
+    }
+}

@@ -1,0 +1,95 @@
+//! Canonical JSON: object keys sorted, numbers in one spelling, no whitespace. Two argument objects
+//! that mean the same hash the same, whatever key order or number formatting the model chose.
+
+use std::fmt::Write as _;
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// The canonical JSON text of a value.
+pub fn to_string(value: &Value) -> String {
+    let mut out = String::new();
+    write_value(value, &mut out);
+    out
+}
+
+/// SHA-256 (lowercase hex) of the canonical JSON text.
+pub fn sha256_hex(value: &Value) -> String {
+    hex::encode(Sha256::digest(to_string(value).as_bytes()))
+}
+
+fn write_value(value: &Value, out: &mut String) {
+    match value {
+        Value::Null => out.push_str("null"),
+        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Value::Number(n) => write_number(n, out),
+        Value::String(s) => write_string(s, out),
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_value(item, out);
+            }
+            out.push(']');
+        }
+        Value::Object(map) => {
+            let mut entries: Vec<_> = map.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            out.push('{');
+            for (i, (key, item)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_string(key, out);
+                out.push(':');
+                write_value(item, out);
+            }
+            out.push('}');
+        }
+    }
+}
+
+/// Integers print as integers whichever way they were written (`1`, `1.0`, `1e0`); other numbers
+/// in the shortest form that reads back to the same f64.
+fn write_number(n: &serde_json::Number, out: &mut String) {
+    if let Some(i) = n.as_i64() {
+        let _ = write!(out, "{i}");
+    } else if let Some(u) = n.as_u64() {
+        let _ = write!(out, "{u}");
+    } else if let Some(f) = n.as_f64() {
+        // 2^53: beyond it not every integer is representable, so keep the float spelling.
+        if f.fract() == 0.0 && f.abs() < 9_007_199_254_740_992.0 {
+            let _ = write!(out, "{}", f as i64);
+        } else {
+            let _ = write!(out, "{}", Value::from(f));
+        }
+    }
+}
+
+fn write_string(s: &str, out: &mut String) {
+    // serde_json's own escaping is already deterministic.
+    out.push_str(&Value::from(s).to_string());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn key_order_whitespace_and_number_spelling_do_not_matter() {
+        let a: Value =
+            serde_json::from_str(r#"{"b": 1.0, "a": [2, {"y": 1e0, "x": "é"}]}"#).unwrap();
+        let b: Value = serde_json::from_str(r#"{"a":[2,{"x":"\u00e9","y":1}],"b":1}"#).unwrap();
+        assert_eq!(to_string(&a), r#"{"a":[2,{"x":"é","y":1}],"b":1}"#);
+        assert_eq!(sha256_hex(&a), sha256_hex(&b));
+    }
+
+    #[test]
+    fn different_values_hash_differently() {
+        assert_ne!(sha256_hex(&json!({"a": 1})), sha256_hex(&json!({"a": 1.5})));
+        assert_ne!(sha256_hex(&json!({"a": "1"})), sha256_hex(&json!({"a": 1})));
+    }
+}

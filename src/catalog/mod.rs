@@ -1,0 +1,574 @@
+//! The tool catalog: every (name, version) with its compiled schemas, what the model may see of it,
+//! how versions resolve for a tenant (active and canary), and the access lists it is checked
+//! against. Built once per config load; immutable afterwards. Decisions about a caller live in
+//! `boundary`, not here.
+
+mod schema;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt,
+    sync::Arc,
+    time::Duration,
+};
+
+use globset::{Glob, GlobMatcher};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use crate::{
+    canonical,
+    config::{
+        ApprovalsConfig, FieldError, LimitsConfig, Rate, parse_duration, parse_rate,
+        raw::{self, RawConfig, RawTool},
+    },
+    executor::ExecutorSpec,
+};
+pub use schema::{BindValue, Binding};
+
+/// What a tool can change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum RiskLevel {
+    ReadOnly,
+    WriteDraft,
+    WriteConfirmed,
+    Destructive,
+}
+
+impl RiskLevel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RiskLevel::ReadOnly => "READ_ONLY",
+            RiskLevel::WriteDraft => "WRITE_DRAFT",
+            RiskLevel::WriteConfirmed => "WRITE_CONFIRMED",
+            RiskLevel::Destructive => "DESTRUCTIVE",
+        }
+    }
+}
+
+impl From<raw::RawRiskLevel> for RiskLevel {
+    fn from(raw: raw::RawRiskLevel) -> Self {
+        match raw {
+            raw::RawRiskLevel::ReadOnly => RiskLevel::ReadOnly,
+            raw::RawRiskLevel::WriteDraft => RiskLevel::WriteDraft,
+            raw::RawRiskLevel::WriteConfirmed => RiskLevel::WriteConfirmed,
+            raw::RawRiskLevel::Destructive => RiskLevel::Destructive,
+        }
+    }
+}
+
+/// Whether a version is offered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VersionStatus {
+    Active,
+    Canary,
+    Inactive,
+}
+
+/// Who gets a canary version.
+#[derive(Debug, Clone)]
+pub struct Canary {
+    pub tenants: BTreeSet<String>,
+    pub percent: u8,
+}
+
+impl Canary {
+    /// Listed tenants always; others by a stable hash of (tool, tenant), so a tenant keeps landing
+    /// on the same side across restarts and replicas.
+    pub fn includes(&self, tool: &str, tenant: &str) -> bool {
+        self.tenants.contains(tenant) || stable_bucket(tool, tenant) < u64::from(self.percent)
+    }
+}
+
+/// A number in 0..100 that depends only on (tool, tenant).
+pub fn stable_bucket(tool: &str, tenant: &str) -> u64 {
+    let digest = Sha256::new()
+        .chain_update(tool.as_bytes())
+        .chain_update([0u8])
+        .chain_update(tenant.as_bytes())
+        .finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    u64::from_be_bytes(first) % 100
+}
+
+/// What to do when the model sends a bound argument.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BoundOverride {
+    Deny,
+    Overwrite,
+}
+
+/// One version of one tool, ready to serve.
+pub struct ToolVersion {
+    pub name: String,
+    pub version: String,
+    pub description: String,
+    /// The schema as written in the catalog.
+    pub input_schema: Value,
+    /// The schema the model sees: bound properties removed.
+    pub visible_schema: Value,
+    /// `visible_schema` as compact JSON text, rendered once.
+    pub visible_schema_json: String,
+    /// Validates model arguments (bound keys excluded) against `visible_schema`.
+    pub validator: jsonschema::Validator,
+    pub output_schema: Option<Value>,
+    pub risk_level: RiskLevel,
+    pub required_scopes: Vec<String>,
+    pub timeout: Duration,
+    pub status: VersionStatus,
+    pub canary: Option<Canary>,
+    pub executor: ExecutorSpec,
+    pub bindings: Vec<Binding>,
+    pub on_bound_argument: BoundOverride,
+    pub rate_limit: Option<Rate>,
+    pub requires_approval: bool,
+    pub max_output_bytes: usize,
+    pub labels: BTreeMap<String, String>,
+    /// Hash of everything the model is shown of this version.
+    pub definition_hash: String,
+}
+
+impl fmt::Debug for ToolVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ToolVersion")
+            .field("name", &self.name)
+            .field("version", &self.version)
+            .field("status", &self.status)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A glob over tool names, kept with its text so refusals can name it.
+#[derive(Debug, Clone)]
+pub struct Pattern {
+    pub text: String,
+    matcher: GlobMatcher,
+}
+
+impl Pattern {
+    fn compile(text: &str, path: &str) -> Result<Self, FieldError> {
+        let glob = Glob::new(text)
+            .map_err(|err| FieldError::new(path, format!("invalid glob {text:?}: {err}")))?;
+        Ok(Pattern {
+            text: text.to_owned(),
+            matcher: glob.compile_matcher(),
+        })
+    }
+
+    pub fn matches(&self, tool: &str) -> bool {
+        self.matcher.is_match(tool)
+    }
+}
+
+/// Allow and deny globs; deny wins, and a set allow list admits only what it matches.
+#[derive(Debug, Clone, Default)]
+pub struct AccessList {
+    pub allow: Option<Vec<Pattern>>,
+    pub deny: Vec<Pattern>,
+}
+
+/// Why an access list refused a tool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessDenial {
+    /// A deny pattern matched.
+    Denied(String),
+    /// An allow list is set and nothing in it matched.
+    NotAllowed,
+}
+
+impl AccessList {
+    pub fn check(&self, tool: &str) -> Result<(), AccessDenial> {
+        if let Some(hit) = self.deny.iter().find(|p| p.matches(tool)) {
+            return Err(AccessDenial::Denied(hit.text.clone()));
+        }
+        match &self.allow {
+            Some(allow) if !allow.iter().any(|p| p.matches(tool)) => Err(AccessDenial::NotAllowed),
+            _ => Ok(()),
+        }
+    }
+
+    fn build(
+        allow: &Option<Vec<String>>,
+        deny: &[String],
+        path: &str,
+        tool_names: &BTreeSet<&str>,
+    ) -> Result<Self, FieldError> {
+        let compile_all = |texts: &[String], field: &str| {
+            texts
+                .iter()
+                .enumerate()
+                .map(|(i, text)| {
+                    let at = format!("{path}.{field}[{i}]");
+                    let pattern = Pattern::compile(text, &at)?;
+                    // A pattern that matches nothing is almost always a typo that silently
+                    // widens or narrows access.
+                    if !tool_names.iter().any(|name| pattern.matches(name)) {
+                        return Err(FieldError::new(
+                            at,
+                            format!("pattern {text:?} matches no tool in the catalog"),
+                        ));
+                    }
+                    Ok(pattern)
+                })
+                .collect::<Result<Vec<_>, _>>()
+        };
+        Ok(AccessList {
+            allow: allow
+                .as_ref()
+                .map(|a| compile_all(a, "allow"))
+                .transpose()?,
+            deny: compile_all(deny, "deny")?,
+        })
+    }
+}
+
+/// One tenant's policy.
+#[derive(Debug, Clone)]
+pub struct TenantPolicy {
+    pub access: AccessList,
+    pub rate_limit: Option<Rate>,
+}
+
+/// Why a tool name and optional pin did not resolve.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResolveError {
+    UnknownTool,
+    VersionNotAvailable(String),
+}
+
+/// The whole catalog.
+#[derive(Debug)]
+pub struct Catalog {
+    tools: BTreeMap<String, Vec<Arc<ToolVersion>>>,
+    pub policy: AccessList,
+    pub tenants: BTreeMap<String, TenantPolicy>,
+    pub agents: BTreeMap<String, AccessList>,
+    revision: String,
+}
+
+impl Catalog {
+    /// Validates and compiles the tools and policies of a raw config.
+    pub fn build(
+        raw: &RawConfig,
+        approvals: &ApprovalsConfig,
+        limits: &LimitsConfig,
+        source: &str,
+    ) -> Result<Self, FieldError> {
+        let _ = source;
+        let mut tools: BTreeMap<String, Vec<Arc<ToolVersion>>> = BTreeMap::new();
+        let mut seen: BTreeMap<(String, String), usize> = BTreeMap::new();
+        for (index, raw_tool) in raw.tools.iter().enumerate() {
+            let path = format!("tools[{index}]");
+            let tool = build_tool(raw_tool, &path, approvals, limits, &raw.tenants)?;
+            let key = (tool.name.clone(), tool.version.clone());
+            if let Some(first) = seen.insert(key, index) {
+                return Err(FieldError::new(
+                    format!("{path}.version"),
+                    format!(
+                        "duplicate tool {:?} version {:?} (first defined at tools[{first}])",
+                        tool.name, tool.version
+                    ),
+                ));
+            }
+            let versions = tools.entry(tool.name.clone()).or_default();
+            if tool.status == VersionStatus::Active
+                && let Some(other) = versions.iter().find(|v| v.status == VersionStatus::Active)
+            {
+                return Err(FieldError::new(
+                    format!("{path}.status"),
+                    format!(
+                        "tool {:?} already has an active version {:?}; mark one inactive or canary",
+                        tool.name, other.version
+                    ),
+                ));
+            }
+            versions.push(Arc::new(tool));
+        }
+        let names: BTreeSet<&str> = tools.keys().map(String::as_str).collect();
+        let policy = AccessList::build(&raw.policy.allow, &raw.policy.deny, "policy", &names)?;
+        let tenants = raw
+            .tenants
+            .iter()
+            .map(|(tenant, t)| {
+                let path = format!("tenants.{tenant}");
+                let access = AccessList::build(&t.allow, &t.deny, &path, &names)?;
+                let rate_limit = t
+                    .rate_limit
+                    .as_ref()
+                    .map(|r| parse_rate(r, &format!("{path}.rate_limit")))
+                    .transpose()?;
+                Ok((tenant.clone(), TenantPolicy { access, rate_limit }))
+            })
+            .collect::<Result<_, FieldError>>()?;
+        let agents = raw
+            .agents
+            .iter()
+            .map(|(agent, a)| {
+                let access =
+                    AccessList::build(&a.allow, &a.deny, &format!("agents.{agent}"), &names)?;
+                Ok((agent.clone(), access))
+            })
+            .collect::<Result<_, FieldError>>()?;
+        let revision = revision_of(tools.values().flatten().map(|t| t.as_ref()));
+        Ok(Catalog {
+            tools,
+            policy,
+            tenants,
+            agents,
+            revision,
+        })
+    }
+
+    /// Tool names, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tools.keys().map(String::as_str)
+    }
+
+    /// Every version of every tool.
+    pub fn versions(&self) -> impl Iterator<Item = &Arc<ToolVersion>> {
+        self.tools.values().flatten()
+    }
+
+    /// A hash of the whole catalog, for logs and metrics.
+    pub fn revision(&self) -> &str {
+        &self.revision
+    }
+
+    /// The version of `name` this tenant gets: the pinned one if it may use it, otherwise the first
+    /// canary it is in, otherwise the active one.
+    pub fn resolve(
+        &self,
+        name: &str,
+        pin: Option<&str>,
+        tenant: &str,
+    ) -> Result<&Arc<ToolVersion>, ResolveError> {
+        let versions = self.tools.get(name).ok_or(ResolveError::UnknownTool)?;
+        let usable = |v: &ToolVersion| match v.status {
+            VersionStatus::Active => true,
+            VersionStatus::Canary => v.canary.as_ref().is_some_and(|c| c.includes(name, tenant)),
+            VersionStatus::Inactive => false,
+        };
+        if let Some(pin) = pin {
+            let version = versions.iter().find(|v| v.version == pin).ok_or_else(|| {
+                ResolveError::VersionNotAvailable(format!("tool {name} has no version {pin}"))
+            })?;
+            return if usable(version) {
+                Ok(version)
+            } else if version.status == VersionStatus::Inactive {
+                Err(ResolveError::VersionNotAvailable(format!(
+                    "version {pin} of tool {name} is inactive"
+                )))
+            } else {
+                Err(ResolveError::VersionNotAvailable(format!(
+                    "version {pin} of tool {name} is a canary this tenant is not in"
+                )))
+            };
+        }
+        versions
+            .iter()
+            .find(|v| v.status == VersionStatus::Canary && usable(v))
+            .or_else(|| versions.iter().find(|v| v.status == VersionStatus::Active))
+            .ok_or_else(|| {
+                ResolveError::VersionNotAvailable(format!(
+                    "tool {name} has no version available to this tenant"
+                ))
+            })
+    }
+}
+
+/// A stable hash of a set of tool versions' visible definitions, in the order given.
+pub fn revision_of<'a>(versions: impl Iterator<Item = &'a ToolVersion>) -> String {
+    let mut hasher = Sha256::new();
+    for v in versions {
+        hasher.update(v.name.as_bytes());
+        hasher.update([0]);
+        hasher.update(v.definition_hash.as_bytes());
+        hasher.update([0]);
+    }
+    hex::encode(&hasher.finalize()[..16])
+}
+
+fn build_tool(
+    raw: &RawTool,
+    path: &str,
+    approvals: &ApprovalsConfig,
+    limits: &LimitsConfig,
+    tenants: &BTreeMap<String, raw::RawTenant>,
+) -> Result<ToolVersion, FieldError> {
+    validate_name(&raw.name, &format!("{path}.name"))?;
+    let version = raw.version.clone().unwrap_or_else(|| "1".to_owned());
+    if version.trim().is_empty() {
+        return Err(FieldError::new(
+            format!("{path}.version"),
+            "must not be blank",
+        ));
+    }
+    if raw.description.trim().is_empty() {
+        return Err(FieldError::new(
+            format!("{path}.description"),
+            "must not be blank: the model chooses tools by their description",
+        ));
+    }
+    let schema_path = format!("{path}.input_schema");
+    if raw.input_schema.get("type").and_then(Value::as_str) != Some("object") {
+        return Err(FieldError::new(
+            &schema_path,
+            "must be a JSON Schema with \"type\": \"object\" (tool arguments are an object)",
+        ));
+    }
+    schema::compile(&raw.input_schema, &schema_path)?;
+    let bindings = schema::parse_bindings(&raw.bind, &raw.input_schema, &format!("{path}.bind"))?;
+    let visible_schema = schema::strip_bound(&raw.input_schema, &bindings);
+    let validator = schema::compile(&visible_schema, &schema_path)?;
+    if let Some(output) = &raw.output_schema {
+        schema::compile(output, &format!("{path}.output_schema"))?;
+    }
+    let timeout = match &raw.timeout {
+        Some(text) => {
+            parse_duration(text).map_err(|m| FieldError::new(format!("{path}.timeout"), m))?
+        }
+        None => Duration::from_secs(30),
+    };
+    let status = match raw.status {
+        raw::RawToolStatus::Active => VersionStatus::Active,
+        raw::RawToolStatus::Canary => VersionStatus::Canary,
+        raw::RawToolStatus::Inactive => VersionStatus::Inactive,
+    };
+    let canary = match (&raw.canary, status) {
+        (Some(c), VersionStatus::Canary) => {
+            if c.percent > 100 {
+                return Err(FieldError::new(
+                    format!("{path}.canary.percent"),
+                    "must be 0-100",
+                ));
+            }
+            for (i, tenant) in c.tenants.iter().enumerate() {
+                if !tenants.contains_key(tenant) {
+                    return Err(FieldError::new(
+                        format!("{path}.canary.tenants[{i}]"),
+                        format!("unknown tenant {tenant:?}"),
+                    ));
+                }
+            }
+            Some(Canary {
+                tenants: c.tenants.iter().cloned().collect(),
+                percent: c.percent,
+            })
+        }
+        (None, VersionStatus::Canary) => {
+            return Err(FieldError::new(
+                format!("{path}.canary"),
+                "a canary version needs a canary block (tenants and/or percent)",
+            ));
+        }
+        (Some(_), _) => {
+            return Err(FieldError::new(
+                format!("{path}.canary"),
+                "only versions with status: canary take a canary block",
+            ));
+        }
+        (None, _) => None,
+    };
+    for (i, scope) in raw.required_scopes.iter().enumerate() {
+        if scope.trim().is_empty() || scope.contains(char::is_whitespace) {
+            return Err(FieldError::new(
+                format!("{path}.required_scopes[{i}]"),
+                format!("invalid scope {scope:?}"),
+            ));
+        }
+    }
+    let executor = ExecutorSpec::build(&raw.executor, &format!("{path}.executor"))?;
+    let rate_limit = raw
+        .rate_limit
+        .as_ref()
+        .map(|r| parse_rate(r, &format!("{path}.rate_limit")))
+        .transpose()?;
+    let risk_level = RiskLevel::from(raw.risk_level);
+    let requires_approval = raw
+        .requires_approval
+        .unwrap_or_else(|| approvals.risk_levels.contains(&risk_level));
+    let max_output_bytes = match raw.max_output_bytes {
+        Some(0) => {
+            return Err(FieldError::new(
+                format!("{path}.max_output_bytes"),
+                "must be greater than 0",
+            ));
+        }
+        Some(n) => n,
+        None => limits.max_output_bytes,
+    };
+    let visible_schema_json = visible_schema.to_string();
+    let mut required_scopes = raw.required_scopes.clone();
+    required_scopes.sort();
+    required_scopes.dedup();
+    let definition_hash = canonical::sha256_hex(&json!({
+        "name": raw.name,
+        "version": version,
+        "description": raw.description,
+        "input_schema": visible_schema,
+        "risk_level": risk_level.as_str(),
+        "required_scopes": required_scopes,
+        "timeout_ms": timeout.as_millis() as u64,
+        "labels": raw.labels,
+        "requires_approval": requires_approval,
+    }));
+    Ok(ToolVersion {
+        name: raw.name.clone(),
+        version,
+        description: raw.description.clone(),
+        input_schema: raw.input_schema.clone(),
+        visible_schema,
+        visible_schema_json,
+        validator,
+        output_schema: raw.output_schema.clone(),
+        risk_level,
+        required_scopes,
+        timeout,
+        status,
+        canary,
+        executor,
+        bindings,
+        on_bound_argument: match raw.on_bound_argument {
+            raw::RawBoundOverride::Deny => BoundOverride::Deny,
+            raw::RawBoundOverride::Overwrite => BoundOverride::Overwrite,
+        },
+        rate_limit,
+        requires_approval,
+        max_output_bytes,
+        labels: raw.labels.clone(),
+        definition_hash,
+    })
+}
+
+/// Tool names that every model provider accepts, plus `.` for MCP prefixes.
+fn validate_name(name: &str, path: &str) -> Result<(), FieldError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(FieldError::new(
+            path,
+            format!("invalid tool name {name:?}: use 1-64 characters from A-Z a-z 0-9 _ - ."),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_stable_and_spread() {
+        assert_eq!(stable_bucket("t", "acme"), stable_bucket("t", "acme"));
+        let buckets: BTreeSet<u64> = (0..1000)
+            .map(|i| stable_bucket("t", &format!("tenant{i}")))
+            .collect();
+        assert!(buckets.len() > 90, "poor spread: {}", buckets.len());
+    }
+}

@@ -1,0 +1,514 @@
+//! The command line: `serve` (default), `check`, `schema`, and operator client verbs (`tools`,
+//! `call`, `approvals`, `approve`, `reject`) that talk to a running sidecar.
+//!
+//! Exit codes: 0 success; 1 failure (bad config, cannot start, transport error); 2 usage error;
+//! 4 the tool call returned a status other than OK.
+
+use std::{path::PathBuf, process::ExitCode, time::Duration};
+
+use clap::{Args, Parser, Subcommand};
+use serde_json::json;
+use tonic::{Request, metadata::MetadataValue, transport::Channel};
+
+use crate::{
+    config::{Config, Env},
+    identity::{AGENT_HEADER, SCOPES_HEADER, SUBJECT_HEADER, TENANT_HEADER},
+    proto::{self, approvals_client::ApprovalsClient, tool_gate_client::ToolGateClient},
+    server::{StartOptions, run},
+    telemetry::{LogFormat, init_logging},
+};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "toolgate",
+    version,
+    about = "gRPC sidecar that decides, runs and audits an AI agent's tool calls"
+)]
+#[command(args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve gRPC (the default). Without --config, serves the embedded demo catalog.
+    Serve(ServeArgs),
+    /// Validate a catalog file and exit non-zero with the error if it is invalid.
+    Check {
+        /// The catalog file; without it, the embedded demo is checked.
+        #[arg(long, env = "TOOLGATE_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// Print the JSON Schema of the catalog file format.
+    Schema,
+    /// List the tools a caller's model may see (ListTools).
+    Tools(ClientArgs),
+    /// Execute one tool call (ExecuteTool).
+    Call {
+        /// The tool's name.
+        name: String,
+        /// The arguments as a JSON object.
+        #[arg(long, default_value = "{}")]
+        args: String,
+        /// Pin a tool version.
+        #[arg(long)]
+        version: Option<String>,
+        /// Make the call idempotent under this key.
+        #[arg(long)]
+        idempotency_key: Option<String>,
+        /// Redeem an approval.
+        #[arg(long)]
+        approval_id: Option<String>,
+        /// The run the call belongs to.
+        #[arg(long, default_value = "cli")]
+        run_id: String,
+        /// Client deadline, e.g. 2s.
+        #[arg(long)]
+        timeout: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List approvals of the caller's tenant (needs scope toolgate:approve).
+    Approvals(ClientArgs),
+    /// Approve a pending approval (needs scope toolgate:approve).
+    Approve {
+        approval_id: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Reject a pending approval (needs scope toolgate:approve).
+    Reject {
+        approval_id: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// The catalog file; without it, the embedded demo catalog is served.
+    #[arg(long, env = "TOOLGATE_CONFIG")]
+    config: Option<PathBuf>,
+    /// Override the TCP listen address, e.g. 0.0.0.0:50051.
+    #[arg(long, env = "TOOLGATE_LISTEN")]
+    listen: Option<std::net::SocketAddr>,
+    /// Log format.
+    #[arg(long, env = "TOOLGATE_LOG_FORMAT", value_enum, default_value = "human")]
+    log_format: LogFormat,
+}
+
+#[derive(Debug, Args)]
+struct ClientArgs {
+    /// The sidecar's address.
+    #[arg(long, env = "TOOLGATE_ADDR", default_value = "http://127.0.0.1:50051")]
+    addr: String,
+    /// Dev identity: tenant.
+    #[arg(long)]
+    tenant: Option<String>,
+    /// Dev identity: subject.
+    #[arg(long)]
+    subject: Option<String>,
+    /// Dev identity: agent.
+    #[arg(long)]
+    agent: Option<String>,
+    /// Dev identity: scopes, comma separated.
+    #[arg(long)]
+    scopes: Option<String>,
+    /// A JWT to send as `authorization: Bearer`.
+    #[arg(long, env = "TOOLGATE_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs the command line; returns the process exit code.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            None => serve(cli.serve).await,
+            Some(Command::Serve(args)) => serve(args).await,
+            Some(Command::Check { config }) => check(config),
+            Some(Command::Schema) => {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&crate::config::json_schema()).unwrap_or_default()
+                );
+                Ok(ExitCode::SUCCESS)
+            }
+            Some(Command::Tools(client)) => tools(client).await,
+            Some(Command::Call {
+                name,
+                args,
+                version,
+                idempotency_key,
+                approval_id,
+                run_id,
+                timeout,
+                client,
+            }) => {
+                let call = proto::ToolCall {
+                    call_id: String::new(),
+                    name,
+                    arguments_json: args,
+                    version: version.unwrap_or_default(),
+                    idempotency_key: idempotency_key.unwrap_or_default(),
+                    approval_id: approval_id.unwrap_or_default(),
+                };
+                call_tool(client, call, run_id, timeout).await
+            }
+            Some(Command::Approvals(client)) => list_approvals(client).await,
+            Some(Command::Approve {
+                approval_id,
+                reason,
+                client,
+            }) => decide(client, approval_id, true, reason).await,
+            Some(Command::Reject {
+                approval_id,
+                reason,
+                client,
+            }) => decide(client, approval_id, false, reason).await,
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn load(config: Option<&PathBuf>) -> Result<Config, crate::config::ConfigError> {
+    match config {
+        Some(path) => Config::load_file(path, &Env::from_process()),
+        None => Config::demo(),
+    }
+}
+
+fn check(config: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+    match load(config.as_ref()) {
+        Ok(loaded) => {
+            println!(
+                "{}: ok ({} tools, revision {})",
+                loaded.source,
+                loaded.catalog.versions().count(),
+                loaded.catalog.revision()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(err) => {
+            eprintln!("error: {err}");
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    init_logging(args.log_format);
+    let config = match load(args.config.as_ref()) {
+        Ok(config) => config,
+        Err(err) => {
+            tracing::error!(error = %err, "invalid catalog");
+            eprintln!("error: {err}");
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    let options = StartOptions {
+        listen: args.listen,
+        clock: None,
+    };
+    run(config, options, shutdown_signal()).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => {
+            // Without signal handlers, Ctrl-C is still caught.
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+async fn channel(client: &ClientArgs) -> anyhow::Result<Channel> {
+    let endpoint = Channel::from_shared(client.addr.clone())
+        .map_err(|err| anyhow::anyhow!("invalid --addr {}: {err}", client.addr))?
+        .connect_timeout(Duration::from_secs(5));
+    endpoint
+        .connect()
+        .await
+        .map_err(|err| anyhow::anyhow!("cannot connect to {}: {err}", client.addr))
+}
+
+fn request<T>(client: &ClientArgs, body: T) -> anyhow::Result<Request<T>> {
+    let mut request = Request::new(body);
+    let metadata = request.metadata_mut();
+    let mut put = |key: &'static str, value: &Option<String>| -> anyhow::Result<()> {
+        if let Some(value) = value {
+            let value: MetadataValue<_> = value.parse().map_err(|_| {
+                anyhow::anyhow!(
+                    "--{} must be ASCII text",
+                    key.trim_start_matches("x-toolgate-")
+                )
+            })?;
+            metadata.insert(key, value);
+        }
+        Ok(())
+    };
+    put(TENANT_HEADER, &client.tenant)?;
+    put(SUBJECT_HEADER, &client.subject)?;
+    put(AGENT_HEADER, &client.agent)?;
+    put(SCOPES_HEADER, &client.scopes)?;
+    put(
+        "authorization",
+        &client.token.as_ref().map(|t| format!("Bearer {t}")),
+    )?;
+    Ok(request)
+}
+
+fn status_error(status: tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!("{:?}: {}", status.code(), status.message())
+}
+
+async fn tools(client: ClientArgs) -> anyhow::Result<ExitCode> {
+    let mut grpc = ToolGateClient::new(channel(&client).await?);
+    let response = grpc
+        .list_tools(request(&client, proto::ListToolsRequest {})?)
+        .await
+        .map_err(status_error)?
+        .into_inner();
+    if client.json {
+        let tools: Vec<_> = response
+            .tools
+            .iter()
+            .map(|t| {
+                json!({
+                    "name": t.name,
+                    "version": t.version,
+                    "description": t.description,
+                    "input_schema": serde_json::from_str::<serde_json::Value>(&t.input_schema_json).unwrap_or_default(),
+                    "risk_level": t.risk_level().as_str_name(),
+                    "required_scopes": t.required_scopes,
+                    "timeout_ms": t.timeout_ms,
+                    "requires_approval": t.requires_approval,
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            json!({"catalog_revision": response.catalog_revision, "tools": tools})
+        );
+    } else {
+        println!("catalog revision {}", response.catalog_revision);
+        for t in &response.tools {
+            let risk = t
+                .risk_level()
+                .as_str_name()
+                .trim_start_matches("RISK_LEVEL_");
+            let approval = if t.requires_approval {
+                " [needs approval]"
+            } else {
+                ""
+            };
+            println!(
+                "  {:<16} v{:<4} {:<16} {}{approval}",
+                t.name, t.version, risk, t.description
+            );
+            println!("  {:<16}       args {}", "", t.input_schema_json);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn call_tool(
+    client: ClientArgs,
+    call: proto::ToolCall,
+    run_id: String,
+    timeout: Option<String>,
+) -> anyhow::Result<ExitCode> {
+    let mut grpc = ToolGateClient::new(channel(&client).await?);
+    let name = call.name.clone();
+    let mut req = request(
+        &client,
+        proto::ExecuteToolRequest {
+            call: Some(call),
+            run_id,
+            step: 0,
+            catalog_revision: String::new(),
+        },
+    )?;
+    if let Some(timeout) = timeout {
+        req.set_timeout(crate::config::parse_duration(&timeout).map_err(anyhow::Error::msg)?);
+    }
+    let result = grpc
+        .execute_tool(req)
+        .await
+        .map_err(status_error)?
+        .into_inner()
+        .result
+        .ok_or_else(|| anyhow::anyhow!("the sidecar answered without a result"))?;
+    let status = result
+        .status()
+        .as_str_name()
+        .trim_start_matches("TOOL_STATUS_")
+        .to_owned();
+    if client.json {
+        println!(
+            "{}",
+            json!({
+                "call_id": result.call_id,
+                "status": status,
+                "output": result.output,
+                "model_text": result.model_text,
+                "error_type": result.error_type,
+                "error_message": result.error_message,
+                "retryable": result.retryable,
+                "tool_version": result.tool_version,
+                "approval_id": result.approval_id,
+                "retry_after_ms": result.retry_after_ms,
+                "duration_ms": result.duration_ms,
+                "refused_by": result.refused_by,
+                "idempotent_replay": result.idempotent_replay,
+            })
+        );
+    } else {
+        let version = if result.tool_version.is_empty() {
+            String::new()
+        } else {
+            format!(" v{}", result.tool_version)
+        };
+        let replay = if result.idempotent_replay {
+            ", replayed"
+        } else {
+            ""
+        };
+        println!(
+            "{status} {name}{version} (call {}, {} ms{replay})",
+            result.call_id, result.duration_ms
+        );
+        if !result.refused_by.is_empty() {
+            println!(
+                "refused by {}: {} [{}]",
+                result.refused_by, result.error_message, result.error_type
+            );
+        } else if !result.error_type.is_empty() {
+            println!("{} [{}]", result.error_message, result.error_type);
+        }
+        if !result.approval_id.is_empty() {
+            println!("approval_id: {}", result.approval_id);
+        }
+        if result.retry_after_ms > 0 {
+            println!("retry after {} ms", result.retry_after_ms);
+        }
+        println!("model_text: {}", result.model_text);
+    }
+    Ok(if status == "OK" {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(4)
+    })
+}
+
+async fn list_approvals(client: ClientArgs) -> anyhow::Result<ExitCode> {
+    let mut grpc = ApprovalsClient::new(channel(&client).await?);
+    let approvals = grpc
+        .list_approvals(request(&client, proto::ListApprovalsRequest { state: 0 })?)
+        .await
+        .map_err(status_error)?
+        .into_inner()
+        .approvals;
+    for a in &approvals {
+        if client.json {
+            println!(
+                "{}",
+                json!({"approval_id": a.approval_id, "tool": a.tool, "tool_version": a.tool_version,
+                       "subject": a.subject, "agent": a.agent, "run_id": a.run_id,
+                       "arguments_json": a.arguments_json, "expires_at_unix_ms": a.expires_at_unix_ms})
+            );
+        } else {
+            println!(
+                "{}  {} v{}  by {} ({})  args {}",
+                a.approval_id, a.tool, a.tool_version, a.subject, a.run_id, a.arguments_json
+            );
+        }
+    }
+    if approvals.is_empty() && !client.json {
+        println!("no pending approvals");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn decide(
+    client: ClientArgs,
+    approval_id: String,
+    approve: bool,
+    reason: String,
+) -> anyhow::Result<ExitCode> {
+    let mut grpc = ApprovalsClient::new(channel(&client).await?);
+    let decision = if approve {
+        proto::ApprovalDecision::Approve
+    } else {
+        proto::ApprovalDecision::Reject
+    };
+    let approval = grpc
+        .decide_approval(request(
+            &client,
+            proto::DecideApprovalRequest {
+                approval_id,
+                decision: decision as i32,
+                reason,
+            },
+        )?)
+        .await
+        .map_err(status_error)?
+        .into_inner()
+        .approval
+        .ok_or_else(|| anyhow::anyhow!("the sidecar answered without the approval"))?;
+    let state = approval
+        .state()
+        .as_str_name()
+        .trim_start_matches("APPROVAL_STATE_")
+        .to_owned();
+    if client.json {
+        println!(
+            "{}",
+            json!({"approval_id": approval.approval_id, "state": state, "decided_by": approval.decided_by})
+        );
+    } else {
+        println!(
+            "{} {} by {}",
+            approval.approval_id, state, approval.decided_by
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

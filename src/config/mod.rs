@@ -1,0 +1,484 @@
+//! Loading a catalog file: YAML -> [`raw`] serde structs (unknown fields refused) -> a validated,
+//! typed [`Config`]. Every error names the file, the path inside it and what is wrong. The process
+//! environment is passed in as an [`Env`], never read from globals here.
+
+pub mod raw;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt,
+    net::SocketAddr,
+    num::NonZeroU32,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use crate::{
+    catalog::{Catalog, RiskLevel},
+    identity::JwtSettings,
+};
+use raw::RawConfig;
+
+/// The embedded demo catalog, served when no config is given.
+pub const DEMO_CATALOG: &str = include_str!("../../examples/demo.yaml");
+/// The name the embedded demo is reported under in errors and logs.
+pub const DEMO_SOURCE: &str = "<embedded demo>";
+
+/// A catalog that could not be loaded: where, and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}: {path}: {message}")]
+pub struct ConfigError {
+    /// The file (or `<embedded demo>`).
+    pub file: String,
+    /// Where inside the file, e.g. `tools[2].input_schema`; `.` for the whole file.
+    pub path: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// A validation error before the file name is known.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    pub path: String,
+    pub message: String,
+}
+
+impl FieldError {
+    pub fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+        FieldError {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Environment variables, passed in so tests never mutate the process environment.
+#[derive(Debug, Clone, Default)]
+pub struct Env(BTreeMap<String, String>);
+
+impl Env {
+    /// The process environment.
+    pub fn from_process() -> Self {
+        Env(std::env::vars().collect())
+    }
+
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0.get(name).map(String::as_str)
+    }
+
+    pub fn with(mut self, name: &str, value: &str) -> Self {
+        self.0.insert(name.to_owned(), value.to_owned());
+        self
+    }
+}
+
+/// A loaded, validated configuration.
+#[derive(Debug)]
+pub struct Config {
+    /// Where it came from (a path or `<embedded demo>`).
+    pub source: String,
+    pub server: ServerConfig,
+    pub identity: IdentityConfig,
+    pub limits: LimitsConfig,
+    pub approvals: ApprovalsConfig,
+    pub audit: AuditConfig,
+    pub catalog: Catalog,
+}
+
+/// Listen addresses and shutdown behaviour.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub listen: Option<SocketAddr>,
+    pub unix_socket: Option<PathBuf>,
+    pub shutdown_grace: Duration,
+}
+
+/// How callers are identified.
+#[derive(Debug, Clone)]
+pub struct IdentityConfig {
+    pub dev_identity: bool,
+    pub jwt: Option<JwtSettings>,
+}
+
+/// Request size limits and concurrency caps.
+#[derive(Debug, Clone)]
+pub struct LimitsConfig {
+    pub max_arguments_bytes: usize,
+    pub max_arguments_depth: usize,
+    pub max_output_bytes: usize,
+    pub max_parallel: usize,
+    pub max_batch_calls: usize,
+    pub idempotency_window: Duration,
+    pub idempotency_max_entries: usize,
+    pub max_message_bytes: usize,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_arguments_bytes: 1024 * 1024,
+            max_arguments_depth: 64,
+            max_output_bytes: 1024 * 1024,
+            max_parallel: 8,
+            max_batch_calls: 128,
+            idempotency_window: Duration::from_secs(600),
+            idempotency_max_entries: 10_000,
+            max_message_bytes: 4 * 1024 * 1024,
+        }
+    }
+}
+
+/// Which calls need an approval and how long approvals live.
+#[derive(Debug, Clone)]
+pub struct ApprovalsConfig {
+    pub risk_levels: BTreeSet<RiskLevel>,
+    pub ttl: Duration,
+    pub max_per_tenant: usize,
+}
+
+/// Where audit events go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuditSinkConfig {
+    Stdout,
+    File(PathBuf),
+    None,
+}
+
+/// Audit settings.
+#[derive(Debug, Clone)]
+pub struct AuditConfig {
+    pub sink: AuditSinkConfig,
+    pub queue_capacity: usize,
+}
+
+/// A rate: `count` calls per `period`, allowing `burst` at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Rate {
+    pub count: NonZeroU32,
+    pub period: Duration,
+    pub burst: NonZeroU32,
+}
+
+impl fmt::Display for Rate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}s", self.count, self.period.as_secs_f64())
+    }
+}
+
+impl Config {
+    /// Loads and validates a catalog file.
+    pub fn load_file(path: &Path, env: &Env) -> Result<Config, ConfigError> {
+        let source = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|err| ConfigError {
+            file: source.clone(),
+            path: ".".into(),
+            message: format!("cannot read file: {err}"),
+        })?;
+        let base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        Self::from_yaml(&text, &source, &base_dir, env)
+    }
+
+    /// The embedded demo catalog.
+    pub fn demo() -> Result<Config, ConfigError> {
+        Self::from_yaml(DEMO_CATALOG, DEMO_SOURCE, Path::new("."), &Env::default())
+    }
+
+    /// Parses and validates YAML text; `base_dir` resolves relative file paths inside it.
+    pub fn from_yaml(
+        text: &str,
+        source: &str,
+        base_dir: &Path,
+        env: &Env,
+    ) -> Result<Config, ConfigError> {
+        let in_file = |err: FieldError| ConfigError {
+            file: source.to_owned(),
+            path: err.path,
+            message: err.message,
+        };
+        let raw = parse_yaml(text).map_err(in_file)?;
+        build(raw, source, base_dir, env).map_err(in_file)
+    }
+}
+
+fn parse_yaml(text: &str) -> Result<RawConfig, FieldError> {
+    let deserializer = serde_yaml_ng::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(deserializer).map_err(|err| {
+        let path = err.path().to_string();
+        let message = err.into_inner().to_string();
+        // serde_yaml_ng already prefixes the path; say it once.
+        let message = message
+            .strip_prefix(&format!("{path}: "))
+            .map(str::to_owned)
+            .unwrap_or(message);
+        FieldError::new(path, message)
+    })
+}
+
+fn build(raw: RawConfig, source: &str, base_dir: &Path, env: &Env) -> Result<Config, FieldError> {
+    if raw.version != 1 {
+        return Err(FieldError::new(
+            "version",
+            format!(
+                "unsupported config version {}; this toolgate reads version 1",
+                raw.version
+            ),
+        ));
+    }
+    let server = build_server(&raw.server)?;
+    let identity = IdentityConfig {
+        dev_identity: raw.identity.dev_identity,
+        jwt: raw
+            .identity
+            .jwt
+            .as_ref()
+            .map(|jwt| JwtSettings::build(jwt, base_dir, env))
+            .transpose()?,
+    };
+    if !identity.dev_identity && identity.jwt.is_none() {
+        return Err(FieldError::new(
+            "identity",
+            "no way to identify callers: configure identity.jwt, or set identity.dev_identity: true for development",
+        ));
+    }
+    let limits = build_limits(&raw.limits)?;
+    let approvals = ApprovalsConfig {
+        risk_levels: raw
+            .approvals
+            .risk_levels
+            .as_ref()
+            .map(|levels| levels.iter().copied().map(RiskLevel::from).collect())
+            .unwrap_or_else(|| [RiskLevel::WriteConfirmed, RiskLevel::Destructive].into()),
+        ttl: opt_duration(
+            &raw.approvals.ttl,
+            "approvals.ttl",
+            Duration::from_secs(300),
+        )?,
+        max_per_tenant: positive(
+            raw.approvals.max_per_tenant,
+            "approvals.max_per_tenant",
+            1000,
+        )?,
+    };
+    let audit = build_audit(&raw.audit, base_dir)?;
+    let catalog = Catalog::build(&raw, &approvals, &limits, source)?;
+    Ok(Config {
+        source: source.to_owned(),
+        server,
+        identity,
+        limits,
+        approvals,
+        audit,
+        catalog,
+    })
+}
+
+fn build_server(raw: &raw::RawServer) -> Result<ServerConfig, FieldError> {
+    let listen = match raw.listen.as_deref() {
+        None => Some(SocketAddr::from(([127, 0, 0, 1], 50051))),
+        Some("") => None,
+        Some(addr) => Some(addr.parse().map_err(|err| {
+            FieldError::new("server.listen", format!("invalid address {addr:?}: {err}"))
+        })?),
+    };
+    let unix_socket = raw.unix_socket.as_ref().map(PathBuf::from);
+    if listen.is_none() && unix_socket.is_none() {
+        return Err(FieldError::new(
+            "server",
+            "nothing to listen on: set server.listen or server.unix_socket",
+        ));
+    }
+    Ok(ServerConfig {
+        listen,
+        unix_socket,
+        shutdown_grace: opt_duration(
+            &raw.shutdown_grace,
+            "server.shutdown_grace",
+            Duration::from_secs(10),
+        )?,
+    })
+}
+
+fn build_limits(raw: &raw::RawLimits) -> Result<LimitsConfig, FieldError> {
+    let d = LimitsConfig::default();
+    Ok(LimitsConfig {
+        max_arguments_bytes: positive(
+            raw.max_arguments_bytes,
+            "limits.max_arguments_bytes",
+            d.max_arguments_bytes,
+        )?,
+        max_arguments_depth: positive(
+            raw.max_arguments_depth,
+            "limits.max_arguments_depth",
+            d.max_arguments_depth,
+        )?
+        // serde_json refuses deeper input on its own; keep our check the one that speaks.
+        .min(120),
+        max_output_bytes: positive(
+            raw.max_output_bytes,
+            "limits.max_output_bytes",
+            d.max_output_bytes,
+        )?,
+        max_parallel: positive(raw.max_parallel, "limits.max_parallel", d.max_parallel)?,
+        max_batch_calls: positive(
+            raw.max_batch_calls,
+            "limits.max_batch_calls",
+            d.max_batch_calls,
+        )?,
+        idempotency_window: opt_duration(
+            &raw.idempotency_window,
+            "limits.idempotency_window",
+            d.idempotency_window,
+        )?,
+        idempotency_max_entries: positive(
+            raw.idempotency_max_entries,
+            "limits.idempotency_max_entries",
+            d.idempotency_max_entries,
+        )?,
+        max_message_bytes: positive(
+            raw.max_message_bytes,
+            "limits.max_message_bytes",
+            d.max_message_bytes,
+        )?,
+    })
+}
+
+fn build_audit(raw: &raw::RawAudit, base_dir: &Path) -> Result<AuditConfig, FieldError> {
+    let sink = match (raw.sink.unwrap_or(raw::RawAuditSink::Stdout), &raw.path) {
+        (raw::RawAuditSink::File, Some(path)) => {
+            AuditSinkConfig::File(resolve_path(base_dir, path))
+        }
+        (raw::RawAuditSink::File, None) => {
+            return Err(FieldError::new("audit.path", "the file sink needs a path"));
+        }
+        (_, Some(_)) => {
+            return Err(FieldError::new(
+                "audit.path",
+                "a path is only used with sink: file",
+            ));
+        }
+        (raw::RawAuditSink::Stdout, None) => AuditSinkConfig::Stdout,
+        (raw::RawAuditSink::None, None) => AuditSinkConfig::None,
+    };
+    Ok(AuditConfig {
+        sink,
+        queue_capacity: positive(raw.queue_capacity, "audit.queue_capacity", 4096)?,
+    })
+}
+
+/// A relative path in a config file is relative to that file.
+pub fn resolve_path(base_dir: &Path, path: &str) -> PathBuf {
+    let path = Path::new(path);
+    if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        base_dir.join(path)
+    }
+}
+
+fn positive(value: Option<usize>, path: &str, default: usize) -> Result<usize, FieldError> {
+    match value {
+        None => Ok(default),
+        Some(0) => Err(FieldError::new(path, "must be greater than 0")),
+        Some(v) => Ok(v),
+    }
+}
+
+fn opt_duration(
+    value: &Option<String>,
+    path: &str,
+    default: Duration,
+) -> Result<Duration, FieldError> {
+    value
+        .as_deref()
+        .map(|text| parse_duration(text).map_err(|msg| FieldError::new(path, msg)))
+        .transpose()
+        .map(|d| d.unwrap_or(default))
+}
+
+/// Parses durations such as `250ms`, `5s`, `2m`, `1h`, `1m30s`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let duration = humantime::parse_duration(text.trim())
+        .map_err(|err| format!("invalid duration {text:?} ({err}); use e.g. 250ms, 5s, 2m, 1h"))?;
+    if duration.is_zero() {
+        return Err(format!("invalid duration {text:?}: must be greater than 0"));
+    }
+    Ok(duration)
+}
+
+/// Parses a rate limit such as `5/min`, or `{quota: 5/min, burst: 10}`.
+pub fn parse_rate(raw: &raw::RawRateLimit, path: &str) -> Result<Rate, FieldError> {
+    let (quota, burst) = match raw {
+        raw::RawRateLimit::Short(quota) => (quota.as_str(), None),
+        raw::RawRateLimit::Full { quota, burst } => (quota.as_str(), *burst),
+    };
+    let bad = |why: &str| {
+        FieldError::new(
+            path,
+            format!("invalid rate limit {quota:?}: {why}; use e.g. 5/min, 100/s, 1000/h"),
+        )
+    };
+    let (count, unit) = quota.split_once('/').ok_or_else(|| bad("missing '/'"))?;
+    let count: u32 = count
+        .trim()
+        .parse()
+        .map_err(|_| bad("count is not a whole number"))?;
+    let count = NonZeroU32::new(count).ok_or_else(|| bad("count must be greater than 0"))?;
+    let period = match unit.trim() {
+        "s" | "sec" | "second" => Duration::from_secs(1),
+        "m" | "min" | "minute" => Duration::from_secs(60),
+        "h" | "hour" => Duration::from_secs(3600),
+        _ => return Err(bad("unit must be s, min or h")),
+    };
+    let burst = match burst {
+        None => count,
+        Some(b) => NonZeroU32::new(b)
+            .ok_or_else(|| FieldError::new(format!("{path}.burst"), "must be greater than 0"))?,
+    };
+    Ok(Rate {
+        count,
+        period,
+        burst,
+    })
+}
+
+/// The JSON Schema of the catalog file format, for editors.
+pub fn json_schema() -> serde_json::Value {
+    serde_json::to_value(schemars::schema_for!(RawConfig)).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_and_zero_is_refused() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("soon").unwrap_err().contains("soon"));
+    }
+
+    #[test]
+    fn rates_parse_with_and_without_burst() {
+        let rate = parse_rate(&raw::RawRateLimit::Short("5/min".into()), "p").unwrap();
+        assert_eq!(
+            (rate.count.get(), rate.period, rate.burst.get()),
+            (5, Duration::from_secs(60), 5)
+        );
+        let rate = parse_rate(
+            &raw::RawRateLimit::Full {
+                quota: "100/s".into(),
+                burst: Some(10),
+            },
+            "p",
+        )
+        .unwrap();
+        assert_eq!(rate.burst.get(), 10);
+        let err = parse_rate(
+            &raw::RawRateLimit::Short("5 per min".into()),
+            "tools[0].rate_limit",
+        )
+        .unwrap_err();
+        assert_eq!(err.path, "tools[0].rate_limit");
+    }
+}

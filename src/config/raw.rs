@@ -1,0 +1,295 @@
+//! The catalog file exactly as written: serde structs that refuse unknown fields. Nothing here is
+//! validated beyond its shape; `config::load` turns these into typed values.
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+/// A toolgate catalog file.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// Format version of this file; must be 1.
+    pub version: u32,
+    /// Listen addresses and shutdown behaviour.
+    #[serde(default)]
+    pub server: RawServer,
+    /// How callers are identified.
+    #[serde(default)]
+    pub identity: RawIdentity,
+    /// Request size limits and concurrency caps.
+    #[serde(default)]
+    pub limits: RawLimits,
+    /// Which calls need an approval and how long approvals live.
+    #[serde(default)]
+    pub approvals: RawApprovals,
+    /// Where audit events go.
+    #[serde(default)]
+    pub audit: RawAudit,
+    /// Allow/deny lists applied to every caller.
+    #[serde(default)]
+    pub policy: RawAccessList,
+    /// The tenants that may call; a tenant not listed here is refused.
+    #[serde(default)]
+    pub tenants: BTreeMap<String, RawTenant>,
+    /// Agents whose tool lists are narrowed further.
+    #[serde(default)]
+    pub agents: BTreeMap<String, RawAccessList>,
+    /// The tools, one entry per (name, version).
+    pub tools: Vec<RawTool>,
+}
+
+/// Listen addresses and shutdown behaviour.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawServer {
+    /// TCP address to serve gRPC on (default 127.0.0.1:50051); an empty string disables TCP.
+    pub listen: Option<String>,
+    /// Optional Unix domain socket path to serve gRPC on as well.
+    pub unix_socket: Option<String>,
+    /// How long in-flight calls may take to finish after SIGTERM (default 10s).
+    pub shutdown_grace: Option<String>,
+}
+
+/// How callers are identified.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawIdentity {
+    /// Trust the unauthenticated x-toolgate-* metadata headers. For development only.
+    #[serde(default)]
+    pub dev_identity: bool,
+    /// Verify `authorization: Bearer <JWT>`.
+    pub jwt: Option<RawJwt>,
+}
+
+/// JWT verification settings. Exactly one key source is required.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawJwt {
+    /// File holding the HS256 shared secret (relative paths are relative to this file).
+    pub hs256_secret_file: Option<String>,
+    /// Environment variable holding the HS256 shared secret.
+    pub hs256_secret_env: Option<String>,
+    /// PEM public keys (RSA for RS256, P-256 for ES256).
+    #[serde(default)]
+    pub public_key_files: Vec<String>,
+    /// A JWKS file of public keys, selected by `kid`.
+    pub jwks_file: Option<String>,
+    /// Required `iss` value(s).
+    #[serde(default)]
+    pub issuer: Vec<String>,
+    /// Required `aud` value(s).
+    #[serde(default)]
+    pub audience: Vec<String>,
+    /// Clock skew tolerated for `exp` and `nbf` (default 30s).
+    pub leeway: Option<String>,
+    /// Which claims carry the caller's identity.
+    #[serde(default)]
+    pub claims: RawClaims,
+}
+
+/// Claim names mapped to the caller's identity.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawClaims {
+    /// Claim holding the tenant (default `tenant`); required in every token.
+    pub tenant: Option<String>,
+    /// Claim holding the subject (default `sub`).
+    pub subject: Option<String>,
+    /// Claim holding the agent (default `agent`).
+    pub agent: Option<String>,
+    /// Claim holding scopes, space separated or an array (default `scope`).
+    pub scopes: Option<String>,
+}
+
+/// Request size limits and concurrency caps.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawLimits {
+    /// Largest `arguments_json` accepted, in bytes (default 1048576).
+    pub max_arguments_bytes: Option<usize>,
+    /// Deepest nesting of arrays and objects accepted in arguments (default 64).
+    pub max_arguments_depth: Option<usize>,
+    /// Largest tool output returned, in bytes, unless a tool sets its own (default 1048576).
+    pub max_output_bytes: Option<usize>,
+    /// Most calls of one ExecuteTools request run at once (default 8).
+    pub max_parallel: Option<usize>,
+    /// Most calls accepted in one ExecuteTools request (default 128).
+    pub max_batch_calls: Option<usize>,
+    /// How long an idempotency key's result is kept (default 10m).
+    pub idempotency_window: Option<String>,
+    /// Most idempotency results kept at once (default 10000).
+    pub idempotency_max_entries: Option<usize>,
+    /// Largest gRPC message accepted, in bytes (default 4194304).
+    pub max_message_bytes: Option<usize>,
+}
+
+/// Which calls need an approval and how long approvals live.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawApprovals {
+    /// Risk levels that need approval (default write_confirmed and destructive).
+    pub risk_levels: Option<Vec<RawRiskLevel>>,
+    /// How long an approval stays valid after it is requested (default 5m).
+    pub ttl: Option<String>,
+    /// Most approvals kept per tenant; the oldest finished ones are forgotten first (default 1000).
+    pub max_per_tenant: Option<usize>,
+}
+
+/// Where audit events go.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawAudit {
+    /// `stdout` (default), `file` or `none`.
+    pub sink: Option<RawAuditSink>,
+    /// File path for the `file` sink (appended to).
+    pub path: Option<String>,
+    /// Events held in memory before callers wait (default 4096).
+    pub queue_capacity: Option<usize>,
+}
+
+/// An audit sink.
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RawAuditSink {
+    Stdout,
+    File,
+    None,
+}
+
+/// Allow and deny lists of tool-name globs (e.g. `ticket_*`). Deny wins.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawAccessList {
+    /// If set, only tools matching one of these globs.
+    pub allow: Option<Vec<String>>,
+    /// Never tools matching one of these globs.
+    #[serde(default)]
+    pub deny: Vec<String>,
+}
+
+/// One tenant's policy.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawTenant {
+    /// If set, only tools matching one of these globs.
+    pub allow: Option<Vec<String>>,
+    /// Never tools matching one of these globs.
+    #[serde(default)]
+    pub deny: Vec<String>,
+    /// Overall rate limit for the tenant across all tools, e.g. `1000/min`.
+    pub rate_limit: Option<RawRateLimit>,
+}
+
+/// A tool's risk level.
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema, PartialEq, Eq, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum RawRiskLevel {
+    ReadOnly,
+    WriteDraft,
+    WriteConfirmed,
+    Destructive,
+}
+
+/// Whether a version is offered.
+#[derive(Debug, Clone, Copy, Default, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RawToolStatus {
+    #[default]
+    Active,
+    Canary,
+    Inactive,
+}
+
+/// One version of one tool.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawTool {
+    /// The tool's name as the model sees it.
+    pub name: String,
+    /// The version (default "1"); (name, version) is unique.
+    pub version: Option<String>,
+    /// What the tool does, written for the model.
+    pub description: String,
+    /// JSON Schema of the arguments (an object schema).
+    pub input_schema: serde_json::Value,
+    /// Optional JSON Schema of the output, for documentation.
+    pub output_schema: Option<serde_json::Value>,
+    /// What the tool can change.
+    pub risk_level: RawRiskLevel,
+    /// Scopes the caller needs.
+    #[serde(default)]
+    pub required_scopes: Vec<String>,
+    /// Execution timeout (default 30s).
+    pub timeout: Option<String>,
+    /// active, canary or inactive (default active).
+    #[serde(default)]
+    pub status: RawToolStatus,
+    /// Who gets a canary version: listed tenants, plus a stable share of all tenants.
+    pub canary: Option<RawCanary>,
+    /// How the tool runs.
+    pub executor: RawExecutor,
+    /// Server-bound arguments: dotted argument path -> `${caller.tenant}`, `${caller.subject}`,
+    /// `${caller.agent}` or a constant. Hidden from the model and written after validation.
+    #[serde(default)]
+    pub bind: BTreeMap<String, serde_json::Value>,
+    /// What to do when the model sends a bound argument itself (default deny).
+    #[serde(default)]
+    pub on_bound_argument: RawBoundOverride,
+    /// Per-tenant rate limit for this tool, e.g. `5/min`.
+    pub rate_limit: Option<RawRateLimit>,
+    /// Override whether the tool needs approval (default: by risk level).
+    pub requires_approval: Option<bool>,
+    /// Largest output returned, in bytes.
+    pub max_output_bytes: Option<usize>,
+    /// Free-form labels shown to callers.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// Who gets a canary version.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawCanary {
+    /// Tenants that always get the canary.
+    #[serde(default)]
+    pub tenants: Vec<String>,
+    /// Share of all other tenants, 0-100, chosen by a stable hash of the tenant.
+    #[serde(default)]
+    pub percent: u8,
+}
+
+/// What happens when the model sends a bound argument.
+#[derive(Debug, Clone, Copy, Default, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RawBoundOverride {
+    /// Refuse the call with DENIED.
+    #[default]
+    Deny,
+    /// Replace the model's value with the bound one.
+    Overwrite,
+}
+
+/// A rate limit: `N/s`, `N/min` or `N/h`, or that with a burst.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum RawRateLimit {
+    /// e.g. `5/min`.
+    Short(String),
+    /// A quota with an explicit burst.
+    Full {
+        /// e.g. `5/min`.
+        quota: String,
+        /// Calls allowed at once before the rate applies (default: the quota's count).
+        burst: Option<u32>,
+    },
+}
+
+/// How a tool runs: exactly one backend.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawExecutor {
+    /// A tool built into toolgate, by name (e.g. `echo`).
+    pub builtin: Option<String>,
+}

@@ -1,0 +1,318 @@
+//! Outcome kinds and the one table that maps them to a `ToolStatus`, an `error_type` code and
+//! retryability. Everything else returns a typed [`Refusal`]; only this file decides how a reason
+//! looks on the wire.
+
+use std::{fmt, time::Duration};
+
+/// The outcome status of a tool call; mirrors `toolgate.v1.ToolStatus` without the proto types.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Status {
+    Ok,
+    Error,
+    InvalidArguments,
+    NotFound,
+    Denied,
+    RateLimited,
+    ApprovalRequired,
+    Timeout,
+    Cancelled,
+    StaleCatalog,
+    Unavailable,
+}
+
+impl Status {
+    /// The name used in logs, metrics and audit events.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Ok => "OK",
+            Status::Error => "ERROR",
+            Status::InvalidArguments => "INVALID_ARGUMENTS",
+            Status::NotFound => "NOT_FOUND",
+            Status::Denied => "DENIED",
+            Status::RateLimited => "RATE_LIMITED",
+            Status::ApprovalRequired => "APPROVAL_REQUIRED",
+            Status::Timeout => "TIMEOUT",
+            Status::Cancelled => "CANCELLED",
+            Status::StaleCatalog => "STALE_CATALOG",
+            Status::Unavailable => "UNAVAILABLE",
+        }
+    }
+}
+
+/// The boundary stage that produced an outcome, in chain order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stage {
+    Structure,
+    Resolve,
+    Access,
+    Scopes,
+    Schema,
+    Bind,
+    RateLimit,
+    Approval,
+    Idempotency,
+    Execute,
+    Result,
+}
+
+impl Stage {
+    /// The stage's name as it appears in `refused_by`, spans and audit events.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stage::Structure => "structure",
+            Stage::Resolve => "resolve",
+            Stage::Access => "access",
+            Stage::Scopes => "scopes",
+            Stage::Schema => "schema",
+            Stage::Bind => "bind",
+            Stage::RateLimit => "rate_limit",
+            Stage::Approval => "approval",
+            Stage::Idempotency => "idempotency",
+            Stage::Execute => "execute",
+            Stage::Result => "result",
+        }
+    }
+}
+
+impl fmt::Display for Stage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a call did not return OK. Each reason has one stable `error_type` code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reason {
+    ToolNameMissing,
+    ArgumentsNotJson,
+    ArgumentsNotObject,
+    ArgumentsTooLarge,
+    ArgumentsTooDeep,
+    ToolNotFound,
+    VersionNotAvailable,
+    StaleCatalog,
+    TenantUnknown,
+    DeniedByPolicy,
+    ScopeMissing,
+    SchemaViolation,
+    BoundArgumentOverride,
+    RateLimited,
+    ApprovalRequired,
+    ApprovalNotFound,
+    ApprovalPending,
+    ApprovalRejected,
+    ApprovalExpired,
+    ApprovalAlreadyUsed,
+    ApprovalArgumentsChanged,
+    ApprovalWrongCaller,
+    ApprovalInvalidated,
+    IdempotencyConflict,
+    Timeout,
+    Cancelled,
+    ToolFailed,
+    UpstreamUnavailable,
+    OutputTooLarge,
+    Overloaded,
+    Internal,
+}
+
+/// One row of the outcome table.
+struct Row {
+    code: &'static str,
+    status: Status,
+    retryable: bool,
+}
+
+impl Reason {
+    /// The table: every reason's `error_type`, status and default retryability, in one place.
+    fn row(self) -> Row {
+        use Reason::*;
+        use Status as S;
+        let (code, status, retryable) = match self {
+            ToolNameMissing => ("tool_name_missing", S::InvalidArguments, false),
+            ArgumentsNotJson => ("arguments_not_json", S::InvalidArguments, false),
+            ArgumentsNotObject => ("arguments_not_object", S::InvalidArguments, false),
+            ArgumentsTooLarge => ("arguments_too_large", S::InvalidArguments, false),
+            ArgumentsTooDeep => ("arguments_too_deep", S::InvalidArguments, false),
+            ToolNotFound => ("tool_not_found", S::NotFound, false),
+            VersionNotAvailable => ("version_not_available", S::NotFound, false),
+            StaleCatalog => ("stale_catalog", S::StaleCatalog, false),
+            TenantUnknown => ("tenant_unknown", S::Denied, false),
+            DeniedByPolicy => ("denied_by_policy", S::Denied, false),
+            ScopeMissing => ("scope_missing", S::Denied, false),
+            SchemaViolation => ("schema_violation", S::InvalidArguments, false),
+            BoundArgumentOverride => ("bound_argument_override", S::Denied, false),
+            RateLimited => ("rate_limited", S::RateLimited, true),
+            ApprovalRequired => ("approval_required", S::ApprovalRequired, false),
+            ApprovalNotFound => ("approval_not_found", S::Denied, false),
+            ApprovalPending => ("approval_pending", S::Denied, true),
+            ApprovalRejected => ("approval_rejected", S::Denied, false),
+            ApprovalExpired => ("approval_expired", S::Denied, false),
+            ApprovalAlreadyUsed => ("approval_already_used", S::Denied, false),
+            ApprovalArgumentsChanged => ("approval_arguments_changed", S::Denied, false),
+            ApprovalWrongCaller => ("approval_wrong_caller", S::Denied, false),
+            ApprovalInvalidated => ("approval_invalidated", S::Denied, false),
+            IdempotencyConflict => ("idempotency_conflict", S::InvalidArguments, false),
+            Timeout => ("timeout", S::Timeout, true),
+            Cancelled => ("cancelled", S::Cancelled, false),
+            ToolFailed => ("tool_failed", S::Error, false),
+            UpstreamUnavailable => ("upstream_unavailable", S::Error, true),
+            OutputTooLarge => ("output_too_large", S::Error, false),
+            Overloaded => ("overloaded", S::Unavailable, true),
+            Internal => ("internal", S::Error, false),
+        };
+        Row {
+            code,
+            status,
+            retryable,
+        }
+    }
+
+    /// The stable `error_type` code.
+    pub fn code(self) -> &'static str {
+        self.row().code
+    }
+
+    /// The status this reason produces.
+    pub fn status(self) -> Status {
+        self.row().status
+    }
+
+    /// Whether a retry of the same call may succeed, unless the refusal says otherwise.
+    pub fn retryable(self) -> bool {
+        self.row().retryable
+    }
+
+    /// Every reason, for documentation and tests.
+    pub const ALL: &'static [Reason] = &[
+        Reason::ToolNameMissing,
+        Reason::ArgumentsNotJson,
+        Reason::ArgumentsNotObject,
+        Reason::ArgumentsTooLarge,
+        Reason::ArgumentsTooDeep,
+        Reason::ToolNotFound,
+        Reason::VersionNotAvailable,
+        Reason::StaleCatalog,
+        Reason::TenantUnknown,
+        Reason::DeniedByPolicy,
+        Reason::ScopeMissing,
+        Reason::SchemaViolation,
+        Reason::BoundArgumentOverride,
+        Reason::RateLimited,
+        Reason::ApprovalRequired,
+        Reason::ApprovalNotFound,
+        Reason::ApprovalPending,
+        Reason::ApprovalRejected,
+        Reason::ApprovalExpired,
+        Reason::ApprovalAlreadyUsed,
+        Reason::ApprovalArgumentsChanged,
+        Reason::ApprovalWrongCaller,
+        Reason::ApprovalInvalidated,
+        Reason::IdempotencyConflict,
+        Reason::Timeout,
+        Reason::Cancelled,
+        Reason::ToolFailed,
+        Reason::UpstreamUnavailable,
+        Reason::OutputTooLarge,
+        Reason::Overloaded,
+        Reason::Internal,
+    ];
+}
+
+/// A call that did not produce OK: which stage decided, why, and what the caller should know.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub stage: Stage,
+    pub reason: Reason,
+    /// Short, model-safe explanation: no addresses, paths or stack traces.
+    pub message: String,
+    pub retryable: bool,
+    pub retry_after: Option<Duration>,
+    pub approval_id: Option<String>,
+}
+
+impl Refusal {
+    /// A refusal with the table's default retryability.
+    pub fn new(stage: Stage, reason: Reason, message: impl Into<String>) -> Self {
+        Refusal {
+            stage,
+            reason,
+            message: message.into(),
+            retryable: reason.retryable(),
+            retry_after: None,
+            approval_id: None,
+        }
+    }
+
+    /// Overrides the table's retryability (e.g. a timed-out write is not safe to retry).
+    pub fn with_retryable(mut self, retryable: bool) -> Self {
+        self.retryable = retryable;
+        self
+    }
+
+    pub fn with_retry_after(mut self, after: Duration) -> Self {
+        self.retry_after = Some(after);
+        self
+    }
+
+    pub fn with_approval_id(mut self, approval_id: impl Into<String>) -> Self {
+        self.approval_id = Some(approval_id.into());
+        self
+    }
+
+    pub fn status(&self) -> Status {
+        self.reason.status()
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} refused by {}: {}",
+            self.reason.code(),
+            self.stage,
+            self.message
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn codes_are_unique_lowercase_identifiers() {
+        let mut seen = HashSet::new();
+        for reason in Reason::ALL {
+            let code = reason.code();
+            assert!(seen.insert(code), "duplicate code {code}");
+            assert!(
+                code.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
+                "{code}"
+            );
+        }
+    }
+
+    #[test]
+    fn only_transient_reasons_are_retryable() {
+        let retryable: Vec<_> = Reason::ALL
+            .iter()
+            .filter(|r| r.retryable())
+            .map(|r| r.code())
+            .collect();
+        assert_eq!(
+            retryable,
+            [
+                "rate_limited",
+                "approval_pending",
+                "timeout",
+                "upstream_unavailable",
+                "overloaded"
+            ]
+        );
+    }
+}

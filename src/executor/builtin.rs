@@ -1,0 +1,281 @@
+//! Tools built into toolgate, used by the embedded demo and by tests: `echo`, `rag_search` over a
+//! small embedded corpus, in-memory tickets, `refund_order` and `slow_task`. Their state lives in
+//! one [`Builtins`] per server; nothing is global.
+
+use std::{
+    collections::BTreeMap,
+    sync::{
+        Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use futures::{FutureExt, future::BoxFuture};
+use serde_json::{Value, json};
+
+use super::{ExecError, Executor};
+use crate::boundary::Permit;
+
+/// The builtin tools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BuiltinTool {
+    Echo,
+    RagSearch,
+    QueryTicket,
+    CreateTicket,
+    DeleteTicket,
+    RefundOrder,
+    SlowTask,
+}
+
+impl BuiltinTool {
+    pub const ALL: &'static [BuiltinTool] = &[
+        BuiltinTool::Echo,
+        BuiltinTool::RagSearch,
+        BuiltinTool::QueryTicket,
+        BuiltinTool::CreateTicket,
+        BuiltinTool::DeleteTicket,
+        BuiltinTool::RefundOrder,
+        BuiltinTool::SlowTask,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            BuiltinTool::Echo => "echo",
+            BuiltinTool::RagSearch => "rag_search",
+            BuiltinTool::QueryTicket => "query_ticket",
+            BuiltinTool::CreateTicket => "create_ticket",
+            BuiltinTool::DeleteTicket => "delete_ticket",
+            BuiltinTool::RefundOrder => "refund_order",
+            BuiltinTool::SlowTask => "slow_task",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.iter().copied().find(|b| b.name() == name)
+    }
+}
+
+/// One document of the demo corpus.
+struct Document {
+    id: &'static str,
+    tenant: &'static str,
+    title: &'static str,
+    text: &'static str,
+}
+
+const CORPUS: &[Document] = &[
+    Document {
+        id: "acme-1",
+        tenant: "acme",
+        title: "Acme refund policy",
+        text: "Acme refunds orders within 30 days of delivery. Refunds over 500 dollars need a manager.",
+    },
+    Document {
+        id: "acme-2",
+        tenant: "acme",
+        title: "Acme shipping times",
+        text: "Acme ships within 2 business days; express shipping arrives the next day.",
+    },
+    Document {
+        id: "acme-3",
+        tenant: "acme",
+        title: "Acme password reset",
+        text: "To reset an Acme account password, use the account page and follow the emailed link.",
+    },
+    Document {
+        id: "globex-1",
+        tenant: "globex",
+        title: "Globex refund policy",
+        text: "Globex refunds orders within 14 days. Secret: Globex margin on refunds is 42 percent.",
+    },
+    Document {
+        id: "globex-2",
+        tenant: "globex",
+        title: "Globex shipping times",
+        text: "Globex ships from three warehouses; standard shipping takes 5 business days.",
+    },
+    Document {
+        id: "globex-3",
+        tenant: "globex",
+        title: "Globex support hours",
+        text: "Globex support answers tickets weekdays from 8 to 18 CET.",
+    },
+];
+
+/// A ticket in the in-memory demo store.
+#[derive(Debug, Clone, serde::Serialize)]
+struct Ticket {
+    id: String,
+    title: String,
+    body: String,
+    status: &'static str,
+    created_by: String,
+}
+
+/// State of the builtin tools of one server.
+#[derive(Debug, Default)]
+pub struct Builtins {
+    /// (tenant, ticket id) -> ticket.
+    tickets: Mutex<BTreeMap<(String, String), Ticket>>,
+    next_ticket: AtomicU64,
+    slow_tasks_finished: AtomicU64,
+    executions: AtomicU64,
+}
+
+impl Builtins {
+    /// How many `slow_task` sleeps ran to completion (cancelled ones do not count).
+    pub fn slow_tasks_finished(&self) -> u64 {
+        self.slow_tasks_finished.load(Ordering::SeqCst)
+    }
+
+    /// How many builtin executions started.
+    pub fn executions(&self) -> u64 {
+        self.executions.load(Ordering::SeqCst)
+    }
+
+    async fn run(&self, permit: &Permit) -> Result<String, ExecError> {
+        let args = permit.arguments();
+        let tool = match &permit.tool().executor {
+            super::ExecutorSpec::Builtin(tool) => *tool,
+        };
+        self.executions.fetch_add(1, Ordering::SeqCst);
+        match tool {
+            BuiltinTool::Echo => Ok(str_arg(args, "text")?.to_owned()),
+            BuiltinTool::RagSearch => rag_search(args),
+            BuiltinTool::QueryTicket => {
+                let key = (
+                    str_arg(args, "tenant")?.to_owned(),
+                    str_arg(args, "ticket_id")?.to_owned(),
+                );
+                let tickets = self.tickets.lock().map_err(|_| poisoned())?;
+                let ticket = tickets
+                    .get(&key)
+                    .ok_or_else(|| ExecError::Failed(format!("ticket {} not found", key.1)))?;
+                Ok(json!(ticket).to_string())
+            }
+            BuiltinTool::CreateTicket => {
+                let tenant = str_arg(args, "tenant")?.to_owned();
+                let id = format!(
+                    "T-{}",
+                    1000 + self.next_ticket.fetch_add(1, Ordering::SeqCst)
+                );
+                let ticket = Ticket {
+                    id: id.clone(),
+                    title: str_arg(args, "title")?.to_owned(),
+                    body: args
+                        .get("body")
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_owned(),
+                    status: "draft",
+                    created_by: permit.caller().subject.clone(),
+                };
+                let out = json!(ticket).to_string();
+                self.tickets
+                    .lock()
+                    .map_err(|_| poisoned())?
+                    .insert((tenant, id), ticket);
+                Ok(out)
+            }
+            BuiltinTool::DeleteTicket => {
+                let key = (
+                    str_arg(args, "tenant")?.to_owned(),
+                    str_arg(args, "ticket_id")?.to_owned(),
+                );
+                let removed = self.tickets.lock().map_err(|_| poisoned())?.remove(&key);
+                match removed {
+                    Some(_) => Ok(json!({"deleted": key.1}).to_string()),
+                    None => Err(ExecError::Failed(format!("ticket {} not found", key.1))),
+                }
+            }
+            BuiltinTool::RefundOrder => {
+                let order = str_arg(args, "order_id")?;
+                let amount = args
+                    .get("amount_cents")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0);
+                Ok(
+                    json!({"refunded": order, "amount_cents": amount, "status": "refunded"})
+                        .to_string(),
+                )
+            }
+            BuiltinTool::SlowTask => {
+                let ms = args.get("ms").and_then(Value::as_u64).unwrap_or(0);
+                // Dropping this future (timeout, client cancel) stops the sleep; the counter only
+                // moves for sleeps that ran to the end.
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                self.slow_tasks_finished.fetch_add(1, Ordering::SeqCst);
+                Ok(json!({"slept_ms": ms}).to_string())
+            }
+        }
+    }
+}
+
+impl Executor for Builtins {
+    fn execute<'a>(&'a self, permit: &'a Permit) -> BoxFuture<'a, Result<String, ExecError>> {
+        self.run(permit).boxed()
+    }
+}
+
+fn poisoned() -> ExecError {
+    ExecError::Failed("ticket store unavailable".into())
+}
+
+fn str_arg<'a>(args: &'a Value, key: &str) -> Result<&'a str, ExecError> {
+    args.get(key)
+        .and_then(Value::as_str)
+        .ok_or_else(|| ExecError::Failed(format!("missing string argument {key:?}")))
+}
+
+fn words(text: &str) -> impl Iterator<Item = String> + '_ {
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| w.len() > 1)
+        .map(str::to_lowercase)
+}
+
+/// Keyword search over the corpus, restricted to the bound tenant filter.
+fn rag_search(args: &Value) -> Result<String, ExecError> {
+    let query = str_arg(args, "query")?;
+    // The tenant comes from the caller's identity via a binding; never search without it.
+    let tenant = args
+        .pointer("/filter/tenant")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ExecError::Failed("search has no tenant filter".into()))?;
+    let top_k = args.get("top_k").and_then(Value::as_u64).unwrap_or(3) as usize;
+    let terms: Vec<String> = words(query).collect();
+    let mut hits: Vec<(usize, &Document)> = CORPUS
+        .iter()
+        .filter(|d| d.tenant == tenant)
+        .map(|d| {
+            let score = words(d.title)
+                .chain(words(d.text))
+                .filter(|w| terms.contains(w))
+                .count();
+            (score, d)
+        })
+        .filter(|(score, _)| *score > 0)
+        .collect();
+    hits.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.id.cmp(b.1.id)));
+    let results: Vec<Value> = hits
+        .into_iter()
+        .take(top_k)
+        .map(|(score, d)| json!({"id": d.id, "title": d.title, "text": d.text, "score": score}))
+        .collect();
+    Ok(json!({"results": results}).to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rag_search_only_returns_the_filtered_tenant() {
+        let out =
+            rag_search(&json!({"query": "refund policy", "filter": {"tenant": "acme"}})).unwrap();
+        assert!(out.contains("acme-1"), "{out}");
+        assert!(!out.contains("globex"), "{out}");
+        assert!(rag_search(&json!({"query": "refund"})).is_err());
+    }
+}

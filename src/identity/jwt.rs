@@ -1,0 +1,293 @@
+//! JWT verification with jsonwebtoken: HS256 shared secrets, RS256/ES256 PEM public keys, or a
+//! JWKS file. `exp` is required; `nbf`, `iss` and `aud` are checked; claims map to a [`Caller`].
+
+use std::{fmt, path::Path, time::Duration};
+
+use jsonwebtoken::{Algorithm, DecodingKey, Validation, jwk::JwkSet};
+use serde_json::Value;
+
+use super::{AuthMethod, Caller, IdentityError, split_scopes};
+use crate::config::{Env, FieldError, parse_duration, raw::RawJwt, resolve_path};
+
+/// One verification key and the algorithm it is used with.
+#[derive(Clone)]
+struct Key {
+    kid: Option<String>,
+    algorithm: Algorithm,
+    key: DecodingKey,
+}
+
+/// Validated JWT settings, keys loaded.
+#[derive(Clone)]
+pub struct JwtSettings {
+    keys: Vec<Key>,
+    issuer: Vec<String>,
+    audience: Vec<String>,
+    leeway: Duration,
+    tenant_claim: String,
+    subject_claim: String,
+    agent_claim: String,
+    scopes_claim: String,
+}
+
+impl fmt::Debug for JwtSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never print key material.
+        f.debug_struct("JwtSettings")
+            .field("keys", &self.keys.len())
+            .field("issuer", &self.issuer)
+            .field("audience", &self.audience)
+            .finish_non_exhaustive()
+    }
+}
+
+impl JwtSettings {
+    /// Loads keys from files or the environment; paths are relative to the config file.
+    pub fn build(raw: &RawJwt, base_dir: &Path, env: &Env) -> Result<Self, FieldError> {
+        let mut keys = Vec::new();
+        let read = |field: &str, file: &str| {
+            let path = resolve_path(base_dir, file);
+            std::fs::read(&path).map_err(|err| {
+                FieldError::new(
+                    format!("identity.jwt.{field}"),
+                    format!("cannot read {}: {err}", path.display()),
+                )
+            })
+        };
+        if let Some(file) = &raw.hs256_secret_file {
+            let secret = read("hs256_secret_file", file)?;
+            keys.push(hs256_key(
+                trim_secret(&secret),
+                "identity.jwt.hs256_secret_file",
+            )?);
+        }
+        if let Some(var) = &raw.hs256_secret_env {
+            let secret = env.get(var).ok_or_else(|| {
+                FieldError::new(
+                    "identity.jwt.hs256_secret_env",
+                    format!("environment variable {var} is not set"),
+                )
+            })?;
+            keys.push(hs256_key(
+                secret.trim().as_bytes(),
+                "identity.jwt.hs256_secret_env",
+            )?);
+        }
+        for (i, file) in raw.public_key_files.iter().enumerate() {
+            let pem = read(&format!("public_key_files[{i}]"), file)?;
+            let key = if let Ok(key) = DecodingKey::from_rsa_pem(&pem) {
+                Key {
+                    kid: None,
+                    algorithm: Algorithm::RS256,
+                    key,
+                }
+            } else if let Ok(key) = DecodingKey::from_ec_pem(&pem) {
+                Key {
+                    kid: None,
+                    algorithm: Algorithm::ES256,
+                    key,
+                }
+            } else {
+                return Err(FieldError::new(
+                    format!("identity.jwt.public_key_files[{i}]"),
+                    format!("{file} is not an RSA or EC public key in PEM form"),
+                ));
+            };
+            keys.push(key);
+        }
+        if let Some(file) = &raw.jwks_file {
+            let bytes = read("jwks_file", file)?;
+            let set: JwkSet = serde_json::from_slice(&bytes).map_err(|err| {
+                FieldError::new(
+                    "identity.jwt.jwks_file",
+                    format!("not a JWKS document: {err}"),
+                )
+            })?;
+            for (i, jwk) in set.keys.iter().enumerate() {
+                let at = format!("identity.jwt.jwks_file: keys[{i}]");
+                let algorithm = jwk_algorithm(jwk).ok_or_else(|| {
+                    FieldError::new(&at, "key has no usable algorithm (RS256, ES256)")
+                })?;
+                let key = DecodingKey::from_jwk(jwk)
+                    .map_err(|err| FieldError::new(&at, format!("unusable key: {err}")))?;
+                keys.push(Key {
+                    kid: jwk.common.key_id.clone(),
+                    algorithm,
+                    key,
+                });
+            }
+        }
+        if keys.is_empty() {
+            return Err(FieldError::new(
+                "identity.jwt",
+                "no verification key: set hs256_secret_file, hs256_secret_env, public_key_files or jwks_file",
+            ));
+        }
+        let leeway = match &raw.leeway {
+            Some(text) => {
+                parse_duration(text).map_err(|m| FieldError::new("identity.jwt.leeway", m))?
+            }
+            None => Duration::from_secs(30),
+        };
+        let claim = |value: &Option<String>, default: &str| {
+            value.clone().unwrap_or_else(|| default.to_owned())
+        };
+        Ok(JwtSettings {
+            keys,
+            issuer: raw.issuer.clone(),
+            audience: raw.audience.clone(),
+            leeway,
+            tenant_claim: claim(&raw.claims.tenant, "tenant"),
+            subject_claim: claim(&raw.claims.subject, "sub"),
+            agent_claim: claim(&raw.claims.agent, "agent"),
+            scopes_claim: claim(&raw.claims.scopes, "scope"),
+        })
+    }
+}
+
+fn trim_secret(secret: &[u8]) -> &[u8] {
+    // Secret files usually end with a newline that is not part of the secret.
+    let end = secret
+        .iter()
+        .rposition(|b| !b.is_ascii_whitespace())
+        .map_or(0, |i| i + 1);
+    &secret[..end]
+}
+
+fn hs256_key(secret: &[u8], path: &str) -> Result<Key, FieldError> {
+    if secret.len() < 32 {
+        return Err(FieldError::new(
+            path,
+            "HS256 secret must be at least 32 bytes",
+        ));
+    }
+    let key = DecodingKey::from_secret(secret)
+        .map_err(|err| FieldError::new(path, format!("unusable secret: {err}")))?;
+    Ok(Key {
+        kid: None,
+        algorithm: Algorithm::HS256,
+        key,
+    })
+}
+
+fn jwk_algorithm(jwk: &jsonwebtoken::jwk::Jwk) -> Option<Algorithm> {
+    use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, KeyAlgorithm};
+    match jwk.common.key_algorithm {
+        Some(KeyAlgorithm::RS256) => return Some(Algorithm::RS256),
+        Some(KeyAlgorithm::ES256) => return Some(Algorithm::ES256),
+        Some(_) => return None,
+        None => {}
+    }
+    match &jwk.algorithm {
+        AlgorithmParameters::RSA(_) => Some(Algorithm::RS256),
+        AlgorithmParameters::EllipticCurve(ec) if ec.curve == EllipticCurve::P256 => {
+            Some(Algorithm::ES256)
+        }
+        _ => None,
+    }
+}
+
+/// Verifies bearer tokens against the configured keys.
+#[derive(Debug)]
+pub struct JwtVerifier {
+    settings: JwtSettings,
+}
+
+impl JwtVerifier {
+    pub fn new(settings: &JwtSettings) -> Self {
+        JwtVerifier {
+            settings: settings.clone(),
+        }
+    }
+
+    pub fn verify(&self, token: &str) -> Result<Caller, IdentityError> {
+        let s = &self.settings;
+        // jsonwebtoken has no `none` algorithm: such a header fails here and nothing is trusted.
+        let header = jsonwebtoken::decode_header(token).map_err(|err| {
+            IdentityError::InvalidToken(format!(
+                "unreadable header or unsupported algorithm ({err})"
+            ))
+        })?;
+        let candidates: Vec<&Key> = s
+            .keys
+            .iter()
+            .filter(|k| k.algorithm == header.alg)
+            .filter(|k| match (&header.kid, &k.kid) {
+                (Some(want), Some(have)) => want == have,
+                _ => true,
+            })
+            .collect();
+        if candidates.is_empty() {
+            return Err(IdentityError::InvalidToken(format!(
+                "no key for algorithm {:?}{}",
+                header.alg,
+                header
+                    .kid
+                    .as_deref()
+                    .map(|k| format!(" and kid {k:?}"))
+                    .unwrap_or_default()
+            )));
+        }
+        let mut last_error = None;
+        for key in candidates {
+            let mut validation = Validation::new(key.algorithm);
+            validation.leeway = s.leeway.as_secs();
+            validation.validate_nbf = true;
+            validation.set_required_spec_claims(&["exp"]);
+            if s.issuer.is_empty() {
+                validation.iss = None;
+            } else {
+                validation.set_issuer(&s.issuer);
+            }
+            if s.audience.is_empty() {
+                validation.validate_aud = false;
+            } else {
+                validation.set_audience(&s.audience);
+            }
+            match jsonwebtoken::decode::<Value>(token, &key.key, &validation) {
+                Ok(data) => return self.caller_from(&data.claims),
+                Err(err) => last_error = Some(err),
+            }
+        }
+        Err(IdentityError::InvalidToken(
+            last_error.map(|e| describe(&e)).unwrap_or_default(),
+        ))
+    }
+
+    fn caller_from(&self, claims: &Value) -> Result<Caller, IdentityError> {
+        let s = &self.settings;
+        let string = |name: &str| claims.get(name).and_then(Value::as_str).map(str::to_owned);
+        let tenant = string(&s.tenant_claim)
+            .filter(|t| !t.trim().is_empty())
+            .ok_or_else(|| IdentityError::MissingTenantClaim(s.tenant_claim.clone()))?;
+        let scopes = match claims.get(&s.scopes_claim) {
+            Some(Value::String(text)) => split_scopes(text),
+            Some(Value::Array(items)) => items
+                .iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect(),
+            _ => Default::default(),
+        };
+        Ok(Caller {
+            tenant,
+            subject: string(&s.subject_claim).unwrap_or_default(),
+            agent: string(&s.agent_claim).unwrap_or_default(),
+            scopes,
+            method: AuthMethod::Jwt,
+        })
+    }
+}
+
+fn describe(err: &jsonwebtoken::errors::Error) -> String {
+    use jsonwebtoken::errors::ErrorKind;
+    match err.kind() {
+        ErrorKind::ExpiredSignature => "token has expired".into(),
+        ErrorKind::ImmatureSignature => "token is not valid yet (nbf)".into(),
+        ErrorKind::InvalidSignature => "bad signature".into(),
+        ErrorKind::InvalidIssuer => "wrong issuer".into(),
+        ErrorKind::InvalidAudience => "wrong audience".into(),
+        ErrorKind::MissingRequiredClaim(claim) => format!("missing required claim {claim:?}"),
+        other => format!("{other:?}").to_lowercase(),
+    }
+}

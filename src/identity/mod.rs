@@ -1,0 +1,195 @@
+//! Who is calling, from gRPC metadata only — never from the request body or the model.
+//!
+//! Production callers present `authorization: Bearer <JWT>`, verified by [`jwt`]. When the config
+//! turns dev identity on, the unauthenticated `x-toolgate-*` headers are accepted instead.
+
+mod jwt;
+
+use std::collections::BTreeSet;
+
+use tonic::metadata::MetadataMap;
+
+pub use jwt::{JwtSettings, JwtVerifier};
+
+use crate::config::IdentityConfig;
+
+/// Dev identity metadata keys.
+pub const TENANT_HEADER: &str = "x-toolgate-tenant";
+pub const SUBJECT_HEADER: &str = "x-toolgate-subject";
+pub const AGENT_HEADER: &str = "x-toolgate-agent";
+pub const SCOPES_HEADER: &str = "x-toolgate-scopes";
+
+/// How the caller was identified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuthMethod {
+    Jwt,
+    Dev,
+}
+
+/// The identity every decision is made for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    pub tenant: String,
+    pub subject: String,
+    pub agent: String,
+    pub scopes: BTreeSet<String>,
+    pub method: AuthMethod,
+}
+
+impl Caller {
+    pub fn has_scope(&self, scope: &str) -> bool {
+        self.scopes.contains(scope)
+    }
+}
+
+/// Why a caller could not be identified; always gRPC UNAUTHENTICATED, and nothing runs.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IdentityError {
+    #[error("missing credentials: send `authorization: Bearer <JWT>`")]
+    MissingCredentials,
+    #[error("dev identity headers are not accepted: dev identity is off in this sidecar's config")]
+    DevIdentityDisabled,
+    #[error("a bearer token was sent but this sidecar has no JWT verification configured")]
+    JwtNotConfigured,
+    #[error("malformed authorization metadata: expected `Bearer <JWT>`")]
+    MalformedAuthorization,
+    #[error("metadata {0} is not valid ASCII text")]
+    InvalidMetadata(&'static str),
+    #[error("invalid token: {0}")]
+    InvalidToken(String),
+    #[error("token has no tenant claim {0:?}")]
+    MissingTenantClaim(String),
+    #[error("missing tenant: send metadata x-toolgate-tenant")]
+    MissingTenantHeader,
+}
+
+/// Turns request metadata into a [`Caller`] according to the config.
+#[derive(Debug)]
+pub struct IdentityResolver {
+    dev_identity: bool,
+    jwt: Option<JwtVerifier>,
+}
+
+impl IdentityResolver {
+    pub fn new(config: &IdentityConfig) -> Self {
+        IdentityResolver {
+            dev_identity: config.dev_identity,
+            jwt: config.jwt.as_ref().map(JwtVerifier::new),
+        }
+    }
+
+    pub fn dev_identity(&self) -> bool {
+        self.dev_identity
+    }
+
+    /// A bearer token wins when present; dev headers are read only when dev identity is on.
+    pub fn resolve(&self, metadata: &MetadataMap) -> Result<Caller, IdentityError> {
+        if let Some(auth) = text(metadata, "authorization")? {
+            let token = auth
+                .strip_prefix("Bearer ")
+                .or_else(|| auth.strip_prefix("bearer "))
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .ok_or(IdentityError::MalformedAuthorization)?;
+            let verifier = self.jwt.as_ref().ok_or(IdentityError::JwtNotConfigured)?;
+            return verifier.verify(token);
+        }
+        let tenant = text(metadata, TENANT_HEADER)?;
+        if !self.dev_identity {
+            return Err(match tenant {
+                Some(_) => IdentityError::DevIdentityDisabled,
+                None => IdentityError::MissingCredentials,
+            });
+        }
+        let tenant = tenant
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .ok_or(IdentityError::MissingTenantHeader)?;
+        Ok(Caller {
+            tenant: tenant.to_owned(),
+            subject: text(metadata, SUBJECT_HEADER)?
+                .unwrap_or("")
+                .trim()
+                .to_owned(),
+            agent: text(metadata, AGENT_HEADER)?
+                .unwrap_or("")
+                .trim()
+                .to_owned(),
+            scopes: split_scopes(text(metadata, SCOPES_HEADER)?.unwrap_or("")),
+            method: AuthMethod::Dev,
+        })
+    }
+}
+
+fn text<'a>(
+    metadata: &'a MetadataMap,
+    key: &'static str,
+) -> Result<Option<&'a str>, IdentityError> {
+    metadata
+        .get(key)
+        .map(|v| v.to_str().map_err(|_| IdentityError::InvalidMetadata(key)))
+        .transpose()
+}
+
+/// Scopes separated by commas and/or spaces.
+pub fn split_scopes(text: &str) -> BTreeSet<String> {
+    text.split([',', ' '])
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resolver(dev: bool) -> IdentityResolver {
+        IdentityResolver::new(&IdentityConfig {
+            dev_identity: dev,
+            jwt: None,
+        })
+    }
+
+    fn metadata(pairs: &[(&'static str, &str)]) -> MetadataMap {
+        let mut map = MetadataMap::new();
+        for (k, v) in pairs {
+            map.insert(*k, v.parse().unwrap());
+        }
+        map
+    }
+
+    #[test]
+    fn dev_headers_make_a_caller_when_enabled() {
+        let caller = resolver(true)
+            .resolve(&metadata(&[
+                (TENANT_HEADER, "acme"),
+                (SUBJECT_HEADER, "alice"),
+                (SCOPES_HEADER, "tickets:read, tickets:write"),
+            ]))
+            .unwrap();
+        assert_eq!(caller.tenant, "acme");
+        assert!(caller.has_scope("tickets:write"));
+        assert_eq!(caller.method, AuthMethod::Dev);
+    }
+
+    #[test]
+    fn dev_headers_are_refused_when_disabled_and_tenant_is_required() {
+        let err = resolver(false).resolve(&metadata(&[(TENANT_HEADER, "acme")]));
+        assert_eq!(err, Err(IdentityError::DevIdentityDisabled));
+        let err = resolver(true).resolve(&metadata(&[(SUBJECT_HEADER, "alice")]));
+        assert_eq!(err, Err(IdentityError::MissingTenantHeader));
+        let err = resolver(false).resolve(&MetadataMap::new());
+        assert_eq!(err, Err(IdentityError::MissingCredentials));
+    }
+
+    #[test]
+    fn a_token_without_jwt_config_is_refused_not_ignored() {
+        let err = resolver(true).resolve(&metadata(&[
+            ("authorization", "Bearer abc.def.ghi"),
+            (TENANT_HEADER, "acme"),
+        ]));
+        assert_eq!(err, Err(IdentityError::JwtNotConfigured));
+    }
+}

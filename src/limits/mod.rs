@@ -1,0 +1,159 @@
+//! Rate limits (stage 8) over governor: per (tenant, tool) quotas from each tool's `rate_limit`,
+//! and an optional overall quota per tenant. Decisions are atomic, so exact under concurrency.
+//!
+//! Keys are tenants, which the access stage already limited to the catalog's tenants, so the keyed
+//! stores stay bounded; [`RateLimits::retain_recent`] also sheds idle keys. Limiter state is keyed
+//! by (tool, rate) and carried across catalog reloads for tools whose quota did not change.
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use governor::{
+    Quota, RateLimiter,
+    middleware::NoOpMiddleware,
+    nanos::Nanos,
+    state::{InMemoryState, NotKeyed, keyed::DefaultKeyedStateStore},
+};
+
+use crate::{
+    catalog::{Catalog, ToolVersion},
+    clock::SharedClock,
+    config::Rate,
+    error::{Reason, Refusal, Stage},
+};
+
+type KeyedLimiter =
+    RateLimiter<String, DefaultKeyedStateStore<String>, SharedClock, NoOpMiddleware<Nanos>>;
+type DirectLimiter = RateLimiter<NotKeyed, InMemoryState, SharedClock, NoOpMiddleware<Nanos>>;
+
+/// All rate limiters for one catalog.
+#[derive(Clone)]
+pub struct RateLimits {
+    clock: SharedClock,
+    /// (tool name, rate) -> limiter keyed by tenant.
+    per_tool: HashMap<(String, Rate), Arc<KeyedLimiter>>,
+    /// (tenant, rate) -> limiter.
+    per_tenant: HashMap<(String, Rate), Arc<DirectLimiter>>,
+}
+
+fn quota(rate: Rate) -> Quota {
+    let per_cell = rate.period / rate.count.get();
+    Quota::with_period(per_cell.max(Duration::from_nanos(1)))
+        .unwrap_or_else(|| Quota::per_second(rate.count))
+        .allow_burst(rate.burst)
+}
+
+impl RateLimits {
+    /// Limiters for `catalog`, reusing `previous` state where a tool's or tenant's rate is unchanged.
+    pub fn build(catalog: &Catalog, clock: SharedClock, previous: Option<&RateLimits>) -> Self {
+        let mut per_tool = HashMap::new();
+        for tool in catalog.versions() {
+            let Some(rate) = tool.rate_limit else {
+                continue;
+            };
+            let key = (tool.name.clone(), rate);
+            let limiter = previous
+                .and_then(|p| p.per_tool.get(&key).cloned())
+                .unwrap_or_else(|| {
+                    Arc::new(RateLimiter::new(
+                        quota(rate),
+                        DefaultKeyedStateStore::default(),
+                        clock.clone(),
+                    ))
+                });
+            per_tool.insert(key, limiter);
+        }
+        let mut per_tenant = HashMap::new();
+        for (tenant, policy) in &catalog.tenants {
+            let Some(rate) = policy.rate_limit else {
+                continue;
+            };
+            let key = (tenant.clone(), rate);
+            let limiter = previous
+                .and_then(|p| p.per_tenant.get(&key).cloned())
+                .unwrap_or_else(|| {
+                    Arc::new(RateLimiter::new(
+                        quota(rate),
+                        InMemoryState::default(),
+                        clock.clone(),
+                    ))
+                });
+            per_tenant.insert(key, limiter);
+        }
+        RateLimits {
+            clock,
+            per_tool,
+            per_tenant,
+        }
+    }
+
+    /// Admits one call of `tool` for `tenant`, or says how long to wait.
+    pub fn check(
+        &self,
+        tenant: &str,
+        tool: &ToolVersion,
+        tenant_rate: Option<Rate>,
+    ) -> Result<(), Refusal> {
+        use governor::clock::Clock as _;
+        if let Some(rate) = tool.rate_limit
+            && let Some(limiter) = self.per_tool.get(&(tool.name.clone(), rate))
+            && let Err(not_until) = limiter.check_key(&tenant.to_owned())
+        {
+            let wait = not_until.wait_time_from(self.clock.now());
+            return Err(refusal(
+                format!(
+                    "rate limit {} for {} reached for tenant {tenant}",
+                    describe(rate),
+                    tool.name
+                ),
+                wait,
+            ));
+        }
+        if let Some(rate) = tenant_rate
+            && let Some(limiter) = self.per_tenant.get(&(tenant.to_owned(), rate))
+            && let Err(not_until) = limiter.check()
+        {
+            let wait = not_until.wait_time_from(self.clock.now());
+            return Err(refusal(
+                format!(
+                    "tenant {tenant} reached its overall rate limit {}",
+                    describe(rate)
+                ),
+                wait,
+            ));
+        }
+        Ok(())
+    }
+
+    /// Forgets keys whose state no longer matters (their window has passed).
+    pub fn retain_recent(&self) {
+        for limiter in self.per_tool.values() {
+            limiter.retain_recent();
+            limiter.shrink_to_fit();
+        }
+    }
+
+    /// Number of (tenant) keys held across all per-tool limiters.
+    pub fn keys_held(&self) -> usize {
+        self.per_tool.values().map(|l| l.len()).sum()
+    }
+}
+
+fn refusal(message: String, wait: Duration) -> Refusal {
+    // Round up so a client that waits exactly this long is admitted.
+    let wait = Duration::from_millis(
+        u64::try_from(wait.as_nanos().div_ceil(1_000_000))
+            .unwrap_or(u64::MAX)
+            .max(1),
+    );
+    Refusal::new(Stage::RateLimit, Reason::RateLimited, message).with_retry_after(wait)
+}
+
+fn describe(rate: Rate) -> String {
+    let unit = match rate.period.as_secs() {
+        1 => "s".to_owned(),
+        60 => "min".to_owned(),
+        3600 => "h".to_owned(),
+        other => format!("{other}s"),
+    };
+    format!("{}/{unit}", rate.count)
+}

@@ -1,0 +1,198 @@
+//! Proto <-> domain conversion, and the gRPC status for the few request-level errors. Tool-level
+//! outcomes never become gRPC errors: they are `ToolResult`s.
+
+use std::time::Duration;
+
+use tonic::{Code, Status as GrpcStatus};
+
+use crate::{
+    approvals::{Approval, ApprovalState, DecideError},
+    boundary::{CallOutcome, CallRequest},
+    catalog::{RiskLevel, ToolVersion},
+    error::Status,
+    identity::IdentityError,
+    proto,
+};
+
+pub fn tool_status(status: Status) -> proto::ToolStatus {
+    use proto::ToolStatus as P;
+    match status {
+        Status::Ok => P::Ok,
+        Status::Error => P::Error,
+        Status::InvalidArguments => P::InvalidArguments,
+        Status::NotFound => P::NotFound,
+        Status::Denied => P::Denied,
+        Status::RateLimited => P::RateLimited,
+        Status::ApprovalRequired => P::ApprovalRequired,
+        Status::Timeout => P::Timeout,
+        Status::Cancelled => P::Cancelled,
+        Status::StaleCatalog => P::StaleCatalog,
+        Status::Unavailable => P::Unavailable,
+    }
+}
+
+pub fn risk_level(risk: RiskLevel) -> proto::RiskLevel {
+    match risk {
+        RiskLevel::ReadOnly => proto::RiskLevel::ReadOnly,
+        RiskLevel::WriteDraft => proto::RiskLevel::WriteDraft,
+        RiskLevel::WriteConfirmed => proto::RiskLevel::WriteConfirmed,
+        RiskLevel::Destructive => proto::RiskLevel::Destructive,
+    }
+}
+
+pub fn tool_definition(tool: &ToolVersion) -> proto::ToolDefinition {
+    proto::ToolDefinition {
+        name: tool.name.clone(),
+        version: tool.version.clone(),
+        description: tool.description.clone(),
+        input_schema_json: tool.visible_schema_json.clone(),
+        risk_level: risk_level(tool.risk_level) as i32,
+        required_scopes: tool.required_scopes.clone(),
+        timeout_ms: u32::try_from(tool.timeout.as_millis()).unwrap_or(u32::MAX),
+        labels: tool.labels.clone().into_iter().collect(),
+        requires_approval: tool.requires_approval,
+    }
+}
+
+fn non_empty(text: String) -> Option<String> {
+    Some(text).filter(|t| !t.trim().is_empty())
+}
+
+pub fn call_request(call: proto::ToolCall) -> CallRequest {
+    CallRequest {
+        call_id: call.call_id,
+        name: call.name,
+        arguments_json: call.arguments_json,
+        version: non_empty(call.version),
+        idempotency_key: non_empty(call.idempotency_key),
+        approval_id: non_empty(call.approval_id),
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+pub fn tool_result(outcome: CallOutcome) -> proto::ToolResult {
+    let refusal = outcome.refusal.as_ref();
+    proto::ToolResult {
+        call_id: outcome.call_id,
+        status: tool_status(outcome.status) as i32,
+        output: outcome.output,
+        model_text: outcome.model_text,
+        error_type: refusal
+            .map(|r| r.reason.code().to_owned())
+            .unwrap_or_default(),
+        error_message: refusal.map(|r| r.message.clone()).unwrap_or_default(),
+        retryable: refusal.is_some_and(|r| r.retryable),
+        // Refusal messages are written to be shown: no addresses, paths or internals.
+        user_visible: refusal.is_some(),
+        tool_version: outcome.tool_version,
+        approval_id: outcome.approval_id.unwrap_or_default(),
+        retry_after_ms: refusal.and_then(|r| r.retry_after).map(millis).unwrap_or(0),
+        duration_ms: millis(outcome.duration),
+        refused_by: refusal
+            .map(|r| r.stage.as_str().to_owned())
+            .unwrap_or_default(),
+        idempotent_replay: outcome.idempotent_replay,
+    }
+}
+
+pub fn approval_state(state: ApprovalState) -> proto::ApprovalState {
+    use proto::ApprovalState as P;
+    match state {
+        ApprovalState::Pending => P::Pending,
+        ApprovalState::Approved => P::Approved,
+        ApprovalState::Rejected => P::Rejected,
+        ApprovalState::Used => P::Used,
+        ApprovalState::Expired => P::Expired,
+        ApprovalState::Invalidated => P::Invalidated,
+    }
+}
+
+pub fn approval_state_filter(raw: i32) -> Result<Option<ApprovalState>, GrpcStatus> {
+    use proto::ApprovalState as P;
+    match P::try_from(raw) {
+        Ok(P::Unspecified) => Ok(None),
+        Ok(P::Pending) => Ok(Some(ApprovalState::Pending)),
+        Ok(P::Approved) => Ok(Some(ApprovalState::Approved)),
+        Ok(P::Rejected) => Ok(Some(ApprovalState::Rejected)),
+        Ok(P::Used) => Ok(Some(ApprovalState::Used)),
+        Ok(P::Expired) => Ok(Some(ApprovalState::Expired)),
+        Ok(P::Invalidated) => Ok(Some(ApprovalState::Invalidated)),
+        Err(_) => Err(GrpcStatus::invalid_argument(format!(
+            "unknown approval state {raw}"
+        ))),
+    }
+}
+
+pub fn approval(a: Approval) -> proto::Approval {
+    proto::Approval {
+        approval_id: a.id,
+        tenant: a.binding.tenant,
+        subject: a.binding.subject,
+        agent: a.binding.agent,
+        run_id: a.binding.run_id,
+        tool: a.binding.tool,
+        tool_version: a.binding.tool_version,
+        arguments_sha256: a.binding.arguments_sha256,
+        arguments_json: a.arguments_json,
+        state: approval_state(a.state) as i32,
+        created_at_unix_ms: a.created_at_ms,
+        expires_at_unix_ms: a.expires_at_ms,
+        decided_by: a.decided_by,
+        reason: a.reason,
+        risk_level: risk_level(a.risk_level) as i32,
+    }
+}
+
+pub fn decision(raw: i32) -> Option<bool> {
+    match proto::ApprovalDecision::try_from(raw) {
+        Ok(proto::ApprovalDecision::Approve) => Some(true),
+        Ok(proto::ApprovalDecision::Reject) => Some(false),
+        _ => None,
+    }
+}
+
+/// The gRPC code of each request-level error.
+pub fn identity_status(err: &IdentityError) -> GrpcStatus {
+    GrpcStatus::new(Code::Unauthenticated, err.to_string())
+}
+
+pub fn decide_status(err: &DecideError) -> GrpcStatus {
+    let code = match err {
+        DecideError::MissingScope | DecideError::SelfApproval => Code::PermissionDenied,
+        DecideError::NotFound(_) => Code::NotFound,
+        DecideError::NotPending { .. } => Code::FailedPrecondition,
+        DecideError::NoDecision => Code::InvalidArgument,
+    };
+    GrpcStatus::new(code, err.to_string())
+}
+
+/// Parses the `grpc-timeout` header (e.g. `500m`, `2S`).
+pub fn grpc_timeout(value: &str) -> Option<Duration> {
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    let amount: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(amount.saturating_mul(3600)),
+        "M" => Duration::from_secs(amount.saturating_mul(60)),
+        "S" => Duration::from_secs(amount),
+        "m" => Duration::from_millis(amount),
+        "u" => Duration::from_micros(amount),
+        "n" => Duration::from_nanos(amount),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_parse() {
+        assert_eq!(grpc_timeout("500m"), Some(Duration::from_millis(500)));
+        assert_eq!(grpc_timeout("2S"), Some(Duration::from_secs(2)));
+        assert_eq!(grpc_timeout("x"), None);
+        assert_eq!(grpc_timeout(""), None);
+    }
+}

@@ -1,0 +1,258 @@
+//! The gRPC server: tonic services that only convert between proto and domain types and call the
+//! boundary, plus the standard health and reflection services, TCP and Unix-socket listeners, and
+//! graceful shutdown (stop accepting, let in-flight calls finish within the grace period, drain
+//! the audit queue).
+
+pub mod convert;
+mod services;
+
+use std::{future::Future, net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
+
+use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tonic::service::Routes;
+use tonic_health::ServingStatus;
+
+use crate::{
+    approvals::ApprovalStore,
+    audit::AuditLog,
+    boundary::Boundary,
+    clock::SharedClock,
+    config::Config,
+    executor::Executors,
+    identity::IdentityResolver,
+    proto::{self, approvals_server::ApprovalsServer, tool_gate_server::ToolGateServer},
+};
+use services::{ApprovalsService, ToolGateService};
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("cannot open the audit sink: {0}")]
+    Audit(std::io::Error),
+    #[error("cannot build the reflection service: {0}")]
+    Reflection(String),
+}
+
+/// Options that are not part of the catalog file.
+#[derive(Debug, Clone, Default)]
+pub struct StartOptions {
+    /// Overrides `server.listen` (e.g. `127.0.0.1:0` in tests).
+    pub listen: Option<SocketAddr>,
+    /// The clock; the system clock by default.
+    pub clock: Option<SharedClock>,
+}
+
+/// A started server.
+pub struct Running {
+    local_addr: Option<SocketAddr>,
+    unix_socket: Option<PathBuf>,
+    boundary: Arc<Boundary>,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<Result<(), tonic::transport::Error>>>,
+    audit_task: JoinHandle<()>,
+    grace: Duration,
+    health: tonic_health::server::HealthReporter,
+}
+
+impl Running {
+    /// The TCP address actually bound.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.local_addr
+    }
+
+    pub fn unix_socket(&self) -> Option<&PathBuf> {
+        self.unix_socket.as_ref()
+    }
+
+    pub fn boundary(&self) -> &Arc<Boundary> {
+        &self.boundary
+    }
+
+    /// Stops accepting, waits up to the grace period for in-flight calls, then drains the audit
+    /// queue. Calls still running after the grace period are dropped (and audited as cancelled).
+    pub async fn shutdown(mut self) {
+        for service in ["", "toolgate.v1.ToolGate", "toolgate.v1.Approvals"] {
+            self.health
+                .set_service_status(service, ServingStatus::NotServing)
+                .await;
+        }
+        let _ = self.shutdown.send(true);
+        let grace = self.grace;
+        let finished = tokio::time::timeout(
+            grace,
+            futures::future::join_all(self.tasks.iter_mut().map(|t| async move {
+                match t.await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(err)) => tracing::error!(error = %err, "server ended with an error"),
+                    Err(err) => tracing::error!(error = %err, "server task failed"),
+                }
+            })),
+        )
+        .await;
+        if finished.is_err() {
+            tracing::warn!(
+                grace_ms = grace.as_millis() as u64,
+                "grace period over; dropping calls still in flight"
+            );
+            for task in &self.tasks {
+                task.abort();
+            }
+        }
+        if let Some(path) = &self.unix_socket {
+            let _ = std::fs::remove_file(path);
+        }
+        let audit = self.boundary.audit().clone();
+        audit.flush().await;
+        drop(self.boundary);
+        drop(audit);
+        let _ = self.audit_task.await;
+    }
+}
+
+/// Starts serving `config`; returns once the listeners are bound and health says SERVING.
+pub async fn start(config: Config, options: StartOptions) -> Result<Running, StartError> {
+    let clock = options.clock.unwrap_or_default();
+    let (audit, audit_task) = AuditLog::start(&config.audit)
+        .await
+        .map_err(StartError::Audit)?;
+    let approvals = ApprovalStore::new(
+        clock.clone(),
+        config.approvals.ttl,
+        config.approvals.max_per_tenant,
+    );
+    let boundary = Arc::new(Boundary::new(
+        config.catalog,
+        config.limits.clone(),
+        approvals,
+        Executors::default(),
+        audit,
+        clock,
+    ));
+    let identity = Arc::new(IdentityResolver::new(&config.identity));
+    if identity.dev_identity() {
+        tracing::warn!(
+            "dev identity is on: callers are NOT authenticated; x-toolgate-* metadata is trusted as is"
+        );
+    }
+
+    let max_message = config.limits.max_message_bytes;
+    let toolgate = ToolGateServer::new(ToolGateService::new(
+        boundary.clone(),
+        identity.clone(),
+        config.limits.clone(),
+    ))
+    .max_decoding_message_size(max_message)
+    .max_encoding_message_size(max_message);
+    let approvals = ApprovalsServer::new(ApprovalsService::new(boundary.clone(), identity))
+        .max_decoding_message_size(max_message);
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<ToolGateServer<ToolGateService>>()
+        .await;
+    health
+        .set_serving::<ApprovalsServer<ApprovalsService>>()
+        .await;
+    health.set_service_status("", ServingStatus::Serving).await;
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| StartError::Reflection(e.to_string()))?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .map_err(|e| StartError::Reflection(e.to_string()))?;
+    let routes = Routes::new(toolgate)
+        .add_service(approvals)
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha);
+
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    let signal = move || {
+        let mut rx = shutdown_rx.clone();
+        async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        }
+    };
+    let mut tasks = Vec::new();
+    let mut local_addr = None;
+    if let Some(addr) = options.listen.or(config.server.listen) {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| StartError::Listen {
+                addr: addr.to_string(),
+                source,
+            })?;
+        let bound = listener.local_addr().map_err(|source| StartError::Listen {
+            addr: addr.to_string(),
+            source,
+        })?;
+        local_addr = Some(bound);
+        let incoming = TcpListenerStream::new(listener);
+        let server = builder()
+            .add_routes(routes.clone())
+            .serve_with_incoming_shutdown(incoming, signal());
+        tasks.push(tokio::spawn(server));
+        tracing::info!(addr = %bound, "serving gRPC over TCP");
+    }
+    let unix_socket = config.server.unix_socket.clone();
+    if let Some(path) = &unix_socket {
+        // A socket file left by a previous run would make bind fail.
+        let _ = std::fs::remove_file(path);
+        let listener =
+            tokio::net::UnixListener::bind(path).map_err(|source| StartError::Listen {
+                addr: path.display().to_string(),
+                source,
+            })?;
+        let incoming = UnixListenerStream::new(listener);
+        let server = builder()
+            .add_routes(routes)
+            .serve_with_incoming_shutdown(incoming, signal());
+        tasks.push(tokio::spawn(server));
+        tracing::info!(path = %path.display(), "serving gRPC over a Unix socket");
+    }
+    tracing::info!(
+        source = %config.source,
+        revision = %boundary.catalog().catalog.revision(),
+        tools = boundary.catalog().catalog.names().count(),
+        "catalog loaded; SERVING"
+    );
+    Ok(Running {
+        local_addr,
+        unix_socket,
+        boundary,
+        shutdown,
+        tasks,
+        audit_task,
+        grace: config.server.shutdown_grace,
+        health,
+    })
+}
+
+fn builder() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .tcp_nodelay(true)
+}
+
+/// Serves until `signal` completes, then shuts down gracefully.
+pub async fn run(
+    config: Config,
+    options: StartOptions,
+    signal: impl Future<Output = ()>,
+) -> Result<(), StartError> {
+    let running = start(config, options).await?;
+    signal.await;
+    tracing::info!("shutting down: no new calls accepted, in-flight calls finishing");
+    running.shutdown().await;
+    tracing::info!("stopped");
+    Ok(())
+}

@@ -1,0 +1,191 @@
+//! The `toolgate.v1` service implementations: identify the caller, convert, call the boundary,
+//! convert back. No decisions are made here.
+
+use std::{sync::Arc, time::Duration};
+
+use tokio::time::Instant;
+use tonic::{Request, Response, Status};
+
+use super::convert;
+use crate::{
+    boundary::{Boundary, Turn},
+    config::LimitsConfig,
+    identity::{Caller, IdentityResolver},
+    proto::{self, approvals_server::Approvals, tool_gate_server::ToolGate},
+};
+
+/// Our answer must arrive before the client's deadline fires, so stop a little early.
+const DEADLINE_MARGIN: Duration = Duration::from_millis(5);
+
+pub struct ToolGateService {
+    boundary: Arc<Boundary>,
+    identity: Arc<IdentityResolver>,
+    limits: LimitsConfig,
+}
+
+impl ToolGateService {
+    pub fn new(
+        boundary: Arc<Boundary>,
+        identity: Arc<IdentityResolver>,
+        limits: LimitsConfig,
+    ) -> Self {
+        ToolGateService {
+            boundary,
+            identity,
+            limits,
+        }
+    }
+
+    fn turn<T>(
+        &self,
+        request: &Request<T>,
+        run_id: String,
+        step: u32,
+        catalog_revision: String,
+    ) -> Result<Turn, Status> {
+        let caller = identify(&self.identity, request)?;
+        let deadline = request
+            .metadata()
+            .get("grpc-timeout")
+            .and_then(|v| v.to_str().ok())
+            .and_then(convert::grpc_timeout)
+            .map(|timeout| Instant::now() + timeout.saturating_sub(DEADLINE_MARGIN));
+        Ok(Turn {
+            caller,
+            run_id,
+            step,
+            catalog_revision: Some(catalog_revision).filter(|r| !r.trim().is_empty()),
+            deadline,
+        })
+    }
+}
+
+fn identify<T>(identity: &IdentityResolver, request: &Request<T>) -> Result<Caller, Status> {
+    identity.resolve(request.metadata()).map_err(|err| {
+        tracing::info!(error = %err, "caller refused");
+        convert::identity_status(&err)
+    })
+}
+
+#[tonic::async_trait]
+impl ToolGate for ToolGateService {
+    async fn list_tools(
+        &self,
+        request: Request<proto::ListToolsRequest>,
+    ) -> Result<Response<proto::ListToolsResponse>, Status> {
+        let caller = identify(&self.identity, &request)?;
+        let (tools, catalog_revision) = self.boundary.list_tools(&caller);
+        Ok(Response::new(proto::ListToolsResponse {
+            tools: tools.iter().map(|t| convert::tool_definition(t)).collect(),
+            catalog_revision,
+        }))
+    }
+
+    async fn execute_tool(
+        &self,
+        request: Request<proto::ExecuteToolRequest>,
+    ) -> Result<Response<proto::ExecuteToolResponse>, Status> {
+        let turn = {
+            let body = request.get_ref();
+            self.turn(
+                &request,
+                body.run_id.clone(),
+                body.step,
+                body.catalog_revision.clone(),
+            )?
+        };
+        let call = request
+            .into_inner()
+            .call
+            .ok_or_else(|| Status::invalid_argument("ExecuteToolRequest.call is required"))?;
+        let outcome = self
+            .boundary
+            .execute(&turn, convert::call_request(call), 0)
+            .await;
+        Ok(Response::new(proto::ExecuteToolResponse {
+            result: Some(convert::tool_result(outcome)),
+        }))
+    }
+
+    async fn execute_tools(
+        &self,
+        request: Request<proto::ExecuteToolsRequest>,
+    ) -> Result<Response<proto::ExecuteToolsResponse>, Status> {
+        let turn = {
+            let body = request.get_ref();
+            self.turn(
+                &request,
+                body.run_id.clone(),
+                body.step,
+                body.catalog_revision.clone(),
+            )?
+        };
+        let body = request.into_inner();
+        if body.calls.len() > self.limits.max_batch_calls {
+            return Err(Status::invalid_argument(format!(
+                "{} calls in one ExecuteTools request; the limit is {}",
+                body.calls.len(),
+                self.limits.max_batch_calls
+            )));
+        }
+        let calls = body.calls.into_iter().map(convert::call_request).collect();
+        let max_parallel = usize::try_from(body.max_parallel).unwrap_or(usize::MAX);
+        let outcomes = self
+            .boundary
+            .execute_batch(&turn, calls, body.parallel, max_parallel)
+            .await;
+        Ok(Response::new(proto::ExecuteToolsResponse {
+            results: outcomes.into_iter().map(convert::tool_result).collect(),
+        }))
+    }
+}
+
+pub struct ApprovalsService {
+    boundary: Arc<Boundary>,
+    identity: Arc<IdentityResolver>,
+}
+
+impl ApprovalsService {
+    pub fn new(boundary: Arc<Boundary>, identity: Arc<IdentityResolver>) -> Self {
+        ApprovalsService { boundary, identity }
+    }
+}
+
+#[tonic::async_trait]
+impl Approvals for ApprovalsService {
+    async fn list_approvals(
+        &self,
+        request: Request<proto::ListApprovalsRequest>,
+    ) -> Result<Response<proto::ListApprovalsResponse>, Status> {
+        let approver = identify(&self.identity, &request)?;
+        let state = convert::approval_state_filter(request.get_ref().state)?;
+        let approvals = self
+            .boundary
+            .list_approvals(&approver, state)
+            .map_err(|e| convert::decide_status(&e))?;
+        Ok(Response::new(proto::ListApprovalsResponse {
+            approvals: approvals.into_iter().map(convert::approval).collect(),
+        }))
+    }
+
+    async fn decide_approval(
+        &self,
+        request: Request<proto::DecideApprovalRequest>,
+    ) -> Result<Response<proto::DecideApprovalResponse>, Status> {
+        let approver = identify(&self.identity, &request)?;
+        let body = request.into_inner();
+        let approval = self
+            .boundary
+            .decide_approval(
+                &approver,
+                &body.approval_id,
+                convert::decision(body.decision),
+                &body.reason,
+            )
+            .await
+            .map_err(|e| convert::decide_status(&e))?;
+        Ok(Response::new(proto::DecideApprovalResponse {
+            approval: Some(convert::approval(approval)),
+        }))
+    }
+}
