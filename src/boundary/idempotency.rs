@@ -24,6 +24,9 @@ pub struct Stored {
 
 type Key = (String, String, String);
 
+/// Where a duplicate waits for the first call's result.
+type Waiting = watch::Receiver<Option<Stored>>;
+
 enum Entry {
     InFlight {
         arguments_sha256: String,
@@ -150,12 +153,13 @@ impl IdempotencyStore {
         ))
     }
 
-    #[allow(clippy::type_complexity)]
+    /// Claims without waiting: `Ok(Ok(claim))`, `Ok(Err(waiting))` while the first call runs,
+    /// or a refusal.
     fn try_claim(
         &self,
         key: &Key,
         arguments_sha256: &str,
-    ) -> Result<Result<Claim<'_>, watch::Receiver<Option<Stored>>>, Refusal> {
+    ) -> Result<Result<Claim<'_>, Waiting>, Refusal> {
         let now = self.clock.monotonic();
         let mut inner = self.lock();
         let conflict = || {

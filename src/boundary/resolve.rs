@@ -39,11 +39,14 @@ pub fn resolve<'c>(
 /// Tool name -> definition hash, for one revision.
 pub type Definitions = BTreeMap<String, String>;
 
+/// Revisions by id, and their insertion order for forgetting the oldest.
+type Entries = (HashMap<String, Arc<Definitions>>, VecDeque<String>);
+
 /// Recently handed-out revisions and what they contained. Bounded; the oldest are forgotten.
 #[derive(Debug)]
 pub struct RevisionLog {
     capacity: usize,
-    inner: Mutex<(HashMap<String, Arc<Definitions>>, VecDeque<String>)>,
+    inner: Mutex<Entries>,
 }
 
 impl RevisionLog {

@@ -29,7 +29,8 @@ pub fn check(tool: &ToolVersion, arguments: &Value) -> Result<(), Refusal> {
         .map(|err| {
             let pointer = err.instance_path().as_str();
             let at = if pointer.is_empty() { "/" } else { pointer };
-            format!("{at}: {err}")
+            // Masked: argument values (which may be secrets) never reach messages, logs or audit.
+            format!("{at}: {}", err.masked())
         })
         .collect();
     if violations.is_empty() {

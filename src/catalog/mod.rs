@@ -254,9 +254,7 @@ impl Catalog {
         raw: &RawConfig,
         approvals: &ApprovalsConfig,
         limits: &LimitsConfig,
-        source: &str,
     ) -> Result<Self, FieldError> {
-        let _ = source;
         let mut tools: BTreeMap<String, Vec<Arc<ToolVersion>>> = BTreeMap::new();
         let mut seen: BTreeMap<(String, String), usize> = BTreeMap::new();
         for (index, raw_tool) in raw.tools.iter().enumerate() {

@@ -94,29 +94,49 @@ pub fn strip_bound(schema: &Value, bindings: &[Binding]) -> Value {
     visible
 }
 
-/// Returns true when the schema at this level has no properties left.
-fn remove_property(schema: &mut Value, path: &[String]) -> bool {
+/// What removing a bound property left of the schema at one level.
+struct Left {
+    /// No properties remain: the object itself can go.
+    empty: bool,
+    /// Nothing required remains: binding alone satisfies it, so the model need not send it.
+    nothing_required: bool,
+}
+
+fn remove_property(schema: &mut Value, path: &[String]) -> Left {
+    let untouched = Left {
+        empty: false,
+        nothing_required: false,
+    };
     let Some((first, rest)) = path.split_first() else {
-        return false;
+        return untouched;
     };
     let Some(props) = schema.get_mut("properties").and_then(Value::as_object_mut) else {
-        return false;
+        return untouched;
     };
-    let remove_here = match props.get_mut(first) {
-        Some(child) if !rest.is_empty() => remove_property(child, rest),
-        Some(_) => true,
-        None => false,
-    };
-    if remove_here {
-        props.shift_remove(first);
-        if let Some(required) = schema.get_mut("required").and_then(Value::as_array_mut) {
-            required.retain(|r| r.as_str() != Some(first));
+    let (remove, unrequire) = match props.get_mut(first) {
+        Some(child) if !rest.is_empty() => {
+            let left = remove_property(child, rest);
+            (left.empty, left.empty || left.nothing_required)
         }
+        Some(_) => (true, true),
+        None => (false, false),
+    };
+    if remove {
+        props.shift_remove(first);
     }
-    schema
-        .get("properties")
-        .and_then(Value::as_object)
-        .is_some_and(|p| p.is_empty())
+    if unrequire && let Some(required) = schema.get_mut("required").and_then(Value::as_array_mut) {
+        required.retain(|r| r.as_str() != Some(first));
+    }
+    Left {
+        empty: schema
+            .get("properties")
+            .and_then(Value::as_object)
+            .is_some_and(|p| p.is_empty()),
+        nothing_required: schema
+            .get("required")
+            .and_then(Value::as_array)
+            .is_none_or(|r| r.is_empty()),
+    }
 }
 
 #[cfg(test)]

@@ -260,7 +260,7 @@ fn build(raw: RawConfig, source: &str, base_dir: &Path, env: &Env) -> Result<Con
         )?,
     };
     let audit = build_audit(&raw.audit, base_dir)?;
-    let catalog = Catalog::build(&raw, &approvals, &limits, source)?;
+    let catalog = Catalog::build(&raw, &approvals, &limits)?;
     Ok(Config {
         source: source.to_owned(),
         server,

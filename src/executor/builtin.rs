@@ -1,4 +1,5 @@
-//! Tools built into toolgate, used by the embedded demo and by tests: `echo`, `rag_search` over a
+//! Tools built into toolgate, used by the embedded demo and by tests: `echo`, `echo_arguments`
+//! (returns the arguments the backend received, for checking bindings), `rag_search` over a
 //! small embedded corpus, in-memory tickets, `refund_order` and `slow_task`. Their state lives in
 //! one [`Builtins`] per server; nothing is global.
 
@@ -13,14 +14,16 @@ use std::{
 
 use futures::{FutureExt, future::BoxFuture};
 use serde_json::{Value, json};
+use tokio::sync::watch;
 
 use super::{ExecError, Executor};
-use crate::boundary::Permit;
+use crate::{boundary::Permit, canonical};
 
 /// The builtin tools.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BuiltinTool {
     Echo,
+    EchoArguments,
     RagSearch,
     QueryTicket,
     CreateTicket,
@@ -32,6 +35,7 @@ pub enum BuiltinTool {
 impl BuiltinTool {
     pub const ALL: &'static [BuiltinTool] = &[
         BuiltinTool::Echo,
+        BuiltinTool::EchoArguments,
         BuiltinTool::RagSearch,
         BuiltinTool::QueryTicket,
         BuiltinTool::CreateTicket,
@@ -43,6 +47,7 @@ impl BuiltinTool {
     pub fn name(self) -> &'static str {
         match self {
             BuiltinTool::Echo => "echo",
+            BuiltinTool::EchoArguments => "echo_arguments",
             BuiltinTool::RagSearch => "rag_search",
             BuiltinTool::QueryTicket => "query_ticket",
             BuiltinTool::CreateTicket => "create_ticket",
@@ -115,13 +120,53 @@ struct Ticket {
 }
 
 /// State of the builtin tools of one server.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Builtins {
     /// (tenant, ticket id) -> ticket.
     tickets: Mutex<BTreeMap<(String, String), Ticket>>,
     next_ticket: AtomicU64,
     slow_tasks_finished: AtomicU64,
-    executions: AtomicU64,
+    /// Executions started, observable so callers can wait for "the tool is running".
+    started: watch::Sender<u64>,
+    /// `slow_task` sleeps running now; a guard decrements it when the sleep ends or is dropped.
+    slow_in_flight: watch::Sender<u64>,
+    slow_max_in_flight: AtomicU64,
+}
+
+impl Default for Builtins {
+    fn default() -> Self {
+        Builtins {
+            tickets: Mutex::default(),
+            next_ticket: AtomicU64::default(),
+            slow_tasks_finished: AtomicU64::default(),
+            started: watch::channel(0).0,
+            slow_in_flight: watch::channel(0).0,
+            slow_max_in_flight: AtomicU64::default(),
+        }
+    }
+}
+
+/// Counts one running `slow_task` for as long as it lives.
+struct InFlight<'a>(&'a Builtins);
+
+impl<'a> InFlight<'a> {
+    fn enter(builtins: &'a Builtins) -> Self {
+        let mut now = 0;
+        builtins.slow_in_flight.send_modify(|n| {
+            *n += 1;
+            now = *n;
+        });
+        builtins.slow_max_in_flight.fetch_max(now, Ordering::SeqCst);
+        InFlight(builtins)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0
+            .slow_in_flight
+            .send_modify(|n| *n = n.saturating_sub(1));
+    }
 }
 
 impl Builtins {
@@ -132,7 +177,22 @@ impl Builtins {
 
     /// How many builtin executions started.
     pub fn executions(&self) -> u64 {
-        self.executions.load(Ordering::SeqCst)
+        *self.started.borrow()
+    }
+
+    /// Watches the number of executions started.
+    pub fn watch_executions(&self) -> watch::Receiver<u64> {
+        self.started.subscribe()
+    }
+
+    /// Watches the number of `slow_task` sleeps running now.
+    pub fn watch_slow_in_flight(&self) -> watch::Receiver<u64> {
+        self.slow_in_flight.subscribe()
+    }
+
+    /// The most `slow_task` sleeps that ever ran at once.
+    pub fn slow_max_in_flight(&self) -> u64 {
+        self.slow_max_in_flight.load(Ordering::SeqCst)
     }
 
     async fn run(&self, permit: &Permit) -> Result<String, ExecError> {
@@ -140,9 +200,11 @@ impl Builtins {
         let tool = match &permit.tool().executor {
             super::ExecutorSpec::Builtin(tool) => *tool,
         };
-        self.executions.fetch_add(1, Ordering::SeqCst);
+        self.started.send_modify(|n| *n += 1);
         match tool {
             BuiltinTool::Echo => Ok(str_arg(args, "text")?.to_owned()),
+            // The arguments exactly as the backend receives them: after validation and binding.
+            BuiltinTool::EchoArguments => Ok(canonical::to_string(args)),
             BuiltinTool::RagSearch => rag_search(args),
             BuiltinTool::QueryTicket => {
                 let key = (
@@ -203,6 +265,7 @@ impl Builtins {
             }
             BuiltinTool::SlowTask => {
                 let ms = args.get("ms").and_then(Value::as_u64).unwrap_or(0);
+                let _running = InFlight::enter(self);
                 // Dropping this future (timeout, client cancel) stops the sleep; the counter only
                 // moves for sleeps that ran to the end.
                 tokio::time::sleep(Duration::from_millis(ms)).await;

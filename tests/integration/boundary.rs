@@ -1,0 +1,574 @@
+//! One test per stage and refusal reason of the execution boundary, through the real server.
+
+use serde_json::{Value, json};
+use toolgate::{
+    config::{Config, Env},
+    proto::{self, ToolStatus},
+};
+
+use crate::support::{STAGES, TestServer, call, exec, execute_request, who};
+
+fn parse(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+#[tokio::test]
+async fn structure_refusals_name_the_stage_and_blank_call_ids_are_numbered() {
+    let server = TestServer::start(STAGES).await;
+    let mut client = server.client().await;
+    let acme = who("acme");
+    let deep = format!("{}1{}", "{\"a\":".repeat(9), "}".repeat(9));
+    let cases = [
+        (
+            call(" ", "{}"),
+            ToolStatus::InvalidArguments,
+            "tool_name_missing",
+        ),
+        (
+            call("echo", ""),
+            ToolStatus::InvalidArguments,
+            "arguments_not_json",
+        ),
+        (
+            call("echo", "{\"text\":"),
+            ToolStatus::InvalidArguments,
+            "arguments_not_json",
+        ),
+        (
+            call("echo", "[\"text\"]"),
+            ToolStatus::InvalidArguments,
+            "arguments_not_object",
+        ),
+        (
+            call("echo", &format!("{{\"text\":\"{}\"}}", "x".repeat(5000))),
+            ToolStatus::InvalidArguments,
+            "arguments_too_large",
+        ),
+        (
+            call("echo", &deep),
+            ToolStatus::InvalidArguments,
+            "arguments_too_deep",
+        ),
+    ];
+    for (c, status, error_type) in cases {
+        let result = exec(&mut client, &acme, c).await;
+        assert_eq!(
+            (
+                result.status(),
+                result.error_type.as_str(),
+                result.refused_by.as_str()
+            ),
+            (status, error_type, "structure"),
+            "{result:?}"
+        );
+        assert_eq!(result.call_id, "tool_step_0_0");
+        assert!(!result.retryable);
+    }
+    // `{}` is a valid (empty) argument object; a given call id is kept.
+    let mut c = call("half", "{}");
+    c.call_id = "model-call-9".into();
+    let result = exec(&mut client, &acme, c).await;
+    assert_eq!(
+        (result.status(), result.call_id.as_str()),
+        (ToolStatus::Ok, "model-call-9")
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn resolution_refuses_unknown_tools_and_unavailable_versions() {
+    let server = TestServer::start(STAGES).await;
+    let mut client = server.client().await;
+    let result = exec(&mut client, &who("acme"), call("no_such_tool", "{}")).await;
+    assert_eq!(
+        (result.status(), result.error_type.as_str()),
+        (ToolStatus::NotFound, "tool_not_found")
+    );
+    for (version, says) in [
+        ("0", "inactive"),
+        ("2", "canary this tenant is not in"),
+        ("9", "has no version 9"),
+    ] {
+        let mut c = call("greet", "{}");
+        c.version = version.into();
+        let result = exec(&mut client, &who("acme"), c).await;
+        assert_eq!(
+            (result.status(), result.error_type.as_str()),
+            (ToolStatus::NotFound, "version_not_available"),
+            "{result:?}"
+        );
+        assert!(
+            result.error_message.contains(says),
+            "{}",
+            result.error_message
+        );
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn canary_routing_is_stable_per_tenant_and_pins_work() {
+    let server = TestServer::start(STAGES).await;
+    let mut client = server.client().await;
+    let version_of = |r: &proto::ToolResult| r.tool_version.clone();
+    // Listed tenants get the canary; others the active version, every time.
+    for _ in 0..3 {
+        assert_eq!(
+            version_of(&exec(&mut client, &who("globex"), call("greet", "{}")).await),
+            "2"
+        );
+        assert_eq!(
+            version_of(&exec(&mut client, &who("acme"), call("greet", "{}")).await),
+            "1"
+        );
+    }
+    // A pinned active version works for everyone; a canary pin only for its tenants.
+    let mut pinned = call("greet", "{}");
+    pinned.version = "1".into();
+    assert_eq!(
+        exec(&mut client, &who("globex"), pinned.clone())
+            .await
+            .status(),
+        ToolStatus::Ok
+    );
+    pinned.version = "2".into();
+    assert_eq!(
+        version_of(&exec(&mut client, &who("globex"), pinned).await),
+        "2"
+    );
+    // ListTools shows each tenant the version it would execute.
+    let listed = client
+        .list_tools(who("globex").request(proto::ListToolsRequest {}))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        listed
+            .tools
+            .iter()
+            .find(|t| t.name == "greet")
+            .unwrap()
+            .version,
+        "2"
+    );
+    // A percentage canary splits by a stable hash of the tenant: same answer every time.
+    for tenant in ["acme", "globex", "initech"] {
+        let first = version_of(&exec(&mut client, &who(tenant), call("half", "{}")).await);
+        for _ in 0..3 {
+            assert_eq!(
+                version_of(&exec(&mut client, &who(tenant), call("half", "{}")).await),
+                first
+            );
+        }
+        let expected = if toolgate::catalog::stable_bucket("half", tenant) < 50 {
+            "2"
+        } else {
+            "1"
+        };
+        if tenant != "initech" {
+            assert_eq!(first, expected, "{tenant}");
+        }
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_stale_revision_is_refused_only_when_the_tool_changed() {
+    let server = TestServer::start(STAGES).await;
+    let mut client = server.client().await;
+    let acme = who("acme");
+    let shown = client
+        .list_tools(acme.request(proto::ListToolsRequest {}))
+        .await
+        .unwrap()
+        .into_inner()
+        .catalog_revision;
+    let run = |name: &str, revision: &str| {
+        let mut request = execute_request(call(name, r#"{"text":"hi"}"#));
+        request.catalog_revision = revision.into();
+        request
+    };
+    let ok = client
+        .execute_tool(acme.request(run("echo", &shown)))
+        .await
+        .unwrap()
+        .into_inner()
+        .result
+        .unwrap();
+    assert_eq!(ok.status(), ToolStatus::Ok);
+    let unknown = client
+        .execute_tool(acme.request(run("echo", "0123")))
+        .await
+        .unwrap()
+        .into_inner()
+        .result
+        .unwrap();
+    assert_eq!(
+        (unknown.status(), unknown.error_type.as_str()),
+        (ToolStatus::StaleCatalog, "stale_catalog")
+    );
+
+    // Change echo's description (what the model is shown), leave `big_output` as it was.
+    let changed = STAGES.replace(
+        "description: Returns text.",
+        "description: Returns the text, changed.",
+    );
+    let catalog = Config::from_yaml(&changed, "t", std::path::Path::new("."), &Env::default())
+        .unwrap()
+        .catalog;
+    server.boundary().replace_catalog(catalog);
+    let stale = client
+        .execute_tool(acme.request(run("echo", &shown)))
+        .await
+        .unwrap()
+        .into_inner()
+        .result
+        .unwrap();
+    assert_eq!(stale.status(), ToolStatus::StaleCatalog, "{stale:?}");
+    let current = client
+        .list_tools(acme.request(proto::ListToolsRequest {}))
+        .await
+        .unwrap()
+        .into_inner()
+        .catalog_revision;
+    assert_ne!(current, shown);
+    assert!(
+        stale.error_message.contains(&shown) && stale.error_message.contains(&current),
+        "{}",
+        stale.error_message
+    );
+    let unchanged = client
+        .execute_tool(acme.request(run("big_output", &shown)))
+        .await
+        .unwrap()
+        .into_inner()
+        .result
+        .unwrap();
+    assert_ne!(
+        unchanged.status(),
+        ToolStatus::StaleCatalog,
+        "{unchanged:?}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn access_lists_deny_and_name_the_rule() {
+    let server = TestServer::start(STAGES).await;
+    let mut client = server.client().await;
+    let cases = [
+        (
+            who("acme"),
+            "forbidden_echo",
+            "denied by the global policy's deny rule \"forbidden_*\"",
+        ),
+        (
+            who("globex"),
+            "secret_echo",
+            "denied by tenant globex's deny rule \"secret_echo\"",
+        ),
+        (
+            who("initech"),
+            "secret_echo",
+            "not in tenant initech's allow list",
+        ),
+        (
+            who("acme").agent("narrow-bot"),
+            "secret_echo",
+            "not in agent narrow-bot's allow list",
+        ),
+    ];
+    for (caller, tool, says) in cases {
+        let result = exec(&mut client, &caller, call(tool, "{}")).await;
+        assert_eq!(
+            (
+                result.status(),
+                result.error_type.as_str(),
+                result.refused_by.as_str()
+            ),
+            (ToolStatus::Denied, "denied_by_policy", "access")
+        );
+        assert!(
+            result.error_message.contains(says),
+            "{}",
+            result.error_message
+        );
+    }
+    let unknown = exec(
+        &mut client,
+        &who("umbrella"),
+        call("echo", r#"{"text":"x"}"#),
+    )
+    .await;
+    assert_eq!(unknown.error_type, "tenant_unknown");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn missing_scopes_are_named() {
+    let server = TestServer::start(STAGES).await;
+    let mut client = server.client().await;
+    let denied = exec(
+        &mut client,
+        &who("acme").scopes("other"),
+        call("scoped_echo", r#"{"text":"x"}"#),
+    )
+    .await;
+    assert_eq!(
+        (
+            denied.status(),
+            denied.error_type.as_str(),
+            denied.refused_by.as_str()
+        ),
+        (ToolStatus::Denied, "scope_missing", "scopes")
+    );
+    assert!(denied.error_message.contains("\"echo:use\""));
+    let ok = exec(
+        &mut client,
+        &who("acme").scopes("echo:use"),
+        call("scoped_echo", r#"{"text":"x"}"#),
+    )
+    .await;
+    assert_eq!(ok.status(), ToolStatus::Ok);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn schema_violations_are_all_listed_with_pointers() {
+    let server = TestServer::start(STAGES).await;
+    let mut client = server.client().await;
+    let result = exec(
+        &mut client,
+        &who("acme"),
+        call(
+            "typed",
+            r#"{"count": 0, "mode": "warp", "tags": [1, "ok", true], "extra": 1}"#,
+        ),
+    )
+    .await;
+    assert_eq!(
+        (
+            result.status(),
+            result.error_type.as_str(),
+            result.refused_by.as_str()
+        ),
+        (ToolStatus::InvalidArguments, "schema_violation", "schema")
+    );
+    for pointer in ["/count", "/mode", "/tags/0", "/tags/2", "'extra'"] {
+        assert!(
+            result.error_message.contains(pointer),
+            "{pointer} missing from {}",
+            result.error_message
+        );
+    }
+    let missing = exec(&mut client, &who("acme"), call("typed", "{}")).await;
+    assert!(
+        missing
+            .error_message
+            .contains("\"count\" is a required property"),
+        "{}",
+        missing.error_message
+    );
+    assert!(
+        missing
+            .model_text
+            .starts_with("TOOL_ERROR: {\"errorType\":\"schema_violation\"")
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn bound_arguments_come_from_the_caller_and_model_overrides_are_refused_and_audited() {
+    let server = TestServer::start(STAGES).await;
+    let mut client = server.client().await;
+    let bob = who("acme").subject("bob");
+    // The model sees neither `owner` nor `scope.tenant`; `scope` keeps only what it may set.
+    let listed = client
+        .list_tools(bob.request(proto::ListToolsRequest {}))
+        .await
+        .unwrap()
+        .into_inner();
+    let bound = listed.tools.iter().find(|t| t.name == "bound").unwrap();
+    let schema = parse(&bound.input_schema_json);
+    assert_eq!(
+        schema["properties"],
+        json!({"note": {"type": "string"}, "scope": {"type": "object", "properties": {"region": {"type": "string"}}, "required": []}})
+    );
+    assert_eq!(schema["required"], json!([]));
+
+    let ok = exec(&mut client, &bob, call("bound", r#"{"note":"hi"}"#)).await;
+    assert_eq!(ok.status(), ToolStatus::Ok, "{ok:?}");
+    assert_eq!(
+        parse(&ok.output),
+        json!({"note": "hi", "owner": "bob", "scope": {"tenant": "acme"}})
+    );
+    // Top-level, nested, and a non-object where the bound object goes: all refused.
+    for args in [
+        r#"{"owner":"mallory"}"#,
+        r#"{"scope":{"tenant":"globex"}}"#,
+        r#"{"scope":"globex"}"#,
+    ] {
+        let result = exec(&mut client, &bob, call("bound", args)).await;
+        assert_eq!(
+            (
+                result.status(),
+                result.error_type.as_str(),
+                result.refused_by.as_str()
+            ),
+            (ToolStatus::Denied, "bound_argument_override", "bind"),
+            "{args}: {result:?}"
+        );
+    }
+    // A sibling the model may set is kept, with the bound key written next to it.
+    let sibling = exec(
+        &mut client,
+        &bob,
+        call("bound", r#"{"scope":{"region":"eu"}}"#),
+    )
+    .await;
+    assert_eq!(sibling.status(), ToolStatus::Ok, "{sibling:?}");
+    assert_eq!(
+        parse(&sibling.output)["scope"],
+        json!({"region": "eu", "tenant": "acme"})
+    );
+    // Overwrite mode: the model's value is replaced, and the attempt still audited.
+    let overwritten = exec(
+        &mut client,
+        &bob,
+        call("bound_overwrite", r#"{"owner":"mallory","level":9}"#),
+    )
+    .await;
+    assert_eq!(
+        parse(&overwritten.output),
+        json!({"owner": "bob", "level": 3})
+    );
+    let events = server.audit_events().await;
+    let attempts: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["bound_override_attempts"].is_array())
+        .collect();
+    assert_eq!(attempts.len(), 4, "{events:?}");
+    assert_eq!(
+        attempts[3]["bound_override_attempts"],
+        json!(["level", "owner"])
+    );
+    assert_eq!(attempts[3]["status"], "OK");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn rag_search_never_reaches_another_tenants_documents() {
+    let server = TestServer::demo().await;
+    let mut client = server.client().await;
+    let acme = who("acme");
+    let attack = exec(
+        &mut client,
+        &acme,
+        call(
+            "rag_search",
+            r#"{"query":"refund margin secret","filter":{"tenant":"globex"}}"#,
+        ),
+    )
+    .await;
+    assert_eq!(attack.status(), ToolStatus::Denied);
+    assert!(!attack.model_text.contains("42 percent"));
+    let result = exec(
+        &mut client,
+        &acme,
+        call("rag_search", r#"{"query":"refund margin secret"}"#),
+    )
+    .await;
+    assert_eq!(result.status(), ToolStatus::Ok);
+    let hits = parse(&result.output)["results"].as_array().unwrap().clone();
+    assert!(
+        !hits.is_empty()
+            && hits
+                .iter()
+                .all(|h| h["id"].as_str().unwrap().starts_with("acme-")),
+        "{hits:?}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn backend_failures_oversized_output_and_tool_error_text_are_exact() {
+    let server = TestServer::start(STAGES).await;
+    let mut client = server.client().await;
+    let mut c = call("failing", r#"{"ticket_id":"T-1"}"#);
+    c.call_id = "c-7".into();
+    let failed = exec(&mut client, &who("acme"), c).await;
+    assert_eq!(
+        (
+            failed.status(),
+            failed.error_type.as_str(),
+            failed.refused_by.as_str()
+        ),
+        (ToolStatus::Error, "tool_failed", "execute")
+    );
+    assert_eq!(
+        failed.model_text,
+        r#"TOOL_ERROR: {"errorType":"tool_failed","error":"ticket T-1 not found","tool":"failing","callId":"c-7"}"#
+    );
+    assert!(failed.output.is_empty());
+    let big = exec(
+        &mut client,
+        &who("acme"),
+        call("big_output", r#"{"text":"123456789"}"#),
+    )
+    .await;
+    assert_eq!(
+        (
+            big.status(),
+            big.error_type.as_str(),
+            big.refused_by.as_str()
+        ),
+        (ToolStatus::Error, "output_too_large", "result")
+    );
+    let fits = exec(
+        &mut client,
+        &who("acme"),
+        call("big_output", r#"{"text":"12345678"}"#),
+    )
+    .await;
+    assert_eq!(
+        (
+            fits.status(),
+            fits.model_text.as_str(),
+            fits.output.as_str()
+        ),
+        (ToolStatus::Ok, "12345678", "12345678")
+    );
+    assert!(fits.error_type.is_empty() && fits.refused_by.is_empty());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn every_call_leaves_one_audit_event_without_raw_arguments() {
+    let server = TestServer::start(STAGES).await;
+    let mut client = server.client().await;
+    let secret = "card-4111-1111";
+    for c in [
+        call("echo", &format!(r#"{{"text":"{secret}"}}"#)),
+        call("nope", "{}"),
+        call("typed", &format!(r#"{{"count":"{secret}"}}"#)),
+    ] {
+        exec(&mut client, &who("acme"), c).await;
+    }
+    let events = server.audit_events().await;
+    assert_eq!(events.len(), 3);
+    let text = std::fs::read_to_string(&server.audit_path).unwrap();
+    assert!(
+        !text.contains(secret),
+        "raw arguments leaked into the audit log"
+    );
+    assert_eq!(events[0]["status"], "OK");
+    assert_eq!(events[0]["arguments_sha256"].as_str().unwrap().len(), 64);
+    assert_eq!(events[1]["error_type"], "tool_not_found");
+    assert_eq!(events[2]["refused_by"], "schema");
+    for e in &events {
+        assert_eq!(e["tenant"], "acme");
+        assert_eq!(e["run_id"], "run-1");
+        assert!(e["time"].as_str().unwrap().ends_with('Z'));
+    }
+    server.stop().await;
+}

@@ -1,0 +1,190 @@
+//! Caller identity from metadata: JWTs (HS256, RS256, ES256) and dev identity.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use serde_json::{Value, json};
+use tonic::Code;
+use toolgate::{config::Env, proto};
+
+use crate::support::{TestServer, Who, call, exec, visible, who};
+
+const SECRET: &str = "an-hs256-test-secret-that-is-long-enough";
+
+fn fixture(name: &str) -> Vec<u8> {
+    std::fs::read(format!(
+        "{}/tests/fixtures/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap()
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+fn claims() -> Value {
+    json!({"sub": "alice", "tenant": "acme", "agent": "support-bot", "scope": "tickets:read tickets:write",
+           "iss": "https://issuer.test", "aud": "toolgate", "exp": now() + 600})
+}
+
+fn sign(alg: Algorithm, key: &EncodingKey, claims: &Value) -> String {
+    jsonwebtoken::encode(&Header::new(alg), claims, key).unwrap()
+}
+
+fn hs256(claims: &Value) -> String {
+    sign(
+        Algorithm::HS256,
+        &EncodingKey::from_secret(SECRET.as_bytes()).unwrap(),
+        claims,
+    )
+}
+
+/// A catalog that accepts JWTs only: HS256 from the environment, RS256 and ES256 from PEM files.
+fn jwt_catalog() -> String {
+    toolgate::config::DEMO_CATALOG.replace(
+        "  dev_identity: true\n",
+        "  dev_identity: false\n  jwt:\n    hs256_secret_env: TEST_JWT_SECRET\n    public_key_files: [tests/fixtures/rsa_public.pem, tests/fixtures/ec_public.pem]\n    issuer: [\"https://issuer.test\"]\n    audience: [toolgate]\n",
+    )
+}
+
+async fn jwt_server() -> TestServer {
+    TestServer::start_with_env(
+        &jwt_catalog(),
+        &Env::default().with("TEST_JWT_SECRET", SECRET),
+    )
+    .await
+}
+
+async fn refused(server: &TestServer, who: &Who) -> tonic::Status {
+    let mut client = server.client().await;
+    client
+        .list_tools(who.request(proto::ListToolsRequest {}))
+        .await
+        .expect_err("refused")
+}
+
+#[tokio::test]
+async fn valid_tokens_of_each_algorithm_identify_the_caller() {
+    let server = jwt_server().await;
+    let mut client = server.client().await;
+    let rsa = EncodingKey::from_rsa_pem(&fixture("rsa_private.pem")).unwrap();
+    let ec = EncodingKey::from_ec_pem(&fixture("ec_private.pem")).unwrap();
+    for token in [
+        hs256(&claims()),
+        sign(Algorithm::RS256, &rsa, &claims()),
+        sign(Algorithm::ES256, &ec, &claims()),
+    ] {
+        // The agent and scopes come from the token: support-bot's narrow list, with both scopes.
+        let seen = visible(&mut client, &Who::token(&token)).await;
+        assert_eq!(
+            seen,
+            ["create_ticket", "echo", "query_ticket", "rag_search"]
+        );
+    }
+    // The tenant from the token binds the RAG filter.
+    let result = exec(
+        &mut client,
+        &Who::token(&hs256(&claims())),
+        call("rag_search", r#"{"query":"refund"}"#),
+    )
+    .await;
+    assert_eq!(result.status(), proto::ToolStatus::Ok, "{result:?}");
+    assert!(result.output.contains("acme-1") && !result.output.contains("globex"));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn bad_tokens_are_unauthenticated_and_nothing_runs() {
+    let server = jwt_server().await;
+    let expired = hs256(
+        &json!({"tenant": "acme", "sub": "a", "iss": "https://issuer.test", "aud": "toolgate", "exp": now() - 3600}),
+    );
+    let wrong_key = sign(
+        Algorithm::HS256,
+        &EncodingKey::from_secret(b"another-secret-another-secret-another").unwrap(),
+        &claims(),
+    );
+    let header = URL_SAFE_NO_PAD.encode(br#"{"alg":"none","typ":"JWT"}"#);
+    let body = URL_SAFE_NO_PAD.encode(claims().to_string());
+    let alg_none = format!("{header}.{body}.");
+    let mut no_tenant = claims();
+    no_tenant.as_object_mut().unwrap().remove("tenant");
+    let mut wrong_audience = claims();
+    wrong_audience["aud"] = json!("someone-else");
+    let cases = [
+        (expired, "expired"),
+        (wrong_key, "bad signature"),
+        (alg_none, "unsupported algorithm"),
+        (hs256(&no_tenant), "no tenant claim"),
+        (hs256(&wrong_audience), "wrong audience"),
+        ("not-a-jwt".to_owned(), "invalid token"),
+    ];
+    for (token, expected) in cases {
+        let status = refused(&server, &Who::token(&token)).await;
+        assert_eq!(
+            status.code(),
+            Code::Unauthenticated,
+            "{expected}: {status:?}"
+        );
+        assert!(
+            status.message().contains(expected),
+            "{expected}: {}",
+            status.message()
+        );
+    }
+    // Dev metadata while dev identity is off.
+    let status = refused(&server, &who("acme")).await;
+    assert_eq!(status.code(), Code::Unauthenticated);
+    assert!(
+        status.message().contains("dev identity is off"),
+        "{}",
+        status.message()
+    );
+    // Nothing at all.
+    let status = refused(&server, &Who::default()).await;
+    assert!(
+        status.message().contains("missing credentials"),
+        "{}",
+        status.message()
+    );
+    // Refused before the boundary: no call was executed or audited.
+    let mut client = server.client().await;
+    let err = client
+        .execute_tool(
+            Who::token("x.y.z").request(crate::support::execute_request(call(
+                "echo",
+                r#"{"text":"x"}"#,
+            ))),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated);
+    assert_eq!(server.builtins().executions(), 0);
+    assert!(server.audit_events().await.is_empty());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn dev_identity_needs_a_tenant() {
+    let server = TestServer::demo().await;
+    let status = refused(
+        &server,
+        &Who {
+            subject: "alice".into(),
+            ..Who::default()
+        },
+    )
+    .await;
+    assert_eq!(status.code(), Code::Unauthenticated);
+    assert!(
+        status.message().contains("x-toolgate-tenant"),
+        "{}",
+        status.message()
+    );
+    server.stop().await;
+}

@@ -1,0 +1,10 @@
+//! Integration tests: the real server on an ephemeral port, driven through the generated client.
+
+mod approvals;
+mod boundary;
+mod config;
+mod execution;
+mod identity;
+mod list_tools;
+mod rate_limits;
+mod support;

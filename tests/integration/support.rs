@@ -1,0 +1,383 @@
+//! Shared helpers: start the real server in-process on an ephemeral port, talk to it through the
+//! generated tonic clients, and read its audit file.
+
+#![allow(dead_code)]
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use serde_json::Value;
+use tempfile::TempDir;
+use tonic::{Request, transport::Channel};
+use toolgate::{
+    Running, StartOptions,
+    clock::{ManualClock, SharedClock},
+    config::{Config, DEMO_CATALOG, Env},
+    executor::Builtins,
+    proto::{self, approvals_client::ApprovalsClient, tool_gate_client::ToolGateClient},
+};
+
+/// A caller's dev identity.
+#[derive(Clone, Debug, Default)]
+pub struct Who {
+    pub tenant: String,
+    pub subject: String,
+    pub agent: String,
+    pub scopes: String,
+    pub token: Option<String>,
+}
+
+pub fn who(tenant: &str) -> Who {
+    Who {
+        tenant: tenant.into(),
+        subject: "alice".into(),
+        ..Who::default()
+    }
+}
+
+impl Who {
+    pub fn subject(mut self, subject: &str) -> Self {
+        self.subject = subject.into();
+        self
+    }
+    pub fn agent(mut self, agent: &str) -> Self {
+        self.agent = agent.into();
+        self
+    }
+    pub fn scopes(mut self, scopes: &str) -> Self {
+        self.scopes = scopes.into();
+        self
+    }
+    pub fn token(token: &str) -> Self {
+        Who {
+            token: Some(token.into()),
+            ..Who::default()
+        }
+    }
+
+    pub fn request<T>(&self, body: T) -> Request<T> {
+        let mut request = Request::new(body);
+        let md = request.metadata_mut();
+        let mut put = |k: &'static str, v: &str| {
+            if !v.is_empty() {
+                md.insert(k, v.parse().expect("ascii metadata"));
+            }
+        };
+        put("x-toolgate-tenant", &self.tenant);
+        put("x-toolgate-subject", &self.subject);
+        put("x-toolgate-agent", &self.agent);
+        put("x-toolgate-scopes", &self.scopes);
+        if let Some(token) = &self.token {
+            put("authorization", &format!("Bearer {token}"));
+        }
+        request
+    }
+}
+
+/// A running server and its audit file.
+pub struct TestServer {
+    running: Option<Running>,
+    pub addr: SocketAddr,
+    pub audit_path: PathBuf,
+    pub clock: ManualClock,
+    _dir: TempDir,
+}
+
+/// Points the catalog's audit at a file (replacing any audit section) so tests can read it.
+fn with_audit_file(yaml: &str, path: &std::path::Path) -> String {
+    let without: String = yaml.replace("audit:\n  sink: stdout\n", "");
+    without.replacen(
+        "version: 1\n",
+        &format!(
+            "version: 1\naudit:\n  sink: file\n  path: {}\n",
+            path.display()
+        ),
+        1,
+    )
+}
+
+impl TestServer {
+    /// The embedded demo catalog.
+    pub async fn demo() -> Self {
+        Self::start(DEMO_CATALOG).await
+    }
+
+    pub async fn start(yaml: &str) -> Self {
+        Self::start_with_env(yaml, &Env::default()).await
+    }
+
+    pub async fn start_with_env(yaml: &str, env: &Env) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let audit_path = dir.path().join("audit.jsonl");
+        let text = with_audit_file(yaml, &audit_path);
+        let base = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let config = Config::from_yaml(&text, "test.yaml", &base, env)
+            .unwrap_or_else(|e| panic!("test catalog: {e}"));
+        // Starts at a fixed wall-clock time; moves only when a test says so.
+        let clock = ManualClock::new(1_800_000_000_000);
+        let options = StartOptions {
+            listen: Some("127.0.0.1:0".parse().unwrap()),
+            clock: Some(SharedClock::new(clock.clone())),
+        };
+        let running = toolgate::start(config, options)
+            .await
+            .expect("server starts");
+        let addr = running.local_addr().expect("tcp address");
+        TestServer {
+            running: Some(running),
+            addr,
+            audit_path,
+            clock,
+            _dir: dir,
+        }
+    }
+
+    fn running(&self) -> &Running {
+        self.running.as_ref().expect("server running")
+    }
+
+    pub async fn channel(&self) -> Channel {
+        Channel::from_shared(format!("http://{}", self.addr))
+            .unwrap()
+            .connect()
+            .await
+            .expect("connect")
+    }
+
+    pub async fn client(&self) -> ToolGateClient<Channel> {
+        ToolGateClient::new(self.channel().await)
+    }
+
+    pub async fn approvals(&self) -> ApprovalsClient<Channel> {
+        ApprovalsClient::new(self.channel().await)
+    }
+
+    pub fn boundary(&self) -> &std::sync::Arc<toolgate::boundary::Boundary> {
+        self.running().boundary()
+    }
+
+    pub fn builtins(&self) -> &Builtins {
+        &self.running().boundary().executors().builtins
+    }
+
+    /// Every audit event written so far (the queue is flushed first).
+    pub async fn audit_events(&self) -> Vec<Value> {
+        self.running().boundary().audit().flush().await;
+        let text = std::fs::read_to_string(&self.audit_path).unwrap_or_default();
+        text.lines()
+            .map(|l| serde_json::from_str(l).expect("audit line is JSON"))
+            .collect()
+    }
+
+    /// Waits (bounded) until an audit event matches.
+    pub async fn wait_for_audit(&self, what: impl Fn(&Value) -> bool) -> Value {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(event) = self.audit_events().await.into_iter().find(&what) {
+                return event;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no matching audit event within 10s"
+            );
+            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(running) = self.running.take() {
+            running.shutdown().await;
+        }
+    }
+}
+
+pub fn call(name: &str, args: &str) -> proto::ToolCall {
+    proto::ToolCall {
+        name: name.into(),
+        arguments_json: args.into(),
+        ..Default::default()
+    }
+}
+
+pub fn execute_request(call: proto::ToolCall) -> proto::ExecuteToolRequest {
+    proto::ExecuteToolRequest {
+        call: Some(call),
+        run_id: "run-1".into(),
+        step: 0,
+        catalog_revision: String::new(),
+    }
+}
+
+/// Executes one call and returns its result.
+pub async fn exec(
+    client: &mut ToolGateClient<Channel>,
+    who: &Who,
+    call: proto::ToolCall,
+) -> proto::ToolResult {
+    client
+        .execute_tool(who.request(execute_request(call)))
+        .await
+        .expect("ExecuteTool answers")
+        .into_inner()
+        .result
+        .expect("a result")
+}
+
+pub fn status(result: &proto::ToolResult) -> proto::ToolStatus {
+    result.status()
+}
+
+/// Tool names a caller sees.
+pub async fn visible(client: &mut ToolGateClient<Channel>, who: &Who) -> Vec<String> {
+    client
+        .list_tools(who.request(proto::ListToolsRequest {}))
+        .await
+        .expect("ListTools answers")
+        .into_inner()
+        .tools
+        .into_iter()
+        .map(|t| t.name)
+        .collect()
+}
+
+/// A catalog exercising every stage; tests use it where the demo has no suitable tool.
+pub const STAGES: &str = r#"version: 1
+identity: { dev_identity: true }
+limits: { max_arguments_bytes: 4096, max_arguments_depth: 8, max_parallel: 4 }
+policy:
+  deny: ["forbidden_*"]
+tenants:
+  acme: {}
+  globex: { deny: ["secret_echo"] }
+  initech: { allow: ["echo", "greet"] }
+agents:
+  narrow-bot: { allow: ["echo"] }
+tools:
+  - name: echo
+    description: Returns text.
+    risk_level: read_only
+    executor: { builtin: echo }
+    input_schema: { type: object, properties: { text: { type: string } }, required: [text], additionalProperties: false }
+  - name: greet
+    version: "1"
+    description: Greets, version 1.
+    risk_level: read_only
+    executor: { builtin: echo_arguments }
+    input_schema: { type: object, properties: { name: { type: string } } }
+  - name: greet
+    version: "2"
+    status: canary
+    canary: { tenants: [globex] }
+    description: Greets, version 2.
+    risk_level: read_only
+    executor: { builtin: echo_arguments }
+    input_schema: { type: object, properties: { name: { type: string } } }
+  - name: greet
+    version: "0"
+    status: inactive
+    description: Greets, retired.
+    risk_level: read_only
+    executor: { builtin: echo_arguments }
+    input_schema: { type: object, properties: { name: { type: string } } }
+  - name: half
+    version: "1"
+    description: Half of all tenants get version 2.
+    risk_level: read_only
+    executor: { builtin: echo_arguments }
+    input_schema: { type: object }
+  - name: half
+    version: "2"
+    status: canary
+    canary: { percent: 50 }
+    description: The canary half.
+    risk_level: read_only
+    executor: { builtin: echo_arguments }
+    input_schema: { type: object }
+  - name: forbidden_echo
+    description: Denied by the global policy.
+    risk_level: read_only
+    executor: { builtin: echo }
+    input_schema: { type: object }
+  - name: secret_echo
+    description: Denied for globex.
+    risk_level: read_only
+    executor: { builtin: echo }
+    input_schema: { type: object }
+  - name: scoped_echo
+    description: Needs a scope.
+    risk_level: read_only
+    required_scopes: ["echo:use"]
+    executor: { builtin: echo }
+    input_schema: { type: object, properties: { text: { type: string } } }
+  - name: typed
+    description: Strict arguments.
+    risk_level: read_only
+    executor: { builtin: echo_arguments }
+    input_schema:
+      type: object
+      properties:
+        count: { type: integer, minimum: 1 }
+        mode: { enum: [fast, slow] }
+        tags: { type: array, items: { type: string } }
+      required: [count, mode]
+      additionalProperties: false
+  - name: bound
+    description: Owner and tenant are bound by the server.
+    risk_level: read_only
+    executor: { builtin: echo_arguments }
+    input_schema:
+      type: object
+      properties:
+        note: { type: string }
+        owner: { type: string }
+        scope: { type: object, properties: { tenant: { type: string }, region: { type: string } }, required: [tenant] }
+      required: [owner, scope]
+      additionalProperties: false
+    bind:
+      owner: "${caller.subject}"
+      scope.tenant: "${caller.tenant}"
+  - name: bound_overwrite
+    description: Overwrites what the model sends.
+    risk_level: read_only
+    executor: { builtin: echo_arguments }
+    on_bound_argument: overwrite
+    input_schema: { type: object, properties: { owner: { type: string }, level: { type: integer } } }
+    bind:
+      owner: "${caller.subject}"
+      level: 3
+  - name: big_output
+    description: Output over the limit.
+    risk_level: read_only
+    max_output_bytes: 8
+    executor: { builtin: echo }
+    input_schema: { type: object, properties: { text: { type: string } } }
+  - name: failing
+    description: Always fails in the backend.
+    risk_level: read_only
+    executor: { builtin: query_ticket }
+    input_schema: { type: object, properties: { ticket_id: { type: string }, tenant: { type: string } } }
+    bind: { tenant: "${caller.tenant}" }
+  - name: slow
+    description: Sleeps.
+    risk_level: read_only
+    timeout: 300ms
+    executor: { builtin: slow_task }
+    input_schema: { type: object, properties: { ms: { type: integer } }, required: [ms] }
+  - name: slow_write
+    description: Sleeps, and might write.
+    risk_level: write_draft
+    timeout: 300ms
+    executor: { builtin: slow_task }
+    input_schema: { type: object, properties: { ms: { type: integer } }, required: [ms] }
+  - name: limited
+    description: Five a minute per tenant.
+    risk_level: read_only
+    rate_limit: 5/min
+    executor: { builtin: echo_arguments }
+    input_schema: { type: object }
+  - name: approve_me
+    description: Needs an approval.
+    risk_level: write_confirmed
+    executor: { builtin: echo_arguments }
+    input_schema: { type: object, properties: { amount: { type: number }, order: { type: string } } }
+"#;
