@@ -240,22 +240,26 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Resolves on SIGTERM or SIGINT.
-async fn shutdown_signal() {
+/// Registers SIGTERM and SIGINT handlers now — before the server starts, so a signal that comes
+/// right after start-up is never taken by the default action — and resolves on either.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
-    match (
+    let handlers = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
-    ) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
+    );
+    async move {
+        match handlers {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
             }
-        }
-        _ => {
-            // Without signal handlers, Ctrl-C is still caught.
-            let _ = tokio::signal::ctrl_c().await;
+            _ => {
+                // Without signal handlers, Ctrl-C is still caught.
+                let _ = tokio::signal::ctrl_c().await;
+            }
         }
     }
 }

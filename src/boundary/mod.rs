@@ -370,6 +370,7 @@ impl Boundary {
         let tool_deadline = Instant::now() + tool.timeout;
         let deadline = deadline.map_or(tool_deadline, |d| d.min(tool_deadline));
         let executor = self.executors.for_spec(&tool.executor);
+        tracing::debug!(call_id = permit.call_id(), tool = %tool.name, "executing");
         let output = match tokio::time::timeout_at(deadline, executor.execute(permit)).await {
             Ok(Ok(output)) => output,
             Ok(Err(ExecError::Failed(message))) => {

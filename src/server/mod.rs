@@ -182,40 +182,46 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
             let _ = rx.wait_for(|stop| *stop).await;
         }
     };
-    let mut tasks = Vec::new();
-    let mut local_addr = None;
-    if let Some(addr) = options.listen.or(config.server.listen) {
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|source| StartError::Listen {
+    // Bind every listener before serving on any, so a bad socket path fails the start cleanly.
+    let tcp = match options.listen.or(config.server.listen) {
+        Some(addr) => {
+            let listen_error = |source| StartError::Listen {
                 addr: addr.to_string(),
                 source,
-            })?;
-        let bound = listener.local_addr().map_err(|source| StartError::Listen {
-            addr: addr.to_string(),
-            source,
-        })?;
-        local_addr = Some(bound);
-        let incoming = TcpListenerStream::new(listener);
+            };
+            let listener = TcpListener::bind(addr).await.map_err(listen_error)?;
+            let bound = listener.local_addr().map_err(listen_error)?;
+            Some((listener, bound))
+        }
+        None => None,
+    };
+    let unix_socket = config.server.unix_socket.clone();
+    let unix = match &unix_socket {
+        Some(path) => {
+            // A socket file left by a previous run would make bind fail.
+            let _ = std::fs::remove_file(path);
+            let listener =
+                tokio::net::UnixListener::bind(path).map_err(|source| StartError::Listen {
+                    addr: path.display().to_string(),
+                    source,
+                })?;
+            Some(listener)
+        }
+        None => None,
+    };
+    let mut tasks = Vec::new();
+    let local_addr = tcp.as_ref().map(|(_, bound)| *bound);
+    if let Some((listener, bound)) = tcp {
         let server = builder()
             .add_routes(routes.clone())
-            .serve_with_incoming_shutdown(incoming, signal());
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), signal());
         tasks.push(tokio::spawn(server));
         tracing::info!(addr = %bound, "serving gRPC over TCP");
     }
-    let unix_socket = config.server.unix_socket.clone();
-    if let Some(path) = &unix_socket {
-        // A socket file left by a previous run would make bind fail.
-        let _ = std::fs::remove_file(path);
-        let listener =
-            tokio::net::UnixListener::bind(path).map_err(|source| StartError::Listen {
-                addr: path.display().to_string(),
-                source,
-            })?;
-        let incoming = UnixListenerStream::new(listener);
+    if let (Some(listener), Some(path)) = (unix, &unix_socket) {
         let server = builder()
             .add_routes(routes)
-            .serve_with_incoming_shutdown(incoming, signal());
+            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), signal());
         tasks.push(tokio::spawn(server));
         tracing::info!(path = %path.display(), "serving gRPC over a Unix socket");
     }

@@ -6,5 +6,6 @@ mod config;
 mod execution;
 mod identity;
 mod list_tools;
+mod process;
 mod rate_limits;
 mod support;

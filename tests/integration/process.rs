@@ -1,0 +1,205 @@
+//! The real binary: listening on TCP and a Unix socket, and shutting down gracefully on SIGTERM
+//! with calls in flight.
+
+use std::{
+    io::{BufRead, BufReader},
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use hyper_util::rt::TokioIo;
+use tonic::transport::{Endpoint, Uri};
+use toolgate::proto::{ToolStatus, tool_gate_client::ToolGateClient};
+
+use crate::support::{call, exec, who};
+
+/// A started binary: its TCP address, and its log messages as they arrive.
+struct Spawned {
+    child: Child,
+    addr: String,
+    messages: std::sync::mpsc::Receiver<String>,
+    reader: std::thread::JoinHandle<Vec<String>>,
+}
+
+impl Spawned {
+    /// Waits (bounded) until `count` log lines with this message have arrived.
+    fn wait_for_log(&self, message: &str, count: usize) {
+        let mut seen = 0;
+        while seen < count {
+            let next = self
+                .messages
+                .recv_timeout(Duration::from_secs(10))
+                .expect("log line within 10s");
+            if next == message {
+                seen += 1;
+            }
+        }
+    }
+}
+
+/// Starts the binary and waits for its "SERVING" log line; debug logs of the boundary are on so
+/// tests can see when execution starts.
+fn spawn(args: &[&str]) -> Spawned {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args(["serve", "--log-format", "json", "--listen", "127.0.0.1:0"])
+        .args(args)
+        .env("RUST_LOG", "info,toolgate::boundary=debug")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn toolgate");
+    let stderr = child.stderr.take().unwrap();
+    let (tx, messages) = std::sync::mpsc::channel();
+    // Keep reading stderr so the child never blocks on a full pipe; pass on each message.
+    let reader = std::thread::spawn(move || {
+        let mut lines = Vec::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Ok(json) = serde_json::from_str::<serde_json::Value>(&line) {
+                if json["fields"]["message"] == "serving gRPC over TCP" {
+                    let _ = tx.send(format!(
+                        "addr {}",
+                        json["fields"]["addr"].as_str().unwrap_or_default()
+                    ));
+                }
+                let _ = tx.send(
+                    json["fields"]["message"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                );
+            }
+            lines.push(line);
+        }
+        lines
+    });
+    let mut addr = String::new();
+    loop {
+        let message = messages
+            .recv_timeout(Duration::from_secs(30))
+            .expect("toolgate reports SERVING within 30s");
+        if let Some(a) = message.strip_prefix("addr ") {
+            addr = a.to_owned();
+        }
+        if message == "catalog loaded; SERVING" {
+            break;
+        }
+    }
+    Spawned {
+        child,
+        addr,
+        messages,
+        reader,
+    }
+}
+
+fn sigterm(child: &Child) {
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+fn wait_exit(mut child: Child) -> std::process::ExitStatus {
+    for _ in 0..200 {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    panic!("toolgate did not exit within 10s of SIGTERM");
+}
+
+#[tokio::test]
+async fn sigterm_lets_in_flight_calls_finish_and_exits_zero() {
+    let spawned = spawn(&[]);
+    let channel = Endpoint::from_shared(format!("http://{}", spawned.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let client = ToolGateClient::new(channel);
+    // Three calls that take 400 ms each are running when SIGTERM arrives.
+    let calls: Vec<_> = (0..3)
+        .map(|_| {
+            let mut client = client.clone();
+            tokio::spawn(async move {
+                exec(
+                    &mut client,
+                    &who("acme"),
+                    call("slow_task", r#"{"ms":400}"#),
+                )
+                .await
+            })
+        })
+        .collect();
+    // SIGTERM only once the server has started all three.
+    let spawned = tokio::task::spawn_blocking(move || {
+        spawned.wait_for_log("executing", 3);
+        spawned
+    })
+    .await
+    .unwrap();
+    sigterm(&spawned.child);
+    for handle in calls {
+        let result = handle.await.unwrap();
+        assert_eq!(
+            result.status(),
+            ToolStatus::Ok,
+            "an in-flight call was cut off: {result:?}"
+        );
+    }
+    let Spawned { child, reader, .. } = spawned;
+    let status = tokio::task::spawn_blocking(move || wait_exit(child))
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    let logs = reader.join().unwrap().join("\n");
+    assert!(
+        logs.contains("shutting down") && logs.contains("stopped"),
+        "{logs}"
+    );
+}
+
+#[tokio::test]
+async fn serves_on_a_unix_socket_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("toolgate.sock");
+    let config = dir.path().join("catalog.yaml");
+    let demo = toolgate::config::DEMO_CATALOG.replace(
+        "  shutdown_grace: 10s\n",
+        &format!(
+            "  shutdown_grace: 10s\n  unix_socket: {}\n",
+            socket.display()
+        ),
+    );
+    std::fs::write(&config, demo).unwrap();
+    let spawned = spawn(&["--config", config.to_str().unwrap()]);
+    let path = socket.clone();
+    let channel = Endpoint::try_from("http://[::]:50051")
+        .unwrap()
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?))
+            }
+        }))
+        .await
+        .expect("connect over the unix socket");
+    let mut client = ToolGateClient::new(channel);
+    let result = exec(
+        &mut client,
+        &who("acme"),
+        call("echo", r#"{"text":"over uds"}"#),
+    )
+    .await;
+    assert_eq!(result.model_text, "over uds");
+    sigterm(&spawned.child);
+    let child = spawned.child;
+    let status = tokio::task::spawn_blocking(move || wait_exit(child))
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert!(!socket.exists(), "the socket file is removed on shutdown");
+}
