@@ -18,10 +18,29 @@ struct Spawned {
     child: Child,
     addr: String,
     messages: std::sync::mpsc::Receiver<String>,
-    reader: std::thread::JoinHandle<Vec<String>>,
+    reader: Option<std::thread::JoinHandle<Vec<String>>>,
+}
+
+/// A test that panics must not leave a server running.
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
 }
 
 impl Spawned {
+    /// Everything the child logged; call after it exited.
+    fn logs(mut self) -> String {
+        self.reader
+            .take()
+            .map(|r| r.join().unwrap_or_default())
+            .unwrap_or_default()
+            .join("\n")
+    }
+
     /// Waits (bounded) until `count` log lines with this message have arrived.
     fn wait_for_log(&self, message: &str, count: usize) {
         let mut seen = 0;
@@ -88,7 +107,7 @@ fn spawn(args: &[&str]) -> Spawned {
         child,
         addr,
         messages,
-        reader,
+        reader: Some(reader),
     }
 }
 
@@ -100,14 +119,14 @@ fn sigterm(child: &Child) {
     assert!(status.success());
 }
 
-fn wait_exit(mut child: Child) -> std::process::ExitStatus {
+/// Waits (bounded) for the child to exit; on timeout the Drop guard kills it.
+fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
     for _ in 0..200 {
         if let Some(status) = child.try_wait().unwrap() {
             return status;
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let _ = child.kill();
     panic!("toolgate did not exit within 10s of SIGTERM");
 }
 
@@ -150,12 +169,14 @@ async fn sigterm_lets_in_flight_calls_finish_and_exits_zero() {
             "an in-flight call was cut off: {result:?}"
         );
     }
-    let Spawned { child, reader, .. } = spawned;
-    let status = tokio::task::spawn_blocking(move || wait_exit(child))
-        .await
-        .unwrap();
+    let (status, spawned) = tokio::task::spawn_blocking(move || {
+        let mut spawned = spawned;
+        (wait_exit(&mut spawned.child), spawned)
+    })
+    .await
+    .unwrap();
     assert_eq!(status.code(), Some(0));
-    let logs = reader.join().unwrap().join("\n");
+    let logs = spawned.logs();
     assert!(
         logs.contains("shutting down") && logs.contains("stopped"),
         "{logs}"
@@ -196,10 +217,12 @@ async fn serves_on_a_unix_socket_too() {
     .await;
     assert_eq!(result.model_text, "over uds");
     sigterm(&spawned.child);
-    let child = spawned.child;
-    let status = tokio::task::spawn_blocking(move || wait_exit(child))
-        .await
-        .unwrap();
+    let status = tokio::task::spawn_blocking(move || {
+        let mut spawned = spawned;
+        wait_exit(&mut spawned.child)
+    })
+    .await
+    .unwrap();
     assert_eq!(status.code(), Some(0));
     assert!(!socket.exists(), "the socket file is removed on shutdown");
 }

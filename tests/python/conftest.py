@@ -1,0 +1,282 @@
+"""Shared support for the black-box tests: start the real toolgate binary, talk to it over gRPC.
+
+The `toolgate` fixture runs `toolgate serve --listen 127.0.0.1:0 --log-format json` on the embedded
+demo catalog, learns the bound address from its JSON log on stderr, and on teardown stops it with
+SIGTERM and checks that it exits 0. Every wait here is bounded; nothing sleeps to synchronize.
+
+Message types come from the server itself (gRPC server reflection), never from generated stubs or
+the .proto file: the tests check the contract a client without our sources would see.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+from google.protobuf import descriptor_pool, message_factory
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+    ProtoReflectionDescriptorDatabase,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_BIN = REPO_ROOT / "target" / "debug" / "toolgate"
+
+STARTUP_TIMEOUT_S = 30.0
+# The demo catalog's shutdown_grace is 10s; allow that plus some slack.
+SHUTDOWN_TIMEOUT_S = 20.0
+# Applied to every RPC the tests make that does not set its own deadline (reflection included).
+DEFAULT_RPC_DEADLINE_S = 10.0
+
+SERVING_ADDR_MESSAGE = "serving gRPC over TCP"
+READY_MESSAGE = "catalog loaded; SERVING"
+
+
+@dataclass
+class ToolgateServer:
+    """A running toolgate process and what it has printed so far."""
+
+    process: subprocess.Popen
+    address: str
+    stderr_lines: list[str] = field(default_factory=list)
+    stdout_lines: list[str] = field(default_factory=list)
+
+    def stderr_text(self) -> str:
+        return "".join(self.stderr_lines)
+
+
+def _toolgate_bin() -> Path:
+    configured = os.environ.get("TOOLGATE_BIN")
+    path = Path(configured).resolve() if configured else DEFAULT_BIN
+    if not path.is_file() or not os.access(path, os.X_OK):
+        source = "TOOLGATE_BIN" if configured else "the default path"
+        pytest.fail(
+            f"toolgate binary not found at {path} ({source}); run `cargo build` in {REPO_ROOT} "
+            "first, or set TOOLGATE_BIN to the binary",
+            pytrace=False,
+        )
+    return path
+
+
+def _pump(stream, sink: list[str], lines: queue.Queue | None) -> None:
+    """Read `stream` to EOF so the child never blocks on a full pipe; forward lines to `lines`."""
+    for line in stream:
+        sink.append(line)
+        if lines is not None:
+            lines.put(line)
+    if lines is not None:
+        lines.put(None)  # EOF
+
+
+def _log_message(line: str) -> dict | None:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    fields = record.get("fields") if isinstance(record, dict) else None
+    return fields if isinstance(fields, dict) else None
+
+
+def _wait_until_serving(server: ToolgateServer, lines: queue.Queue) -> str:
+    """Read log lines until the server is bound and SERVING; return the bound address."""
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    address = None
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(
+                f"toolgate did not report SERVING within {STARTUP_TIMEOUT_S:.0f}s; "
+                f"stderr so far:\n{server.stderr_text()}"
+            )
+        try:
+            line = lines.get(timeout=remaining)
+        except queue.Empty:
+            continue
+        if line is None:
+            code = server.process.wait(timeout=SHUTDOWN_TIMEOUT_S)
+            raise RuntimeError(
+                f"toolgate exited with code {code} before serving; stderr:\n{server.stderr_text()}"
+            )
+        fields = _log_message(line)
+        if fields is None:
+            continue
+        if fields.get("message") == SERVING_ADDR_MESSAGE:
+            address = fields.get("addr")
+        elif fields.get("message") == READY_MESSAGE:
+            if address is None:
+                raise RuntimeError(
+                    f"toolgate reported SERVING before its address; stderr:\n{server.stderr_text()}"
+                )
+            return address
+
+
+def _stop(server: ToolgateServer) -> int:
+    if server.process.poll() is None:
+        server.process.send_signal(signal.SIGTERM)
+    try:
+        return server.process.wait(timeout=SHUTDOWN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+        server.process.wait(timeout=SHUTDOWN_TIMEOUT_S)
+        pytest.fail(
+            f"toolgate did not exit within {SHUTDOWN_TIMEOUT_S:.0f}s of SIGTERM (killed); "
+            f"stderr:\n{server.stderr_text()}",
+            pytrace=False,
+        )
+
+
+@pytest.fixture(scope="session")
+def toolgate() -> ToolgateServer:
+    """The real binary serving the embedded demo catalog on an ephemeral loopback port."""
+    binary = _toolgate_bin()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLGATE_") and k != "RUST_LOG"}
+    process = subprocess.Popen(
+        [str(binary), "serve", "--listen", "127.0.0.1:0", "--log-format", "json"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO_ROOT,
+    )
+    server = ToolgateServer(process=process, address="")
+    lines: queue.Queue = queue.Queue()
+    pumps = [
+        threading.Thread(target=_pump, args=(process.stderr, server.stderr_lines, lines), daemon=True),
+        threading.Thread(target=_pump, args=(process.stdout, server.stdout_lines, None), daemon=True),
+    ]
+    for pump in pumps:
+        pump.start()
+    startup_error = None
+    try:
+        server.address = _wait_until_serving(server, lines)
+    except (TimeoutError, RuntimeError) as err:
+        startup_error = str(err)
+    if startup_error is not None:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=SHUTDOWN_TIMEOUT_S)
+        pytest.fail(startup_error, pytrace=False)
+
+    yield server
+
+    code = _stop(server)
+    for pump in pumps:
+        pump.join(timeout=SHUTDOWN_TIMEOUT_S)
+    assert code == 0, f"toolgate exited with {code} after SIGTERM; stderr:\n{server.stderr_text()}"
+
+
+class _CallDetails(
+    collections.namedtuple(
+        "_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")
+    ),
+    grpc.ClientCallDetails,
+):
+    pass
+
+
+class _DefaultDeadline(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
+    """Gives every call without a deadline one, so no RPC (reflection's included) can hang a test."""
+
+    def __init__(self, seconds: float):
+        self._seconds = seconds
+
+    def _details(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
+        if details.timeout is not None:
+            return details
+        return _CallDetails(
+            details.method,
+            self._seconds,
+            details.metadata,
+            details.credentials,
+            getattr(details, "wait_for_ready", None),
+            getattr(details, "compression", None),
+        )
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_stream_unary(self, continuation, details, request_iterator):
+        return continuation(self._details(details), request_iterator)
+
+    def intercept_stream_stream(self, continuation, details, request_iterator):
+        return continuation(self._details(details), request_iterator)
+
+
+@pytest.fixture(scope="session")
+def channel(toolgate: ToolgateServer) -> grpc.Channel:
+    """An insecure channel to the server; every call gets a default deadline."""
+    raw = grpc.insecure_channel(toolgate.address)
+    grpc.channel_ready_future(raw).result(timeout=DEFAULT_RPC_DEADLINE_S)
+    with raw:
+        yield grpc.intercept_channel(raw, _DefaultDeadline(DEFAULT_RPC_DEADLINE_S))
+
+
+class ReflectedApi:
+    """toolgate's services and message types as learned from the server's reflection service."""
+
+    def __init__(self, channel: grpc.Channel):
+        self.channel = channel
+        self.database = ProtoReflectionDescriptorDatabase(channel)
+        self.pool = descriptor_pool.DescriptorPool(self.database)
+
+    def services(self) -> list[str]:
+        return list(self.database.get_services())
+
+    def enum_value(self, enum_full_name: str, value_name: str) -> int:
+        return self.pool.FindEnumTypeByName(enum_full_name).values_by_name[value_name].number
+
+    def unary(self, service: str, method: str):
+        """Return (request class, callable) for `service.method`, typed from its descriptors."""
+        method_desc = self.pool.FindServiceByName(service).FindMethodByName(method)
+        request_cls = message_factory.GetMessageClass(method_desc.input_type)
+        response_cls = message_factory.GetMessageClass(method_desc.output_type)
+        call = self.channel.unary_unary(
+            f"/{service}/{method}",
+            request_serializer=request_cls.SerializeToString,
+            response_deserializer=response_cls.FromString,
+        )
+        return request_cls, call
+
+
+@pytest.fixture(scope="session")
+def api(channel: grpc.Channel) -> ReflectedApi:
+    return ReflectedApi(channel)
+
+
+def _identity(
+    tenant: str = "acme",
+    subject: str = "pytest-user",
+    agent: str = "pytest-agent",
+    scopes: tuple[str, ...] = ("tickets:read", "tickets:write"),
+) -> tuple[tuple[str, str], ...]:
+    """Dev-identity metadata (the demo catalog trusts x-toolgate-* headers)."""
+    return (
+        ("x-toolgate-tenant", tenant),
+        ("x-toolgate-subject", subject),
+        ("x-toolgate-agent", agent),
+        ("x-toolgate-scopes", ",".join(scopes)),
+    )
+
+
+@pytest.fixture
+def identity():
+    """Builds dev-identity metadata: `identity(tenant="globex", agent="support-bot")`."""
+    return _identity
