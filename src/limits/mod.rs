@@ -138,6 +138,9 @@ impl RateLimits {
     }
 }
 
+/// How often idle rate-limit keys are shed.
+pub const SWEEP_INTERVAL: Duration = Duration::from_secs(60);
+
 fn refusal(message: String, wait: Duration) -> Refusal {
     // Round up so a client that waits exactly this long is admitted.
     let wait = Duration::from_millis(
@@ -156,4 +159,49 @@ fn describe(rate: Rate) -> String {
         other => format!("{other}s"),
     };
     format!("{}/{unit}", rate.count)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        clock::ManualClock,
+        config::{Config, Env},
+    };
+
+    #[test]
+    fn idle_keys_are_shed_and_state_survives_an_unchanged_reload() {
+        let yaml = r#"version: 1
+identity: { dev_identity: true }
+tenants: { a: {}, b: {}, c: {} }
+tools:
+  - { name: t, description: d, risk_level: read_only, rate_limit: 2/min, executor: { builtin: echo }, input_schema: { type: object } }
+"#;
+        let catalog = || {
+            Config::from_yaml(yaml, "t", std::path::Path::new("."), &Env::default())
+                .unwrap()
+                .catalog
+        };
+        let clock = ManualClock::new(0);
+        let first = catalog();
+        let limits = RateLimits::build(&first, SharedClock::new(clock.clone()), None);
+        let tool = first.versions().next().unwrap();
+        for tenant in ["a", "b", "c"] {
+            assert!(limits.check(tenant, tool, None).is_ok());
+        }
+        assert!(limits.check("a", tool, None).is_ok());
+        assert!(limits.check("a", tool, None).is_err());
+        assert_eq!(limits.keys_held(), 3);
+
+        // A reload with the same quota keeps the state: tenant a is still limited.
+        let reloaded =
+            RateLimits::build(&catalog(), SharedClock::new(clock.clone()), Some(&limits));
+        assert!(reloaded.check("a", tool, None).is_err());
+
+        // Once every key's state is indistinguishable from a fresh one, it goes.
+        clock.advance(Duration::from_secs(120));
+        reloaded.retain_recent();
+        assert_eq!(reloaded.keys_held(), 0);
+        assert!(reloaded.check("a", tool, None).is_ok());
+    }
 }

@@ -58,6 +58,7 @@ pub struct Running {
     audit_task: JoinHandle<()>,
     grace: Duration,
     health: tonic_health::server::HealthReporter,
+    sweeper: JoinHandle<()>,
 }
 
 impl Running {
@@ -104,6 +105,7 @@ impl Running {
                 task.abort();
             }
         }
+        self.sweeper.abort();
         if let Some(path) = &self.unix_socket {
             let _ = std::fs::remove_file(path);
         }
@@ -225,6 +227,17 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         tasks.push(tokio::spawn(server));
         tracing::info!(path = %path.display(), "serving gRPC over a Unix socket");
     }
+    // Shed rate-limit keys whose window has passed, so their stores stay small.
+    let sweeper = {
+        let boundary = boundary.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(crate::limits::SWEEP_INTERVAL);
+            loop {
+                tick.tick().await;
+                boundary.catalog().rate_limits.retain_recent();
+            }
+        })
+    };
     tracing::info!(
         source = %config.source,
         revision = %boundary.catalog().catalog.revision(),
@@ -240,6 +253,7 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         audit_task,
         grace: config.server.shutdown_grace,
         health,
+        sweeper,
     })
 }
 

@@ -188,3 +188,36 @@ async fn dev_identity_needs_a_tenant() {
     );
     server.stop().await;
 }
+
+#[tokio::test]
+async fn jwks_keys_are_chosen_by_kid() {
+    let yaml = toolgate::config::DEMO_CATALOG.replace(
+        "  dev_identity: true\n",
+        "  dev_identity: false\n  jwt:\n    jwks_file: tests/fixtures/jwks.json\n",
+    );
+    let server = TestServer::start(&yaml).await;
+    let rsa = EncodingKey::from_rsa_pem(&fixture("rsa_private.pem")).unwrap();
+    let with_kid = |kid: &str| {
+        let mut header = Header::new(Algorithm::RS256);
+        header.kid = Some(kid.into());
+        jsonwebtoken::encode(&header, &claims(), &rsa).unwrap()
+    };
+    let mut client = server.client().await;
+    let seen = visible(&mut client, &Who::token(&with_kid("test-rsa"))).await;
+    assert_eq!(seen.len(), 4, "{seen:?}");
+    let status = refused(&server, &Who::token(&with_kid("rotated-away"))).await;
+    assert_eq!(status.code(), Code::Unauthenticated);
+    assert!(
+        status.message().contains("kid \"rotated-away\""),
+        "{}",
+        status.message()
+    );
+    // An HS256 token cannot be verified with an RSA public key used as a secret.
+    let status = refused(&server, &Who::token(&hs256(&claims()))).await;
+    assert!(
+        status.message().contains("no key for algorithm HS256"),
+        "{}",
+        status.message()
+    );
+    server.stop().await;
+}
