@@ -36,14 +36,10 @@ impl ToolGateService {
         }
     }
 
-    fn turn<T>(
-        &self,
-        request: &Request<T>,
-        run_id: String,
-        step: u32,
-        catalog_revision: String,
-    ) -> Result<Turn, Status> {
+    /// The caller, run, step, shown revision and client deadline common to a request's calls.
+    fn turn<T: TurnFields>(&self, request: &Request<T>) -> Result<Turn, Status> {
         let caller = identify(&self.identity, request)?;
+        let body = request.get_ref();
         let deadline = request
             .metadata()
             .get("grpc-timeout")
@@ -52,13 +48,40 @@ impl ToolGateService {
             .map(|timeout| Instant::now() + timeout.saturating_sub(DEADLINE_MARGIN));
         Ok(Turn {
             caller,
-            run_id,
-            step,
-            catalog_revision: Some(catalog_revision).filter(|r| !r.trim().is_empty()),
+            run_id: body.run_id().to_owned(),
+            step: body.step(),
+            catalog_revision: Some(body.catalog_revision())
+                .filter(|r| !r.trim().is_empty())
+                .map(str::to_owned),
             deadline,
         })
     }
 }
+
+/// The request fields that make a [`Turn`], shared by ExecuteTool and ExecuteTools.
+trait TurnFields {
+    fn run_id(&self) -> &str;
+    fn step(&self) -> u32;
+    fn catalog_revision(&self) -> &str;
+}
+
+macro_rules! turn_fields {
+    ($($request:ty),*) => {$(
+        impl TurnFields for $request {
+            fn run_id(&self) -> &str {
+                &self.run_id
+            }
+            fn step(&self) -> u32 {
+                self.step
+            }
+            fn catalog_revision(&self) -> &str {
+                &self.catalog_revision
+            }
+        }
+    )*};
+}
+
+turn_fields!(proto::ExecuteToolRequest, proto::ExecuteToolsRequest);
 
 fn identify<T>(identity: &IdentityResolver, request: &Request<T>) -> Result<Caller, Status> {
     identity.resolve(request.metadata()).map_err(|err| {
@@ -85,15 +108,7 @@ impl ToolGate for ToolGateService {
         &self,
         request: Request<proto::ExecuteToolRequest>,
     ) -> Result<Response<proto::ExecuteToolResponse>, Status> {
-        let turn = {
-            let body = request.get_ref();
-            self.turn(
-                &request,
-                body.run_id.clone(),
-                body.step,
-                body.catalog_revision.clone(),
-            )?
-        };
+        let turn = self.turn(&request)?;
         let call = request
             .into_inner()
             .call
@@ -111,15 +126,7 @@ impl ToolGate for ToolGateService {
         &self,
         request: Request<proto::ExecuteToolsRequest>,
     ) -> Result<Response<proto::ExecuteToolsResponse>, Status> {
-        let turn = {
-            let body = request.get_ref();
-            self.turn(
-                &request,
-                body.run_id.clone(),
-                body.step,
-                body.catalog_revision.clone(),
-            )?
-        };
+        let turn = self.turn(&request)?;
         let body = request.into_inner();
         if body.calls.len() > self.limits.max_batch_calls {
             return Err(Status::invalid_argument(format!(
