@@ -113,6 +113,8 @@ pub enum Reason {
     Cancelled,
     ToolFailed,
     UpstreamUnavailable,
+    DestinationRefused,
+    ToolUnavailable,
     OutputTooLarge,
     Overloaded,
     Internal,
@@ -159,6 +161,8 @@ impl Reason {
             Cancelled => ("cancelled", S::Cancelled, false),
             ToolFailed => ("tool_failed", S::Error, false),
             UpstreamUnavailable => ("upstream_unavailable", S::Error, true),
+            DestinationRefused => ("destination_refused", S::Denied, false),
+            ToolUnavailable => ("tool_unavailable", S::Unavailable, true),
             OutputTooLarge => ("output_too_large", S::Error, false),
             Overloaded => ("overloaded", S::Unavailable, true),
             Internal => ("internal", S::Error, false),
@@ -215,6 +219,8 @@ impl Reason {
         Reason::Cancelled,
         Reason::ToolFailed,
         Reason::UpstreamUnavailable,
+        Reason::DestinationRefused,
+        Reason::ToolUnavailable,
         Reason::OutputTooLarge,
         Reason::Overloaded,
         Reason::Internal,
@@ -311,6 +317,7 @@ mod tests {
                 "approval_pending",
                 "timeout",
                 "upstream_unavailable",
+                "tool_unavailable",
                 "overloaded"
             ]
         );

@@ -57,6 +57,8 @@ pub struct Turn {
     pub catalog_revision: Option<String>,
     /// The client's gRPC deadline, if any.
     pub deadline: Option<Instant>,
+    /// The caller's W3C `traceparent`, carried on to backends.
+    pub traceparent: Option<String>,
 }
 
 /// One call as the model proposed it, in domain terms.
@@ -279,6 +281,7 @@ impl Boundary {
             tool.clone(),
             caller.clone(),
             bound.arguments,
+            turn.traceparent.clone(),
         );
         // 10. Idempotency, wrapping 11-12: execute under the deadline and shape the result.
         let output = match call.idempotency_key.as_deref() {
@@ -369,26 +372,34 @@ impl Boundary {
         let tool = permit.tool();
         let tool_deadline = Instant::now() + tool.timeout;
         let deadline = deadline.map_or(tool_deadline, |d| d.min(tool_deadline));
+        // Beyond a tool's concurrency cap, refuse at once rather than queue without bound.
+        let _slot = match &tool.concurrency {
+            Some(cap) => Some(cap.clone().try_acquire_owned().map_err(|_| {
+                Refusal::new(
+                    Stage::Execute,
+                    Reason::Overloaded,
+                    format!(
+                        "{} is at its limit of calls in flight; retry shortly",
+                        tool.name
+                    ),
+                )
+            })?),
+            None => None,
+        };
         let executor = self.executors.for_spec(&tool.executor);
         tracing::debug!(call_id = permit.call_id(), tool = %tool.name, "executing");
         let output = match tokio::time::timeout_at(deadline, executor.execute(permit)).await {
             Ok(Ok(output)) => output,
-            Ok(Err(ExecError::Failed(message))) => {
-                return Err(Refusal::new(Stage::Execute, Reason::ToolFailed, message));
+            Ok(Err(err)) => {
+                let reason = match err {
+                    ExecError::Failed(_) => Reason::ToolFailed,
+                    ExecError::Unavailable(_) => Reason::UpstreamUnavailable,
+                    ExecError::Overloaded(_) => Reason::Overloaded,
+                    ExecError::Refused(_) => Reason::DestinationRefused,
+                };
+                return Err(Refusal::new(Stage::Execute, reason, err.to_string()));
             }
-            Ok(Err(ExecError::Unavailable(message))) => {
-                return Err(Refusal::new(
-                    Stage::Execute,
-                    Reason::UpstreamUnavailable,
-                    message,
-                ));
-            }
-            Err(_elapsed) => {
-                return Err(timeout_refusal(
-                    tool,
-                    deadline.min(tool_deadline) == tool_deadline,
-                ));
-            }
+            Err(_elapsed) => return Err(timeout_refusal(tool, deadline == tool_deadline)),
         };
         if output.len() > tool.max_output_bytes {
             return Err(Refusal::new(

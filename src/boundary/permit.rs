@@ -15,6 +15,8 @@ pub struct Permit {
     tool: Arc<ToolVersion>,
     caller: Caller,
     arguments: Value,
+    /// W3C trace context to carry to the backend.
+    traceparent: Option<String>,
     /// Private: nothing outside `boundary` can build a permit.
     _sealed: Sealed,
 }
@@ -29,6 +31,7 @@ impl Permit {
         tool: Arc<ToolVersion>,
         caller: Caller,
         arguments: Value,
+        traceparent: Option<String>,
     ) -> Self {
         Permit {
             call_id,
@@ -36,8 +39,14 @@ impl Permit {
             tool,
             caller,
             arguments,
+            traceparent,
             _sealed: Sealed,
         }
+    }
+
+    /// The W3C `traceparent` for outbound requests, when the call is traced.
+    pub fn traceparent(&self) -> Option<&str> {
+        self.traceparent.as_deref()
     }
 
     pub fn call_id(&self) -> &str {

@@ -33,6 +33,9 @@ pub fn resolve<'c>(
             ResolveError::VersionNotAvailable(why) => {
                 Refusal::new(Stage::Resolve, Reason::VersionNotAvailable, why)
             }
+            ResolveError::Unavailable(why) => {
+                Refusal::new(Stage::Resolve, Reason::ToolUnavailable, why)
+            }
         })
 }
 

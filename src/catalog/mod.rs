@@ -15,14 +15,18 @@ use std::{
 use globset::{Glob, GlobMatcher};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
+use tokio::sync::Semaphore;
 
 use crate::{
     canonical,
     config::{
-        ApprovalsConfig, FieldError, LimitsConfig, Rate, parse_duration, parse_rate,
-        raw::{self, RawConfig, RawTool},
+        ApprovalsConfig, Env, FieldError, LimitsConfig, Rate, parse_duration, parse_rate,
+        raw::{self, RawConfig, RawMcpTool, RawTool},
     },
-    executor::ExecutorSpec,
+    executor::{
+        BuildContext, ExecutorSpec, McpTool, Upstream,
+        mcp::{Discovered, DiscoveredTool, McpServerConfig},
+    },
 };
 pub use schema::{BindValue, Binding};
 
@@ -125,6 +129,8 @@ pub struct ToolVersion {
     pub rate_limit: Option<Rate>,
     pub requires_approval: bool,
     pub max_output_bytes: usize,
+    /// Calls of this version in flight, when the catalog caps them.
+    pub concurrency: Option<Arc<Semaphore>>,
     pub labels: BTreeMap<String, String>,
     /// Hash of everything the model is shown of this version.
     pub definition_hash: String,
@@ -236,30 +242,66 @@ pub struct TenantPolicy {
 pub enum ResolveError {
     UnknownTool,
     VersionNotAvailable(String),
+    /// Configured, but its backend has not offered it (e.g. its MCP server is down).
+    Unavailable(String),
 }
 
 /// The whole catalog.
 #[derive(Debug)]
 pub struct Catalog {
     tools: BTreeMap<String, Vec<Arc<ToolVersion>>>,
+    /// Configured tools that cannot be offered now, with the reason.
+    unavailable: BTreeMap<String, String>,
     pub policy: AccessList,
     pub tenants: BTreeMap<String, TenantPolicy>,
     pub agents: BTreeMap<String, AccessList>,
     revision: String,
 }
 
-impl Catalog {
-    /// Validates and compiles the tools and policies of a raw config.
-    pub fn build(
-        raw: &RawConfig,
-        approvals: &ApprovalsConfig,
-        limits: &LimitsConfig,
-    ) -> Result<Self, FieldError> {
+/// Everything a catalog is built from, kept so it can be rebuilt when MCP servers list tools.
+pub struct CatalogInputs {
+    pub raw: RawConfig,
+    pub approvals: ApprovalsConfig,
+    pub limits: LimitsConfig,
+    pub base_dir: std::path::PathBuf,
+    pub env: Env,
+    pub upstreams: BTreeMap<String, Arc<Upstream>>,
+    pub mcp_servers: Vec<McpServerConfig>,
+}
+
+impl std::fmt::Debug for CatalogInputs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CatalogInputs")
+            .field("tools", &self.raw.tools.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl CatalogInputs {
+    /// Validates and compiles the catalog, with the MCP tools discovered so far. Configured
+    /// tools are always checked; an MCP tool whose server-provided schema does not fit is left
+    /// out (and logged) rather than failing the catalog.
+    pub fn build(&self, discovered: &Discovered) -> Result<Catalog, FieldError> {
+        let raw = &self.raw;
+        let ctx = BuildContext {
+            upstreams: &self.upstreams,
+            base_dir: &self.base_dir,
+            env: &self.env,
+        };
         let mut tools: BTreeMap<String, Vec<Arc<ToolVersion>>> = BTreeMap::new();
         let mut seen: BTreeMap<(String, String), usize> = BTreeMap::new();
         for (index, raw_tool) in raw.tools.iter().enumerate() {
             let path = format!("tools[{index}]");
-            let tool = build_tool(raw_tool, &path, approvals, limits, &raw.tenants)?;
+            let executor =
+                ExecutorSpec::build(&raw_tool.executor, &format!("{path}.executor"), &ctx)?;
+            let tool = build_tool(
+                raw_tool,
+                &path,
+                &self.approvals,
+                &self.limits,
+                &raw.tenants,
+                executor,
+            )?;
             let key = (tool.name.clone(), tool.version.clone());
             if let Some(first) = seen.insert(key, index) {
                 return Err(FieldError::new(
@@ -284,7 +326,81 @@ impl Catalog {
             }
             versions.push(Arc::new(tool));
         }
-        let names: BTreeSet<&str> = tools.keys().map(String::as_str).collect();
+        let mut unavailable = BTreeMap::new();
+        for server in &self.mcp_servers {
+            let Some(raw_server) = raw.mcp_servers.get(&server.name) else {
+                continue;
+            };
+            for (tool_name, settings) in &raw_server.tools {
+                let name = format!("{}.{tool_name}", server.prefix);
+                let path = format!("mcp_servers.{}.tools.{tool_name}", server.name);
+                if tools.contains_key(&name) {
+                    return Err(FieldError::new(
+                        path,
+                        format!("tool {name:?} is also defined in tools"),
+                    ));
+                }
+                // Settings are checked even before the server is reached.
+                let placeholder = DiscoveredTool {
+                    name: tool_name.clone(),
+                    description: String::new(),
+                    input_schema: json!({"type": "object"}),
+                };
+                let executor = || {
+                    ExecutorSpec::Mcp(McpTool {
+                        server: server.name.clone(),
+                        tool: tool_name.clone(),
+                    })
+                };
+                let check = mcp_raw_tool(&name, settings, &placeholder);
+                build_tool(
+                    &check,
+                    &path,
+                    &self.approvals,
+                    &self.limits,
+                    &raw.tenants,
+                    executor(),
+                )
+                .map(|_| ())
+                .or_else(|err| {
+                    // Bindings can only be checked against the server's schema.
+                    if err.path.starts_with(&format!("{path}.bind")) {
+                        Ok(())
+                    } else {
+                        Err(err)
+                    }
+                })?;
+                let listed = discovered
+                    .get(&server.name)
+                    .and_then(|list| list.iter().find(|t| &t.name == tool_name));
+                match listed {
+                    None => {
+                        unavailable.insert(name, format!("tool {tool_name} of MCP server {} is not available: the server is not connected or does not offer it", server.name));
+                    }
+                    Some(found) => match build_tool(
+                        &mcp_raw_tool(&name, settings, found),
+                        &path,
+                        &self.approvals,
+                        &self.limits,
+                        &raw.tenants,
+                        executor(),
+                    ) {
+                        Ok(tool) => {
+                            tools.insert(name, vec![Arc::new(tool)]);
+                        }
+                        Err(err) => {
+                            tracing::error!(tool = %name, error = %err.message, at = %err.path, "MCP tool left out of the catalog");
+                            unavailable.insert(name, format!("tool {tool_name} of MCP server {} has a definition this catalog cannot use", server.name));
+                        }
+                    },
+                }
+            }
+        }
+        let names: BTreeSet<&str> = tools
+            .keys()
+            .chain(unavailable.keys())
+            .map(String::as_str)
+            .collect();
         let policy = AccessList::build(&raw.policy.allow, &raw.policy.deny, "policy", &names)?;
         let tenants = raw
             .tenants
@@ -312,13 +428,53 @@ impl Catalog {
         let revision = revision_of(tools.values().flatten().map(|t| t.as_ref()));
         Ok(Catalog {
             tools,
+            unavailable,
             policy,
             tenants,
             agents,
             revision,
         })
     }
+}
 
+/// A catalog entry for an MCP tool: the server's name, description and schema, the catalog's
+/// settings for everything that decides whether and how it runs.
+fn mcp_raw_tool(name: &str, settings: &RawMcpTool, found: &DiscoveredTool) -> RawTool {
+    let description = settings
+        .description
+        .clone()
+        .filter(|d| !d.trim().is_empty())
+        .or_else(|| Some(found.description.clone()).filter(|d| !d.trim().is_empty()))
+        .unwrap_or_else(|| format!("MCP tool {}", found.name));
+    RawTool {
+        name: name.to_owned(),
+        version: Some("1".to_owned()),
+        description,
+        input_schema: found.input_schema.clone(),
+        output_schema: None,
+        risk_level: settings.risk_level,
+        required_scopes: settings.required_scopes.clone(),
+        timeout: settings.timeout.clone(),
+        status: raw::RawToolStatus::Active,
+        canary: None,
+        executor: raw::RawExecutor::default(),
+        bind: settings.bind.clone(),
+        on_bound_argument: settings.on_bound_argument,
+        rate_limit: settings.rate_limit.as_ref().map(|r| match r {
+            raw::RawRateLimit::Short(q) => raw::RawRateLimit::Short(q.clone()),
+            raw::RawRateLimit::Full { quota, burst } => raw::RawRateLimit::Full {
+                quota: quota.clone(),
+                burst: *burst,
+            },
+        }),
+        requires_approval: settings.requires_approval,
+        max_output_bytes: settings.max_output_bytes,
+        max_concurrency: settings.max_concurrency,
+        labels: settings.labels.clone(),
+    }
+}
+
+impl Catalog {
     /// Tool names, sorted.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.tools.keys().map(String::as_str)
@@ -342,7 +498,12 @@ impl Catalog {
         pin: Option<&str>,
         tenant: &str,
     ) -> Result<&Arc<ToolVersion>, ResolveError> {
-        let versions = self.tools.get(name).ok_or(ResolveError::UnknownTool)?;
+        let Some(versions) = self.tools.get(name) else {
+            return Err(match self.unavailable.get(name) {
+                Some(why) => ResolveError::Unavailable(why.clone()),
+                None => ResolveError::UnknownTool,
+            });
+        };
         let usable = |v: &ToolVersion| match v.status {
             VersionStatus::Active => true,
             VersionStatus::Canary => v.canary.as_ref().is_some_and(|c| c.includes(name, tenant)),
@@ -394,6 +555,7 @@ fn build_tool(
     approvals: &ApprovalsConfig,
     limits: &LimitsConfig,
     tenants: &BTreeMap<String, raw::RawTenant>,
+    executor: ExecutorSpec,
 ) -> Result<ToolVersion, FieldError> {
     validate_name(&raw.name, &format!("{path}.name"))?;
     let version = raw.version.clone().unwrap_or_else(|| "1".to_owned());
@@ -477,7 +639,16 @@ fn build_tool(
             ));
         }
     }
-    let executor = ExecutorSpec::build(&raw.executor, &format!("{path}.executor"))?;
+    let concurrency = match raw.max_concurrency {
+        Some(0) => {
+            return Err(FieldError::new(
+                format!("{path}.max_concurrency"),
+                "must be greater than 0",
+            ));
+        }
+        Some(n) => Some(Arc::new(Semaphore::new(n))),
+        None => None,
+    };
     let rate_limit = raw
         .rate_limit
         .as_ref()
@@ -535,6 +706,7 @@ fn build_tool(
         rate_limit,
         requires_approval,
         max_output_bytes,
+        concurrency,
         labels: raw.labels.clone(),
         definition_hash,
     })

@@ -14,7 +14,11 @@ use std::{
 };
 
 use crate::{
-    catalog::{Catalog, RiskLevel},
+    catalog::{Catalog, CatalogInputs, RiskLevel},
+    executor::{
+        Upstream,
+        mcp::{Discovered, McpServerConfig},
+    },
     identity::JwtSettings,
 };
 use raw::RawConfig;
@@ -82,7 +86,10 @@ pub struct Config {
     pub limits: LimitsConfig,
     pub approvals: ApprovalsConfig,
     pub audit: AuditConfig,
+    /// The catalog as loaded (MCP tools appear once their servers list them).
     pub catalog: Catalog,
+    /// What the catalog is built from, for rebuilding it as MCP servers list their tools.
+    pub catalog_inputs: CatalogInputs,
 }
 
 /// Listen addresses and shutdown behaviour.
@@ -260,7 +267,31 @@ fn build(raw: RawConfig, source: &str, base_dir: &Path, env: &Env) -> Result<Con
         )?,
     };
     let audit = build_audit(&raw.audit, base_dir)?;
-    let catalog = Catalog::build(&raw, &approvals, &limits)?;
+    let upstreams = raw
+        .upstreams
+        .iter()
+        .map(|(name, upstream)| {
+            Ok((
+                name.clone(),
+                std::sync::Arc::new(Upstream::build(name, upstream, base_dir, env)?),
+            ))
+        })
+        .collect::<Result<BTreeMap<_, _>, FieldError>>()?;
+    let mcp_servers = raw
+        .mcp_servers
+        .iter()
+        .map(|(name, server)| McpServerConfig::build(name, server, env))
+        .collect::<Result<Vec<_>, _>>()?;
+    let catalog_inputs = CatalogInputs {
+        raw,
+        approvals: approvals.clone(),
+        limits: limits.clone(),
+        base_dir: base_dir.to_path_buf(),
+        env: env.clone(),
+        upstreams,
+        mcp_servers,
+    };
+    let catalog = catalog_inputs.build(&Discovered::new())?;
     Ok(Config {
         source: source.to_owned(),
         server,
@@ -269,6 +300,7 @@ fn build(raw: RawConfig, source: &str, base_dir: &Path, env: &Env) -> Result<Con
         approvals,
         audit,
         catalog,
+        catalog_inputs,
     })
 }
 

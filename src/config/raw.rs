@@ -36,8 +36,110 @@ pub struct RawConfig {
     /// Agents whose tool lists are narrowed further.
     #[serde(default)]
     pub agents: BTreeMap<String, RawAccessList>,
+    /// HTTP upstreams that `http` tools call, by name. The model never supplies a URL.
+    #[serde(default)]
+    pub upstreams: BTreeMap<String, RawUpstream>,
+    /// MCP servers whose tools enter the catalog, by name.
+    #[serde(default)]
+    pub mcp_servers: BTreeMap<String, RawMcpServer>,
     /// The tools, one entry per (name, version).
+    #[serde(default)]
     pub tools: Vec<RawTool>,
+}
+
+/// An HTTP upstream.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpstream {
+    /// Base URL, e.g. `https://billing.internal:8443/api`; tool paths are appended.
+    pub url: String,
+    /// URL schemes this upstream may use, for its URL and any redirect (default `[https]`).
+    pub allow_schemes: Option<Vec<String>>,
+    /// Allow loopback, private, link-local and other non-public addresses (default false).
+    #[serde(default)]
+    pub allow_private_addresses: bool,
+    /// Static name resolution, like curl's --resolve: host -> addresses. Checked like DNS answers.
+    #[serde(default)]
+    pub resolve: BTreeMap<String, Vec<String>>,
+    /// Headers sent on every request; values from secrets never reach the model or the audit log.
+    #[serde(default)]
+    pub headers: BTreeMap<String, RawHeaderValue>,
+    /// Largest response body accepted, in bytes (default 1048576).
+    pub max_response_bytes: Option<usize>,
+    /// Most requests in flight to this upstream; beyond it calls are refused at once (default 64).
+    pub max_concurrency: Option<usize>,
+    /// Connection timeout (default 5s).
+    pub connect_timeout: Option<String>,
+}
+
+/// A header value: a literal, or read from an environment variable or a file.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawHeaderValue {
+    /// A literal value (not secret).
+    pub value: Option<String>,
+    /// Environment variable holding the value.
+    pub env: Option<String>,
+    /// File holding the value (trailing whitespace trimmed).
+    pub file: Option<String>,
+    /// Text put before the value, e.g. `"Bearer "`.
+    pub prefix: Option<String>,
+}
+
+/// An MCP server.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawMcpServer {
+    /// Run a local server over stdio: the program and its arguments (no shell).
+    pub command: Option<Vec<String>>,
+    /// Or connect to a Streamable HTTP server at this URL.
+    pub url: Option<String>,
+    /// Environment variables passed to a stdio server from the sidecar's own (others are cleared).
+    #[serde(default)]
+    pub env: Vec<String>,
+    /// Environment variables set for a stdio server.
+    #[serde(default)]
+    pub set_env: BTreeMap<String, String>,
+    /// Tool names enter the catalog as `<prefix>.<tool>` (default: the server's name).
+    pub prefix: Option<String>,
+    /// How long connecting and listing tools may take (default 30s).
+    pub startup_timeout: Option<String>,
+    /// The server's tools that enter the catalog, with the catalog's settings for each. Tools the
+    /// server offers that are not listed here are not exposed: a server's own description is
+    /// never taken as authorization.
+    pub tools: BTreeMap<String, RawMcpTool>,
+}
+
+/// Catalog-side settings of one MCP tool.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawMcpTool {
+    /// What the tool can change.
+    pub risk_level: RawRiskLevel,
+    /// Overrides the server's description.
+    pub description: Option<String>,
+    /// Scopes the caller needs.
+    #[serde(default)]
+    pub required_scopes: Vec<String>,
+    /// Execution timeout (default 30s).
+    pub timeout: Option<String>,
+    /// Per-tenant rate limit.
+    pub rate_limit: Option<RawRateLimit>,
+    /// Server-bound arguments, as for other tools.
+    #[serde(default)]
+    pub bind: BTreeMap<String, serde_json::Value>,
+    /// What to do when the model sends a bound argument (default deny).
+    #[serde(default)]
+    pub on_bound_argument: RawBoundOverride,
+    /// Override whether the tool needs approval.
+    pub requires_approval: Option<bool>,
+    /// Largest output returned, in bytes.
+    pub max_output_bytes: Option<usize>,
+    /// Most calls in flight at once.
+    pub max_concurrency: Option<usize>,
+    /// Free-form labels.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
 }
 
 /// Listen addresses and shutdown behaviour.
@@ -243,6 +345,8 @@ pub struct RawTool {
     pub requires_approval: Option<bool>,
     /// Largest output returned, in bytes.
     pub max_output_bytes: Option<usize>,
+    /// Most calls of this tool in flight at once; beyond it calls are refused at once.
+    pub max_concurrency: Option<usize>,
     /// Free-form labels shown to callers.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
@@ -292,4 +396,40 @@ pub enum RawRateLimit {
 pub struct RawExecutor {
     /// A tool built into toolgate, by name (e.g. `echo`).
     pub builtin: Option<String>,
+    /// POST the arguments as JSON to a configured upstream.
+    pub http: Option<RawHttpExecutor>,
+    /// Run a local program with the arguments as JSON on stdin.
+    pub process: Option<RawProcessExecutor>,
+}
+
+/// An HTTP tool.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawHttpExecutor {
+    /// The upstream's name in `upstreams`.
+    pub upstream: String,
+    /// Path appended to the upstream's URL (default: none).
+    #[serde(default)]
+    pub path: String,
+}
+
+/// A process tool. No shell is involved: `command` is run directly with `args`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawProcessExecutor {
+    /// The program (an absolute path, or a name looked up in the allowed PATH).
+    pub command: String,
+    /// Its arguments.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Environment variables passed from the sidecar's own environment; all others are cleared.
+    #[serde(default)]
+    pub env: Vec<String>,
+    /// Environment variables set for the program.
+    #[serde(default)]
+    pub set_env: BTreeMap<String, String>,
+    /// Working directory (default: the catalog file's directory).
+    pub working_dir: Option<String>,
+    /// Most bytes of stderr kept for the error summary (default 2048).
+    pub max_stderr_bytes: Option<usize>,
 }

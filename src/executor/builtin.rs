@@ -197,8 +197,8 @@ impl Builtins {
 
     async fn run(&self, permit: &Permit) -> Result<String, ExecError> {
         let args = permit.arguments();
-        let tool = match &permit.tool().executor {
-            super::ExecutorSpec::Builtin(tool) => *tool,
+        let super::ExecutorSpec::Builtin(tool) = permit.tool().executor else {
+            return Err(ExecError::Failed("not a builtin tool".into()));
         };
         self.started.send_modify(|n| *n += 1);
         match tool {

@@ -1,27 +1,54 @@
 //! Where a permitted call actually runs. Every backend implements [`Executor`], which only takes a
 //! [`Permit`] — a value only the boundary's chain can construct — so no code path can run a call
-//! that skipped the checks. Deadlines and cancellation reach backends by dropping their future.
+//! that skipped the checks. Deadlines and cancellation reach backends by dropping their future:
+//! an HTTP request's connection is closed, a process group is killed, an MCP request is
+//! cancelled.
 
 pub mod builtin;
+pub mod http;
+pub mod mcp;
+pub mod process;
 
-use std::sync::Arc;
+use std::{collections::BTreeMap, path::Path, sync::Arc};
 
 use futures::future::BoxFuture;
 
-use crate::{boundary::Permit, config::FieldError, config::raw::RawExecutor};
+use crate::{
+    boundary::Permit,
+    config::{Env, FieldError, raw::RawExecutor},
+};
 pub use builtin::{BuiltinTool, Builtins};
+pub use http::{HttpExecutor, HttpTool, Upstream};
+pub use mcp::{McpManager, McpTool};
+pub use process::{ProcessExecutor, ProcessTool};
+
+/// What building a tool's executor needs from the rest of the config.
+pub struct BuildContext<'a> {
+    pub upstreams: &'a BTreeMap<String, Arc<Upstream>>,
+    pub base_dir: &'a Path,
+    pub env: &'a Env,
+}
 
 /// How a tool runs, as configured.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ExecutorSpec {
     Builtin(BuiltinTool),
+    Http(HttpTool),
+    Process(Arc<ProcessTool>),
+    Mcp(McpTool),
 }
 
 impl ExecutorSpec {
-    pub fn build(raw: &RawExecutor, path: &str) -> Result<Self, FieldError> {
+    pub fn build(
+        raw: &RawExecutor,
+        path: &str,
+        ctx: &BuildContext<'_>,
+    ) -> Result<Self, FieldError> {
         match raw {
             RawExecutor {
                 builtin: Some(name),
+                http: None,
+                process: None,
             } => BuiltinTool::from_name(name)
                 .map(ExecutorSpec::Builtin)
                 .ok_or_else(|| {
@@ -37,9 +64,34 @@ impl ExecutorSpec {
                         ),
                     )
                 }),
-            RawExecutor { builtin: None } => Err(FieldError::new(
+            RawExecutor {
+                builtin: None,
+                http: Some(http),
+                process: None,
+            } => http::http_tool(
+                ctx.upstreams,
+                &http.upstream,
+                &http.path,
+                &format!("{path}.http"),
+            )
+            .map(ExecutorSpec::Http),
+            RawExecutor {
+                builtin: None,
+                http: None,
+                process: Some(process),
+            } => ProcessTool::build(process, &format!("{path}.process"), ctx.base_dir, ctx.env)
+                .map(|p| ExecutorSpec::Process(Arc::new(p))),
+            RawExecutor {
+                builtin: None,
+                http: None,
+                process: None,
+            } => Err(FieldError::new(
                 path,
-                "names no executor; set e.g. builtin: echo",
+                "names no executor; set one of builtin, http or process",
+            )),
+            _ => Err(FieldError::new(
+                path,
+                "names more than one executor; set exactly one of builtin, http or process",
             )),
         }
     }
@@ -48,19 +100,29 @@ impl ExecutorSpec {
     pub fn kind(&self) -> &'static str {
         match self {
             ExecutorSpec::Builtin(_) => "builtin",
+            ExecutorSpec::Http(_) => "http",
+            ExecutorSpec::Process(_) => "process",
+            ExecutorSpec::Mcp(_) => "mcp",
         }
     }
 }
 
-/// A backend failure, before the boundary turns it into a result.
+/// A backend failure, before the boundary turns it into a result. Messages are shown to the
+/// model: no addresses, paths or internals.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ExecError {
-    /// The tool ran and reported a failure; the message is safe to show the model.
+    /// The tool ran and reported a failure.
     #[error("{0}")]
     Failed(String),
     /// The backend could not be reached or answered with a transient failure.
     #[error("{0}")]
     Unavailable(String),
+    /// The backend is at its concurrency cap.
+    #[error("{0}")]
+    Overloaded(String),
+    /// The destination is not one this backend may reach (SSRF protection).
+    #[error("{0}")]
+    Refused(String),
 }
 
 /// A backend that runs permitted calls and returns their output text.
@@ -72,12 +134,18 @@ pub trait Executor: Send + Sync {
 #[derive(Clone, Default)]
 pub struct Executors {
     pub builtins: Arc<Builtins>,
+    pub http: Arc<HttpExecutor>,
+    pub process: Arc<ProcessExecutor>,
+    pub mcp: Arc<McpManager>,
 }
 
 impl Executors {
     pub fn for_spec(&self, spec: &ExecutorSpec) -> &dyn Executor {
         match spec {
             ExecutorSpec::Builtin(_) => self.builtins.as_ref(),
+            ExecutorSpec::Http(_) => self.http.as_ref(),
+            ExecutorSpec::Process(_) => self.process.as_ref(),
+            ExecutorSpec::Mcp(_) => self.mcp.as_ref(),
         }
     }
 }

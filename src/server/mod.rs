@@ -3,6 +3,7 @@
 //! graceful shutdown (stop accepting, let in-flight calls finish within the grace period, drain
 //! the audit queue).
 
+mod catalog_updates;
 pub mod convert;
 mod services;
 
@@ -19,7 +20,7 @@ use crate::{
     boundary::Boundary,
     clock::SharedClock,
     config::Config,
-    executor::Executors,
+    executor::{Executors, McpManager},
     identity::IdentityResolver,
     proto::{self, approvals_server::ApprovalsServer, tool_gate_server::ToolGateServer},
 };
@@ -58,7 +59,8 @@ pub struct Running {
     audit_task: JoinHandle<()>,
     grace: Duration,
     health: tonic_health::server::HealthReporter,
-    sweeper: JoinHandle<()>,
+    /// Background upkeep, stopped on shutdown.
+    background: Vec<JoinHandle<()>>,
 }
 
 impl Running {
@@ -105,7 +107,10 @@ impl Running {
                 task.abort();
             }
         }
-        self.sweeper.abort();
+        for task in &self.background {
+            task.abort();
+        }
+        self.boundary.executors().mcp.stop();
         if let Some(path) = &self.unix_socket {
             let _ = std::fs::remove_file(path);
         }
@@ -128,13 +133,24 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         config.approvals.ttl,
         config.approvals.max_per_tenant,
     );
+    let mcp = Arc::new(McpManager::start(&config.catalog_inputs.mcp_servers));
+    let discovered = mcp.watch_discovered();
+    let executors = Executors {
+        mcp,
+        ..Executors::default()
+    };
     let boundary = Arc::new(Boundary::new(
         config.catalog,
         config.limits.clone(),
         approvals,
-        Executors::default(),
+        executors,
         audit,
         clock,
+    ));
+    let catalog_updates = tokio::spawn(catalog_updates::follow_discoveries(
+        boundary.clone(),
+        Arc::new(config.catalog_inputs),
+        discovered,
     ));
     let identity = Arc::new(IdentityResolver::new(&config.identity));
     if identity.dev_identity() {
@@ -253,7 +269,7 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         audit_task,
         grace: config.server.shutdown_grace,
         health,
-        sweeper,
+        background: vec![sweeper, catalog_updates],
     })
 }
 

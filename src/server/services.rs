@@ -54,6 +54,11 @@ impl ToolGateService {
                 .filter(|r| !r.trim().is_empty())
                 .map(str::to_owned),
             deadline,
+            traceparent: request
+                .metadata()
+                .get("traceparent")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
         })
     }
 }

@@ -4,6 +4,7 @@ mod approvals;
 mod boundary;
 mod config;
 mod execution;
+mod executors;
 mod identity;
 mod list_tools;
 mod process;
