@@ -36,6 +36,8 @@ STARTUP_TIMEOUT_S = 30.0
 SHUTDOWN_TIMEOUT_S = 20.0
 # Applied to every RPC the tests make that does not set its own deadline (reflection included).
 DEFAULT_RPC_DEADLINE_S = 10.0
+# Audit events are written from a queue, so they can trail the RPC's answer a little.
+AUDIT_TIMEOUT_S = 10.0
 
 SERVING_ADDR_MESSAGE = "serving gRPC over TCP"
 READY_MESSAGE = "catalog loaded; SERVING"
@@ -49,9 +51,38 @@ class ToolgateServer:
     address: str
     stderr_lines: list[str] = field(default_factory=list)
     stdout_lines: list[str] = field(default_factory=list)
+    # Notified (with its lock held) each time a stdout line is appended.
+    stdout_changed: threading.Condition = field(default_factory=threading.Condition, repr=False)
 
     def stderr_text(self) -> str:
         return "".join(self.stderr_lines)
+
+    def audit_events(self) -> list[dict]:
+        """The audit events printed so far: the JSON-object lines on stdout."""
+        with self.stdout_changed:
+            lines = list(self.stdout_lines)
+        events = []
+        for line in lines:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(event, dict):
+                events.append(event)
+        return events
+
+    def wait_for_audit_events(self, predicate, timeout: float = AUDIT_TIMEOUT_S) -> list[dict]:
+        """Waits (bounded) until `predicate(events)` is truthy for the audit events so far.
+
+        Returns the events; fails the test with what was seen if the wait runs out.
+        """
+        with self.stdout_changed:
+            if self.stdout_changed.wait_for(lambda: predicate(self.audit_events()), timeout=timeout):
+                return self.audit_events()
+        seen = "".join(self.stdout_lines[-20:])
+        pytest.fail(
+            f"no matching audit events within {timeout:.0f}s; last stdout lines:\n{seen}", pytrace=False
+        )
 
 
 def _toolgate_bin() -> Path:
@@ -67,10 +98,17 @@ def _toolgate_bin() -> Path:
     return path
 
 
-def _pump(stream, sink: list[str], lines: queue.Queue | None) -> None:
+def _pump(
+    stream, sink: list[str], lines: queue.Queue | None, changed: threading.Condition | None = None
+) -> None:
     """Read `stream` to EOF so the child never blocks on a full pipe; forward lines to `lines`."""
     for line in stream:
-        sink.append(line)
+        if changed is None:
+            sink.append(line)
+        else:
+            with changed:
+                sink.append(line)
+                changed.notify_all()
         if lines is not None:
             lines.put(line)
     if lines is not None:
@@ -152,7 +190,11 @@ def toolgate() -> ToolgateServer:
     lines: queue.Queue = queue.Queue()
     pumps = [
         threading.Thread(target=_pump, args=(process.stderr, server.stderr_lines, lines), daemon=True),
-        threading.Thread(target=_pump, args=(process.stdout, server.stdout_lines, None), daemon=True),
+        threading.Thread(
+            target=_pump,
+            args=(process.stdout, server.stdout_lines, None, server.stdout_changed),
+            daemon=True,
+        ),
     ]
     for pump in pumps:
         pump.start()
