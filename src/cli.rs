@@ -235,6 +235,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let options = StartOptions {
         listen: args.listen,
         clock: None,
+        reload_on_sighup: true,
     };
     run(config, options, shutdown_signal()).await?;
     Ok(ExitCode::SUCCESS)

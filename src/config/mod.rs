@@ -22,6 +22,7 @@ use crate::{
     identity::JwtSettings,
 };
 use raw::RawConfig;
+use sha2::Digest;
 
 /// The embedded demo catalog, served when no config is given.
 pub const DEMO_CATALOG: &str = include_str!("../../examples/demo.yaml");
@@ -81,6 +82,10 @@ impl Env {
 pub struct Config {
     /// Where it came from (a path or `<embedded demo>`).
     pub source: String,
+    /// The catalog file, when it came from one (watched for changes).
+    pub file: Option<PathBuf>,
+    /// SHA-256 of the exact bytes loaded, so a change made right after loading is not missed.
+    pub file_sha256: Option<[u8; 32]>,
     pub server: ServerConfig,
     pub identity: IdentityConfig,
     pub limits: LimitsConfig,
@@ -98,6 +103,7 @@ pub struct ServerConfig {
     pub listen: Option<SocketAddr>,
     pub unix_socket: Option<PathBuf>,
     pub shutdown_grace: Duration,
+    pub reload_interval: Duration,
 }
 
 /// How callers are identified.
@@ -182,7 +188,10 @@ impl Config {
             message: format!("cannot read file: {err}"),
         })?;
         let base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
-        Self::from_yaml(&text, &source, &base_dir, env)
+        let mut config = Self::from_yaml(&text, &source, &base_dir, env)?;
+        config.file = Some(path.to_path_buf());
+        config.file_sha256 = Some(sha2::Sha256::digest(text.as_bytes()).into());
+        Ok(config)
     }
 
     /// The embedded demo catalog.
@@ -294,6 +303,8 @@ fn build(raw: RawConfig, source: &str, base_dir: &Path, env: &Env) -> Result<Con
     let catalog = catalog_inputs.build(&Discovered::new())?;
     Ok(Config {
         source: source.to_owned(),
+        file: None,
+        file_sha256: None,
         server,
         identity,
         limits,
@@ -326,6 +337,11 @@ fn build_server(raw: &raw::RawServer) -> Result<ServerConfig, FieldError> {
             &raw.shutdown_grace,
             "server.shutdown_grace",
             Duration::from_secs(10),
+        )?,
+        reload_interval: opt_duration(
+            &raw.reload_interval,
+            "server.reload_interval",
+            Duration::from_secs(5),
         )?,
     })
 }

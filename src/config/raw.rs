@@ -152,6 +152,8 @@ pub struct RawServer {
     pub unix_socket: Option<String>,
     /// How long in-flight calls may take to finish after SIGTERM (default 10s).
     pub shutdown_grace: Option<String>,
+    /// How often the catalog file is checked for changes (default 5s). SIGHUP reloads at once.
+    pub reload_interval: Option<String>,
 }
 
 /// How callers are identified.

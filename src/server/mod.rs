@@ -9,7 +9,11 @@ mod services;
 
 use std::{future::Future, net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
-use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
+use tokio::{
+    net::TcpListener,
+    sync::{mpsc, oneshot, watch},
+    task::JoinHandle,
+};
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tonic::service::Routes;
 use tonic_health::ServingStatus;
@@ -38,6 +42,8 @@ pub enum StartError {
     Audit(std::io::Error),
     #[error("cannot build the reflection service: {0}")]
     Reflection(String),
+    #[error("cannot install a signal handler: {0}")]
+    Signal(String),
 }
 
 /// Options that are not part of the catalog file.
@@ -47,6 +53,8 @@ pub struct StartOptions {
     pub listen: Option<SocketAddr>,
     /// The clock; the system clock by default.
     pub clock: Option<SharedClock>,
+    /// Reload the catalog on SIGHUP (the binary does; in-process tests call `reload`).
+    pub reload_on_sighup: bool,
 }
 
 /// A started server.
@@ -61,6 +69,7 @@ pub struct Running {
     health: tonic_health::server::HealthReporter,
     /// Background upkeep, stopped on shutdown.
     background: Vec<JoinHandle<()>>,
+    reload: mpsc::Sender<catalog_updates::ReloadRequest>,
 }
 
 impl Running {
@@ -75,6 +84,12 @@ impl Running {
 
     pub fn boundary(&self) -> &Arc<Boundary> {
         &self.boundary
+    }
+
+    /// Re-reads the catalog file now; returns the new revision, or why the file was refused
+    /// (the previous catalog then keeps serving).
+    pub async fn reload(&self) -> Result<String, String> {
+        request_reload(&self.reload).await
     }
 
     /// Stops accepting, waits up to the grace period for in-flight calls, then drains the audit
@@ -147,11 +162,24 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         audit,
         clock,
     ));
-    let catalog_updates = tokio::spawn(catalog_updates::follow_discoveries(
+    let (reload, reload_requests) = mpsc::channel(8);
+    let source = config.file.clone().map(|path| catalog_updates::Source {
+        path,
+        env: config.catalog_inputs.env.clone(),
+        poll_interval: config.server.reload_interval,
+        loaded_sha256: config.file_sha256,
+    });
+    let catalog_updates = tokio::spawn(catalog_updates::run(
         boundary.clone(),
-        Arc::new(config.catalog_inputs),
+        config.catalog_inputs,
+        source,
         discovered,
+        reload_requests,
     ));
+    let mut background = vec![catalog_updates];
+    if options.reload_on_sighup {
+        background.push(reload_on_sighup(reload.clone())?);
+    }
     let identity = Arc::new(IdentityResolver::new(&config.identity));
     if identity.dev_identity() {
         tracing::warn!(
@@ -269,8 +297,42 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         audit_task,
         grace: config.server.shutdown_grace,
         health,
-        background: vec![sweeper, catalog_updates],
+        background: {
+            background.push(sweeper);
+            background
+        },
+        reload,
     })
+}
+
+async fn request_reload(
+    reload: &mpsc::Sender<catalog_updates::ReloadRequest>,
+) -> Result<String, String> {
+    let (reply, outcome) = oneshot::channel();
+    reload
+        .send(reply)
+        .await
+        .map_err(|_| "the server is shutting down".to_owned())?;
+    outcome
+        .await
+        .map_err(|_| "the server is shutting down".to_owned())?
+}
+
+/// Installs the SIGHUP handler now — an unhandled SIGHUP would terminate the process.
+fn reload_on_sighup(
+    reload: mpsc::Sender<catalog_updates::ReloadRequest>,
+) -> Result<JoinHandle<()>, StartError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hangups =
+        signal(SignalKind::hangup()).map_err(|e| StartError::Signal(e.to_string()))?;
+    Ok(tokio::spawn(async move {
+        while hangups.recv().await.is_some() {
+            match request_reload(&reload).await {
+                Ok(revision) => tracing::info!(revision = %revision, "SIGHUP: catalog reloaded"),
+                Err(err) => tracing::error!(error = %err, "SIGHUP: catalog reload refused"),
+            }
+        }
+    }))
 }
 
 fn builder() -> tonic::transport::Server {

@@ -9,4 +9,5 @@ mod identity;
 mod list_tools;
 mod process;
 mod rate_limits;
+mod reload;
 mod support;

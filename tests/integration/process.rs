@@ -226,3 +226,59 @@ async fn serves_on_a_unix_socket_too() {
     assert_eq!(status.code(), Some(0));
     assert!(!socket.exists(), "the socket file is removed on shutdown");
 }
+
+#[tokio::test]
+async fn sighup_reloads_the_catalog_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("catalog.yaml");
+    // Polling is off for practical purposes: only the signal can cause the reload.
+    let demo = toolgate::config::DEMO_CATALOG.replace(
+        "  shutdown_grace: 10s\n",
+        "  shutdown_grace: 10s\n  reload_interval: 1h\n",
+    );
+    std::fs::write(&config, &demo).unwrap();
+    let spawned = spawn(&["--config", config.to_str().unwrap()]);
+    std::fs::write(
+        &config,
+        demo.replace(
+            "Returns the given text unchanged.",
+            "Returns the text, reloaded.",
+        ),
+    )
+    .unwrap();
+    let pid = spawned.child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let spawned = tokio::task::spawn_blocking(move || {
+        spawned.wait_for_log("SIGHUP: catalog reloaded", 1);
+        spawned
+    })
+    .await
+    .unwrap();
+    let channel = Endpoint::from_shared(format!("http://{}", spawned.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = ToolGateClient::new(channel);
+    let listed = client
+        .list_tools(who("acme").request(toolgate::proto::ListToolsRequest {}))
+        .await
+        .unwrap()
+        .into_inner();
+    let echo = listed.tools.iter().find(|t| t.name == "echo").unwrap();
+    assert_eq!(echo.description, "Returns the text, reloaded.");
+    sigterm(&spawned.child);
+    let status = tokio::task::spawn_blocking(move || {
+        let mut spawned = spawned;
+        wait_exit(&mut spawned.child)
+    })
+    .await
+    .unwrap();
+    assert_eq!(status.code(), Some(0));
+}

@@ -112,11 +112,27 @@ impl TestServer {
         let base = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
         let config = Config::from_yaml(&text, "test.yaml", &base, env)
             .unwrap_or_else(|e| panic!("test catalog: {e}"));
+        Self::start_config(config, dir, audit_path).await
+    }
+
+    /// Serves a catalog file (written into the test's directory), so it can be reloaded.
+    pub async fn start_file(yaml: &str) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let audit_path = dir.path().join("audit.jsonl");
+        let file = dir.path().join("catalog.yaml");
+        std::fs::write(&file, with_audit_file(yaml, &audit_path)).unwrap();
+        let config = Config::load_file(&file, &Env::default())
+            .unwrap_or_else(|e| panic!("test catalog: {e}"));
+        Self::start_config(config, dir, audit_path).await
+    }
+
+    async fn start_config(config: Config, dir: TempDir, audit_path: PathBuf) -> Self {
         // Starts at a fixed wall-clock time; moves only when a test says so.
         let clock = ManualClock::new(1_800_000_000_000);
         let options = StartOptions {
             listen: Some("127.0.0.1:0".parse().unwrap()),
             clock: Some(SharedClock::new(clock.clone())),
+            reload_on_sighup: false,
         };
         let running = toolgate::start(config, options)
             .await
@@ -129,6 +145,26 @@ impl TestServer {
             clock,
             _dir: dir,
         }
+    }
+
+    /// The catalog file of a server started with `start_file`.
+    pub fn catalog_file(&self) -> PathBuf {
+        self._dir.path().join("catalog.yaml")
+    }
+
+    /// Writes a catalog (keeping the test's audit file) to `path`.
+    pub fn write_catalog(&self, path: &std::path::Path, yaml: &str) {
+        std::fs::write(path, with_audit_file(yaml, &self.audit_path)).unwrap();
+    }
+
+    /// The test's scratch directory.
+    pub fn dir(&self) -> &std::path::Path {
+        self._dir.path()
+    }
+
+    /// Re-reads the catalog file now.
+    pub async fn reload(&self) -> Result<String, String> {
+        self.running().reload().await
     }
 
     fn running(&self) -> &Running {

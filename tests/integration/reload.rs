@@ -1,0 +1,270 @@
+//! Hot reload of the catalog file: valid catalogs swap in without disturbing calls in flight,
+//! invalid ones are refused while the old one keeps serving.
+
+use std::time::Duration;
+
+use futures::future::join_all;
+use toolgate::proto::{self, ToolStatus};
+
+use crate::support::{STAGES, TestServer, call, exec, visible, who};
+
+async fn revision(server: &TestServer) -> String {
+    let mut client = server.client().await;
+    client
+        .list_tools(who("acme").request(proto::ListToolsRequest {}))
+        .await
+        .unwrap()
+        .into_inner()
+        .catalog_revision
+}
+
+#[tokio::test]
+async fn a_valid_catalog_replaces_the_old_and_an_invalid_one_is_refused() {
+    let server = TestServer::start_file(STAGES).await;
+    let mut client = server.client().await;
+    let before = revision(&server).await;
+    assert!(
+        !visible(&mut client, &who("acme"))
+            .await
+            .contains(&"echo2".to_owned())
+    );
+
+    let added = STAGES.replace("tools:\n", "tools:\n  - { name: echo2, description: Echo again., risk_level: read_only, executor: { builtin: echo }, input_schema: { type: object } }\n");
+    server.write_catalog(&server.catalog_file(), &added);
+    let after = server.reload().await.expect("valid catalog reloads");
+    assert_ne!(after, before);
+    assert!(
+        visible(&mut client, &who("acme"))
+            .await
+            .contains(&"echo2".to_owned())
+    );
+    assert_ne!(revision(&server).await, before);
+
+    server.write_catalog(
+        &server.catalog_file(),
+        &added.replace("timeout: 300ms", "timeout: soon"),
+    );
+    let refused = server
+        .reload()
+        .await
+        .expect_err("invalid catalog is refused");
+    assert!(
+        refused.contains("invalid duration") && refused.contains("timeout"),
+        "{refused}"
+    );
+    // Still serving the last good one.
+    assert!(
+        visible(&mut client, &who("acme"))
+            .await
+            .contains(&"echo2".to_owned())
+    );
+    assert_eq!(
+        exec(
+            &mut client,
+            &who("acme"),
+            call("echo", r#"{"text":"still here"}"#)
+        )
+        .await
+        .output,
+        "still here"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn file_changes_are_picked_up_including_a_configmap_style_symlink_swap() {
+    // Lay the catalog out as Kubernetes mounts a ConfigMap: catalog.yaml -> ..data/catalog.yaml,
+    // ..data -> ..v1; an update writes ..v2 and swaps ..data atomically.
+    let yaml = STAGES.replace(
+        "identity: { dev_identity: true }\n",
+        "identity: { dev_identity: true }\nserver: { reload_interval: 50ms }\n",
+    );
+    let server = TestServer::start_file(&yaml).await;
+    let dir = server.dir().join("cm");
+    std::fs::create_dir_all(dir.join("..v1")).unwrap();
+    server.write_catalog(&dir.join("..v1/catalog.yaml"), &yaml);
+    std::os::unix::fs::symlink("..v1", dir.join("..data")).unwrap();
+    // Replace the served file with the symlinked one.
+    std::fs::remove_file(server.catalog_file()).unwrap();
+    std::os::unix::fs::symlink(dir.join("..data/catalog.yaml"), server.catalog_file()).unwrap();
+
+    let swapped = yaml.replace(
+        "description: Returns text.",
+        "description: Returns the text, version two.",
+    );
+    std::fs::create_dir_all(dir.join("..v2")).unwrap();
+    server.write_catalog(&dir.join("..v2/catalog.yaml"), &swapped);
+    std::os::unix::fs::symlink("..v2", dir.join("..data_tmp")).unwrap();
+    std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+
+    let mut client = server.client().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let listed = client
+            .list_tools(who("acme").request(proto::ListToolsRequest {}))
+            .await
+            .unwrap()
+            .into_inner();
+        if listed
+            .tools
+            .iter()
+            .any(|t| t.description == "Returns the text, version two.")
+        {
+            break;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            panic!("the swapped catalog was not picked up within 10s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn calls_in_flight_finish_on_the_definition_they_started_with() {
+    let yaml = STAGES.replace("    timeout: 300ms\n    executor: { builtin: slow_task }\n    input_schema: { type: object, properties: { ms: { type: integer } }, required: [ms] }\n  - name: slow_write", "    timeout: 3s\n    executor: { builtin: slow_task }\n    input_schema: { type: object, properties: { ms: { type: integer } }, required: [ms] }\n  - name: slow_write");
+    assert_ne!(yaml, STAGES);
+    let server = TestServer::start_file(&yaml).await;
+    let started = server.builtins().watch_executions();
+    let client = server.client().await;
+    let running = tokio::spawn({
+        let mut client = client.clone();
+        async move { exec(&mut client, &who("acme"), call("slow", r#"{"ms":500}"#)).await }
+    });
+    tokio::time::timeout(Duration::from_secs(10), {
+        let mut s = started.clone();
+        async move { s.wait_for(|n| *n >= 1).await.map(|_| ()) }
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    // The new definition's timeout is shorter than the running call's sleep.
+    server.write_catalog(
+        &server.catalog_file(),
+        &yaml.replace("timeout: 3s", "timeout: 100ms"),
+    );
+    server.reload().await.unwrap();
+    let finished = running.await.unwrap();
+    assert_eq!(
+        finished.status(),
+        ToolStatus::Ok,
+        "the running call kept its 3s timeout: {finished:?}"
+    );
+    let mut c = client.clone();
+    assert_eq!(
+        exec(&mut c, &who("acme"), call("slow", r#"{"ms":500}"#))
+            .await
+            .status(),
+        ToolStatus::Timeout
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn rate_limit_state_survives_for_unchanged_tools_and_changed_approvals_are_invalidated() {
+    let server = TestServer::start_file(STAGES).await;
+    let mut client = server.client().await;
+    for _ in 0..5 {
+        assert_eq!(
+            exec(&mut client, &who("acme"), call("limited", "{}"))
+                .await
+                .status(),
+            ToolStatus::Ok
+        );
+    }
+    let pending = exec(
+        &mut client,
+        &who("acme"),
+        call("approve_me", r#"{"order":"o-1"}"#),
+    )
+    .await;
+    assert_eq!(pending.status(), ToolStatus::ApprovalRequired);
+
+    // Change approve_me's definition and something unrelated; leave `limited` alone.
+    let changed = STAGES.replace(
+        "description: Needs an approval.",
+        "description: Needs an approval (now for orders only).",
+    );
+    server.write_catalog(&server.catalog_file(), &changed);
+    server.reload().await.unwrap();
+    assert_eq!(
+        exec(&mut client, &who("acme"), call("limited", "{}"))
+            .await
+            .status(),
+        ToolStatus::RateLimited,
+        "limiter state was kept"
+    );
+    let mut redeem = call("approve_me", r#"{"order":"o-1"}"#);
+    redeem.approval_id = pending.approval_id.clone();
+    let redeemed = exec(&mut client, &who("acme"), redeem).await;
+    assert_eq!(
+        (redeemed.status(), redeemed.error_type.as_str()),
+        (ToolStatus::Denied, "approval_invalidated")
+    );
+    assert!(
+        redeemed.error_message.contains("changed"),
+        "{}",
+        redeemed.error_message
+    );
+
+    // A tool whose quota changes starts afresh.
+    server.write_catalog(
+        &server.catalog_file(),
+        &changed.replace("rate_limit: 5/min", "rate_limit: 6/min"),
+    );
+    server.reload().await.unwrap();
+    assert_eq!(
+        exec(&mut client, &who("acme"), call("limited", "{}"))
+            .await
+            .status(),
+        ToolStatus::Ok
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn reloads_under_concurrent_calls_lose_nothing() {
+    let server = TestServer::start_file(STAGES).await;
+    let other = STAGES.replace(
+        "description: Returns text.",
+        "description: Returns text (b).",
+    );
+    let client = server.client().await;
+    let callers = join_all((0..4).map(|i| {
+        let mut client = client.clone();
+        async move {
+            let mut statuses = Vec::new();
+            for j in 0..40 {
+                statuses.push(
+                    exec(
+                        &mut client,
+                        &who("acme"),
+                        call("echo", &format!(r#"{{"text":"{i}-{j}"}}"#)),
+                    )
+                    .await,
+                );
+            }
+            statuses
+        }
+    }));
+    let reloads = async {
+        for k in 0..10 {
+            server.write_catalog(
+                &server.catalog_file(),
+                if k % 2 == 0 { &other } else { STAGES },
+            );
+            server.reload().await.unwrap();
+            tokio::task::yield_now().await;
+        }
+    };
+    let (results, ()) = tokio::join!(callers, reloads);
+    let results: Vec<_> = results.into_iter().flatten().collect();
+    assert_eq!(results.len(), 160);
+    assert!(
+        results.iter().all(|r| r.status() == ToolStatus::Ok),
+        "{:?}",
+        results.iter().find(|r| r.status() != ToolStatus::Ok)
+    );
+    assert_eq!(server.audit_events().await.len(), 160);
+    server.stop().await;
+}
