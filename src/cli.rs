@@ -15,7 +15,7 @@ use crate::{
     identity::{AGENT_HEADER, SCOPES_HEADER, SUBJECT_HEADER, TENANT_HEADER},
     proto::{self, approvals_client::ApprovalsClient, tool_gate_client::ToolGateClient},
     server::{StartOptions, run},
-    telemetry::{LogFormat, init_logging},
+    telemetry::{self, LogFormat},
 };
 
 #[derive(Debug, Parser)]
@@ -99,6 +99,9 @@ struct ServeArgs {
     /// Override the TCP listen address, e.g. 0.0.0.0:50051.
     #[arg(long, env = "TOOLGATE_LISTEN")]
     listen: Option<std::net::SocketAddr>,
+    /// Override the admin HTTP address (/metrics, /healthz, /readyz), e.g. 0.0.0.0:9464.
+    #[arg(long, env = "TOOLGATE_ADMIN_LISTEN")]
+    admin_listen: Option<std::net::SocketAddr>,
     /// Log format.
     #[arg(long, env = "TOOLGATE_LOG_FORMAT", value_enum, default_value = "human")]
     log_format: LogFormat,
@@ -223,21 +226,28 @@ fn check(config: Option<PathBuf>) -> anyhow::Result<ExitCode> {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    init_logging(args.log_format);
+    // The config says where traces go, so it is read before logging starts; errors go to stderr.
     let config = match load(args.config.as_ref()) {
         Ok(config) => config,
         Err(err) => {
-            tracing::error!(error = %err, "invalid catalog");
             eprintln!("error: {err}");
             return Ok(ExitCode::FAILURE);
         }
     };
+    let telemetry = telemetry::init(args.log_format, &config.telemetry)?;
+    if let Some(endpoint) = &config.telemetry.endpoint {
+        tracing::info!(endpoint = %endpoint, service = %config.telemetry.service_name, "exporting traces over OTLP");
+    }
     let options = StartOptions {
         listen: args.listen,
         clock: None,
         reload_on_sighup: true,
+        admin_listen: args.admin_listen,
     };
-    run(config, options, shutdown_signal()).await?;
+    let result = run(config, options, shutdown_signal()).await;
+    // Pending spans are flushed before the process exits.
+    telemetry.shutdown();
+    result?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -117,6 +117,7 @@ pub enum Reason {
     ToolUnavailable,
     OutputTooLarge,
     Overloaded,
+    AuditUnavailable,
     Internal,
 }
 
@@ -165,6 +166,7 @@ impl Reason {
             ToolUnavailable => ("tool_unavailable", S::Unavailable, true),
             OutputTooLarge => ("output_too_large", S::Error, false),
             Overloaded => ("overloaded", S::Unavailable, true),
+            AuditUnavailable => ("audit_unavailable", S::Unavailable, true),
             Internal => ("internal", S::Error, false),
         };
         Row {
@@ -223,6 +225,7 @@ impl Reason {
         Reason::ToolUnavailable,
         Reason::OutputTooLarge,
         Reason::Overloaded,
+        Reason::AuditUnavailable,
         Reason::Internal,
     ];
 }
@@ -318,7 +321,8 @@ mod tests {
                 "timeout",
                 "upstream_unavailable",
                 "tool_unavailable",
-                "overloaded"
+                "overloaded",
+                "audit_unavailable"
             ]
         );
     }

@@ -16,6 +16,7 @@ pub mod error;
 pub mod executor;
 pub mod identity;
 pub mod limits;
+pub mod metrics;
 pub mod server;
 pub mod telemetry;
 

@@ -1,6 +1,7 @@
 //! Audit events: one per boundary decision and per approval decision, written as JSON lines by a
-//! single writer task behind a bounded queue. A full queue makes callers wait (backpressure)
-//! rather than lose events; [`AuditLog::flush`] drains the queue before the process exits.
+//! single writer task behind a bounded queue. A full queue makes callers wait (backpressure), or
+//! in fail-closed mode refuses new calls, rather than lose events; a failing sink is retried, not
+//! skipped; [`AuditLog::flush`] drains the queue before the process exits.
 
 use std::{
     path::PathBuf,
@@ -13,12 +14,12 @@ use std::{
 
 use serde::Serialize;
 use tokio::{
-    io::{AsyncWrite, AsyncWriteExt},
+    io::AsyncWriteExt,
     sync::{mpsc, oneshot},
     task::JoinHandle,
 };
 
-use crate::config::{AuditConfig, AuditSinkConfig};
+use crate::config::{AuditConfig, AuditSinkConfig, raw::RawFsync};
 
 /// What an event records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -62,6 +63,14 @@ pub struct AuditEvent {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub bound_override_attempts: Vec<String>,
     pub duration_ms: u64,
+    /// The call's trace, when traced.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub span_id: Option<String>,
+    /// The arguments, only for tools with `record_arguments: true`, with `redact` pointers replaced.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<serde_json::Value>,
 }
 
 /// Formats a wall-clock time for events.
@@ -75,21 +84,73 @@ enum Message {
     Flush(oneshot::Sender<()>),
 }
 
+/// A slot in the queue, taken before a call runs in fail-closed mode; its event is then sent
+/// without waiting, even from a cancelled call.
+pub struct Reservation(mpsc::OwnedPermit<Message>);
+
+impl Reservation {
+    fn send(self, event: AuditEvent) {
+        self.0.send(Message::Event(Box::new(event)));
+    }
+}
+
 /// A handle for recording events; cheap to clone.
 #[derive(Clone)]
 pub struct AuditLog {
     queue: mpsc::Sender<Message>,
+    fail_closed: bool,
     dropped: Arc<AtomicU64>,
     written: Arc<AtomicU64>,
+}
+
+/// Where events are written.
+enum Sink {
+    Stdout(tokio::io::Stdout),
+    File {
+        file: tokio::fs::File,
+        fsync: RawFsync,
+    },
+    Discard,
+}
+
+impl Sink {
+    async fn write(&mut self, bytes: &[u8], lines: usize) -> std::io::Result<()> {
+        match self {
+            Sink::Stdout(out) => {
+                out.write_all(bytes).await?;
+                out.flush().await
+            }
+            Sink::File { file, fsync } => {
+                if *fsync == RawFsync::Always && lines > 1 {
+                    // One durable line at a time: an acknowledged event survives a crash.
+                    for line in bytes.split_inclusive(|b| *b == b'\n') {
+                        file.write_all(line).await?;
+                        file.sync_data().await?;
+                    }
+                    return Ok(());
+                }
+                file.write_all(bytes).await?;
+                file.flush().await?;
+                if *fsync != RawFsync::Never {
+                    file.sync_data().await?;
+                }
+                Ok(())
+            }
+            Sink::Discard => Ok(()),
+        }
+    }
 }
 
 impl AuditLog {
     /// Starts the writer task for the configured sink.
     pub async fn start(config: &AuditConfig) -> std::io::Result<(AuditLog, JoinHandle<()>)> {
-        let sink: Box<dyn AsyncWrite + Send + Unpin> = match &config.sink {
-            AuditSinkConfig::Stdout => Box::new(tokio::io::stdout()),
-            AuditSinkConfig::File(path) => Box::new(open_append(path).await?),
-            AuditSinkConfig::None => Box::new(tokio::io::sink()),
+        let sink = match &config.sink {
+            AuditSinkConfig::Stdout => Sink::Stdout(tokio::io::stdout()),
+            AuditSinkConfig::File(path) => Sink::File {
+                file: open_append(path).await?,
+                fsync: config.fsync,
+            },
+            AuditSinkConfig::None => Sink::Discard,
         };
         let (queue, receiver) = mpsc::channel(config.queue_capacity);
         let written = Arc::new(AtomicU64::new(0));
@@ -97,11 +158,22 @@ impl AuditLog {
         Ok((
             AuditLog {
                 queue,
+                fail_closed: config.fail_closed,
                 dropped: Arc::new(AtomicU64::new(0)),
                 written,
             },
             task,
         ))
+    }
+
+    /// Whether calls are refused, rather than wait, when the queue is full.
+    pub fn fail_closed(&self) -> bool {
+        self.fail_closed
+    }
+
+    /// Takes a queue slot now, if there is one.
+    pub fn try_reserve(&self) -> Option<Reservation> {
+        self.queue.clone().try_reserve_owned().ok().map(Reservation)
     }
 
     /// Records an event, waiting for room in the queue.
@@ -114,6 +186,11 @@ impl AuditLog {
         {
             self.note_dropped();
         }
+    }
+
+    /// Records into a slot taken earlier; never waits.
+    pub fn record_reserved(&self, reservation: Reservation, event: AuditEvent) {
+        reservation.send(event);
     }
 
     /// Records from a context that cannot wait (a dropped, cancelled call): queue now if there is
@@ -180,7 +257,7 @@ async fn open_append(path: &PathBuf) -> std::io::Result<tokio::fs::File> {
 
 async fn write_loop(
     mut receiver: mpsc::Receiver<Message>,
-    mut sink: Box<dyn AsyncWrite + Send + Unpin>,
+    mut sink: Sink,
     written: Arc<AtomicU64>,
 ) {
     let mut batch = Vec::with_capacity(256);
@@ -199,31 +276,18 @@ async fn write_loop(
                 Message::Flush(ack) => acks.push(ack),
             }
         }
-        // A sink error is logged and retried on the next batch rather than ending the writer,
-        // which would make every later call wait forever.
-        if let Err(err) = write_all(&mut sink, &buffer, !acks.is_empty()).await {
-            tracing::error!(error = %err, "audit sink write failed");
-        } else {
-            written.fetch_add(count, Ordering::Relaxed);
+        // A failing sink is retried with backoff, never skipped: losing events silently is worse
+        // than making callers wait (or, fail-closed, refusing new calls while the queue is full).
+        let mut delay = std::time::Duration::from_millis(10);
+        while let Err(err) = sink.write(&buffer, count).await {
+            tracing::error!(error = %err, retry_in_ms = delay.as_millis() as u64, "audit sink write failed");
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(std::time::Duration::from_secs(5));
         }
+        written.fetch_add(count as u64, Ordering::Relaxed);
         buffer.clear();
         for ack in acks {
             let _ = ack.send(());
         }
     }
-    let _ = sink.flush().await;
-}
-
-async fn write_all(
-    sink: &mut (dyn AsyncWrite + Send + Unpin),
-    bytes: &[u8],
-    flush: bool,
-) -> std::io::Result<()> {
-    if !bytes.is_empty() {
-        sink.write_all(bytes).await?;
-    }
-    if flush || !bytes.is_empty() {
-        sink.flush().await?;
-    }
-    Ok(())
 }

@@ -28,7 +28,7 @@ pub use permit::Permit;
 
 use crate::{
     approvals::{self, Approval, ApprovalState, ApprovalStore, DecideError},
-    audit::{AuditEvent, AuditLog, EventKind, rfc3339},
+    audit::{AuditEvent, AuditLog, EventKind, Reservation, rfc3339},
     canonical,
     catalog::{Catalog, RiskLevel, ToolVersion, revision_of},
     clock::SharedClock,
@@ -37,6 +37,8 @@ use crate::{
     executor::{ExecError, Executors},
     identity::Caller,
     limits::RateLimits,
+    metrics::Metrics,
+    telemetry::spans,
 };
 use idempotency::{Claim, IdempotencyStore, Stored};
 use resolve::{Definitions, RevisionLog};
@@ -57,8 +59,10 @@ pub struct Turn {
     pub catalog_revision: Option<String>,
     /// The client's gRPC deadline, if any.
     pub deadline: Option<Instant>,
-    /// The caller's W3C `traceparent`, carried on to backends.
+    /// The caller's W3C `traceparent`, carried on to backends when spans are not exported.
     pub traceparent: Option<String>,
+    /// The trace context this turn's spans are children of.
+    pub trace_parent: opentelemetry::Context,
 }
 
 /// One call as the model proposed it, in domain terms.
@@ -82,6 +86,9 @@ pub struct Boundary {
     audit: AuditLog,
     revisions: RevisionLog,
     clock: SharedClock,
+    metrics: Arc<Metrics>,
+    /// Set when the shutdown grace period is over: running calls end as CANCELLED.
+    hard_stop: tokio::sync::watch::Sender<bool>,
 }
 
 /// What a successful chain produced.
@@ -98,8 +105,10 @@ impl Boundary {
         executors: Executors,
         audit: AuditLog,
         clock: SharedClock,
+        metrics: Arc<Metrics>,
     ) -> Self {
         let rate_limits = RateLimits::build(&catalog, clock.clone(), None);
+        metrics.serving_revision(catalog.revision());
         Boundary {
             state: ArcSwap::from_pointee(CatalogState {
                 catalog,
@@ -116,6 +125,8 @@ impl Boundary {
             audit,
             revisions: RevisionLog::new(4096),
             clock,
+            metrics,
+            hard_stop: tokio::sync::watch::channel(false).0,
         }
     }
 
@@ -136,6 +147,20 @@ impl Boundary {
         &self.limits
     }
 
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Ends every running call now (CANCELLED, audited); for the end of the shutdown grace period.
+    pub fn stop_calls(&self) {
+        self.hard_stop.send_replace(true);
+    }
+
+    /// Calls being decided or run now.
+    pub fn in_flight(&self) -> i64 {
+        self.metrics.calls_in_flight()
+    }
+
     /// Replaces the catalog. Calls already running keep the definition they started with; rate
     /// limit state carries over for unchanged quotas; open approvals of changed tools are voided.
     pub fn replace_catalog(&self, catalog: Catalog) -> usize {
@@ -143,6 +168,7 @@ impl Boundary {
         let rate_limits =
             RateLimits::build(&catalog, self.clock.clone(), Some(&previous.rate_limits));
         let invalidated = self.approvals.invalidate_changed(&catalog);
+        self.metrics.serving_revision(catalog.revision());
         self.state.store(Arc::new(CatalogState {
             catalog,
             rate_limits,
@@ -186,23 +212,54 @@ impl Boundary {
     /// Runs one call through the chain and records its audit event, also if it is cancelled.
     pub async fn execute(&self, turn: &Turn, call: CallRequest, index: usize) -> CallOutcome {
         let started = Instant::now();
+        let _in_flight = self.metrics.in_flight();
         let call_id = structure::normalize_call_id(&call.call_id, turn.step, index);
-        let span = tracing::info_span!(
-            "execute_tool",
-            otel.name = %format!("execute_tool {}", call.name),
-            gen_ai.operation.name = "execute_tool",
-            gen_ai.tool.name = %call.name,
-            gen_ai.tool.call.id = %call_id,
-            toolgate.tenant = %turn.caller.tenant,
-            toolgate.agent = %turn.caller.agent,
-            toolgate.status = tracing::field::Empty,
-            toolgate.refused_by = tracing::field::Empty,
+        let span = spans::execute_tool(
+            &call.name,
+            &call_id,
+            &turn.caller.tenant,
+            &turn.caller.agent,
+            &turn.trace_parent,
         );
-        let mut guard = AuditGuard::new(&self.audit, self.base_event(turn, &call_id, &call.name));
-        let result = self
+        let mut base = self.base_event(turn, &call_id, &call.name);
+        if let Some((trace_id, span_id)) = spans::ids(&span) {
+            base.trace_id = Some(trace_id);
+            base.span_id = Some(span_id);
+        }
+        // Fail closed: a call that could not be audited does not run.
+        let reservation = match self.audit.fail_closed() {
+            false => None,
+            true => match self.audit.try_reserve() {
+                Some(reservation) => Some(reservation),
+                None => {
+                    tracing::error!(tool = %call.name, call_id = %call_id, "audit queue full: call refused (fail-closed)");
+                    let refusal = Refusal::new(
+                        Stage::Structure,
+                        Reason::AuditUnavailable,
+                        "the audit log cannot keep up; the call was not run",
+                    );
+                    let mut outcome =
+                        CallOutcome::refused(call_id, call.name, String::new(), refusal);
+                    outcome.duration = started.elapsed();
+                    spans::record_outcome(&span, &outcome);
+                    self.metrics.observe(&outcome, false);
+                    return outcome;
+                }
+            },
+        };
+        let mut guard = AuditGuard::new(&self.audit, base, reservation);
+        let mut hard_stop = self.hard_stop.subscribe();
+        let chain = self
             .chain(turn, &call, &call_id, guard.event())
-            .instrument(span.clone())
-            .await;
+            .instrument(span.clone());
+        let result = tokio::select! {
+            result = chain => result,
+            _ = hard_stop.wait_for(|stop| *stop) => Err(Refusal::new(
+                Stage::Execute,
+                Reason::Cancelled,
+                "the sidecar is shutting down",
+            )),
+        };
         let event = guard.event();
         let mut outcome = match result {
             Ok(success) => {
@@ -221,9 +278,12 @@ impl Boundary {
         };
         outcome.duration = started.elapsed();
         outcome.idempotent_replay = event.idempotent_replay;
-        span.record("toolgate.status", outcome.status.as_str());
-        if let Some(refusal) = &outcome.refusal {
-            span.record("toolgate.refused_by", refusal.stage.as_str());
+        spans::record_outcome(&span, &outcome);
+        let known =
+            !outcome.tool_version.is_empty() || self.state.load().catalog.contains(&outcome.tool);
+        self.metrics.observe(&outcome, known);
+        if let Some(arguments) = &event.arguments {
+            spans::record_content(&span, &arguments.to_string(), &outcome);
         }
         guard.finish(&outcome).await;
         outcome
@@ -247,6 +307,7 @@ impl Boundary {
         let tool = resolve::resolve(catalog, &call.name, call.version.as_deref(), caller)?;
         trail.tool_version = tool.version.clone();
         trail.risk_level = Some(tool.risk_level.as_str());
+        spans::record_tool(&tracing::Span::current(), tool);
         if let Some(shown) = &turn.catalog_revision {
             resolve::check_revision(&self.revisions, shown, tool, || {
                 current_revision(catalog, caller)
@@ -266,6 +327,9 @@ impl Boundary {
         trail.bound_override_attempts = bound.override_attempts;
         let arguments_sha256 = canonical::sha256_hex(&bound.arguments);
         trail.arguments_sha256 = Some(arguments_sha256.clone());
+        if tool.record_arguments {
+            trail.arguments = Some(redact(&bound.arguments, &tool.redact));
+        }
         // 8. Rate limits.
         let tenant_rate = catalog
             .tenants
@@ -275,17 +339,24 @@ impl Boundary {
         // 9. Approval for risky tools, bound to these exact arguments.
         let approval_id = self.approval(turn, call, tool, &bound.arguments, &arguments_sha256)?;
         trail.approval_id.clone_from(&approval_id);
-        let permit = Permit::new(
-            call_id.to_owned(),
-            turn.run_id.clone(),
-            tool.clone(),
-            caller.clone(),
-            bound.arguments,
-            turn.traceparent.clone(),
-        );
+        // The permit is made where the backend is called, inside its CLIENT span, whose
+        // context is what the backend receives as `traceparent`.
+        let call_backend = |arguments: serde_json::Value| {
+            let span = spans::backend_call(tool);
+            let traceparent = spans::traceparent(&span).or_else(|| turn.traceparent.clone());
+            let permit = Permit::new(
+                call_id.to_owned(),
+                turn.run_id.clone(),
+                tool.clone(),
+                caller.clone(),
+                arguments,
+                traceparent,
+            );
+            async move { self.run(&permit, turn.deadline).instrument(span).await }
+        };
         // 10. Idempotency, wrapping 11-12: execute under the deadline and shape the result.
         let output = match call.idempotency_key.as_deref() {
-            None => self.run(&permit, turn.deadline).await,
+            None => call_backend(bound.arguments).await,
             Some(key) => match self
                 .idempotency
                 .claim(&caller.tenant, &tool.name, key, &arguments_sha256)
@@ -297,7 +368,7 @@ impl Boundary {
                     stored.result
                 }
                 Claim::Owner(slot) => {
-                    let result = self.run(&permit, turn.deadline).await;
+                    let result = call_backend(bound.arguments).await;
                     slot.complete(Stored {
                         result: result.clone(),
                         tool_version: tool.version.clone(),
@@ -477,6 +548,17 @@ impl Boundary {
     }
 }
 
+/// A copy of the arguments with the values at these JSON pointers replaced.
+fn redact(arguments: &serde_json::Value, pointers: &[String]) -> serde_json::Value {
+    let mut copy = arguments.clone();
+    for pointer in pointers {
+        if let Some(value) = copy.pointer_mut(pointer) {
+            *value = serde_json::Value::from("[redacted]");
+        }
+    }
+    copy
+}
+
 fn timeout_refusal(tool: &ToolVersion, tool_timeout_hit: bool) -> Refusal {
     let limit = if tool_timeout_hit {
         format!("its timeout of {} ms", tool.timeout.as_millis())
@@ -534,14 +616,27 @@ struct AuditGuard<'a> {
     audit: &'a AuditLog,
     event: Option<AuditEvent>,
     started: Instant,
+    /// In fail-closed mode, the queue slot taken before the call ran.
+    reservation: Option<Reservation>,
 }
 
 impl<'a> AuditGuard<'a> {
-    fn new(audit: &'a AuditLog, event: AuditEvent) -> Self {
+    fn new(audit: &'a AuditLog, event: AuditEvent, reservation: Option<Reservation>) -> Self {
         AuditGuard {
             audit,
             event: Some(event),
             started: Instant::now(),
+            reservation,
+        }
+    }
+
+    fn send(&mut self, event: AuditEvent) -> Option<AuditEvent> {
+        match self.reservation.take() {
+            Some(reservation) => {
+                self.audit.record_reserved(reservation, event);
+                None
+            }
+            None => Some(event),
         }
     }
 
@@ -560,7 +655,9 @@ impl<'a> AuditGuard<'a> {
             if event.approval_id.is_none() {
                 event.approval_id.clone_from(&outcome.approval_id);
             }
-            self.audit.record(event).await;
+            if let Some(event) = self.send(event) {
+                self.audit.record(event).await;
+            }
         }
     }
 }
@@ -579,7 +676,9 @@ impl Drop for AuditGuard<'_> {
                 Some(&refusal),
                 self.started.elapsed(),
             );
-            self.audit.record_detached(event);
+            if let Some(event) = self.send(event) {
+                self.audit.record_detached(event);
+            }
         }
     }
 }

@@ -131,6 +131,10 @@ pub struct ToolVersion {
     pub max_output_bytes: usize,
     /// Calls of this version in flight, when the catalog caps them.
     pub concurrency: Option<Arc<Semaphore>>,
+    /// Record arguments (audit, spans) and results (spans).
+    pub record_arguments: bool,
+    /// JSON pointers redacted before recording.
+    pub redact: Vec<String>,
     pub labels: BTreeMap<String, String>,
     /// Hash of everything the model is shown of this version.
     pub definition_hash: String,
@@ -470,11 +474,18 @@ fn mcp_raw_tool(name: &str, settings: &RawMcpTool, found: &DiscoveredTool) -> Ra
         requires_approval: settings.requires_approval,
         max_output_bytes: settings.max_output_bytes,
         max_concurrency: settings.max_concurrency,
+        record_arguments: false,
+        redact: Vec::new(),
         labels: settings.labels.clone(),
     }
 }
 
 impl Catalog {
+    /// Whether the catalog configures a tool of this name (available now or not).
+    pub fn contains(&self, name: &str) -> bool {
+        self.tools.contains_key(name) || self.unavailable.contains_key(name)
+    }
+
     /// Tool names, sorted.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.tools.keys().map(String::as_str)
@@ -631,6 +642,14 @@ fn build_tool(
         }
         (None, _) => None,
     };
+    for (i, pointer) in raw.redact.iter().enumerate() {
+        if !pointer.starts_with('/') {
+            return Err(FieldError::new(
+                format!("{path}.redact[{i}]"),
+                format!("{pointer:?} is not a JSON pointer; write e.g. /card/number"),
+            ));
+        }
+    }
     for (i, scope) in raw.required_scopes.iter().enumerate() {
         if scope.trim().is_empty() || scope.contains(char::is_whitespace) {
             return Err(FieldError::new(
@@ -707,6 +726,8 @@ fn build_tool(
         requires_approval,
         max_output_bytes,
         concurrency,
+        record_arguments: raw.record_arguments,
+        redact: raw.redact.clone(),
         labels: raw.labels.clone(),
         definition_hash,
     })

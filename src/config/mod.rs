@@ -91,6 +91,7 @@ pub struct Config {
     pub limits: LimitsConfig,
     pub approvals: ApprovalsConfig,
     pub audit: AuditConfig,
+    pub telemetry: crate::telemetry::TelemetryConfig,
     /// The catalog as loaded (MCP tools appear once their servers list them).
     pub catalog: Catalog,
     /// What the catalog is built from, for rebuilding it as MCP servers list their tools.
@@ -104,6 +105,7 @@ pub struct ServerConfig {
     pub unix_socket: Option<PathBuf>,
     pub shutdown_grace: Duration,
     pub reload_interval: Duration,
+    pub admin_listen: Option<SocketAddr>,
 }
 
 /// How callers are identified.
@@ -162,6 +164,9 @@ pub enum AuditSinkConfig {
 pub struct AuditConfig {
     pub sink: AuditSinkConfig,
     pub queue_capacity: usize,
+    /// Refuse calls rather than wait when the queue is full.
+    pub fail_closed: bool,
+    pub fsync: raw::RawFsync,
 }
 
 /// A rate: `count` calls per `period`, allowing `burst` at once.
@@ -276,6 +281,7 @@ fn build(raw: RawConfig, source: &str, base_dir: &Path, env: &Env) -> Result<Con
         )?,
     };
     let audit = build_audit(&raw.audit, base_dir)?;
+    let telemetry = crate::telemetry::TelemetryConfig::build(raw.telemetry.as_ref(), env)?;
     let upstreams = raw
         .upstreams
         .iter()
@@ -310,6 +316,7 @@ fn build(raw: RawConfig, source: &str, base_dir: &Path, env: &Env) -> Result<Con
         limits,
         approvals,
         audit,
+        telemetry,
         catalog,
         catalog_inputs,
     })
@@ -324,6 +331,18 @@ fn build_server(raw: &raw::RawServer) -> Result<ServerConfig, FieldError> {
         })?),
     };
     let unix_socket = raw.unix_socket.as_ref().map(PathBuf::from);
+    let admin_listen = raw
+        .admin_listen
+        .as_deref()
+        .map(|addr| {
+            addr.parse().map_err(|err| {
+                FieldError::new(
+                    "server.admin_listen",
+                    format!("invalid address {addr:?}: {err}"),
+                )
+            })
+        })
+        .transpose()?;
     if listen.is_none() && unix_socket.is_none() {
         return Err(FieldError::new(
             "server",
@@ -333,6 +352,7 @@ fn build_server(raw: &raw::RawServer) -> Result<ServerConfig, FieldError> {
     Ok(ServerConfig {
         listen,
         unix_socket,
+        admin_listen,
         shutdown_grace: opt_duration(
             &raw.shutdown_grace,
             "server.shutdown_grace",
@@ -407,9 +427,18 @@ fn build_audit(raw: &raw::RawAudit, base_dir: &Path) -> Result<AuditConfig, Fiel
         (raw::RawAuditSink::Stdout, None) => AuditSinkConfig::Stdout,
         (raw::RawAuditSink::None, None) => AuditSinkConfig::None,
     };
+    let fsync = raw.fsync.unwrap_or(raw::RawFsync::Never);
+    if fsync != raw::RawFsync::Never && !matches!(sink, AuditSinkConfig::File(_)) {
+        return Err(FieldError::new(
+            "audit.fsync",
+            "fsync applies to the file sink only",
+        ));
+    }
     Ok(AuditConfig {
         sink,
         queue_capacity: positive(raw.queue_capacity, "audit.queue_capacity", 4096)?,
+        fail_closed: raw.when_full == Some(raw::RawAuditWhenFull::Refuse),
+        fsync,
     })
 }
 

@@ -42,6 +42,8 @@ pub struct RawConfig {
     /// MCP servers whose tools enter the catalog, by name.
     #[serde(default)]
     pub mcp_servers: BTreeMap<String, RawMcpServer>,
+    /// Trace export; the standard OTEL_* environment variables fill in what is not set here.
+    pub telemetry: Option<RawTelemetry>,
     /// The tools, one entry per (name, version).
     #[serde(default)]
     pub tools: Vec<RawTool>,
@@ -154,6 +156,8 @@ pub struct RawServer {
     pub shutdown_grace: Option<String>,
     /// How often the catalog file is checked for changes (default 5s). SIGHUP reloads at once.
     pub reload_interval: Option<String>,
+    /// HTTP address for /metrics, /healthz and /readyz (default: off).
+    pub admin_listen: Option<String>,
 }
 
 /// How callers are identified.
@@ -251,6 +255,29 @@ pub struct RawAudit {
     pub path: Option<String>,
     /// Events held in memory before callers wait (default 4096).
     pub queue_capacity: Option<usize>,
+    /// When the queue is full: `wait` (default; calls wait for room) or `refuse` (fail closed:
+    /// new calls are refused with UNAVAILABLE rather than run unaudited).
+    pub when_full: Option<RawAuditWhenFull>,
+    /// For the file sink: `never` (default; the OS decides), `batch` (after each write batch)
+    /// or `always` (after every event).
+    pub fsync: Option<RawFsync>,
+}
+
+/// What to do when the audit queue is full.
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RawAuditWhenFull {
+    Wait,
+    Refuse,
+}
+
+/// When the audit file is synced to disk.
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RawFsync {
+    Never,
+    Batch,
+    Always,
 }
 
 /// An audit sink.
@@ -349,6 +376,12 @@ pub struct RawTool {
     pub max_output_bytes: Option<usize>,
     /// Most calls of this tool in flight at once; beyond it calls are refused at once.
     pub max_concurrency: Option<usize>,
+    /// Record the (bound) arguments in audit events and arguments and result in spans.
+    #[serde(default)]
+    pub record_arguments: bool,
+    /// JSON pointers (e.g. `/card/number`) whose values are replaced before recording.
+    #[serde(default)]
+    pub redact: Vec<String>,
     /// Free-form labels shown to callers.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
@@ -434,4 +467,23 @@ pub struct RawProcessExecutor {
     pub working_dir: Option<String>,
     /// Most bytes of stderr kept for the error summary (default 2048).
     pub max_stderr_bytes: Option<usize>,
+}
+
+/// Trace export settings. Unset fields come from the standard `OTEL_*` environment variables.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawTelemetry {
+    /// OTLP endpoint, e.g. `http://localhost:4317` (gRPC) or `http://localhost:4318/v1/traces`.
+    pub otlp_endpoint: Option<String>,
+    /// `grpc` (default) or `http/protobuf`.
+    pub otlp_protocol: Option<String>,
+    /// `service.name` (default `toolgate`).
+    pub service_name: Option<String>,
+    /// `always_on`, `always_off`, `traceidratio`, `parentbased_always_on` (default),
+    /// `parentbased_always_off` or `parentbased_traceidratio`.
+    pub sampler: Option<String>,
+    /// The ratio for the ratio samplers.
+    pub sampler_arg: Option<f64>,
+    /// How long finished spans wait before a batch is sent (default 1s).
+    pub batch_delay: Option<String>,
 }

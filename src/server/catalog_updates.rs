@@ -101,17 +101,23 @@ async fn reload(
         .await
         .map_err(|err| format!("reload task failed: {err}"))?;
     let config = match loaded {
-        Ok(config) => config,
+        Ok(config) => {
+            // What was parsed, which may be newer than what was hashed a moment ago.
+            *last_hash = config.file_sha256;
+            config
+        }
         Err(err) => {
             tracing::error!(error = %err, "catalog reload refused; the previous catalog keeps serving");
+            boundary.metrics().reload(false);
             return Err(err.to_string());
         }
     };
     let mut next = config.catalog_inputs;
     // The MCP servers themselves were started with the process; keep their connection settings.
     next.mcp_servers = inputs.mcp_servers.clone();
-    let revision = apply(boundary, &next, discovered, "catalog file")
-        .ok_or_else(|| "catalog rebuild failed".to_owned())?;
+    let revision = apply(boundary, &next, discovered, "catalog file");
+    boundary.metrics().reload(revision.is_some());
+    let revision = revision.ok_or_else(|| "catalog rebuild failed".to_owned())?;
     *inputs = next;
     Ok(revision)
 }

@@ -5,6 +5,7 @@
 
 mod catalog_updates;
 pub mod convert;
+mod deadline;
 mod services;
 
 use std::{future::Future, net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
@@ -28,6 +29,11 @@ use crate::{
     identity::IdentityResolver,
     proto::{self, approvals_server::ApprovalsServer, tool_gate_server::ToolGateServer},
 };
+use crate::{
+    metrics::{AdminState, Metrics, Snapshot, serve_admin},
+    telemetry::spans::TraceContextLayer,
+};
+use deadline::DeadlineLayer;
 use services::{ApprovalsService, ToolGateService};
 
 /// Why the server could not start.
@@ -55,6 +61,8 @@ pub struct StartOptions {
     pub clock: Option<SharedClock>,
     /// Reload the catalog on SIGHUP (the binary does; in-process tests call `reload`).
     pub reload_on_sighup: bool,
+    /// Overrides `server.admin_listen` (e.g. `127.0.0.1:0` in tests).
+    pub admin_listen: Option<SocketAddr>,
 }
 
 /// A started server.
@@ -70,12 +78,18 @@ pub struct Running {
     /// Background upkeep, stopped on shutdown.
     background: Vec<JoinHandle<()>>,
     reload: mpsc::Sender<catalog_updates::ReloadRequest>,
+    admin: Option<AdminBinding>,
 }
 
 impl Running {
     /// The TCP address actually bound.
     pub fn local_addr(&self) -> Option<SocketAddr> {
         self.local_addr
+    }
+
+    /// The admin HTTP address (/metrics, /healthz, /readyz), when enabled.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin.as_ref().map(|a| a.addr)
     }
 
     pub fn unix_socket(&self) -> Option<&PathBuf> {
@@ -95,6 +109,12 @@ impl Running {
     /// Stops accepting, waits up to the grace period for in-flight calls, then drains the audit
     /// queue. Calls still running after the grace period are dropped (and audited as cancelled).
     pub async fn shutdown(mut self) {
+        if let Some(admin) = &self.admin {
+            admin
+                .state
+                .ready
+                .store(false, std::sync::atomic::Ordering::Relaxed);
+        }
         for service in ["", "toolgate.v1.ToolGate", "toolgate.v1.Approvals"] {
             self.health
                 .set_service_status(service, ServingStatus::NotServing)
@@ -116,8 +136,15 @@ impl Running {
         if finished.is_err() {
             tracing::warn!(
                 grace_ms = grace.as_millis() as u64,
-                "grace period over; dropping calls still in flight"
+                in_flight = self.boundary.in_flight(),
+                "grace period over; cancelling calls still in flight"
             );
+            // Calls end as CANCELLED through the boundary, so each is audited.
+            self.boundary.stop_calls();
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+            while self.boundary.in_flight() > 0 && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
             for task in &self.tasks {
                 task.abort();
             }
@@ -125,15 +152,25 @@ impl Running {
         for task in &self.background {
             task.abort();
         }
+        if let Some(admin) = &self.admin {
+            admin.task.abort();
+        }
         self.boundary.executors().mcp.stop();
         if let Some(path) = &self.unix_socket {
             let _ = std::fs::remove_file(path);
         }
-        let audit = self.boundary.audit().clone();
-        audit.flush().await;
-        drop(self.boundary);
-        drop(audit);
-        let _ = self.audit_task.await;
+        // Every call has finished or been cancelled and queued its event: drain the queue. A sink
+        // stuck for good must not hold the process forever.
+        let audit = self.boundary.audit();
+        if tokio::time::timeout(grace, audit.flush()).await.is_err() {
+            tracing::error!(
+                unwritten = audit.queued(),
+                "audit sink stuck: gave up draining the audit queue after the grace period"
+            );
+        }
+        // Closes the sink (e.g. the audit file) before returning.
+        self.audit_task.abort();
+        let _ = (&mut self.audit_task).await;
     }
 }
 
@@ -154,6 +191,7 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         mcp,
         ..Executors::default()
     };
+    let metrics = Arc::new(Metrics::new());
     let boundary = Arc::new(Boundary::new(
         config.catalog,
         config.limits.clone(),
@@ -161,6 +199,7 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         executors,
         audit,
         clock,
+        metrics.clone(),
     ));
     let (reload, reload_requests) = mpsc::channel(8);
     let source = config.file.clone().map(|path| catalog_updates::Source {
@@ -271,6 +310,11 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         tasks.push(tokio::spawn(server));
         tracing::info!(path = %path.display(), "serving gRPC over a Unix socket");
     }
+    let admin = AdminBinding::start(
+        options.admin_listen.or(config.server.admin_listen),
+        &boundary,
+    )
+    .await?;
     // Shed rate-limit keys whose window has passed, so their stores stay small.
     let sweeper = {
         let boundary = boundary.clone();
@@ -302,7 +346,52 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
             background
         },
         reload,
+        admin,
     })
+}
+
+/// The admin endpoint, when enabled.
+struct AdminBinding {
+    addr: SocketAddr,
+    state: Arc<AdminState>,
+    task: JoinHandle<()>,
+}
+
+impl AdminBinding {
+    async fn start(
+        addr: Option<SocketAddr>,
+        boundary: &Arc<Boundary>,
+    ) -> Result<Option<Self>, StartError> {
+        let Some(addr) = addr else { return Ok(None) };
+        let reader = boundary.clone();
+        let state = Arc::new(AdminState {
+            metrics: boundary.metrics().clone(),
+            snapshot: Box::new(move || {
+                let audit = reader.audit();
+                Snapshot {
+                    approvals_pending: i64::try_from(reader.pending_approvals())
+                        .unwrap_or(i64::MAX),
+                    audit_queue_depth: i64::try_from(audit.queued()).unwrap_or(i64::MAX),
+                    audit_written: i64::try_from(audit.written()).unwrap_or(i64::MAX),
+                    audit_dropped: i64::try_from(audit.dropped()).unwrap_or(i64::MAX),
+                }
+            }),
+            ready: std::sync::atomic::AtomicBool::new(true),
+        });
+        let (bound, task) =
+            serve_admin(addr, state.clone())
+                .await
+                .map_err(|source| StartError::Listen {
+                    addr: addr.to_string(),
+                    source,
+                })?;
+        tracing::info!(addr = %bound, "serving /metrics, /healthz and /readyz");
+        Ok(Some(AdminBinding {
+            addr: bound,
+            state,
+            task,
+        }))
+    }
 }
 
 async fn request_reload(
@@ -335,10 +424,18 @@ fn reload_on_sighup(
     }))
 }
 
-fn builder() -> tonic::transport::Server {
+/// The transport stack. Layers are transport concerns only: the caller's trace context.
+fn builder() -> tonic::transport::server::Server<
+    tower::layer::util::Stack<
+        DeadlineLayer,
+        tower::layer::util::Stack<TraceContextLayer, tower::layer::util::Identity>,
+    >,
+> {
     tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .tcp_nodelay(true)
+        .layer(TraceContextLayer)
+        .layer(DeadlineLayer)
 }
 
 /// Serves until `signal` completes, then shuts down gracefully.

@@ -1,21 +1,20 @@
 //! The `toolgate.v1` service implementations: identify the caller, convert, call the boundary,
 //! convert back. No decisions are made here.
 
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 
-use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
 use super::convert;
+use tracing::Instrument;
+
 use crate::{
     boundary::{Boundary, Turn},
     config::LimitsConfig,
     identity::{Caller, IdentityResolver},
     proto::{self, approvals_server::Approvals, tool_gate_server::ToolGate},
+    telemetry::spans,
 };
-
-/// Our answer must arrive before the client's deadline fires, so stop a little early.
-const DEADLINE_MARGIN: Duration = Duration::from_millis(5);
 
 pub struct ToolGateService {
     boundary: Arc<Boundary>,
@@ -40,12 +39,11 @@ impl ToolGateService {
     fn turn<T: TurnFields>(&self, request: &Request<T>) -> Result<Turn, Status> {
         let caller = identify(&self.identity, request)?;
         let body = request.get_ref();
+        // Set by the DeadlineLayer when the request arrived.
         let deadline = request
-            .metadata()
-            .get("grpc-timeout")
-            .and_then(|v| v.to_str().ok())
-            .and_then(convert::grpc_timeout)
-            .map(|timeout| Instant::now() + timeout.saturating_sub(DEADLINE_MARGIN));
+            .extensions()
+            .get::<super::deadline::Deadline>()
+            .map(|d| d.0);
         Ok(Turn {
             caller,
             run_id: body.run_id().to_owned(),
@@ -59,6 +57,7 @@ impl ToolGateService {
                 .get("traceparent")
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned),
+            trace_parent: remote_context(request),
         })
     }
 }
@@ -88,6 +87,15 @@ macro_rules! turn_fields {
 
 turn_fields!(proto::ExecuteToolRequest, proto::ExecuteToolsRequest);
 
+/// The caller's trace context, put there by the `TraceContextLayer`.
+fn remote_context<T>(request: &Request<T>) -> opentelemetry::Context {
+    request
+        .extensions()
+        .get::<spans::RemoteContext>()
+        .map(|remote| remote.0.clone())
+        .unwrap_or_default()
+}
+
 fn identify<T>(identity: &IdentityResolver, request: &Request<T>) -> Result<Caller, Status> {
     identity.resolve(request.metadata()).map_err(|err| {
         tracing::info!(error = %err, "caller refused");
@@ -102,7 +110,10 @@ impl ToolGate for ToolGateService {
         request: Request<proto::ListToolsRequest>,
     ) -> Result<Response<proto::ListToolsResponse>, Status> {
         let caller = identify(&self.identity, &request)?;
-        let (tools, catalog_revision) = self.boundary.list_tools(&caller);
+        let span = spans::list_tools(&caller.tenant, &remote_context(&request));
+        let (tools, catalog_revision) = span.in_scope(|| self.boundary.list_tools(&caller));
+        span.record("toolgate.tools", tools.len());
+        span.record("toolgate.catalog_revision", catalog_revision.as_str());
         Ok(Response::new(proto::ListToolsResponse {
             tools: tools.iter().map(|t| convert::tool_definition(t)).collect(),
             catalog_revision,
@@ -131,7 +142,7 @@ impl ToolGate for ToolGateService {
         &self,
         request: Request<proto::ExecuteToolsRequest>,
     ) -> Result<Response<proto::ExecuteToolsResponse>, Status> {
-        let turn = self.turn(&request)?;
+        let mut turn = self.turn(&request)?;
         let body = request.into_inner();
         if body.calls.len() > self.limits.max_batch_calls {
             return Err(Status::invalid_argument(format!(
@@ -140,11 +151,20 @@ impl ToolGate for ToolGateService {
                 self.limits.max_batch_calls
             )));
         }
+        // The batch span is the parent of its calls' spans.
+        let span = spans::execute_tools(
+            &turn.caller.tenant,
+            body.calls.len(),
+            body.parallel,
+            &turn.trace_parent,
+        );
+        turn.trace_parent = spans::context_of(&span);
         let calls = body.calls.into_iter().map(convert::call_request).collect();
         let max_parallel = usize::try_from(body.max_parallel).unwrap_or(usize::MAX);
         let outcomes = self
             .boundary
             .execute_batch(&turn, calls, body.parallel, max_parallel)
+            .instrument(span)
             .await;
         Ok(Response::new(proto::ExecuteToolsResponse {
             results: outcomes.into_iter().map(convert::tool_result).collect(),

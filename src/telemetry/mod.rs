@@ -1,6 +1,24 @@
-//! Logging setup. Logs go to stderr so stdout stays free for the audit stream.
+//! Logs and traces. Logs go to stderr (stdout stays free for the audit stream). Traces are
+//! exported over OTLP (gRPC or HTTP/protobuf) when the standard `OTEL_*` variables or the
+//! catalog's `telemetry:` section name an endpoint; otherwise no exporter exists and spans cost
+//! only what `tracing` costs. Span conventions live in [`spans`].
 
-use tracing_subscriber::{EnvFilter, fmt, prelude::*};
+pub mod spans;
+
+use std::{sync::Arc, time::Duration};
+
+use opentelemetry::{KeyValue, trace::TracerProvider as _};
+use opentelemetry_otlp::{Protocol, WithExportConfig};
+use opentelemetry_sdk::{
+    Resource,
+    error::OTelSdkResult,
+    trace::{
+        BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracerProvider, SpanData, SpanExporter,
+    },
+};
+use tracing_subscriber::{EnvFilter, Layer, fmt, prelude::*};
+
+use crate::config::{Env, FieldError, parse_duration, raw::RawTelemetry};
 
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -11,23 +29,377 @@ pub enum LogFormat {
     Human,
 }
 
-/// Installs the global subscriber; `RUST_LOG` refines the default `info` filter.
-pub fn init_logging(format: LogFormat) {
+/// The OTLP wire protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OtlpProtocol {
+    Grpc,
+    HttpProtobuf,
+}
+
+/// Validated trace export settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TelemetryConfig {
+    /// Where to send spans; `None` turns export off.
+    pub endpoint: Option<String>,
+    pub protocol: OtlpProtocol,
+    pub service_name: String,
+    pub resource_attributes: Vec<(String, String)>,
+    pub sampler: SamplerConfig,
+    /// How long spans wait before a batch is sent.
+    pub batch_delay: Duration,
+}
+
+/// The sampler, as `OTEL_TRACES_SAMPLER` names them.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SamplerConfig {
+    AlwaysOn,
+    AlwaysOff,
+    TraceIdRatio(f64),
+    ParentBasedAlwaysOn,
+    ParentBasedAlwaysOff,
+    ParentBasedTraceIdRatio(f64),
+}
+
+impl TelemetryConfig {
+    /// The catalog's `telemetry:` section wins; the standard environment variables fill in the
+    /// rest. `OTEL_SDK_DISABLED=true` turns export off.
+    pub fn build(raw: Option<&RawTelemetry>, env: &Env) -> Result<Self, FieldError> {
+        let raw_default = RawTelemetry::default();
+        let raw = raw.unwrap_or(&raw_default);
+        let env_text = |name: &str| {
+            env.get(name)
+                .map(str::trim)
+                .filter(|v| !v.is_empty())
+                .map(str::to_owned)
+        };
+        let disabled =
+            env_text("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        let protocol_text = raw
+            .otlp_protocol
+            .clone()
+            .or_else(|| env_text("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"))
+            .or_else(|| env_text("OTEL_EXPORTER_OTLP_PROTOCOL"))
+            .unwrap_or_else(|| "grpc".into());
+        let protocol = match protocol_text.as_str() {
+            "grpc" => OtlpProtocol::Grpc,
+            "http/protobuf" => OtlpProtocol::HttpProtobuf,
+            other => {
+                return Err(FieldError::new(
+                    "telemetry.otlp_protocol",
+                    format!("unsupported OTLP protocol {other:?}; use grpc or http/protobuf"),
+                ));
+            }
+        };
+        let endpoint = raw
+            .otlp_endpoint
+            .clone()
+            .or_else(|| env_text("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+            .or_else(|| {
+                env_text("OTEL_EXPORTER_OTLP_ENDPOINT").map(|base| match protocol {
+                    // The generic variable is a base URL; HTTP appends the signal's path.
+                    OtlpProtocol::HttpProtobuf => {
+                        format!("{}/v1/traces", base.trim_end_matches('/'))
+                    }
+                    OtlpProtocol::Grpc => base,
+                })
+            })
+            .filter(|_| !disabled);
+        if let Some(endpoint) = &endpoint {
+            url::Url::parse(endpoint).map_err(|err| {
+                FieldError::new(
+                    "telemetry.otlp_endpoint",
+                    format!("invalid URL {endpoint:?}: {err}"),
+                )
+            })?;
+        }
+        let sampler_name = raw
+            .sampler
+            .clone()
+            .or_else(|| env_text("OTEL_TRACES_SAMPLER"))
+            .unwrap_or_else(|| "parentbased_always_on".into());
+        let ratio = || -> Result<f64, FieldError> {
+            let text = raw
+                .sampler_arg
+                .map(|r| r.to_string())
+                .or_else(|| env_text("OTEL_TRACES_SAMPLER_ARG"));
+            match text {
+                None => Ok(1.0),
+                Some(t) => t
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|r| (0.0..=1.0).contains(r))
+                    .ok_or_else(|| {
+                        FieldError::new(
+                            "telemetry.sampler_arg",
+                            format!("{t:?} is not a ratio between 0 and 1"),
+                        )
+                    }),
+            }
+        };
+        let sampler = match sampler_name.as_str() {
+            "always_on" => SamplerConfig::AlwaysOn,
+            "always_off" => SamplerConfig::AlwaysOff,
+            "traceidratio" => SamplerConfig::TraceIdRatio(ratio()?),
+            "parentbased_always_on" => SamplerConfig::ParentBasedAlwaysOn,
+            "parentbased_always_off" => SamplerConfig::ParentBasedAlwaysOff,
+            "parentbased_traceidratio" => SamplerConfig::ParentBasedTraceIdRatio(ratio()?),
+            other => {
+                return Err(FieldError::new(
+                    "telemetry.sampler",
+                    format!("unknown sampler {other:?}"),
+                ));
+            }
+        };
+        let resource_attributes = env_text("OTEL_RESOURCE_ATTRIBUTES")
+            .map(|text| {
+                text.split(',')
+                    .filter_map(|pair| pair.split_once('='))
+                    .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+                    .filter(|(k, _)| !k.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let batch_delay = match &raw.batch_delay {
+            Some(text) => {
+                parse_duration(text).map_err(|m| FieldError::new("telemetry.batch_delay", m))?
+            }
+            None => Duration::from_secs(1),
+        };
+        Ok(TelemetryConfig {
+            endpoint,
+            protocol,
+            service_name: raw
+                .service_name
+                .clone()
+                .or_else(|| env_text("OTEL_SERVICE_NAME"))
+                .unwrap_or_else(|| "toolgate".into()),
+            resource_attributes,
+            sampler,
+            batch_delay,
+        })
+    }
+
+    fn sampler(&self) -> Sampler {
+        match self.sampler {
+            SamplerConfig::AlwaysOn => Sampler::AlwaysOn,
+            SamplerConfig::AlwaysOff => Sampler::AlwaysOff,
+            SamplerConfig::TraceIdRatio(r) => Sampler::TraceIdRatioBased(r),
+            SamplerConfig::ParentBasedAlwaysOn => Sampler::ParentBased(Box::new(Sampler::AlwaysOn)),
+            SamplerConfig::ParentBasedAlwaysOff => {
+                Sampler::ParentBased(Box::new(Sampler::AlwaysOff))
+            }
+            SamplerConfig::ParentBasedTraceIdRatio(r) => {
+                Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(r)))
+            }
+        }
+    }
+}
+
+/// Why telemetry could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    #[error("cannot create the OTLP exporter: {0}")]
+    Exporter(String),
+}
+
+/// Keeps the exporter alive; [`TelemetryGuard::shutdown`] flushes pending spans.
+#[derive(Default)]
+pub struct TelemetryGuard {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl TelemetryGuard {
+    /// Flushes and stops the exporter. Call from a plain thread (not an async task): the
+    /// exporter's own runtime is dropped here.
+    pub fn shutdown(self) {
+        if let Some(provider) = self.provider {
+            let _ = std::thread::spawn(move || {
+                if let Err(err) = provider.shutdown() {
+                    eprintln!("telemetry shutdown: {err}");
+                }
+            })
+            .join();
+        }
+    }
+
+    /// Exports everything finished so far (tests, and before exiting).
+    pub fn force_flush(&self) {
+        if let Some(provider) = &self.provider {
+            let _ = provider.force_flush();
+        }
+    }
+}
+
+/// Installs the global subscriber: logs to stderr, and spans to OTLP when configured.
+/// `RUST_LOG` refines the default `info` filter for logs; spans are exported regardless of it.
+pub fn init(
+    format: LogFormat,
+    telemetry: &TelemetryConfig,
+) -> Result<TelemetryGuard, TelemetryError> {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let registry = tracing_subscriber::registry().with(filter);
-    let result = match format {
-        LogFormat::Json => registry
-            .with(
-                fmt::layer()
-                    .json()
-                    .with_writer(std::io::stderr)
-                    .with_current_span(false),
-            )
-            .try_init(),
-        LogFormat::Human => registry
-            .with(fmt::layer().with_writer(std::io::stderr))
-            .try_init(),
+    let logs = match format {
+        LogFormat::Json => fmt::layer()
+            .json()
+            .with_writer(std::io::stderr)
+            .with_current_span(false)
+            .boxed(),
+        LogFormat::Human => fmt::layer().with_writer(std::io::stderr).boxed(),
+    }
+    .with_filter(filter);
+    let (provider, traces) = match tracer_provider(telemetry)? {
+        Some(provider) => {
+            let tracer = provider.tracer("toolgate");
+            // Only toolgate's own spans are exported; dependencies' spans would be noise.
+            let layer = tracing_opentelemetry::layer()
+                .with_tracer(tracer)
+                .with_filter(
+                    tracing_subscriber::filter::Targets::new()
+                        .with_target("toolgate", tracing::Level::INFO),
+                );
+            (Some(provider), Some(layer))
+        }
+        None => (None, None),
     };
     // Already installed (e.g. by a test harness): keep the existing one.
-    let _ = result;
+    let _ = tracing_subscriber::registry()
+        .with(logs)
+        .with(traces)
+        .try_init();
+    Ok(TelemetryGuard { provider })
+}
+
+/// The tracer provider for the configured exporter, if export is on.
+pub fn tracer_provider(
+    telemetry: &TelemetryConfig,
+) -> Result<Option<SdkTracerProvider>, TelemetryError> {
+    let Some(endpoint) = &telemetry.endpoint else {
+        return Ok(None);
+    };
+    let exporter = OwnRuntimeExporter::build(endpoint, telemetry.protocol)?;
+    let processor = BatchSpanProcessor::builder(exporter)
+        .with_batch_config(
+            BatchConfigBuilder::default()
+                .with_scheduled_delay(telemetry.batch_delay)
+                .build(),
+        )
+        .build();
+    let mut attributes = vec![KeyValue::new("service.version", env!("CARGO_PKG_VERSION"))];
+    attributes.extend(
+        telemetry
+            .resource_attributes
+            .iter()
+            .map(|(k, v)| KeyValue::new(k.clone(), v.clone())),
+    );
+    let resource = Resource::builder()
+        .with_service_name(telemetry.service_name.clone())
+        .with_attributes(attributes)
+        .build();
+    Ok(Some(
+        SdkTracerProvider::builder()
+            .with_span_processor(processor)
+            .with_sampler(telemetry.sampler())
+            .with_resource(resource)
+            .build(),
+    ))
+}
+
+/// The OTLP exporter, driven by a small runtime of its own: the SDK's batch processor exports
+/// from a plain thread, and both the gRPC and HTTP clients need a Tokio reactor to run.
+#[derive(Debug)]
+struct OwnRuntimeExporter {
+    runtime: Arc<tokio::runtime::Runtime>,
+    inner: opentelemetry_otlp::SpanExporter,
+}
+
+impl OwnRuntimeExporter {
+    fn build(endpoint: &str, protocol: OtlpProtocol) -> Result<Self, TelemetryError> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .thread_name("toolgate-otlp")
+            .build()
+            .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
+        // The gRPC channel is created inside the runtime it will run on.
+        let _entered = runtime.enter();
+        let built = match protocol {
+            OtlpProtocol::Grpc => opentelemetry_otlp::SpanExporter::builder()
+                .with_tonic()
+                .with_endpoint(endpoint)
+                .with_timeout(Duration::from_secs(5))
+                .build(),
+            OtlpProtocol::HttpProtobuf => opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_protocol(Protocol::HttpBinary)
+                .with_endpoint(endpoint)
+                .with_timeout(Duration::from_secs(5))
+                .build(),
+        };
+        let inner = built.map_err(|e| TelemetryError::Exporter(e.to_string()))?;
+        drop(_entered);
+        Ok(OwnRuntimeExporter {
+            runtime: Arc::new(runtime),
+            inner,
+        })
+    }
+}
+
+impl SpanExporter for OwnRuntimeExporter {
+    fn export(
+        &self,
+        batch: Vec<SpanData>,
+    ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
+        // Called on the batch processor's own thread, never inside another runtime.
+        let result = self.runtime.block_on(self.inner.export(batch));
+        std::future::ready(result)
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        let _entered = self.runtime.enter();
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn export_is_off_without_an_endpoint_and_follows_the_standard_variables() {
+        let off = TelemetryConfig::build(None, &Env::default()).unwrap();
+        assert_eq!(off.endpoint, None);
+        let env = Env::default()
+            .with("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/")
+            .with("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+            .with("OTEL_SERVICE_NAME", "sidecar-a")
+            .with("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+            .with("OTEL_TRACES_SAMPLER_ARG", "0.25")
+            .with(
+                "OTEL_RESOURCE_ATTRIBUTES",
+                "k8s.pod.name=agent-0, team=support",
+            );
+        let on = TelemetryConfig::build(None, &env).unwrap();
+        assert_eq!(
+            on.endpoint.as_deref(),
+            Some("http://collector:4318/v1/traces")
+        );
+        assert_eq!(on.protocol, OtlpProtocol::HttpProtobuf);
+        assert_eq!(on.service_name, "sidecar-a");
+        assert_eq!(on.sampler, SamplerConfig::ParentBasedTraceIdRatio(0.25));
+        assert_eq!(on.resource_attributes[1], ("team".into(), "support".into()));
+        let disabled =
+            TelemetryConfig::build(None, &env.clone().with("OTEL_SDK_DISABLED", "true")).unwrap();
+        assert_eq!(disabled.endpoint, None);
+        let bad = TelemetryConfig::build(
+            None,
+            &Env::default().with("OTEL_TRACES_SAMPLER", "sometimes"),
+        );
+        assert_eq!(bad.unwrap_err().path, "telemetry.sampler");
+    }
 }

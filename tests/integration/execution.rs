@@ -88,12 +88,17 @@ async fn the_client_deadline_bounds_execution() {
     let mut client = server.client().await;
     let mut request = who("acme").request(execute_request(call("slow_task", r#"{"ms":900}"#)));
     request.set_timeout(Duration::from_millis(150));
+    // The sidecar answers TIMEOUT a little before the client's deadline (see DeadlineLayer); on
+    // a loaded machine the client's or the transport's own timer may still fire first.
     match client.execute_tool(request).await {
         Ok(response) => assert_eq!(
             response.into_inner().result.unwrap().status(),
             ToolStatus::Timeout
         ),
-        Err(status) => assert_eq!(status.code(), Code::DeadlineExceeded),
+        Err(status) => assert!(
+            matches!(status.code(), Code::DeadlineExceeded | Code::Cancelled),
+            "{status:?}"
+        ),
     }
     let event = server.wait_for_audit(|e| e["tool"] == "slow_task").await;
     assert!(

@@ -7,7 +7,12 @@ mod execution;
 mod executors;
 mod identity;
 mod list_tools;
+mod observability;
+#[path = "../common/otlp_collector.rs"]
+mod otlp_collector;
 mod process;
+mod properties;
 mod rate_limits;
+mod reliability;
 mod reload;
 mod support;

@@ -14,9 +14,9 @@ use toolgate::proto::{ToolStatus, tool_gate_client::ToolGateClient};
 use crate::support::{call, exec, who};
 
 /// A started binary: its TCP address, and its log messages as they arrive.
-struct Spawned {
-    child: Child,
-    addr: String,
+pub(crate) struct Spawned {
+    pub(crate) child: Child,
+    pub(crate) addr: String,
     messages: std::sync::mpsc::Receiver<String>,
     reader: Option<std::thread::JoinHandle<Vec<String>>>,
 }
@@ -33,7 +33,7 @@ impl Drop for Spawned {
 
 impl Spawned {
     /// Everything the child logged; call after it exited.
-    fn logs(mut self) -> String {
+    pub(crate) fn logs(mut self) -> String {
         self.reader
             .take()
             .map(|r| r.join().unwrap_or_default())
@@ -42,7 +42,7 @@ impl Spawned {
     }
 
     /// Waits (bounded) until `count` log lines with this message have arrived.
-    fn wait_for_log(&self, message: &str, count: usize) {
+    pub(crate) fn wait_for_log(&self, message: &str, count: usize) {
         let mut seen = 0;
         while seen < count {
             let next = self
@@ -58,11 +58,25 @@ impl Spawned {
 
 /// Starts the binary and waits for its "SERVING" log line; debug logs of the boundary are on so
 /// tests can see when execution starts.
-fn spawn(args: &[&str]) -> Spawned {
+pub(crate) fn spawn(args: &[&str]) -> Spawned {
+    spawn_with_env(args, &[])
+}
+
+/// Like [`spawn`], with extra environment variables.
+pub(crate) fn spawn_with_env(args: &[&str], envs: &[(&str, &str)]) -> Spawned {
     let mut child = Command::new(env!("CARGO_BIN_EXE_toolgate"))
-        .args(["serve", "--log-format", "json", "--listen", "127.0.0.1:0"])
+        .args([
+            "serve",
+            "--log-format",
+            "json",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
         .args(args)
         .env("RUST_LOG", "info,toolgate::boundary=debug")
+        .envs(envs.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -111,7 +125,7 @@ fn spawn(args: &[&str]) -> Spawned {
     }
 }
 
-fn sigterm(child: &Child) {
+pub(crate) fn sigterm(child: &Child) {
     let status = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
@@ -120,7 +134,7 @@ fn sigterm(child: &Child) {
 }
 
 /// Waits (bounded) for the child to exit; on timeout the Drop guard kills it.
-fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
+pub(crate) fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
     for _ in 0..200 {
         if let Some(status) = child.try_wait().unwrap() {
             return status;

@@ -115,6 +115,16 @@ impl TestServer {
         Self::start_config(config, dir, audit_path).await
     }
 
+    /// Serves a catalog exactly as given (its own audit section included).
+    pub async fn start_raw(yaml: &str) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let audit_path = dir.path().join("unused-audit.jsonl");
+        let base = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let config = Config::from_yaml(yaml, "test.yaml", &base, &Env::default())
+            .unwrap_or_else(|e| panic!("test catalog: {e}"));
+        Self::start_config(config, dir, audit_path).await
+    }
+
     /// Serves a catalog file (written into the test's directory), so it can be reloaded.
     pub async fn start_file(yaml: &str) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
@@ -133,6 +143,7 @@ impl TestServer {
             listen: Some("127.0.0.1:0".parse().unwrap()),
             clock: Some(SharedClock::new(clock.clone())),
             reload_on_sighup: false,
+            admin_listen: Some("127.0.0.1:0".parse().unwrap()),
         };
         let running = toolgate::start(config, options)
             .await
@@ -160,6 +171,11 @@ impl TestServer {
     /// The test's scratch directory.
     pub fn dir(&self) -> &std::path::Path {
         self._dir.path()
+    }
+
+    /// The admin HTTP address (/metrics, /healthz, /readyz).
+    pub fn admin_addr(&self) -> std::net::SocketAddr {
+        self.running().admin_addr().expect("admin endpoint")
     }
 
     /// Re-reads the catalog file now.

@@ -178,7 +178,7 @@ def toolgate() -> ToolgateServer:
     binary = _toolgate_bin()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLGATE_") and k != "RUST_LOG"}
     process = subprocess.Popen(
-        [str(binary), "serve", "--listen", "127.0.0.1:0", "--log-format", "json"],
+        [str(binary), "serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--log-format", "json"],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -1,0 +1,381 @@
+//! Micro-benchmarks of the decision path without I/O (docs/performance.md): each boundary stage a
+//! call passes before its backend runs, per call, for catalogs of 10, 1,000 and 10,000 tools with
+//! 1,000 tenants, plus caller identification and the whole synchronous chain in one.
+//!
+//! ```sh
+//! cargo bench --bench decision            # all
+//! cargo bench --bench decision -- access  # those whose name contains "access"
+//! cargo bench --bench decision -- --test  # each once, as a smoke test
+//! ```
+//!
+//! divan rather than criterion: far fewer dependencies to build on a small shared machine (no
+//! plotting, no rayon, no serde stack of its own), `args = [..]` gives the catalog-size matrix in
+//! one attribute, inputs made per sample keep clones out of the timing, and `--test` runs each
+//! benchmark once so CI can keep it compiling and working. What criterion adds — saved baselines
+//! and change detection — matters less here than the absolute per-call numbers.
+//!
+//! Calls rotate over 1,024 (tool, tenant) pairs spread through the catalog, so lookups are not
+//! always answered from the same cache lines.
+
+use std::{path::Path, sync::LazyLock};
+
+use divan::{Bencher, black_box};
+use serde_json::Value;
+use tonic::metadata::MetadataMap;
+use toolgate::{
+    boundary::{access, bind, schema, scopes, structure},
+    canonical,
+    catalog::ToolVersion,
+    clock::SharedClock,
+    config::{Config, Env, LimitsConfig, Rate},
+    identity::{Caller, IdentityResolver},
+    limits::RateLimits,
+};
+
+fn main() {
+    divan::main();
+}
+
+const SIZES: &[usize] = &[10, 1_000, 10_000];
+const TENANTS: usize = 1_000;
+/// (tool, tenant) pairs the benchmarks rotate over; a power of two.
+const KEYS: usize = 1_024;
+
+/// What the model sends: the bound `filter.tenant` is left out, as a well-behaved model does.
+const ARGUMENTS: &str =
+    r#"{"query":"refund policy for damaged items","top_k":3,"filter":{"lang":"en"}}"#;
+
+/// A catalog of `tools` tools and 1,000 tenants in the shape real catalogs have: every tool has a
+/// JSON Schema with a bound tenant filter, a required scope and a rate limit; every tenth has a
+/// 10 % canary; every tenant has an overall rate limit and every tenth an allow and a deny list;
+/// a global deny list and an agent allow list apply to all.
+fn catalog_yaml(tools: usize) -> String {
+    let mut yaml = String::from(
+        "version: 1\nidentity: { dev_identity: true }\naudit: { sink: none }\n\
+         policy:\n  deny: [\"admin_*\"]\nagents:\n  support-bot:\n    allow: [\"tool_*\"]\ntenants:\n",
+    );
+    for t in 0..TENANTS {
+        if t % 10 == 0 {
+            yaml.push_str(&format!(
+                "  tenant-{t:04}: {{ rate_limit: 1000000/s, allow: [\"tool_*\"], deny: [\"tool_00001\"] }}\n"
+            ));
+        } else {
+            yaml.push_str(&format!("  tenant-{t:04}: {{ rate_limit: 1000000/s }}\n"));
+        }
+    }
+    yaml.push_str("tools:\n");
+    let tool = |name: &str, version: &str, canary: &str| {
+        format!(
+            r#"  - name: {name}
+    version: "{version}"{canary}
+    description: Searches the knowledge base of the caller's company.
+    risk_level: read_only
+    required_scopes: ["kb:read"]
+    rate_limit: 1000000/s
+    executor: {{ builtin: echo_arguments }}
+    input_schema:
+      type: object
+      properties:
+        query: {{ type: string, minLength: 1, maxLength: 1000 }}
+        top_k: {{ type: integer, minimum: 1, maximum: 10 }}
+        filter:
+          type: object
+          properties:
+            tenant: {{ type: string }}
+            lang: {{ enum: [en, de, fr] }}
+          required: [tenant]
+      required: [query, filter]
+      additionalProperties: false
+    bind:
+      filter.tenant: "${{caller.tenant}}"
+"#
+        )
+    };
+    for i in 0..tools {
+        let name = format!("tool_{i:05}");
+        yaml.push_str(&tool(&name, "1", ""));
+        if i % 10 == 0 {
+            yaml.push_str(&tool(
+                &name,
+                "2",
+                "\n    status: canary\n    canary: { percent: 10 }",
+            ));
+        }
+    }
+    yaml.push_str(
+        "  - name: admin_purge\n    description: Denied to everyone.\n    risk_level: destructive\n    \
+         executor: { builtin: delete_ticket }\n    input_schema: { type: object }\n",
+    );
+    yaml
+}
+
+fn load(yaml: &str) -> Config {
+    Config::from_yaml(yaml, "bench", Path::new("."), &Env::default())
+        .unwrap_or_else(|e| panic!("bench catalog: {e}"))
+}
+
+/// A catalog with dev identity and nothing else, for the identity benchmarks.
+const DEV_IDENTITY: &str = "version: 1\nidentity: { dev_identity: true }\n";
+
+static DEV_RESOLVER: LazyLock<IdentityResolver> =
+    LazyLock::new(|| IdentityResolver::new(&load(DEV_IDENTITY).identity));
+
+/// Dev identity metadata of a caller in `tenant`.
+fn dev_metadata(tenant: &str) -> MetadataMap {
+    let mut metadata = MetadataMap::new();
+    metadata.insert("x-toolgate-tenant", tenant.parse().expect("ascii"));
+    metadata.insert("x-toolgate-subject", "alice".parse().expect("ascii"));
+    metadata.insert("x-toolgate-agent", "support-bot".parse().expect("ascii"));
+    metadata.insert(
+        "x-toolgate-scopes",
+        "kb:read,tickets:read".parse().expect("ascii"),
+    );
+    metadata
+}
+
+/// The caller as the dev identity resolver makes it (so new `Caller` fields need no change here).
+fn caller(tenant: &str) -> Caller {
+    DEV_RESOLVER
+        .resolve(&dev_metadata(tenant))
+        .expect("dev identity")
+}
+
+/// One call's tool (resolved for its tenant) and caller.
+struct Key {
+    name: String,
+    tool: std::sync::Arc<ToolVersion>,
+    caller: Caller,
+    tenant_rate: Option<Rate>,
+}
+
+struct Fixture {
+    config: Config,
+    rate_limits: RateLimits,
+    keys: Vec<Key>,
+    arguments: Value,
+}
+
+impl Fixture {
+    fn build(tools: usize) -> Self {
+        let config = load(&catalog_yaml(tools));
+        let callers: Vec<Caller> = (0..TENANTS)
+            .map(|t| caller(&format!("tenant-{t:04}")))
+            .collect();
+        let keys = (0..KEYS)
+            .map(|k| {
+                // Spread over the catalog; tool_00001 is denied to some tenants, so skip it.
+                let mut index = (k * 7_919) % tools;
+                if index == 1 {
+                    index = 2 % tools;
+                }
+                let name = format!("tool_{index:05}");
+                let caller = callers[(k * 104_729) % TENANTS].clone();
+                let tool = config
+                    .catalog
+                    .resolve(&name, None, &caller.tenant)
+                    .expect("tool resolves")
+                    .clone();
+                let tenant_rate = config
+                    .catalog
+                    .tenants
+                    .get(&caller.tenant)
+                    .and_then(|t| t.rate_limit);
+                Key {
+                    name,
+                    tool,
+                    caller,
+                    tenant_rate,
+                }
+            })
+            .collect();
+        let rate_limits = RateLimits::build(&config.catalog, SharedClock::system(), None);
+        Fixture {
+            config,
+            rate_limits,
+            keys,
+            arguments: serde_json::from_str(ARGUMENTS).expect("valid JSON"),
+        }
+    }
+
+    fn limits(&self) -> &LimitsConfig {
+        &self.config.limits
+    }
+}
+
+static SMALL: LazyLock<Fixture> = LazyLock::new(|| Fixture::build(SIZES[0]));
+static MEDIUM: LazyLock<Fixture> = LazyLock::new(|| Fixture::build(SIZES[1]));
+static LARGE: LazyLock<Fixture> = LazyLock::new(|| Fixture::build(SIZES[2]));
+
+fn fixture(tools: usize) -> &'static Fixture {
+    match tools {
+        10 => &SMALL,
+        1_000 => &MEDIUM,
+        10_000 => &LARGE,
+        other => panic!("no fixture for {other} tools"),
+    }
+}
+
+/// The next key of the rotation.
+fn next<'f>(fixture: &'f Fixture, i: &mut usize) -> &'f Key {
+    *i = (*i + 1) & (KEYS - 1);
+    &fixture.keys[*i]
+}
+
+/// Loading and validating the whole catalog (what start-up and every reload pay).
+#[divan::bench(args = SIZES, sample_count = 3, sample_size = 1)]
+fn load_catalog(bencher: Bencher, tools: usize) {
+    let yaml = catalog_yaml(tools);
+    bencher.bench_local(|| load(black_box(&yaml)));
+}
+
+/// Stages 1-2: name, size, depth, and parsing the arguments.
+#[divan::bench]
+fn structure_check(bencher: Bencher) {
+    let limits = LimitsConfig::default();
+    bencher
+        .bench_local(|| structure::check(black_box("tool_00002"), black_box(ARGUMENTS), &limits));
+}
+
+/// Stage 3: the tool's version for this tenant (canary buckets included).
+#[divan::bench(args = SIZES)]
+fn resolve(bencher: Bencher, tools: usize) {
+    let f = fixture(tools);
+    let mut i = 0;
+    bencher.bench_local(|| {
+        let key = next(f, &mut i);
+        f.config
+            .catalog
+            .resolve(black_box(&key.name), None, &key.caller.tenant)
+            .is_ok()
+    });
+}
+
+/// Stage 4: global, tenant and agent allow/deny lists.
+#[divan::bench(args = SIZES)]
+fn access_check(bencher: Bencher, tools: usize) {
+    let f = fixture(tools);
+    let mut i = 0;
+    bencher.bench_local(|| {
+        let key = next(f, &mut i);
+        access::check(&f.config.catalog, &key.caller, black_box(&key.name)).is_ok()
+    });
+}
+
+/// Stage 5: required scopes.
+#[divan::bench(args = SIZES)]
+fn scopes_check(bencher: Bencher, tools: usize) {
+    let f = fixture(tools);
+    let mut i = 0;
+    bencher.bench_local(|| {
+        let key = next(f, &mut i);
+        scopes::check(&key.caller, &key.tool).is_ok()
+    });
+}
+
+/// Stage 6: the arguments against the tool's visible JSON Schema.
+#[divan::bench(args = SIZES)]
+fn schema_check(bencher: Bencher, tools: usize) {
+    let f = fixture(tools);
+    let mut i = 0;
+    bencher.bench_local(|| {
+        let key = next(f, &mut i);
+        schema::check(&key.tool, black_box(&f.arguments)).is_ok()
+    });
+}
+
+/// Stage 7: writing the bound tenant filter (the arguments' copy is made outside the timing).
+#[divan::bench(args = SIZES)]
+fn bind_apply(bencher: Bencher, tools: usize) {
+    let f = fixture(tools);
+    let mut i = 0;
+    bencher
+        .with_inputs(|| {
+            i = (i + 1) & (KEYS - 1);
+            (i, f.arguments.clone())
+        })
+        .bench_local_values(|(i, arguments)| {
+            let key = &f.keys[i];
+            bind::apply(&key.tool, &key.caller, arguments).is_ok()
+        });
+}
+
+/// Stage 8: the tool's per-tenant quota and the tenant's overall quota.
+#[divan::bench(args = SIZES)]
+fn rate_limit_check(bencher: Bencher, tools: usize) {
+    let f = fixture(tools);
+    let mut i = 0;
+    bencher.bench_local(|| {
+        let key = next(f, &mut i);
+        f.rate_limits
+            .check(&key.caller.tenant, &key.tool, key.tenant_rate)
+            .is_ok()
+    });
+}
+
+/// Stages 1-8 as the chain runs them for an allowed call, plus the canonical SHA-256 of the bound
+/// arguments it computes for audit and approvals: everything before approval and execution.
+#[divan::bench(args = SIZES)]
+fn decision_chain(bencher: Bencher, tools: usize) {
+    let f = fixture(tools);
+    let mut i = 0;
+    bencher.bench_local(|| {
+        let key = next(f, &mut i);
+        let arguments = structure::check(&key.name, black_box(ARGUMENTS), f.limits()).ok()?;
+        let catalog = &f.config.catalog;
+        let tool = catalog.resolve(&key.name, None, &key.caller.tenant).ok()?;
+        access::check(catalog, &key.caller, &tool.name).ok()?;
+        scopes::check(&key.caller, tool).ok()?;
+        schema::check(tool, &arguments).ok()?;
+        let bound = bind::apply(tool, &key.caller, arguments).ok()?;
+        let sha = canonical::sha256_hex(&bound.arguments);
+        f.rate_limits
+            .check(&key.caller.tenant, tool, key.tenant_rate)
+            .ok()?;
+        Some(sha)
+    });
+}
+
+const JWT_SECRET: &str = "toolgate-bench-hs256-secret-0123456789abcdef";
+
+/// Who is calling, per request: an HS256 JWT verified (signature, exp, iss, aud) and mapped to
+/// a caller, as the server does from the `authorization` metadata.
+#[divan::bench]
+fn identity_jwt_hs256(bencher: Bencher) {
+    let config = Config::from_yaml(
+        "version: 1\nidentity:\n  jwt:\n    hs256_secret_env: BENCH_SECRET\n    issuer: [\"https://issuer.bench\"]\n    audience: [toolgate]\n",
+        "bench",
+        Path::new("."),
+        &Env::default().with("BENCH_SECRET", JWT_SECRET),
+    )
+    .unwrap_or_else(|e| panic!("jwt catalog: {e}"));
+    let resolver = IdentityResolver::new(&config.identity);
+    let exp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs()
+        + 86_400;
+    let claims = serde_json::json!({
+        "sub": "alice", "tenant": "tenant-0001", "agent": "support-bot", "scope": "kb:read tickets:read",
+        "iss": "https://issuer.bench", "aud": "toolgate", "exp": exp,
+    });
+    let token = jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        &claims,
+        &jsonwebtoken::EncodingKey::from_secret(JWT_SECRET.as_bytes()).expect("a secret"),
+    )
+    .expect("a token");
+    let mut metadata = MetadataMap::new();
+    metadata.insert(
+        "authorization",
+        format!("Bearer {token}").parse().expect("ascii"),
+    );
+    assert!(resolver.resolve(&metadata).is_ok(), "the token verifies");
+    bencher.bench_local(|| resolver.resolve(black_box(&metadata)).is_ok());
+}
+
+/// The same with dev identity headers, for comparison.
+#[divan::bench]
+fn identity_dev_headers(bencher: Bencher) {
+    let metadata = dev_metadata("tenant-0001");
+    bencher.bench_local(|| DEV_RESOLVER.resolve(black_box(&metadata)).is_ok());
+}

@@ -1,0 +1,1575 @@
+//! The load harness (docs/performance.md): how much the execution boundary costs on top of the
+//! gRPC stack it runs on, and what the sidecar costs in memory and start-up time.
+//!
+//! ```sh
+//! cargo bench --bench load -- [--duration 10s] [--connections N] [--concurrency M] [--rate RPS] [--quick]
+//! ```
+//!
+//! In order, all over loopback on this machine:
+//! 1. a bare tonic unary echo (toolgate's own `ToolGate` service with a trivial `ExecuteTool`, so the
+//!    codec and message shapes match) — the limit of the stack — in this process, then
+//! 2. toolgate started in-process with the whole boundary (JWT, schema, bound argument, rate limit,
+//!    audit to a file), then
+//! 3. the same pair as separate processes: the bare echo (this executable re-run with a hidden
+//!    flag) and `target/release/toolgate` with the same catalog — the deployed shape, including
+//!    whatever logging and OTLP export the binary installs;
+//!
+//! each in max-rate mode (closed loop: N connections × M calls in flight each) and fixed-rate
+//! mode (open loop: calls sent on a schedule, latency measured from each call's intended send time
+//! so a stall is not hidden by coordinated omission). Then the binary's start-up time to health
+//! SERVING, its idle RSS and its RSS with thousands of `slow_task` calls in flight.
+//!
+//! `--quick` runs every step with tiny durations and counts, as a smoke test. Every loop here is
+//! bounded in count and time, and only loopback addresses are used.
+
+#[path = "../tests/common/otlp_collector.rs"]
+mod otlp_collector;
+
+use std::{
+    fs::File,
+    net::{SocketAddr, TcpStream},
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitCode, Stdio},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{Context, anyhow, bail};
+use hdrhistogram::Histogram;
+use tokio::{runtime::Runtime, sync::watch, task::JoinSet};
+use tonic::{
+    Request, Response, Status,
+    metadata::{Ascii, MetadataValue},
+    transport::{Channel, Endpoint},
+};
+use toolgate::{
+    StartOptions,
+    config::{Config, Env},
+    proto::{
+        self,
+        tool_gate_client::ToolGateClient,
+        tool_gate_server::{ToolGate, ToolGateServer},
+    },
+};
+
+const USAGE: &str = "usage: cargo bench --bench load -- [--duration 10s] [--warmup 2s] \
+[--connections N] [--concurrency M] [--rate RPS] [--payload BYTES] [--slow-calls N] \
+[--slow-ms MS] [--startup-runs N] [--quick]";
+
+/// The rows of the results table.
+const BARE: &str = "bare echo, in-process";
+const BARE_NAGLE: &str = "bare echo without TCP_NODELAY, in-process (diagnostic)";
+const TOOLGATE: &str = "toolgate, in-process";
+const TOOLGATE_NODELAY: &str =
+    "toolgate, in-process, TCP_NODELAY set on its sockets by the harness (projection)";
+const BARE_PROCESS: &str = "bare echo, own process";
+const BINARY: &str = "toolgate binary, own process";
+
+/// Re-runs this executable as the bare echo server on the given address.
+const BARE_SERVER_FLAG: &str = "--serve-bare-echo";
+/// The HS256 secret's environment variable, named by the catalog.
+const SECRET_ENV: &str = "TOOLGATE_BENCH_JWT_SECRET";
+const SECRET: &str = "toolgate-bench-hs256-secret-0123456789abcdef";
+/// Every call's gRPC deadline; also bounds each call in time.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// Open loop: calls outstanding beyond this are not sent (and counted), so memory stays bounded.
+const MAX_OUTSTANDING: u64 = 50_000;
+/// Slow calls per HTTP/2 connection.
+const SLOW_CALLS_PER_CONNECTION: usize = 500;
+/// Latencies are recorded in nanoseconds, up to a minute.
+const HIST_MAX_NS: u64 = 60_000_000_000;
+
+/// The targets the numbers are judged against (docs/performance.md).
+const GOAL_THROUGHPUT_RATIO: f64 = 0.85;
+const GOAL_ADDED_P99_MS: f64 = 0.25;
+const GOAL_IDLE_RSS_MIB: f64 = 10.0;
+const GOAL_SLOW_RSS_MIB: f64 = 64.0;
+const GOAL_START_MS: f64 = 100.0;
+
+/// The catalog: one JWT-identified tenant and agent, `echo` behind every stage that can apply to
+/// it (global deny list, agent allow list, a required scope, JSON Schema, a bound argument, tool
+/// and tenant rate limits that never refuse, audit to a file), and a slow tool for the RSS test.
+const CATALOG: &str = r#"version: 1
+server:
+  shutdown_grace: 2s
+identity:
+  jwt:
+    hs256_secret_env: TOOLGATE_BENCH_JWT_SECRET
+    issuer: ["https://issuer.bench"]
+    audience: [toolgate]
+audit:
+  sink: file
+  path: AUDIT_PATH
+policy:
+  deny: ["admin_*"]
+tenants:
+  acme:
+    rate_limit: 100000000/s
+  globex: {}
+agents:
+  support-bot:
+    allow: ["echo", "slow"]
+tools:
+  - name: echo
+    description: Returns the given text unchanged.
+    risk_level: read_only
+    timeout: 5s
+    required_scopes: ["tools:read"]
+    rate_limit: 100000000/s
+    executor: { builtin: echo }
+    input_schema:
+      type: object
+      properties:
+        text: { type: string, maxLength: 1048576, description: The text to return. }
+        tenant: { type: string }
+      required: [text, tenant]
+      additionalProperties: false
+    bind:
+      tenant: "${caller.tenant}"
+  - name: slow
+    description: Sleeps for the given number of milliseconds.
+    risk_level: read_only
+    timeout: 60s
+    executor: { builtin: slow_task }
+    input_schema:
+      type: object
+      properties:
+        ms: { type: integer, minimum: 0, maximum: 60000 }
+      required: [ms]
+      additionalProperties: false
+  - name: admin_purge
+    description: Denied to everyone by the global policy.
+    risk_level: destructive
+    executor: { builtin: delete_ticket }
+    input_schema: { type: object }
+"#;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(at) = args.iter().position(|a| a == BARE_SERVER_FLAG) {
+        return serve_bare_process(args.get(at + 1).map(String::as_str));
+    }
+    let options = match Options::parse(&args) {
+        Ok(options) => options,
+        Err(message) => {
+            eprintln!("{message}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&options) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!("load harness: some calls failed (see the table)");
+            ExitCode::FAILURE
+        }
+        Err(err) => {
+            eprintln!("load harness failed: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+// --- options -------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone)]
+struct Options {
+    quick: bool,
+    duration: Duration,
+    warmup: Duration,
+    connections: usize,
+    concurrency: usize,
+    rate: u64,
+    payload: usize,
+    slow_calls: usize,
+    slow_ms: u64,
+    startup_runs: usize,
+    /// How long without a new span means the exporter has sent everything.
+    span_quiet: Duration,
+}
+
+impl Options {
+    fn defaults(quick: bool) -> Self {
+        if quick {
+            Options {
+                quick,
+                duration: Duration::from_millis(500),
+                warmup: Duration::from_millis(100),
+                connections: 2,
+                concurrency: 4,
+                rate: 500,
+                payload: 256,
+                slow_calls: 200,
+                slow_ms: 300,
+                startup_runs: 3,
+                span_quiet: Duration::from_millis(1300),
+            }
+        } else {
+            Options {
+                quick,
+                duration: Duration::from_secs(10),
+                warmup: Duration::from_secs(2),
+                connections: 2,
+                concurrency: 32,
+                rate: 3000,
+                payload: 256,
+                slow_calls: 10_000,
+                slow_ms: 5000,
+                startup_runs: 7,
+                span_quiet: Duration::from_millis(2500),
+            }
+        }
+    }
+
+    fn parse(args: &[String]) -> Result<Self, String> {
+        let mut options = Self::defaults(args.iter().any(|a| a == "--quick"));
+        let mut rest = args.iter();
+        while let Some(arg) = rest.next() {
+            let (name, inline) = match arg.split_once('=') {
+                Some((name, value)) => (name, Some(value.to_owned())),
+                None => (arg.as_str(), None),
+            };
+            // `cargo bench` passes --bench to every bench target; --quick was read above.
+            if matches!(name, "--bench" | "--quick") {
+                continue;
+            }
+            if matches!(name, "-h" | "--help") {
+                return Err(USAGE.to_owned());
+            }
+            let value = match inline.or_else(|| rest.next().cloned()) {
+                Some(value) => value,
+                None => return Err(format!("{name} needs a value\n{USAGE}")),
+            };
+            let bad = |what: &str| format!("{name}: {value:?} is not {what}\n{USAGE}");
+            let count = || {
+                value
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| bad("a positive whole number"))
+            };
+            let duration = || {
+                humantime::parse_duration(&value)
+                    .ok()
+                    .filter(|d| !d.is_zero())
+                    .ok_or_else(|| bad("a duration such as 10s or 500ms"))
+            };
+            match name {
+                "--duration" => options.duration = duration()?,
+                "--warmup" => options.warmup = duration()?,
+                "--connections" => options.connections = count()? as usize,
+                "--concurrency" => options.concurrency = count()? as usize,
+                "--rate" => options.rate = count()?,
+                "--payload" => options.payload = count()? as usize,
+                "--slow-calls" => options.slow_calls = count()? as usize,
+                "--slow-ms" => options.slow_ms = count()?,
+                "--startup-runs" => options.startup_runs = count()? as usize,
+                _ => return Err(format!("unknown option {name}\n{USAGE}")),
+            }
+        }
+        if options.payload > 512 * 1024 {
+            return Err(format!("--payload is at most 524288 bytes\n{USAGE}"));
+        }
+        if options.slow_ms > 50_000 {
+            return Err(format!(
+                "--slow-ms is at most 50000 (the tool's timeout is 60s)\n{USAGE}"
+            ));
+        }
+        if options.connections * options.concurrency > 100_000 || options.slow_calls > 100_000 {
+            return Err(format!("at most 100000 calls in flight\n{USAGE}"));
+        }
+        Ok(options)
+    }
+}
+
+// --- the run -------------------------------------------------------------------------------------
+
+/// Runs every step and prints the tables; `Ok(false)` when calls failed.
+fn run(options: &Options) -> anyhow::Result<bool> {
+    // The collector's port is reserved now, before any thread exists, so the standard OTLP
+    // variable can be set safely for the in-process server and inherited by the binary.
+    let collector_listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let otlp_endpoint = format!("http://{}", collector_listener.local_addr()?);
+    // SAFETY: no other thread exists yet, so nothing reads the environment concurrently.
+    unsafe { std::env::set_var("OTEL_EXPORTER_OTLP_ENDPOINT", &otlp_endpoint) };
+
+    let load_at_start = load_average();
+    let dir = tempfile::tempdir()?;
+    let collector_rt = runtime("bench-otlp", 1)?;
+    let server_rt = runtime("bench-server", 2)?;
+    let client_rt = runtime("bench-client", 2)?;
+    let collector = collector_rt.block_on(otlp_collector::start_on(collector_listener, 10_000));
+
+    let text = "x".repeat(options.payload);
+    let arguments_json = serde_json::json!({ "text": text }).to_string();
+    let auth: MetadataValue<Ascii> = format!("Bearer {}", token()?).parse()?;
+    let request = proto::ExecuteToolRequest {
+        call: Some(proto::ToolCall {
+            name: "echo".into(),
+            arguments_json: arguments_json.clone(),
+            ..Default::default()
+        }),
+        run_id: "run-bench".into(),
+        step: 0,
+        catalog_revision: String::new(),
+    };
+    let mut rows = Vec::new();
+    let mut all_ok = true;
+    let mut spans_report = Vec::new();
+
+    // 1. Bare echo, in this process: with TCP_NODELAY (the limit), then without (as toolgate
+    //    serves today), so the table separates the boundary's cost from the socket option's.
+    for (name, nodelay) in [(BARE, true), (BARE_NAGLE, false)] {
+        let bare = server_rt.block_on(start_bare_in_process(nodelay))?;
+        let target = Target::new(name, bare.addr, &request, &auth, &arguments_json);
+        let measured = measure(options, &client_rt, &target, &mut rows);
+        server_rt.block_on(bare.stop());
+        all_ok &= measured?.ok;
+    }
+
+    // 2. toolgate, in this process.
+    let yaml = catalog(&dir.path().join("audit-in-process.jsonl"));
+    let env = Env::default()
+        .with(SECRET_ENV, SECRET)
+        .with("OTEL_EXPORTER_OTLP_ENDPOINT", &otlp_endpoint)
+        .with("OTEL_SERVICE_NAME", "toolgate-bench-in-process");
+    let config = Config::from_yaml(&yaml, "bench.yaml", dir.path(), &env)
+        .map_err(|e| anyhow!("bench catalog: {e}"))?;
+    let spans_before = collector.received();
+    let running = server_rt.block_on(toolgate::start(
+        config,
+        StartOptions {
+            listen: Some("127.0.0.1:0".parse()?),
+            ..StartOptions::default()
+        },
+    ))?;
+    let addr = running.local_addr().context("toolgate listens on TCP")?;
+    let target = Target::new(TOOLGATE, addr, &request, &auth, &text);
+    let measured = measure(options, &client_rt, &target, &mut rows)?;
+    all_ok &= measured.ok;
+    let fixed = Target {
+        name: TOOLGATE_NODELAY,
+        set_nodelay: true,
+        ..target
+    };
+    all_ok &= measure(options, &client_rt, &fixed, &mut rows)?.ok;
+    server_rt.block_on(running.shutdown());
+    let spans = collector_rt
+        .block_on(collector.wait_until_quiet(options.span_quiet, options.span_quiet * 4))
+        - spans_before;
+    spans_report.push((TOOLGATE, spans, measured.calls));
+
+    // 3. The same pair as separate processes.
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_toolgate"));
+    let bare_addr = free_port()?;
+    let mut bare_child = Command::new(std::env::current_exe()?)
+        .args([BARE_SERVER_FLAG, &bare_addr.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(File::create(dir.path().join("bare.log"))?)
+        .spawn()?;
+    wait_listening(&mut bare_child, bare_addr, Duration::from_secs(10))?;
+    let target = Target::new(BARE_PROCESS, bare_addr, &request, &auth, &arguments_json);
+    let measured = measure(options, &client_rt, &target, &mut rows);
+    stop(bare_child, Duration::from_secs(5))?;
+    all_ok &= measured?.ok;
+
+    let config_path = dir.path().join("bench.yaml");
+    std::fs::write(
+        &config_path,
+        catalog(&dir.path().join("audit-binary.jsonl")),
+    )?;
+    let spans_before = collector.received();
+    let mut binary = Binary::spawn(&exe, &config_path, dir.path(), "toolgate-bench-binary")?;
+    binary.wait_serving(&client_rt)?;
+    let target = Target::new(BINARY, binary.addr, &request, &auth, &text);
+    let measured = measure(options, &client_rt, &target, &mut rows);
+    binary.stop()?;
+    let measured = measured?;
+    all_ok &= measured.ok;
+    let spans = collector_rt
+        .block_on(collector.wait_until_quiet(options.span_quiet, options.span_quiet * 4))
+        - spans_before;
+    spans_report.push((BINARY, spans, measured.calls));
+
+    // 4. Start-up time to health SERVING.
+    let mut startups = Vec::new();
+    for _ in 0..options.startup_runs {
+        let mut binary = Binary::spawn(&exe, &config_path, dir.path(), "toolgate-bench-startup")?;
+        let serving = binary.wait_serving(&client_rt);
+        binary.stop()?;
+        startups.push(serving?);
+    }
+
+    // 5. Idle RSS, then RSS with many slow calls in flight.
+    let mut binary = Binary::spawn(&exe, &config_path, dir.path(), "toolgate-bench-rss")?;
+    binary.wait_serving(&client_rt)?;
+    let settle = if options.quick {
+        Duration::from_millis(200)
+    } else {
+        Duration::from_secs(1)
+    };
+    std::thread::sleep(settle);
+    let idle = memory(binary.pid()).context("reading the binary's /proc status")?;
+    let slow = client_rt.block_on(slow_calls(options, binary.addr, &auth, binary.pid()));
+    binary.stop()?;
+    let slow = slow?;
+    all_ok &= slow.failed == 0;
+
+    // The same against the bare echo process: the gRPC stack's own share (diagnostic).
+    let bare_addr = free_port()?;
+    let mut bare_child = Command::new(std::env::current_exe()?)
+        .args([BARE_SERVER_FLAG, &bare_addr.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(File::create(dir.path().join("bare-rss.log"))?)
+        .spawn()?;
+    let bare_pid = bare_child.id();
+    let bare_slow =
+        wait_listening(&mut bare_child, bare_addr, Duration::from_secs(10)).and_then(|()| {
+            std::thread::sleep(settle);
+            let idle = memory(bare_pid).context("reading the bare echo's /proc status")?;
+            let slow = client_rt.block_on(slow_calls(options, bare_addr, &auth, bare_pid))?;
+            Ok((idle, slow))
+        });
+    stop(bare_child, Duration::from_secs(5))?;
+    let (bare_idle, bare_slow) = bare_slow?;
+    all_ok &= bare_slow.failed == 0;
+
+    let load_at_end = load_average();
+    collector_rt.block_on(collector.shutdown());
+
+    print_report(&Report {
+        options,
+        rows: &rows,
+        spans: &spans_report,
+        startups: &startups,
+        idle,
+        slow: &slow,
+        bare_idle,
+        bare_slow: &bare_slow,
+        load_at_start,
+        load_at_end,
+        otlp_endpoint: &otlp_endpoint,
+    });
+    Ok(all_ok)
+}
+
+fn runtime(name: &str, workers: usize) -> std::io::Result<Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .thread_name(name)
+        .enable_all()
+        .build()
+}
+
+fn catalog(audit: &Path) -> String {
+    CATALOG.replace("AUDIT_PATH", &audit.display().to_string())
+}
+
+/// A JWT for tenant acme, agent support-bot, with the scope `echo` requires; valid for a day.
+fn token() -> anyhow::Result<String> {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
+    let claims = serde_json::json!({
+        "sub": "bench", "tenant": "acme", "agent": "support-bot", "scope": "tools:read",
+        "iss": "https://issuer.bench", "aud": "toolgate", "exp": now + 86_400,
+    });
+    let key = jsonwebtoken::EncodingKey::from_secret(SECRET.as_bytes())?;
+    Ok(jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        &claims,
+        &key,
+    )?)
+}
+
+/// The 1, 5 and 15 minute load averages, as /proc/loadavg says.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// A loopback address with a port free a moment ago (for a child process to bind).
+fn free_port() -> std::io::Result<SocketAddr> {
+    std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()
+}
+
+// --- the bare echo -------------------------------------------------------------------------------
+
+/// `ToolGate` with nothing behind it: `ExecuteTool` answers OK with the arguments as output.
+struct BareEcho;
+
+/// A `slow` call sleeps for its `ms` argument first (at most a minute), so the RSS test can be
+/// run against the bare stack too.
+async fn echo_or_sleep(call: proto::ToolCall) -> proto::ToolResult {
+    if call.name != "slow" {
+        return echo(call);
+    }
+    let ms = serde_json::from_str::<serde_json::Value>(&call.arguments_json)
+        .ok()
+        .and_then(|args| args.get("ms")?.as_u64())
+        .unwrap_or(0)
+        .min(60_000);
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+    proto::ToolResult {
+        duration_ms: ms,
+        ..echo(call)
+    }
+}
+
+fn echo(call: proto::ToolCall) -> proto::ToolResult {
+    proto::ToolResult {
+        call_id: if call.call_id.is_empty() {
+            "tool_step_0_0".into()
+        } else {
+            call.call_id
+        },
+        status: proto::ToolStatus::Ok as i32,
+        output: call.arguments_json.clone(),
+        model_text: call.arguments_json,
+        tool_version: "1".into(),
+        ..Default::default()
+    }
+}
+
+#[tonic::async_trait]
+impl ToolGate for BareEcho {
+    async fn list_tools(
+        &self,
+        _request: Request<proto::ListToolsRequest>,
+    ) -> Result<Response<proto::ListToolsResponse>, Status> {
+        Ok(Response::new(proto::ListToolsResponse::default()))
+    }
+
+    async fn execute_tool(
+        &self,
+        request: Request<proto::ExecuteToolRequest>,
+    ) -> Result<Response<proto::ExecuteToolResponse>, Status> {
+        let call = request
+            .into_inner()
+            .call
+            .ok_or_else(|| Status::invalid_argument("ExecuteToolRequest.call is required"))?;
+        Ok(Response::new(proto::ExecuteToolResponse {
+            result: Some(echo_or_sleep(call).await),
+        }))
+    }
+
+    async fn execute_tools(
+        &self,
+        request: Request<proto::ExecuteToolsRequest>,
+    ) -> Result<Response<proto::ExecuteToolsResponse>, Status> {
+        Ok(Response::new(proto::ExecuteToolsResponse {
+            results: request.into_inner().calls.into_iter().map(echo).collect(),
+        }))
+    }
+}
+
+/// Serves the bare echo on `listener` with the transport settings toolgate's server asks for.
+///
+/// `nodelay: true` really sets TCP_NODELAY on accepted sockets (through tonic's `TcpIncoming`).
+/// `false` serves a plain `TcpListenerStream` the way toolgate's server does today: tonic ignores
+/// `Server::tcp_nodelay` for a caller-supplied incoming stream, so Nagle's algorithm stays on
+/// (the diagnostic row of the table shows what that costs by itself).
+async fn serve_bare(
+    listener: tokio::net::TcpListener,
+    nodelay: bool,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), tonic::transport::Error> {
+    let mut server = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .tcp_nodelay(true);
+    let router = server.add_service(ToolGateServer::new(BareEcho));
+    if nodelay {
+        let incoming =
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        router.serve_with_incoming_shutdown(incoming, stop).await
+    } else {
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        router.serve_with_incoming_shutdown(incoming, stop).await
+    }
+}
+
+struct BareServer {
+    addr: SocketAddr,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+impl BareServer {
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.task).await;
+    }
+}
+
+async fn start_bare_in_process(nodelay: bool) -> anyhow::Result<BareServer> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(serve_bare(listener, nodelay, async {
+        let _ = stopped.await;
+    }));
+    Ok(BareServer { addr, stop, task })
+}
+
+/// The bare echo as a process of its own, on the default runtime like toolgate's binary. It
+/// runs until killed (the harness sends SIGTERM), and for ten minutes at most.
+fn serve_bare_process(addr: Option<&str>) -> ExitCode {
+    let Some(addr) = addr.and_then(|a| a.parse::<SocketAddr>().ok()) else {
+        eprintln!("{BARE_SERVER_FLAG} needs a socket address");
+        return ExitCode::from(2);
+    };
+    if !addr.ip().is_loopback() {
+        eprintln!("{BARE_SERVER_FLAG} listens on loopback addresses only");
+        return ExitCode::from(2);
+    }
+    let served = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(anyhow::Error::from)
+        .and_then(|rt| {
+            rt.block_on(async {
+                let listener = tokio::net::TcpListener::bind(addr).await?;
+                serve_bare(listener, true, tokio::time::sleep(Duration::from_secs(600))).await?;
+                Ok::<(), anyhow::Error>(())
+            })
+        });
+    match served {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("bare echo: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+// --- the toolgate binary -------------------------------------------------------------------------
+
+/// `target/release/toolgate serve` on a free loopback port with the bench catalog.
+struct Binary {
+    child: Option<Child>,
+    addr: SocketAddr,
+    spawned: Instant,
+    log: PathBuf,
+}
+
+impl Binary {
+    fn spawn(exe: &Path, config: &Path, dir: &Path, service: &str) -> anyhow::Result<Self> {
+        let addr = free_port()?;
+        let log = dir.join(format!("{service}.log"));
+        let spawned = Instant::now();
+        let child = Command::new(exe)
+            .arg("serve")
+            .arg("--config")
+            .arg(config)
+            .args(["--listen", &addr.to_string(), "--log-format", "json"])
+            .env(SECRET_ENV, SECRET)
+            .env("OTEL_SERVICE_NAME", service)
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(File::create(&log)?)
+            .spawn()
+            .with_context(|| format!("starting {}", exe.display()))?;
+        Ok(Binary {
+            child: Some(child),
+            addr,
+            spawned,
+            log,
+        })
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// Waits until the health service answers SERVING; returns how long after spawning the
+    /// port accepted a connection and health said SERVING.
+    fn wait_serving(&mut self, client_rt: &Runtime) -> anyhow::Result<Startup> {
+        let child = self.child.as_mut().context("binary already stopped")?;
+        let mut listening = Duration::ZERO;
+        let serving = wait_listening(child, self.addr, Duration::from_secs(10)).and_then(|()| {
+            listening = self.spawned.elapsed();
+            client_rt.block_on(health_serving(self.addr))
+        });
+        match serving {
+            Ok(()) => Ok(Startup {
+                listening,
+                serving: self.spawned.elapsed(),
+            }),
+            Err(err) => {
+                let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+                Err(err.context(format!("toolgate did not start; its log:\n{log}")))
+            }
+        }
+    }
+
+    fn stop(&mut self) -> anyhow::Result<()> {
+        match self.child.take() {
+            Some(child) => stop(child, Duration::from_secs(15)),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Binary {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// How long one start took.
+#[derive(Debug, Clone, Copy)]
+struct Startup {
+    /// Until the port accepted a TCP connection.
+    listening: Duration,
+    /// Until the health service answered SERVING.
+    serving: Duration,
+}
+
+/// Polls a TCP connect every 200 µs until `addr` accepts, the child exits, or `limit` passes.
+fn wait_listening(child: &mut Child, addr: SocketAddr, limit: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
+            return Ok(());
+        }
+        if let Some(status) = child.try_wait()? {
+            bail!("the server exited before listening on {addr}: {status}");
+        }
+        if Instant::now() > deadline {
+            bail!("nothing listens on {addr} after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// Asks the standard health service until it says SERVING (bounded).
+async fn health_serving(addr: SocketAddr) -> anyhow::Result<()> {
+    use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus};
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        match connect(addr).await {
+            Ok(channel) => {
+                let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+                match health.check(HealthCheckRequest::default()).await {
+                    Ok(r) if r.get_ref().status == ServingStatus::Serving as i32 => return Ok(()),
+                    Ok(r) => last = format!("status {}", r.get_ref().status),
+                    Err(status) => last = status.to_string(),
+                }
+            }
+            Err(err) => last = err.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    bail!("health never said SERVING: {last}")
+}
+
+/// SIGTERM, then SIGKILL if the process has not exited within `grace`.
+fn stop(mut child: Child, grace: Duration) -> anyhow::Result<()> {
+    let pid = libc::pid_t::try_from(child.id())?;
+    // SAFETY: kill(2) with a pid we spawned and still own (not yet waited for).
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        if child.try_wait()?.is_some() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.kill()?;
+    child.wait()?;
+    bail!("process {pid} ignored SIGTERM for {grace:?} and was killed")
+}
+
+/// A process's resident memory from /proc/PID/status, in KiB: VmRSS (= RssAnon + RssFile +
+/// RssShmem), VmHWM (its peak), and the anonymous (heap, stacks) and file-backed (pages of the
+/// mapped executable, shared with the page cache) parts.
+#[derive(Debug, Clone, Copy, Default)]
+struct Memory {
+    rss_kib: u64,
+    hwm_kib: u64,
+    anon_kib: u64,
+    file_kib: u64,
+}
+
+impl Memory {
+    fn describe(&self) -> String {
+        format!(
+            "{:.1} MiB (anonymous {:.1} + file-backed {:.1})",
+            mib(self.rss_kib),
+            mib(self.anon_kib),
+            mib(self.file_kib)
+        )
+    }
+}
+
+fn memory(pid: u32) -> Option<Memory> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|kib| kib.parse().ok())
+    };
+    Some(Memory {
+        rss_kib: field("VmRSS:")?,
+        hwm_kib: field("VmHWM:")?,
+        anon_kib: field("RssAnon:")?,
+        file_kib: field("RssFile:")?,
+    })
+}
+
+// --- load ----------------------------------------------------------------------------------------
+
+/// What the load is sent to, and what a correct answer looks like.
+#[derive(Clone)]
+struct Target {
+    name: &'static str,
+    addr: SocketAddr,
+    request: proto::ExecuteToolRequest,
+    auth: MetadataValue<Ascii>,
+    expected_output: String,
+    /// Set TCP_NODELAY on the server's accepted sockets (in this process) before measuring.
+    set_nodelay: bool,
+}
+
+impl Target {
+    fn new(
+        name: &'static str,
+        addr: SocketAddr,
+        request: &proto::ExecuteToolRequest,
+        auth: &MetadataValue<Ascii>,
+        expected_output: &str,
+    ) -> Self {
+        Target {
+            name,
+            addr,
+            request: request.clone(),
+            auth: auth.clone(),
+            expected_output: expected_output.to_owned(),
+            set_nodelay: false,
+        }
+    }
+}
+
+/// Sets TCP_NODELAY on every accepted socket of this process whose local port is `port` (the
+/// server side of loopback connections to a server running in this process); returns how many.
+///
+/// This is how the harness shows what toolgate would do if its listener set TCP_NODELAY as its
+/// builder asks: the option is per socket and takes effect at once, whoever sets it.
+fn set_nodelay_on_accepted(port: u16) -> usize {
+    let Ok(fds) = std::fs::read_dir("/proc/self/fd") else {
+        return 0;
+    };
+    let mut set = 0;
+    for entry in fds.flatten() {
+        let Some(fd) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let is_socket = std::fs::read_link(entry.path())
+            .is_ok_and(|target| target.to_string_lossy().starts_with("socket:"));
+        if !is_socket {
+            continue;
+        }
+        // SAFETY: plain socket calls on a descriptor this process owns, with buffers of the
+        // sizes passed; nothing is kept.
+        unsafe {
+            let mut local: libc::sockaddr_in = std::mem::zeroed();
+            let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            let ok = libc::getsockname(fd, (&raw mut local).cast(), &mut len) == 0;
+            if !ok
+                || i32::from(local.sin_family) != libc::AF_INET
+                || u16::from_be(local.sin_port) != port
+            {
+                continue;
+            }
+            let mut peer: libc::sockaddr_in = std::mem::zeroed();
+            let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            // The listener has no peer; accepted sockets do.
+            if libc::getpeername(fd, (&raw mut peer).cast(), &mut len) != 0 {
+                continue;
+            }
+            let on: libc::c_int = 1;
+            if libc::setsockopt(
+                fd,
+                libc::IPPROTO_TCP,
+                libc::TCP_NODELAY,
+                (&raw const on).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            ) == 0
+            {
+                set += 1;
+            }
+        }
+    }
+    set
+}
+
+async fn connect(addr: SocketAddr) -> anyhow::Result<Channel> {
+    Ok(Endpoint::from_shared(format!("http://{addr}"))?
+        .tcp_nodelay(true)
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await?)
+}
+
+async fn connect_all(addr: SocketAddr, n: usize) -> anyhow::Result<Vec<Channel>> {
+    let mut channels = Vec::with_capacity(n);
+    for _ in 0..n {
+        channels.push(connect(addr).await?);
+    }
+    Ok(channels)
+}
+
+/// One ExecuteTool call; `Err` says why the answer is not an OK result.
+async fn call_once(
+    client: &mut ToolGateClient<Channel>,
+    target: &Target,
+) -> Result<proto::ToolResult, String> {
+    let mut request = Request::new(target.request.clone());
+    request
+        .metadata_mut()
+        .insert("authorization", target.auth.clone());
+    request.set_timeout(CALL_TIMEOUT);
+    let response = client
+        .execute_tool(request)
+        .await
+        .map_err(|s| format!("gRPC {:?}: {}", s.code(), s.message()))?;
+    let result = response
+        .into_inner()
+        .result
+        .ok_or_else(|| "no result".to_owned())?;
+    if result.status() != proto::ToolStatus::Ok {
+        return Err(format!(
+            "{} {}: {}",
+            result.status().as_str_name(),
+            result.error_type,
+            result.error_message
+        ));
+    }
+    Ok(result)
+}
+
+/// Latencies and outcomes of one measurement.
+struct Stats {
+    hist: Histogram<u64>,
+    ok: u64,
+    failed: u64,
+    first_failure: Option<String>,
+}
+
+impl Stats {
+    fn new() -> Self {
+        Stats {
+            hist: Histogram::new_with_bounds(1, HIST_MAX_NS, 3).expect("valid histogram bounds"),
+            ok: 0,
+            failed: 0,
+            first_failure: None,
+        }
+    }
+
+    fn record(&mut self, outcome: Result<(), String>, latency: Duration) {
+        match outcome {
+            Ok(()) => {
+                self.ok += 1;
+                self.hist
+                    .saturating_record(u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX));
+            }
+            Err(why) => {
+                self.failed += 1;
+                self.first_failure.get_or_insert(why);
+            }
+        }
+    }
+
+    fn merge(&mut self, other: Stats) {
+        let _ = self.hist.add(&other.hist);
+        self.ok += other.ok;
+        self.failed += other.failed;
+        if self.first_failure.is_none() {
+            self.first_failure = other.first_failure;
+        }
+    }
+
+    fn ms(&self, quantile: f64) -> f64 {
+        self.hist.value_at_quantile(quantile) as f64 / 1e6
+    }
+}
+
+/// One line of the results table.
+struct Row {
+    target: &'static str,
+    mode: String,
+    throughput: f64,
+    stats: Stats,
+    note: String,
+}
+
+/// What measuring one target gave.
+struct Measured {
+    ok: bool,
+    /// Calls sent in all (probe, warm-up and both modes), to compare with spans received.
+    calls: u64,
+}
+
+/// Probe, warm up, then max rate and fixed rate against one target.
+fn measure(
+    options: &Options,
+    client_rt: &Runtime,
+    target: &Target,
+    rows: &mut Vec<Row>,
+) -> anyhow::Result<Measured> {
+    let channels = client_rt.block_on(connect_all(target.addr, options.connections))?;
+    // A correct answer first on every connection: the numbers mean nothing if calls are refused.
+    for channel in &channels {
+        let probe = client_rt
+            .block_on(call_once(&mut ToolGateClient::new(channel.clone()), target))
+            .map_err(|why| anyhow!("{}: the probe call failed: {why}", target.name))?;
+        if probe.output != target.expected_output {
+            bail!(
+                "{}: the probe call returned {:?}, not the echoed text",
+                target.name,
+                probe.output
+            );
+        }
+    }
+    let mut setup_note = String::new();
+    if target.set_nodelay {
+        // Every connection was accepted (each answered its probe), so each has its socket now.
+        let set = set_nodelay_on_accepted(target.addr.port());
+        if set < channels.len() {
+            bail!(
+                "{}: TCP_NODELAY set on {set} accepted sockets, expected {}",
+                target.name,
+                channels.len()
+            );
+        }
+        setup_note = format!("TCP_NODELAY set by the harness on {set} accepted sockets; ");
+    }
+    let warmup = client_rt.block_on(closed_loop(
+        &channels,
+        options.concurrency,
+        target,
+        options.warmup,
+    ));
+    let (max, elapsed) = client_rt.block_on(closed_loop(
+        &channels,
+        options.concurrency,
+        target,
+        options.duration,
+    ));
+    let fixed = open_loop(client_rt, &channels, target, options.rate, options.duration);
+    let calls = channels.len() as u64
+        + warmup.0.ok
+        + warmup.0.failed
+        + max.ok
+        + max.failed
+        + fixed.stats.ok
+        + fixed.stats.failed;
+    let ok = max.failed == 0 && fixed.stats.failed == 0 && warmup.0.failed == 0;
+    rows.push(Row {
+        target: target.name,
+        mode: format!("max rate ({}×{})", options.connections, options.concurrency),
+        throughput: max.ok as f64 / elapsed.as_secs_f64(),
+        note: format!("{setup_note}{}", failure_note(&max))
+            .trim_end_matches("; ")
+            .to_owned(),
+        stats: max,
+    });
+    let mut note = format!(
+        "{setup_note}sent late p99 {:.3} ms (harness)",
+        fixed.send_lag.value_at_quantile(0.99) as f64 / 1e6
+    );
+    if fixed.skipped > 0 {
+        note.push_str(&format!("; {} not sent (backlog)", fixed.skipped));
+    }
+    if fixed.stats.first_failure.is_some() {
+        note.push_str("; ");
+        note.push_str(&failure_note(&fixed.stats));
+    }
+    rows.push(Row {
+        target: target.name,
+        mode: format!("{} rps", options.rate),
+        throughput: fixed.stats.ok as f64 / fixed.elapsed.as_secs_f64(),
+        stats: fixed.stats,
+        note,
+    });
+    Ok(Measured { ok, calls })
+}
+
+fn failure_note(stats: &Stats) -> String {
+    match &stats.first_failure {
+        Some(why) => format!("first failure: {why}"),
+        None => String::new(),
+    }
+}
+
+/// Max rate: every connection carries `concurrency` callers that each send their next call as
+/// soon as the last one is answered, for `duration`.
+async fn closed_loop(
+    channels: &[Channel],
+    concurrency: usize,
+    target: &Target,
+    duration: Duration,
+) -> (Stats, Duration) {
+    let start = Instant::now();
+    let end = start + duration;
+    let mut callers = JoinSet::new();
+    for channel in channels {
+        for _ in 0..concurrency {
+            let mut client = ToolGateClient::new(channel.clone());
+            let target = target.clone();
+            callers.spawn(async move {
+                let mut stats = Stats::new();
+                while Instant::now() < end {
+                    let sent = Instant::now();
+                    let outcome = call_once(&mut client, &target).await.map(drop);
+                    stats.record(outcome, sent.elapsed());
+                }
+                stats
+            });
+        }
+    }
+    let mut total = Stats::new();
+    while let Some(stats) = callers.join_next().await {
+        match stats {
+            Ok(stats) => total.merge(stats),
+            Err(err) => total.record(Err(format!("caller task failed: {err}")), Duration::ZERO),
+        }
+    }
+    (total, start.elapsed())
+}
+
+/// What a fixed-rate run gave.
+struct OpenLoop {
+    /// Latency from each call's intended send time to its answer.
+    stats: Stats,
+    /// How late calls were sent relative to the schedule (the harness's own delay).
+    send_lag: Histogram<u64>,
+    skipped: u64,
+    elapsed: Duration,
+}
+
+/// Fixed rate: calls are started on a schedule (`rate` per second, round-robin over the
+/// connections) whether or not earlier ones were answered, and each latency counts from the
+/// call's intended start, so a stall shows up in the percentiles instead of pausing the load.
+/// This thread paces with `thread::sleep` (tens of µs late, unlike a 1 ms tokio timer).
+fn open_loop(
+    client_rt: &Runtime,
+    channels: &[Channel],
+    target: &Target,
+    rate: u64,
+    duration: Duration,
+) -> OpenLoop {
+    struct Shared {
+        stats: Stats,
+        send_lag: Histogram<u64>,
+    }
+    let shared = Arc::new(Mutex::new(Shared {
+        stats: Stats::new(),
+        send_lag: Histogram::new_with_bounds(1, HIST_MAX_NS, 3).expect("valid bounds"),
+    }));
+    let (outstanding, mut outstanding_rx) = watch::channel(0u64);
+    let outstanding = Arc::new(outstanding);
+    let answered = Arc::new(AtomicU64::new(0));
+    let total = (rate as f64 * duration.as_secs_f64()).round().max(1.0) as u64;
+    let interval = Duration::from_secs_f64(1.0 / rate as f64);
+    let clients: Vec<_> = channels.iter().cloned().map(ToolGateClient::new).collect();
+    let mut skipped = 0;
+    let start = Instant::now() + Duration::from_millis(5);
+    for i in 0..total {
+        let intended = start + interval.mul_f64(i as f64);
+        let now = Instant::now();
+        if intended > now {
+            std::thread::sleep(intended - now);
+        }
+        if *outstanding.borrow() >= MAX_OUTSTANDING {
+            skipped += 1;
+            continue;
+        }
+        outstanding.send_modify(|n| *n += 1);
+        let mut client = clients[i as usize % clients.len()].clone();
+        let target = target.clone();
+        let shared = shared.clone();
+        let outstanding = outstanding.clone();
+        let answered = answered.clone();
+        client_rt.spawn(async move {
+            let sent = Instant::now();
+            let outcome = call_once(&mut client, &target).await.map(drop);
+            let latency = intended.elapsed();
+            answered.fetch_add(1, Ordering::Relaxed);
+            if let Ok(mut shared) = shared.lock() {
+                shared.stats.record(outcome, latency);
+                let lag = sent.saturating_duration_since(intended);
+                shared
+                    .send_lag
+                    .saturating_record(u64::try_from(lag.as_nanos()).unwrap_or(u64::MAX));
+            }
+            outstanding.send_modify(|n| *n -= 1);
+        });
+    }
+    // Every call has a deadline, so this wait is bounded too.
+    client_rt.block_on(async {
+        let _ = tokio::time::timeout(
+            CALL_TIMEOUT + Duration::from_secs(5),
+            outstanding_rx.wait_for(|n| *n == 0),
+        )
+        .await;
+    });
+    let elapsed = start.elapsed();
+    let mut shared = shared.lock().unwrap_or_else(|e| e.into_inner());
+    let unanswered = total - skipped - answered.load(Ordering::Relaxed);
+    for _ in 0..unanswered {
+        shared.stats.record(Err("no answer".into()), Duration::ZERO);
+    }
+    OpenLoop {
+        stats: std::mem::replace(&mut shared.stats, Stats::new()),
+        send_lag: shared.send_lag.clone(),
+        skipped,
+        elapsed,
+    }
+}
+
+// --- slow calls ----------------------------------------------------------------------------------
+
+/// What the slow-call memory test saw.
+#[derive(Default)]
+struct Slow {
+    calls: usize,
+    ok: u64,
+    failed: u64,
+    first_failure: Option<String>,
+    /// The most calls inside the server at one moment (from answer times and server durations).
+    max_in_flight: usize,
+    peak: Memory,
+    after: Memory,
+    connections: usize,
+    /// When the last call started inside the server, since the first was sent.
+    last_started_ms: i64,
+}
+
+/// Opens `options.slow_calls` calls of the slow tool at once, over several connections, and
+/// samples the server's RSS every 20 ms until they are answered.
+async fn slow_calls(
+    options: &Options,
+    addr: SocketAddr,
+    auth: &MetadataValue<Ascii>,
+    pid: u32,
+) -> anyhow::Result<Slow> {
+    let connections = options.slow_calls.div_ceil(SLOW_CALLS_PER_CONNECTION);
+    let channels = connect_all(addr, connections).await?;
+    let arguments_json = serde_json::json!({ "ms": options.slow_ms }).to_string();
+    let (done_tx, mut done_rx) = watch::channel(0usize);
+    let done_tx = Arc::new(done_tx);
+    let started = Instant::now();
+    let mut calls = JoinSet::new();
+    for i in 0..options.slow_calls {
+        let mut client = ToolGateClient::new(channels[i % connections].clone());
+        let mut request = Request::new(proto::ExecuteToolRequest {
+            call: Some(proto::ToolCall {
+                name: "slow".into(),
+                arguments_json: arguments_json.clone(),
+                ..Default::default()
+            }),
+            run_id: "run-bench-slow".into(),
+            step: 0,
+            catalog_revision: String::new(),
+        });
+        request.metadata_mut().insert("authorization", auth.clone());
+        request.set_timeout(Duration::from_millis(options.slow_ms) + Duration::from_secs(30));
+        let done_tx = done_tx.clone();
+        calls.spawn(async move {
+            let answer = client.execute_tool(request).await;
+            let answered = started.elapsed();
+            done_tx.send_modify(|n| *n += 1);
+            match answer {
+                Ok(response) => match response.into_inner().result {
+                    Some(r) if r.status() == proto::ToolStatus::Ok => Ok((answered, r.duration_ms)),
+                    Some(r) => Err(format!("{}: {}", r.error_type, r.error_message)),
+                    None => Err("no result".into()),
+                },
+                Err(status) => Err(format!("gRPC {:?}: {}", status.code(), status.message())),
+            }
+        });
+    }
+    // Sample memory until every call is answered (bounded by the calls' own deadlines).
+    let mut peak = Memory::default();
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    let limit = Instant::now() + Duration::from_millis(options.slow_ms) + Duration::from_secs(40);
+    while *done_rx.borrow_and_update() < options.slow_calls && Instant::now() < limit {
+        tokio::select! {
+            _ = tick.tick() => {
+                if let Some(m) = memory(pid).filter(|m| m.rss_kib > peak.rss_kib) {
+                    peak = m;
+                }
+            }
+            changed = done_rx.changed() => {
+                // Every caller is gone (answered or failed): nothing more to wait for.
+                if changed.is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    let mut slow = Slow {
+        calls: options.slow_calls,
+        connections,
+        ..Slow::default()
+    };
+    // (start, +1) and (end, -1) in ms since `started`, server side: answered - duration.
+    let mut edges = Vec::with_capacity(options.slow_calls * 2);
+    while let Some(answer) = calls.join_next().await {
+        match answer.map_err(|e| e.to_string()).and_then(|a| a) {
+            Ok((answered, duration_ms)) => {
+                slow.ok += 1;
+                let end = answered.as_millis() as i64;
+                let start = end - duration_ms as i64;
+                slow.last_started_ms = slow.last_started_ms.max(start);
+                edges.push((start, 1i64));
+                edges.push((end, -1));
+            }
+            Err(why) => {
+                slow.failed += 1;
+                slow.first_failure.get_or_insert(why);
+            }
+        }
+    }
+    // Ends sort before starts at the same millisecond, so touching calls do not count as overlapping.
+    edges.sort_unstable();
+    let mut now = 0i64;
+    for (_, delta) in edges {
+        now += delta;
+        slow.max_in_flight = slow.max_in_flight.max(now.max(0) as usize);
+    }
+    slow.peak = peak;
+    slow.after = memory(pid).unwrap_or_default();
+    Ok(slow)
+}
+
+// --- the report ----------------------------------------------------------------------------------
+
+struct Report<'a> {
+    options: &'a Options,
+    rows: &'a [Row],
+    spans: &'a [(&'static str, u64, u64)],
+    startups: &'a [Startup],
+    idle: Memory,
+    slow: &'a Slow,
+    bare_idle: Memory,
+    bare_slow: &'a Slow,
+    load_at_start: String,
+    load_at_end: String,
+    otlp_endpoint: &'a str,
+}
+
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+fn verdict(quick: bool, met: bool) -> &'static str {
+    match (quick, met) {
+        (true, _) => "smoke run",
+        (false, true) => "met",
+        (false, false) => "MISSED",
+    }
+}
+
+fn print_report(r: &Report) {
+    let o = r.options;
+    let profile = if cfg!(debug_assertions) {
+        "debug (numbers not meaningful)"
+    } else {
+        "optimized (bench profile)"
+    };
+    println!();
+    println!(
+        "## toolgate load harness{}",
+        if o.quick { " (--quick)" } else { "" }
+    );
+    println!();
+    println!(
+        "build {profile}; {} CPUs; load average (1/5/15 min) {} at start, {} at end",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        r.load_at_start,
+        r.load_at_end
+    );
+    println!(
+        "ExecuteTool of `echo` with a {} B text; max rate: {} connections × {} in flight, \
+         {:?} after {:?} warm-up; fixed rate: {} rps for {:?}; OTLP collector at {}",
+        o.payload,
+        o.connections,
+        o.concurrency,
+        o.duration,
+        o.warmup,
+        o.rate,
+        o.duration,
+        r.otlp_endpoint
+    );
+    println!();
+    println!(
+        "| target | mode | throughput (calls/s) | p50 ms | p99 ms | p99.9 ms | max ms | ok | failed | notes |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---|");
+    for row in r.rows {
+        println!(
+            "| {} | {} | {:.0} | {:.3} | {:.3} | {:.3} | {:.3} | {} | {} | {} |",
+            row.target,
+            row.mode,
+            row.throughput,
+            row.stats.ms(0.5),
+            row.stats.ms(0.99),
+            row.stats.ms(0.999),
+            row.stats.hist.max() as f64 / 1e6,
+            row.stats.ok,
+            row.stats.failed,
+            row.note
+        );
+    }
+    println!();
+    for (target, spans, calls) in r.spans {
+        let included = if *spans == 0 {
+            "tracing export NOT included in these numbers"
+        } else {
+            "tracing export included"
+        };
+        println!("OTLP spans received from {target}: {spans} for {calls} calls ({included})");
+    }
+    println!();
+
+    let row = |target: &str, fixed: bool| {
+        r.rows
+            .iter()
+            .find(|row| row.target == target && row.mode.ends_with("rps") == fixed)
+    };
+    let mut checks: Vec<(String, String, String, &'static str)> = Vec::new();
+    for (pair, bare, gate) in [
+        ("in-process", BARE, TOOLGATE),
+        ("own processes", BARE_PROCESS, BINARY),
+        (
+            "projection: in-process with TCP_NODELAY fixed",
+            BARE,
+            TOOLGATE_NODELAY,
+        ),
+    ] {
+        if let (Some(b), Some(g)) = (row(bare, false), row(gate, false)) {
+            let ratio = g.throughput / b.throughput;
+            checks.push((
+                format!("ExecuteTool max throughput / bare echo ({pair})"),
+                format!(
+                    "{:.1} % ({:.0} / {:.0})",
+                    ratio * 100.0,
+                    g.throughput,
+                    b.throughput
+                ),
+                format!("≥ {:.0} %", GOAL_THROUGHPUT_RATIO * 100.0),
+                verdict(o.quick, ratio >= GOAL_THROUGHPUT_RATIO),
+            ));
+        }
+        if let (Some(b), Some(g)) = (row(bare, true), row(gate, true)) {
+            let added = g.stats.ms(0.99) - b.stats.ms(0.99);
+            checks.push((
+                format!("added p99 at {} rps ({pair})", o.rate),
+                format!(
+                    "{added:+.3} ms ({:.3} − {:.3})",
+                    g.stats.ms(0.99),
+                    b.stats.ms(0.99)
+                ),
+                format!("≤ {GOAL_ADDED_P99_MS} ms"),
+                verdict(o.quick, added <= GOAL_ADDED_P99_MS),
+            ));
+        }
+    }
+    checks.push((
+        "idle RSS of target/release/toolgate".into(),
+        format!(
+            "{}; VmHWM {:.1} MiB",
+            r.idle.describe(),
+            mib(r.idle.hwm_kib)
+        ),
+        format!("≤ {GOAL_IDLE_RSS_MIB} MiB"),
+        verdict(o.quick, mib(r.idle.rss_kib) <= GOAL_IDLE_RSS_MIB),
+    ));
+    let slow_line = |s: &Slow| {
+        format!(
+            "{} at the peak ({} in flight at once, {} ok, {} failed, over {} connections, the last started after {} ms; {:.1} MiB after){}",
+            s.peak.describe(),
+            s.max_in_flight,
+            s.ok,
+            s.failed,
+            s.connections,
+            s.last_started_ms,
+            mib(s.after.rss_kib),
+            s.first_failure
+                .as_ref()
+                .map(|why| format!("; first failure: {why}"))
+                .unwrap_or_default()
+        )
+    };
+    let s = r.slow;
+    let slow_met = mib(s.peak.rss_kib) <= GOAL_SLOW_RSS_MIB && s.max_in_flight >= s.calls;
+    checks.push((
+        format!("RSS with {} slow_task calls in flight", s.calls),
+        slow_line(s),
+        format!("≤ {GOAL_SLOW_RSS_MIB} MiB"),
+        verdict(o.quick, slow_met),
+    ));
+    checks.push((
+        "idle RSS of the bare echo process (diagnostic)".into(),
+        r.bare_idle.describe(),
+        "—".into(),
+        "—",
+    ));
+    checks.push((
+        format!(
+            "RSS of the bare echo process with {} slow calls in flight (diagnostic: the gRPC stack's share)",
+            r.bare_slow.calls
+        ),
+        slow_line(r.bare_slow),
+        "—".into(),
+        "—",
+    ));
+    let sorted = |of: fn(&Startup) -> Duration| {
+        let mut ms: Vec<f64> = r
+            .startups
+            .iter()
+            .map(|s| of(s).as_secs_f64() * 1e3)
+            .collect();
+        ms.sort_by(f64::total_cmp);
+        ms
+    };
+    let serving = sorted(|s| s.serving);
+    let listening = sorted(|s| s.listening);
+    if !serving.is_empty() {
+        let median = serving[serving.len() / 2];
+        checks.push((
+            format!("start → health SERVING (median of {})", serving.len()),
+            format!(
+                "{median:.1} ms (min {:.1}, max {:.1}); port accepting after {:.1} ms (median)",
+                serving[0],
+                serving[serving.len() - 1],
+                listening[listening.len() / 2]
+            ),
+            format!("≤ {GOAL_START_MS} ms"),
+            verdict(o.quick, median <= GOAL_START_MS),
+        ));
+    }
+    println!("| check | measured | target | verdict |");
+    println!("|---|---|---|---|");
+    for (check, measured, goal, verdict) in checks {
+        println!("| {check} | {measured} | {goal} | {verdict} |");
+    }
+    println!();
+}

@@ -1,0 +1,325 @@
+//! Prometheus metrics (prometheus-client) and the admin HTTP endpoint serving them with
+//! `/healthz` and `/readyz`.
+//!
+//! Label cardinality is bounded by the catalog: the `tool` label is a catalog tool name, or
+//! `(unknown)` for names the model made up; tenants, subjects and call ids are never labels (use
+//! traces and the audit log for per-tenant views).
+
+use std::{
+    net::SocketAddr,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+};
+
+use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, routing::get};
+use prometheus_client::{
+    encoding::{EncodeLabelSet, text::encode},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
+use tokio::{net::TcpListener, task::JoinHandle};
+
+use crate::{boundary::CallOutcome, error::Status};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallLabels {
+    tool: String,
+    status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ToolLabels {
+    tool: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusalLabels {
+    stage: String,
+    error_type: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReloadLabels {
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RevisionLabels {
+    revision: String,
+}
+
+/// The label for tools not in the catalog.
+pub const UNKNOWN_TOOL: &str = "(unknown)";
+
+fn duration_histogram() -> Histogram {
+    // 0.5 ms to ~33 s.
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        0.0005, 2.0, 17,
+    ))
+}
+
+/// Values read from elsewhere when scraped.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Snapshot {
+    pub approvals_pending: i64,
+    pub audit_queue_depth: i64,
+    pub audit_written: i64,
+    pub audit_dropped: i64,
+}
+
+/// All of toolgate's metrics.
+pub struct Metrics {
+    registry: Registry,
+    calls: Family<CallLabels, Counter>,
+    durations: Family<ToolLabels, Histogram, fn() -> Histogram>,
+    refusals: Family<RefusalLabels, Counter>,
+    rate_limited: Family<ToolLabels, Counter>,
+    in_flight: Gauge,
+    approvals_pending: Gauge,
+    audit_queue_depth: Gauge,
+    audit_written: Gauge,
+    audit_dropped: Gauge,
+    reloads: Family<ReloadLabels, Counter>,
+    revision: Family<RevisionLabels, Gauge>,
+    current_revision: Mutex<String>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("toolgate");
+        let calls = Family::<CallLabels, Counter>::default();
+        registry.register(
+            "tool_calls",
+            "Tool calls by tool and final status",
+            calls.clone(),
+        );
+        let durations = Family::<ToolLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+            duration_histogram,
+        );
+        registry.register(
+            "tool_call_duration_seconds",
+            "Time a call spent in the sidecar",
+            durations.clone(),
+        );
+        let refusals = Family::<RefusalLabels, Counter>::default();
+        registry.register(
+            "refusals",
+            "Calls not OK, by the stage that decided and the error type",
+            refusals.clone(),
+        );
+        let rate_limited = Family::<ToolLabels, Counter>::default();
+        registry.register(
+            "rate_limited",
+            "Calls refused by a rate limit",
+            rate_limited.clone(),
+        );
+        let in_flight = Gauge::default();
+        registry.register(
+            "calls_in_flight",
+            "Tool calls being decided or run now",
+            in_flight.clone(),
+        );
+        let approvals_pending = Gauge::default();
+        registry.register(
+            "approvals_pending",
+            "Approvals waiting for a decision",
+            approvals_pending.clone(),
+        );
+        let audit_queue_depth = Gauge::default();
+        registry.register(
+            "audit_queue_depth",
+            "Audit events waiting to be written",
+            audit_queue_depth.clone(),
+        );
+        let audit_written = Gauge::default();
+        registry.register(
+            "audit_events_written",
+            "Audit events written since start",
+            audit_written.clone(),
+        );
+        let audit_dropped = Gauge::default();
+        registry.register(
+            "audit_events_dropped",
+            "Audit events lost since start (should stay 0)",
+            audit_dropped.clone(),
+        );
+        let reloads = Family::<ReloadLabels, Counter>::default();
+        registry.register(
+            "catalog_reloads",
+            "Catalog reloads by result (ok, refused)",
+            reloads.clone(),
+        );
+        let revision = Family::<RevisionLabels, Gauge>::default();
+        registry.register(
+            "catalog_revision_info",
+            "1 for the catalog revision being served",
+            revision.clone(),
+        );
+        Metrics {
+            registry,
+            calls,
+            durations,
+            refusals,
+            rate_limited,
+            in_flight,
+            approvals_pending,
+            audit_queue_depth,
+            audit_written,
+            audit_dropped,
+            reloads,
+            revision,
+            current_revision: Mutex::new(String::new()),
+        }
+    }
+
+    /// Counts a call in flight for as long as the returned guard lives.
+    pub fn in_flight(&self) -> InFlight<'_> {
+        self.in_flight.inc();
+        InFlight(&self.in_flight)
+    }
+
+    /// Calls in flight now.
+    pub fn calls_in_flight(&self) -> i64 {
+        self.in_flight.get()
+    }
+
+    /// Records a finished call; `known_tool` says whether the name is in the catalog.
+    pub fn observe(&self, outcome: &CallOutcome, known_tool: bool) {
+        let tool = if known_tool {
+            outcome.tool.clone()
+        } else {
+            UNKNOWN_TOOL.to_owned()
+        };
+        self.calls
+            .get_or_create(&CallLabels {
+                tool: tool.clone(),
+                status: outcome.status.as_str().to_owned(),
+            })
+            .inc();
+        self.durations
+            .get_or_create(&ToolLabels { tool: tool.clone() })
+            .observe(outcome.duration.as_secs_f64());
+        if let Some(refusal) = &outcome.refusal {
+            self.refusals
+                .get_or_create(&RefusalLabels {
+                    stage: refusal.stage.as_str().to_owned(),
+                    error_type: refusal.reason.code().to_owned(),
+                })
+                .inc();
+            if outcome.status == Status::RateLimited {
+                self.rate_limited.get_or_create(&ToolLabels { tool }).inc();
+            }
+        }
+    }
+
+    /// Records a reload attempt.
+    pub fn reload(&self, ok: bool) {
+        let result = if ok { "ok" } else { "refused" };
+        self.reloads
+            .get_or_create(&ReloadLabels {
+                result: result.to_owned(),
+            })
+            .inc();
+    }
+
+    /// The catalog revision now served.
+    pub fn serving_revision(&self, revision: &str) {
+        let mut current = self
+            .current_revision
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if *current != revision {
+            self.revision.remove(&RevisionLabels {
+                revision: current.clone(),
+            });
+            self.revision
+                .get_or_create(&RevisionLabels {
+                    revision: revision.to_owned(),
+                })
+                .set(1);
+            *current = revision.to_owned();
+        }
+    }
+
+    /// Prometheus text exposition.
+    pub fn render(&self, snapshot: Snapshot) -> String {
+        self.approvals_pending.set(snapshot.approvals_pending);
+        self.audit_queue_depth.set(snapshot.audit_queue_depth);
+        self.audit_written.set(snapshot.audit_written);
+        self.audit_dropped.set(snapshot.audit_dropped);
+        let mut text = String::new();
+        if let Err(err) = encode(&mut text, &self.registry) {
+            tracing::error!(error = %err, "cannot encode metrics");
+        }
+        text
+    }
+}
+
+/// See [`Metrics::in_flight`].
+pub struct InFlight<'a>(&'a Gauge);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// What the admin endpoint reads.
+pub struct AdminState {
+    pub metrics: Arc<Metrics>,
+    pub snapshot: Box<dyn Fn() -> Snapshot + Send + Sync>,
+    pub ready: AtomicBool,
+}
+
+/// Serves `/metrics`, `/healthz` (the process is up) and `/readyz` (serving calls) until aborted.
+pub async fn serve_admin(
+    addr: SocketAddr,
+    state: Arc<AdminState>,
+) -> std::io::Result<(SocketAddr, JoinHandle<()>)> {
+    let listener = TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    let app = Router::new()
+        .route("/metrics", get(metrics_text))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readiness))
+        .with_state(state);
+    let task = tokio::spawn(async move {
+        if let Err(err) = axum::serve(listener, app).await {
+            tracing::error!(error = %err, "admin endpoint stopped");
+        }
+    });
+    Ok((bound, task))
+}
+
+async fn metrics_text(State(state): State<Arc<AdminState>>) -> impl IntoResponse {
+    let body = state.metrics.render((state.snapshot)());
+    (
+        [(
+            "content-type",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        body,
+    )
+}
+
+async fn readiness(State(state): State<Arc<AdminState>>) -> impl IntoResponse {
+    if state.ready.load(Ordering::Relaxed) {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")
+    }
+}

@@ -1,0 +1,879 @@
+//! Reliability: load from 64 concurrent clients, broken upstreams and stubborn processes, SIGTERM
+//! to the real binary under load, and hostile input. Every loop is bounded in count and time, and
+//! all traffic stays on loopback.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    io::{BufRead, BufReader},
+    net::SocketAddr,
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use futures::future::join_all;
+use serde_json::Value;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpListener,
+};
+use tonic::{Code, metadata::MetadataValue, transport::Endpoint};
+use toolgate::{
+    config::Env,
+    proto::{self, ToolStatus, tool_gate_client::ToolGateClient},
+};
+
+use crate::support::{STAGES, TestServer, call, exec, execute_request, who};
+
+/// Fails the test instead of hanging it.
+async fn within<T>(limit: Duration, what: &str, future: impl Future<Output = T>) -> T {
+    tokio::time::timeout(limit, future)
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not finish within {limit:?}"))
+}
+
+// --- load ------------------------------------------------------------------------------------------
+
+/// What a load call was, so its result can be checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    Echo,
+    Limited,
+    Approval,
+    BadSchema,
+    Slow,
+}
+
+const KINDS: [Kind; 5] = [
+    Kind::Echo,
+    Kind::Limited,
+    Kind::Approval,
+    Kind::BadSchema,
+    Kind::Slow,
+];
+
+fn load_call(kind: Kind, id: &str) -> proto::ToolCall {
+    let mut c = match kind {
+        Kind::Echo => call("echo", &format!(r#"{{"text":"{id}"}}"#)),
+        Kind::Limited => call("limited", "{}"),
+        Kind::Approval => call("approve_me", &format!(r#"{{"amount":1,"order":"{id}"}}"#)),
+        Kind::BadSchema => call("typed", r#"{"count":0,"mode":"sideways"}"#),
+        Kind::Slow => call("slow", r#"{"ms":5}"#),
+    };
+    c.call_id = id.to_owned();
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_clients_get_exact_outcomes_quotas_and_one_audit_event_per_call() {
+    const CLIENTS: usize = 64;
+    const CALLS_EACH: usize = 20;
+    // The short sleeps must not time out just because the machine is busy.
+    let server = TestServer::start(&STAGES.replacen("timeout: 300ms", "timeout: 10s", 1)).await;
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        clients.push(server.client().await); // one connection each
+    }
+    let started = Instant::now();
+    let runs = clients
+        .into_iter()
+        .enumerate()
+        .map(|(c, mut client)| async move {
+            let tenant = if c % 2 == 0 { "acme" } else { "globex" };
+            let mut results = Vec::new();
+            for i in 0..CALLS_EACH {
+                let kind = KINDS[(c + i) % KINDS.len()];
+                let id = format!("c{c}-{i}");
+                let answer = client
+                    .execute_tool(who(tenant).request(execute_request(load_call(kind, &id))))
+                    .await
+                    .map(|r| r.into_inner().result.expect("a result"));
+                results.push((tenant, kind, id, answer));
+            }
+            results
+        });
+    let results: Vec<_> = within(Duration::from_secs(60), "the load", join_all(runs))
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    let elapsed = started.elapsed();
+    assert_eq!(results.len(), CLIENTS * CALLS_EACH);
+
+    let mut admitted: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut approval_ids = BTreeSet::new();
+    let mut expected_audit = BTreeMap::new();
+    for (tenant, kind, id, answer) in &results {
+        let r = answer
+            .as_ref()
+            .unwrap_or_else(|status| panic!("{id} ({kind:?}) got a gRPC error: {status:?}"));
+        assert_eq!(&r.call_id, id);
+        let outcome = (r.status(), r.error_type.as_str());
+        match kind {
+            Kind::Echo => {
+                assert_eq!(outcome, (ToolStatus::Ok, ""), "{r:?}");
+                assert_eq!(&r.model_text, id);
+            }
+            Kind::Limited => match outcome {
+                (ToolStatus::Ok, "") => *admitted.entry(tenant).or_default() += 1,
+                (ToolStatus::RateLimited, "rate_limited") => assert!(r.retryable),
+                _ => panic!("{r:?}"),
+            },
+            Kind::Approval => {
+                assert_eq!(
+                    outcome,
+                    (ToolStatus::ApprovalRequired, "approval_required"),
+                    "{r:?}"
+                );
+                assert!(approval_ids.insert(r.approval_id.clone()), "{r:?}");
+            }
+            Kind::BadSchema => {
+                assert_eq!(
+                    (outcome, r.refused_by.as_str()),
+                    ((ToolStatus::InvalidArguments, "schema_violation"), "schema"),
+                    "{r:?}"
+                );
+            }
+            Kind::Slow => {
+                assert_eq!(outcome, (ToolStatus::Ok, ""), "{r:?}");
+                assert_eq!(r.output, r#"{"slept_ms":5}"#);
+            }
+        }
+        expected_audit.insert(
+            id.clone(),
+            r.status()
+                .as_str_name()
+                .trim_start_matches("TOOL_STATUS_")
+                .to_owned(),
+        );
+    }
+    // 5/min on a clock that does not move: exactly the quota, per tenant, under contention.
+    assert_eq!(
+        admitted,
+        BTreeMap::from([("acme", 5), ("globex", 5)]),
+        "rate limit not exact"
+    );
+    assert_eq!(approval_ids.len(), CLIENTS * CALLS_EACH / KINDS.len());
+    assert_eq!(server.boundary().pending_approvals(), approval_ids.len());
+
+    // Exactly one audit event per call, with the status the caller saw.
+    let events = server.audit_events().await;
+    let mut audited = BTreeMap::new();
+    for event in &events {
+        assert_eq!(event["kind"], "tool_call", "{event}");
+        let id = event["call_id"].as_str().unwrap().to_owned();
+        let status = event["status"].as_str().unwrap().to_owned();
+        assert!(
+            audited.insert(id, status).is_none(),
+            "two events for one call: {event}"
+        );
+    }
+    assert_eq!(audited, expected_audit);
+    eprintln!(
+        "load: {} calls from {CLIENTS} clients in {elapsed:?}",
+        results.len()
+    );
+    assert!(
+        elapsed < Duration::from_secs(20),
+        "the load took {elapsed:?}"
+    );
+    server.stop().await;
+}
+
+// --- faults ----------------------------------------------------------------------------------------
+
+/// How a fake upstream misbehaves on every connection.
+#[derive(Clone, Copy)]
+enum Misbehaviour {
+    /// Reads the request and never answers.
+    Hang,
+    /// Closes with a TCP reset at once.
+    Reset,
+    /// Closes cleanly (FIN) at once, before any response.
+    Close,
+    /// Answers with bytes that are not HTTP, then closes.
+    Garbage,
+}
+
+async fn broken_upstream(how: Misbehaviour) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                match how {
+                    Misbehaviour::Hang => {
+                        // Until the client gives up and closes, bounded all the same.
+                        let mut sink = Vec::new();
+                        let _ = tokio::time::timeout(
+                            Duration::from_secs(30),
+                            stream.read_to_end(&mut sink),
+                        )
+                        .await;
+                    }
+                    Misbehaviour::Reset => {
+                        stream.set_zero_linger().unwrap();
+                        drop(stream);
+                    }
+                    Misbehaviour::Close => drop(stream),
+                    Misbehaviour::Garbage => {
+                        let mut buf = [0u8; 1024];
+                        let _ = stream.read(&mut buf).await;
+                        let _ = stream
+                            .write_all(
+                                b"SSH-2.0-OpenSSH_9.0\r\n\x00\xff\xfe garbage \x01\x02\r\n\r\n",
+                            )
+                            .await;
+                        let _ = stream.shutdown().await;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+fn python() -> String {
+    std::env::var("TOOLGATE_TEST_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+/// True once the process has exited (a zombie has exited too; only its parent has not reaped it).
+fn pid_gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
+    }
+}
+
+/// Runs `fault` and, while it is in progress, an echo on another connection: the echo must be
+/// answered promptly however the fault goes.
+async fn with_echo_alongside(
+    server: &TestServer,
+    fault: impl Future<Output = proto::ToolResult>,
+) -> (proto::ToolResult, Duration) {
+    let mut echo_client = server.client().await;
+    let started = Instant::now();
+    let (result, echo) = within(Duration::from_secs(10), "a faulty call", async {
+        tokio::join!(
+            async {
+                let r = fault.await;
+                (r, started.elapsed())
+            },
+            async {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let echo_started = Instant::now();
+                let r = exec(
+                    &mut echo_client,
+                    &who("acme"),
+                    call("echo", r#"{"text":"alive"}"#),
+                )
+                .await;
+                (r, echo_started.elapsed())
+            }
+        )
+    })
+    .await;
+    let (echo, echo_took) = echo;
+    assert_eq!(
+        (echo.status(), echo.model_text.as_str()),
+        (ToolStatus::Ok, "alive"),
+        "{echo:?}"
+    );
+    assert!(
+        echo_took < Duration::from_secs(2),
+        "an echo next to a fault took {echo_took:?}"
+    );
+    result
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hanging_resetting_and_garbage_upstreams_fail_promptly_while_others_are_served() {
+    let mut upstreams = String::new();
+    let mut tools = String::new();
+    for (name, how, timeout) in [
+        ("hang", Misbehaviour::Hang, "500ms"),
+        ("reset", Misbehaviour::Reset, "5s"),
+        ("close", Misbehaviour::Close, "5s"),
+        ("garbage", Misbehaviour::Garbage, "5s"),
+    ] {
+        let addr = broken_upstream(how).await;
+        upstreams += &format!(
+            "  {name}:\n    url: http://{addr}\n    allow_schemes: [http]\n    allow_private_addresses: true\n"
+        );
+        tools += &format!(
+            "  - {{ name: {name}, description: d, risk_level: read_only, timeout: {timeout}, executor: {{ http: {{ upstream: {name}, path: /call }} }}, input_schema: {{ type: object }} }}\n"
+        );
+    }
+    let yaml = format!(
+        "version: 1\nidentity: {{ dev_identity: true }}\ntenants: {{ acme: {{}} }}\nupstreams:\n{upstreams}tools:\n{tools}  - {{ name: echo, description: d, risk_level: read_only, executor: {{ builtin: echo }}, input_schema: {{ type: object }} }}\n"
+    );
+    let server = TestServer::start(&yaml).await;
+    let client = server.client().await;
+    let run = |tool: &'static str| {
+        let mut client = client.clone();
+        async move { exec(&mut client, &who("acme"), call(tool, "{}")).await }
+    };
+
+    let (r, took) = with_echo_alongside(&server, run("hang")).await;
+    assert_eq!(
+        (r.status(), r.error_type.as_str(), r.retryable),
+        (ToolStatus::Timeout, "timeout", true),
+        "{r:?}"
+    );
+    assert!(r.error_message.contains("500 ms"), "{}", r.error_message);
+    assert!(
+        took >= Duration::from_millis(450) && took < Duration::from_millis(2000),
+        "a hanging upstream answered after {took:?}, not at its 500 ms timeout"
+    );
+
+    for tool in ["reset", "close", "garbage"] {
+        let (r, took) = with_echo_alongside(&server, run(tool)).await;
+        assert_eq!(
+            (r.status(), r.error_type.as_str(), r.retryable),
+            (ToolStatus::Error, "upstream_unavailable", true),
+            "{tool}: {r:?}"
+        );
+        assert!(
+            took < Duration::from_secs(2),
+            "{tool}: answered after {took:?}, not promptly"
+        );
+        assert!(
+            !r.error_message.contains("127.0.0.1"),
+            "{tool}: the address leaked: {}",
+            r.error_message
+        );
+    }
+    // Every fault and every echo beside it left exactly one audit event.
+    assert_eq!(server.audit_events().await.len(), 4 * 2);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_that_ignores_sigterm_is_killed_at_its_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pid");
+    let script = format!(
+        "import os,signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); open({:?},'w').write(str(os.getpid())); time.sleep(60)",
+        pid_file.display().to_string()
+    );
+    let yaml = format!(
+        "version: 1\nidentity: {{ dev_identity: true }}\ntenants: {{ acme: {{}} }}\ntools:\n  - name: stubborn\n    description: d\n    risk_level: read_only\n    timeout: 300ms\n    input_schema: {{ type: object }}\n    executor:\n      process:\n        command: {}\n        args: [\"-c\", {}]\n        env: [PATH]\n  - {{ name: echo, description: d, risk_level: read_only, executor: {{ builtin: echo }}, input_schema: {{ type: object }} }}\n",
+        python(),
+        serde_json::to_string(&script).unwrap()
+    );
+    let env = Env::default().with("PATH", &std::env::var("PATH").unwrap_or_default());
+    let server = TestServer::start_with_env(&yaml, &env).await;
+    let mut client = server.client().await;
+    let (r, took) = with_echo_alongside(&server, async move {
+        exec(&mut client, &who("acme"), call("stubborn", "{}")).await
+    })
+    .await;
+    assert_eq!(
+        (r.status(), r.error_type.as_str()),
+        (ToolStatus::Timeout, "timeout"),
+        "{r:?}"
+    );
+    assert!(
+        took < Duration::from_millis(1500),
+        "answered after {took:?}, not at the 300 ms timeout"
+    );
+    // The program started (it wrote its pid) and is gone: SIGKILL, which it cannot ignore.
+    let pid: i32 = within(Duration::from_secs(5), "the pid file", async {
+        loop {
+            if let Ok(text) = std::fs::read_to_string(&pid_file)
+                && let Ok(pid) = text.trim().parse()
+            {
+                return pid;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    within(Duration::from_secs(5), "the process to die", async {
+        while !pid_gone(pid) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    server.stop().await;
+}
+
+// --- shutdown under load -----------------------------------------------------------------------------
+
+/// The real binary, started as `process.rs` starts it (duplicated here, minimally, to wait for
+/// many log lines): JSON logs with the boundary's debug "executing" line per call.
+struct Spawned {
+    child: Child,
+    addr: String,
+    messages: mpsc::Receiver<String>,
+    reader: Option<std::thread::JoinHandle<Vec<String>>>,
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+impl Spawned {
+    fn start(args: &[&str]) -> Spawned {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+            .args(["serve", "--log-format", "json", "--listen", "127.0.0.1:0"])
+            .args(["--admin-listen", "127.0.0.1:0"])
+            .args(args)
+            .env("RUST_LOG", "info,toolgate::boundary=debug")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn toolgate");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, messages) = mpsc::channel();
+        let reader = std::thread::spawn(move || {
+            let mut lines = Vec::new();
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Ok(json) = serde_json::from_str::<Value>(&line) {
+                    let fields = &json["fields"];
+                    if fields["message"] == "serving gRPC over TCP" {
+                        let _ = tx.send(format!("addr {}", fields["addr"].as_str().unwrap_or("")));
+                    }
+                    let _ = tx.send(fields["message"].as_str().unwrap_or("").to_owned());
+                }
+                lines.push(line);
+            }
+            lines
+        });
+        let mut addr = String::new();
+        loop {
+            let message = messages
+                .recv_timeout(Duration::from_secs(30))
+                .expect("toolgate reports SERVING within 30s");
+            if let Some(a) = message.strip_prefix("addr ") {
+                addr = a.to_owned();
+            }
+            if message == "catalog loaded; SERVING" {
+                break;
+            }
+        }
+        Spawned {
+            child,
+            addr,
+            messages,
+            reader: Some(reader),
+        }
+    }
+
+    /// Waits (bounded) until `count` log lines with this message have arrived.
+    fn wait_for_log(&self, message: &str, count: usize) {
+        let mut seen = 0;
+        while seen < count {
+            let next = self
+                .messages
+                .recv_timeout(Duration::from_secs(10))
+                .unwrap_or_else(|_| panic!("only {seen} of {count} {message:?} log lines"));
+            if next == message {
+                seen += 1;
+            }
+        }
+    }
+
+    fn sigterm(&self) {
+        let pid = libc::pid_t::try_from(self.child.id()).unwrap();
+        // SAFETY: kill only sends a signal to our own child.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    }
+
+    /// Waits (bounded) for the exit; kills the child if it does not come.
+    fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        None
+    }
+
+    /// Everything the child logged; call after it exited.
+    fn logs(mut self) -> String {
+        self.reader
+            .take()
+            .map(|r| r.join().unwrap_or_default())
+            .unwrap_or_default()
+            .join("\n")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_under_load_finishes_or_cleanly_refuses_every_call_and_audits_each_once() {
+    const CALLS: usize = 100;
+    const CHANNELS: usize = 4;
+    let dir = tempfile::tempdir().unwrap();
+    let audit_path = dir.path().join("audit.jsonl");
+    let config = dir.path().join("catalog.yaml");
+    let catalog = toolgate::config::DEMO_CATALOG.replace(
+        "audit:\n  sink: stdout\n",
+        &format!("audit:\n  sink: file\n  path: {}\n", audit_path.display()),
+    );
+    assert_ne!(catalog, toolgate::config::DEMO_CATALOG);
+    std::fs::write(&config, catalog).unwrap();
+    let spawned = Spawned::start(&["--config", config.to_str().unwrap()]);
+    let mut channels = Vec::new();
+    for _ in 0..CHANNELS {
+        channels.push(
+            Endpoint::from_shared(format!("http://{}", spawned.addr))
+                .unwrap()
+                .connect()
+                .await
+                .unwrap(),
+        );
+    }
+    let calls: Vec<_> = (0..CALLS)
+        .map(|i| {
+            let mut client = ToolGateClient::new(channels[i % CHANNELS].clone());
+            tokio::spawn(async move {
+                let mut c = call("slow_task", r#"{"ms":300}"#);
+                c.call_id = format!("shutdown-{i}");
+                let answer = client
+                    .execute_tool(who("acme").request(execute_request(c)))
+                    .await
+                    .map(|r| r.into_inner().result.expect("a result"));
+                (format!("shutdown-{i}"), answer)
+            })
+        })
+        .collect();
+    // The calls hold their own handles: once they are answered, no connection stays open to
+    // delay the exit.
+    drop(channels);
+    // SIGTERM only once the server is executing every one of them.
+    let spawned = tokio::task::spawn_blocking(move || {
+        spawned.wait_for_log("executing", CALLS);
+        spawned
+    })
+    .await
+    .unwrap();
+    spawned.sigterm();
+    let mut ok = BTreeSet::new();
+    let mut unavailable = 0;
+    for handle in calls {
+        let (id, answer) = within(Duration::from_secs(15), "a call during shutdown", handle)
+            .await
+            .unwrap();
+        match answer {
+            Ok(r) if r.status() == ToolStatus::Ok => {
+                ok.insert(id);
+            }
+            Err(status) if status.code() == Code::Unavailable => unavailable += 1,
+            other => panic!("{id}: neither OK nor a clean UNAVAILABLE: {other:?}"),
+        }
+    }
+    let (status, logs) = tokio::task::spawn_blocking(move || {
+        let mut spawned = spawned;
+        (spawned.wait_exit(Duration::from_secs(20)), spawned.logs())
+    })
+    .await
+    .unwrap();
+    let status = status.unwrap_or_else(|| panic!("no exit within 20s of SIGTERM:\n{logs}"));
+    assert_eq!(status.code(), Some(0), "{logs}");
+    // Every call reached the boundary, so each has exactly one event; those that finished say OK.
+    let text = std::fs::read_to_string(&audit_path).unwrap();
+    let events: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(events.len(), CALLS, "{text}");
+    let ids: BTreeSet<&str> = events
+        .iter()
+        .map(|e| e["call_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids.len(), CALLS, "an event twice, or one missing");
+    for event in &events {
+        let id = event["call_id"].as_str().unwrap();
+        assert_eq!(
+            event["status"] == "OK",
+            ok.contains(id),
+            "{event} vs what the client saw"
+        );
+    }
+    eprintln!(
+        "shutdown under load: {} OK, {unavailable} UNAVAILABLE",
+        ok.len()
+    );
+}
+
+// --- hostile input -----------------------------------------------------------------------------------
+
+const HOSTILE: &str = r#"version: 1
+identity: { dev_identity: true }
+tenants: { acme: {} }
+tools:
+  - name: echo
+    description: Strict.
+    risk_level: read_only
+    executor: { builtin: echo }
+    input_schema: { type: object, properties: { text: { type: string } }, required: [text], additionalProperties: false }
+  - name: any
+    description: Takes any object and returns it.
+    risk_level: read_only
+    executor: { builtin: echo_arguments }
+    input_schema: { type: object }
+"#;
+
+/// Resident memory of this process, in bytes.
+fn vm_rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/self/status");
+    kb * 1024
+}
+
+/// `{"k0000000":0,...}` with `n` keys (12 bytes each).
+fn many_keys(n: usize) -> String {
+    let body: Vec<String> = (0..n).map(|i| format!("\"k{i:07}\":0")).collect();
+    format!("{{{}}}", body.join(","))
+}
+
+async fn assert_alive(client: &mut ToolGateClient<tonic::transport::Channel>, after: &str) {
+    let r = exec(
+        client,
+        &who("acme"),
+        call("echo", r#"{"text":"still here"}"#),
+    )
+    .await;
+    assert_eq!(r.model_text, "still here", "after {after}: {r:?}");
+}
+
+/// One pass of every kind of hostile request against both servers.
+async fn barrage(small: &TestServer, server: &TestServer) {
+    // A message over the configured gRPC maximum (64 KiB) is refused before it is decoded.
+    let mut client = small.client().await;
+    let big = format!(r#"{{"text":"{}"}}"#, "x".repeat(100 * 1024));
+    let err = client
+        .execute_tool(who("acme").request(execute_request(call("echo", &big))))
+        .await
+        .expect_err("a message over max_message_bytes");
+    assert_eq!(err.code(), Code::OutOfRange, "{err:?}");
+    assert!(err.message().contains("too large"), "{err:?}");
+    assert_alive(&mut client, "an oversized message").await;
+
+    let mut client = server.client().await;
+    // 10,000 levels of nesting: measured without recursion and refused; no stack overflow.
+    for deep in [
+        format!(r#"{{"text":{}{}}}"#, "[".repeat(10_000), "]".repeat(10_000)),
+        "{".repeat(10_000),
+        format!(
+            r#"{{"text":"x","a":{}1{}}}"#,
+            r#"{"b":"#.repeat(10_000),
+            "}".repeat(10_000)
+        ),
+    ] {
+        let r = exec(&mut client, &who("acme"), call("any", &deep)).await;
+        assert_eq!(
+            (r.status(), r.error_type.as_str()),
+            (ToolStatus::InvalidArguments, "arguments_too_deep"),
+            "{r:?}"
+        );
+    }
+
+    // Metadata that is not ASCII text: UNAUTHENTICATED, saying which.
+    for key in ["x-toolgate-tenant", "authorization"] {
+        let mut request = who("acme").request(execute_request(call("echo", r#"{"text":"x"}"#)));
+        request.metadata_mut().insert(
+            key,
+            MetadataValue::try_from(&b"acme\xff\xfe\x80"[..]).expect("obs-text bytes are sendable"),
+        );
+        let err = client
+            .execute_tool(request)
+            .await
+            .expect_err("invalid metadata");
+        assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
+        assert_eq!(
+            err.message(),
+            format!("metadata {key} is not valid ASCII text"),
+            "{err:?}"
+        );
+    }
+    assert_alive(&mut client, "invalid metadata").await;
+
+    // 1 MiB of metadata: a clean gRPC error, not a hang or a crash.
+    let mut request = who("acme").request(execute_request(call("echo", r#"{"text":"x"}"#)));
+    request
+        .metadata_mut()
+        .insert("x-junk", "a".repeat(1024 * 1024).parse().unwrap());
+    let err = within(
+        Duration::from_secs(10),
+        "a call with 1 MiB of metadata",
+        client.execute_tool(request),
+    )
+    .await
+    .expect_err("1 MiB of metadata");
+    assert!(
+        matches!(
+            err.code(),
+            Code::Internal | Code::Unavailable | Code::ResourceExhausted | Code::Unknown
+        ),
+        "{err:?}"
+    );
+    let mut client = server.client().await;
+    assert_alive(&mut client, "1 MiB of metadata").await;
+
+    // 100k keys (1.2 MB) is over max_arguments_bytes; 60k keys (720 KB) is within it and runs.
+    let r = exec(&mut client, &who("acme"), call("any", &many_keys(100_000))).await;
+    assert_eq!(
+        (r.status(), r.error_type.as_str()),
+        (ToolStatus::InvalidArguments, "arguments_too_large"),
+        "{}",
+        r.error_message
+    );
+    let r = exec(&mut client, &who("acme"), call("any", &many_keys(60_000))).await;
+    assert_eq!(r.status(), ToolStatus::Ok, "{}", r.error_message);
+    let echoed: serde_json::Map<String, Value> = serde_json::from_str(&r.output).unwrap();
+    assert_eq!(echoed.len(), 60_000);
+    // The same object against a strict schema: refused (the size of that refusal's text is
+    // `a_schema_refusal_of_a_huge_object_has_bounded_text`).
+    let r = exec(&mut client, &who("acme"), call("echo", &many_keys(60_000))).await;
+    assert_eq!(
+        (r.status(), r.error_type.as_str()),
+        (ToolStatus::InvalidArguments, "schema_violation"),
+        "{}",
+        r.error_message.chars().take(300).collect::<String>()
+    );
+
+    // 10,000 calls in one ExecuteTools: over max_batch_calls (128), refused as a whole.
+    let calls = (0..10_000)
+        .map(|_| call("echo", r#"{"text":"x"}"#))
+        .collect();
+    let err = client
+        .execute_tools(who("acme").request(proto::ExecuteToolsRequest {
+            calls,
+            run_id: "run-1".into(),
+            ..Default::default()
+        }))
+        .await
+        .expect_err("10,000 calls in one request");
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert_eq!(
+        err.message(),
+        "10000 calls in one ExecuteTools request; the limit is 128"
+    );
+    assert_alive(&mut client, "a 10,000-call batch").await;
+}
+
+/// Set in the child process that runs the barrage alone.
+const BARRAGE_CHILD: &str = "TOOLGATE_RELIABILITY_BARRAGE_CHILD";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_input_gets_clean_errors_and_memory_stays_bounded() {
+    const TEST: &str = "reliability::hostile_input_gets_clean_errors_and_memory_stays_bounded";
+    if std::env::var_os(BARRAGE_CHILD).is_none() {
+        // Run alone in a fresh test process, so VmRSS measures this server and nothing else
+        // that the test harness happens to run in parallel.
+        let out = within(
+            Duration::from_secs(120),
+            "the barrage process",
+            tokio::process::Command::new(std::env::current_exe().unwrap())
+                .args([TEST, "--exact", "--nocapture", "--test-threads=1"])
+                .env(BARRAGE_CHILD, "1")
+                .kill_on_drop(true)
+                .output(),
+        )
+        .await
+        .unwrap();
+        let report = format!(
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{report}");
+        assert!(
+            report.contains("1 passed"),
+            "the barrage did not run: {report}"
+        );
+        eprintln!(
+            "{}",
+            report
+                .lines()
+                .filter(|l| l.starts_with("rss"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        return;
+    }
+    let small = TestServer::start(
+        &HOSTILE.replace("tenants:", "limits: { max_message_bytes: 65536 }\ntenants:"),
+    )
+    .await;
+    let server = TestServer::start(HOSTILE).await;
+    let mut client = server.client().await;
+    assert_alive(&mut client, "start-up").await;
+    let before = vm_rss();
+    const ROUNDS: usize = 3;
+    let mut after_first = 0;
+    for round in 0..ROUNDS {
+        within(
+            Duration::from_secs(60),
+            "a barrage round",
+            barrage(&small, &server),
+        )
+        .await;
+        if round == 0 {
+            after_first = vm_rss();
+        }
+    }
+    let after = vm_rss();
+    const MIB: u64 = 1024 * 1024;
+    println!(
+        "rss: before {} MiB, after round 1 {} MiB, after round {ROUNDS} {} MiB",
+        before / MIB,
+        after_first / MIB,
+        after / MIB
+    );
+    // Each round parses a 720 KB object into ~60k map entries and answers it twice (output and
+    // model_text), decodes a 10,000-call batch and a 1.2 MB message: tens of MB at the peak, which
+    // glibc may keep in per-thread arenas instead of returning. A leak of what each round sends
+    // would instead grow with every round.
+    assert!(
+        after.saturating_sub(before) < 200 * MIB,
+        "RSS grew from {} MiB to {} MiB",
+        before / MIB,
+        after / MIB
+    );
+    assert!(
+        after.saturating_sub(after_first) < 64 * MIB,
+        "RSS keeps growing round after round: {} MiB after one, {} MiB after {ROUNDS}",
+        after_first / MIB,
+        after / MIB
+    );
+    small.stop().await;
+    server.stop().await;
+}
+
+/// The refusal text goes back to the model (and into the audit log), so it must stay small
+/// whatever the model sent. Today one `additionalProperties` violation names every unexpected key:
+/// 60,000 keys give ~720 KB of model text.
+#[tokio::test]
+#[ignore = "src bug: a schema violation message grows with the arguments (see the reliability report)"]
+async fn a_schema_refusal_of_a_huge_object_has_bounded_text() {
+    let server = TestServer::start(HOSTILE).await;
+    let mut client = server.client().await;
+    let r = exec(&mut client, &who("acme"), call("echo", &many_keys(60_000))).await;
+    assert_eq!(r.error_type, "schema_violation");
+    assert!(
+        r.model_text.len() < 16 * 1024,
+        "a schema refusal of a 60k-key object is {} bytes of model text: {}…",
+        r.model_text.len(),
+        r.model_text.chars().take(300).collect::<String>()
+    );
+    server.stop().await;
+}
