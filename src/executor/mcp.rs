@@ -259,8 +259,15 @@ impl McpManager {
         let arguments = permit.arguments().as_object().cloned().unwrap_or_default();
         let _in_flight = InFlight::enter(&self.in_flight);
         // Dropping this future (deadline, client cancel) cancels the request on the server.
+        let mut params = CallToolRequestParams::new(tool.tool.clone()).with_arguments(arguments);
+        // The W3C trace context travels in the request's _meta, as MCP's tracing convention has it.
+        if let Some(traceparent) = permit.traceparent() {
+            let mut meta = serde_json::Map::new();
+            meta.insert("traceparent".into(), Value::from(traceparent));
+            params.meta = Some(meta.into());
+        }
         let result = peer
-            .call_tool(CallToolRequestParams::new(tool.tool.clone()).with_arguments(arguments))
+            .call_tool(params)
             .await
             .map_err(|err| {
                 tracing::warn!(server = %tool.server, tool = %tool.tool, error = %err, "MCP call failed");

@@ -700,13 +700,28 @@ async fn mcp_streamable_http_server() {
 #[tokio::test]
 async fn mcp_list_changed_refreshes_and_a_killed_server_fails_promptly_then_recovers() {
     let yaml = format!(
-        "version: 1\nidentity: {{ dev_identity: true }}\ntenants: {{ acme: {{}} }}\nmcp_servers:\n  dyn:\n    command: [\"{py}\", \"{dir}/tests/fixtures/mcp_dynamic_server.py\"]\n    env: [PATH, HOME]\n    tools:\n      unlock: {{ risk_level: read_only }}\n      wait: {{ risk_level: read_only, timeout: 30s }}\n      secret_word: {{ risk_level: read_only }}\ntools: []\n",
+        "version: 1\nidentity: {{ dev_identity: true }}\ntenants: {{ acme: {{}} }}\nmcp_servers:\n  dyn:\n    command: [\"{py}\", \"{dir}/tests/fixtures/mcp_dynamic_server.py\"]\n    env: [PATH, HOME]\n    tools:\n      unlock: {{ risk_level: read_only }}\n      wait: {{ risk_level: read_only, timeout: 30s }}\n      trace_context: {{ risk_level: read_only }}\n      secret_word: {{ risk_level: read_only }}\ntools: []\n",
         py = python(),
         dir = env!("CARGO_MANIFEST_DIR")
     );
     let server = TestServer::start_with_env(&yaml, &env_with_path()).await;
     wait_for_tool(&server, &who("acme"), "dyn.unlock").await;
     let mut client = server.client().await;
+    // The caller's trace context reaches the MCP server in the request's _meta.
+    wait_for_tool(&server, &who("acme"), "dyn.trace_context").await;
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let mut request = who("acme").request(execute_request(call("dyn.trace_context", "{}")));
+    request
+        .metadata_mut()
+        .insert("traceparent", traceparent.parse().unwrap());
+    let carried = client
+        .execute_tool(request)
+        .await
+        .unwrap()
+        .into_inner()
+        .result
+        .unwrap();
+    assert_eq!(carried.output, traceparent, "{carried:?}");
     // Configured but not offered yet: a clear, retryable UNAVAILABLE.
     let early = exec(&mut client, &who("acme"), call("dyn.secret_word", "{}")).await;
     assert_eq!(
