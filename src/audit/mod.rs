@@ -110,32 +110,34 @@ enum Sink {
         file: tokio::fs::File,
         fsync: RawFsync,
     },
+    Otlp(otlp::LogsSink),
     Discard,
 }
 
 impl Sink {
-    async fn write(&mut self, bytes: &[u8], lines: usize) -> std::io::Result<()> {
+    async fn write(&mut self, events: &[Box<AuditEvent>], lines: &[u8]) -> std::io::Result<()> {
         match self {
             Sink::Stdout(out) => {
-                out.write_all(bytes).await?;
+                out.write_all(lines).await?;
                 out.flush().await
             }
             Sink::File { file, fsync } => {
-                if *fsync == RawFsync::Always && lines > 1 {
+                if *fsync == RawFsync::Always && events.len() > 1 {
                     // One durable line at a time: an acknowledged event survives a crash.
-                    for line in bytes.split_inclusive(|b| *b == b'\n') {
+                    for line in lines.split_inclusive(|b| *b == b'\n') {
                         file.write_all(line).await?;
                         file.sync_data().await?;
                     }
                     return Ok(());
                 }
-                file.write_all(bytes).await?;
+                file.write_all(lines).await?;
                 file.flush().await?;
                 if *fsync != RawFsync::Never {
                     file.sync_data().await?;
                 }
                 Ok(())
             }
+            Sink::Otlp(sink) => sink.export(events).await,
             Sink::Discard => Ok(()),
         }
     }
@@ -150,6 +152,12 @@ impl AuditLog {
                 file: open_append(path).await?,
                 fsync: config.fsync,
             },
+            AuditSinkConfig::Otlp {
+                endpoint,
+                service_name,
+            } => Sink::Otlp(
+                otlp::LogsSink::new(endpoint, service_name).map_err(std::io::Error::other)?,
+            ),
             AuditSinkConfig::None => Sink::Discard,
         };
         let (queue, receiver) = mpsc::channel(config.queue_capacity);
@@ -261,16 +269,16 @@ async fn write_loop(
     written: Arc<AtomicU64>,
 ) {
     let mut batch = Vec::with_capacity(256);
-    let mut buffer = Vec::with_capacity(64 * 1024);
+    let mut events = Vec::with_capacity(256);
+    let mut lines = Vec::with_capacity(64 * 1024);
     while receiver.recv_many(&mut batch, 256).await > 0 {
         let mut acks = Vec::new();
-        let mut count = 0;
         for message in batch.drain(..) {
             match message {
                 Message::Event(event) => {
-                    if serde_json::to_writer(&mut buffer, &event).is_ok() {
-                        buffer.push(b'\n');
-                        count += 1;
+                    if serde_json::to_writer(&mut lines, &event).is_ok() {
+                        lines.push(b'\n');
+                        events.push(event);
                     }
                 }
                 Message::Flush(ack) => acks.push(ack),
@@ -279,15 +287,128 @@ async fn write_loop(
         // A failing sink is retried with backoff, never skipped: losing events silently is worse
         // than making callers wait (or, fail-closed, refusing new calls while the queue is full).
         let mut delay = std::time::Duration::from_millis(10);
-        while let Err(err) = sink.write(&buffer, count).await {
+        while let Err(err) = sink.write(&events, &lines).await {
             tracing::error!(error = %err, retry_in_ms = delay.as_millis() as u64, "audit sink write failed");
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(std::time::Duration::from_secs(5));
         }
-        written.fetch_add(count as u64, Ordering::Relaxed);
-        buffer.clear();
+        written.fetch_add(events.len() as u64, Ordering::Relaxed);
+        events.clear();
+        lines.clear();
         for ack in acks {
             let _ = ack.send(());
+        }
+    }
+}
+
+/// The OTLP logs sink: each event is a log record whose body is the event's JSON, with the
+/// call's trace context and a few attributes for filtering.
+mod otlp {
+    use opentelemetry_proto::tonic::{
+        collector::logs::v1::{ExportLogsServiceRequest, logs_service_client::LogsServiceClient},
+        common::v1::{AnyValue, InstrumentationScope, KeyValue, any_value},
+        logs::v1::{LogRecord, ResourceLogs, ScopeLogs, SeverityNumber},
+        resource::v1::Resource,
+    };
+    use tonic::transport::Channel;
+
+    use super::AuditEvent;
+
+    pub struct LogsSink {
+        client: LogsServiceClient<Channel>,
+        resource: Resource,
+    }
+
+    fn text(key: &str, value: &str) -> KeyValue {
+        KeyValue {
+            key: key.to_owned(),
+            value: Some(AnyValue {
+                value: Some(any_value::Value::StringValue(value.to_owned())),
+            }),
+            ..Default::default()
+        }
+    }
+
+    impl LogsSink {
+        pub fn new(endpoint: &str, service_name: &str) -> Result<Self, String> {
+            let channel = Channel::from_shared(endpoint.to_owned())
+                .map_err(|err| format!("invalid audit endpoint {endpoint:?}: {err}"))?
+                .connect_timeout(std::time::Duration::from_secs(5))
+                .connect_lazy();
+            Ok(LogsSink {
+                client: LogsServiceClient::new(channel),
+                resource: Resource {
+                    attributes: vec![text("service.name", service_name)],
+                    ..Default::default()
+                },
+            })
+        }
+
+        pub async fn export(&mut self, events: &[Box<AuditEvent>]) -> std::io::Result<()> {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0);
+            let records = events
+                .iter()
+                .map(|event| {
+                    let time = humantime::parse_rfc3339(&event.time)
+                        .ok()
+                        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                        .map_or(now, |d| d.as_nanos() as u64);
+                    let mut attributes = vec![
+                        text("event.name", "toolgate.audit"),
+                        text("toolgate.tenant", &event.tenant),
+                        text("gen_ai.tool.name", &event.tool),
+                        text("toolgate.status", event.status),
+                    ];
+                    if !event.call_id.is_empty() {
+                        attributes.push(text("gen_ai.tool.call.id", &event.call_id));
+                    }
+                    LogRecord {
+                        time_unix_nano: time,
+                        observed_time_unix_nano: now,
+                        severity_number: SeverityNumber::Info as i32,
+                        severity_text: "INFO".into(),
+                        body: Some(AnyValue {
+                            value: Some(any_value::Value::StringValue(
+                                serde_json::to_string(event).unwrap_or_default(),
+                            )),
+                        }),
+                        attributes,
+                        trace_id: event
+                            .trace_id
+                            .as_deref()
+                            .and_then(|t| hex::decode(t).ok())
+                            .unwrap_or_default(),
+                        span_id: event
+                            .span_id
+                            .as_deref()
+                            .and_then(|s| hex::decode(s).ok())
+                            .unwrap_or_default(),
+                        ..Default::default()
+                    }
+                })
+                .collect();
+            let request = ExportLogsServiceRequest {
+                resource_logs: vec![ResourceLogs {
+                    resource: Some(self.resource.clone()),
+                    scope_logs: vec![ScopeLogs {
+                        scope: Some(InstrumentationScope {
+                            name: "toolgate.audit".into(),
+                            ..Default::default()
+                        }),
+                        log_records: records,
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }],
+            };
+            self.client
+                .export(request)
+                .await
+                .map(|_| ())
+                .map_err(|status| std::io::Error::other(format!("OTLP logs export: {status}")))
         }
     }
 }

@@ -156,6 +156,11 @@ pub struct ApprovalsConfig {
 pub enum AuditSinkConfig {
     Stdout,
     File(PathBuf),
+    /// OTLP logs over gRPC to this endpoint, as this service.
+    Otlp {
+        endpoint: String,
+        service_name: String,
+    },
     None,
 }
 
@@ -280,8 +285,8 @@ fn build(raw: RawConfig, source: &str, base_dir: &Path, env: &Env) -> Result<Con
             1000,
         )?,
     };
-    let audit = build_audit(&raw.audit, base_dir)?;
     let telemetry = crate::telemetry::TelemetryConfig::build(raw.telemetry.as_ref(), env)?;
+    let audit = build_audit(&raw.audit, base_dir, &telemetry)?;
     let upstreams = raw
         .upstreams
         .iter()
@@ -410,22 +415,50 @@ fn build_limits(raw: &raw::RawLimits) -> Result<LimitsConfig, FieldError> {
     })
 }
 
-fn build_audit(raw: &raw::RawAudit, base_dir: &Path) -> Result<AuditConfig, FieldError> {
-    let sink = match (raw.sink.unwrap_or(raw::RawAuditSink::Stdout), &raw.path) {
-        (raw::RawAuditSink::File, Some(path)) => {
-            AuditSinkConfig::File(resolve_path(base_dir, path))
+fn build_audit(
+    raw: &raw::RawAudit,
+    base_dir: &Path,
+    telemetry: &crate::telemetry::TelemetryConfig,
+) -> Result<AuditConfig, FieldError> {
+    let kind = raw.sink.unwrap_or(raw::RawAuditSink::Stdout);
+    if raw.path.is_some() && kind != raw::RawAuditSink::File {
+        return Err(FieldError::new(
+            "audit.path",
+            "a path is only used with sink: file",
+        ));
+    }
+    if raw.endpoint.is_some() && kind != raw::RawAuditSink::Otlp {
+        return Err(FieldError::new(
+            "audit.endpoint",
+            "an endpoint is only used with sink: otlp",
+        ));
+    }
+    let sink = match kind {
+        raw::RawAuditSink::File => match &raw.path {
+            Some(path) => AuditSinkConfig::File(resolve_path(base_dir, path)),
+            None => return Err(FieldError::new("audit.path", "the file sink needs a path")),
+        },
+        raw::RawAuditSink::Otlp => {
+            let traces_grpc = telemetry
+                .endpoint
+                .clone()
+                .filter(|_| telemetry.protocol == crate::telemetry::OtlpProtocol::Grpc);
+            let endpoint = raw.endpoint.clone().or(traces_grpc).ok_or_else(|| {
+                FieldError::new(
+                    "audit.endpoint",
+                    "the otlp sink needs an endpoint (or a gRPC traces endpoint to share)",
+                )
+            })?;
+            url::Url::parse(&endpoint).map_err(|err| {
+                FieldError::new("audit.endpoint", format!("invalid URL {endpoint:?}: {err}"))
+            })?;
+            AuditSinkConfig::Otlp {
+                endpoint,
+                service_name: telemetry.service_name.clone(),
+            }
         }
-        (raw::RawAuditSink::File, None) => {
-            return Err(FieldError::new("audit.path", "the file sink needs a path"));
-        }
-        (_, Some(_)) => {
-            return Err(FieldError::new(
-                "audit.path",
-                "a path is only used with sink: file",
-            ));
-        }
-        (raw::RawAuditSink::Stdout, None) => AuditSinkConfig::Stdout,
-        (raw::RawAuditSink::None, None) => AuditSinkConfig::None,
+        raw::RawAuditSink::Stdout => AuditSinkConfig::Stdout,
+        raw::RawAuditSink::None => AuditSinkConfig::None,
     };
     let fsync = raw.fsync.unwrap_or(raw::RawFsync::Never);
     if fsync != raw::RawFsync::Never && !matches!(sink, AuditSinkConfig::File(_)) {

@@ -249,10 +249,12 @@ pub struct RawApprovals {
 #[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawAudit {
-    /// `stdout` (default), `file` or `none`.
+    /// `stdout` (default), `file`, `otlp` (OTLP logs over gRPC) or `none`.
     pub sink: Option<RawAuditSink>,
     /// File path for the `file` sink (appended to).
     pub path: Option<String>,
+    /// OTLP/gRPC endpoint for the `otlp` sink (default: the traces endpoint, if that is gRPC).
+    pub endpoint: Option<String>,
     /// Events held in memory before callers wait (default 4096).
     pub queue_capacity: Option<usize>,
     /// When the queue is full: `wait` (default; calls wait for room) or `refuse` (fail closed:
@@ -286,6 +288,8 @@ pub enum RawFsync {
 pub enum RawAuditSink {
     Stdout,
     File,
+    /// OTLP logs over gRPC.
+    Otlp,
     None,
 }
 

@@ -590,3 +590,97 @@ async fn fail_closed_refuses_calls_when_the_sink_is_stuck() {
     server.stop().await;
     drop(stuck);
 }
+
+/// An OTLP logs receiver that refuses its first export, to prove the sink retries.
+#[derive(Clone, Default)]
+struct LogsReceiver {
+    records: Arc<Mutex<Vec<opentelemetry_proto::tonic::logs::v1::LogRecord>>>,
+    refused_once: Arc<std::sync::atomic::AtomicBool>,
+}
+
+#[tonic::async_trait]
+impl opentelemetry_proto::tonic::collector::logs::v1::logs_service_server::LogsService
+    for LogsReceiver
+{
+    async fn export(
+        &self,
+        request: tonic::Request<
+            opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest,
+        >,
+    ) -> Result<
+        tonic::Response<opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceResponse>,
+        tonic::Status,
+    > {
+        if !self
+            .refused_once
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err(tonic::Status::unavailable("collector warming up"));
+        }
+        let records = request
+            .into_inner()
+            .resource_logs
+            .into_iter()
+            .flat_map(|r| r.scope_logs)
+            .flat_map(|s| s.log_records);
+        self.records.lock().unwrap().extend(records);
+        Ok(tonic::Response::new(Default::default()))
+    }
+}
+
+#[tokio::test]
+async fn audit_events_go_to_otlp_logs_and_a_failing_collector_is_retried() {
+    let receiver = LogsReceiver::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let service = opentelemetry_proto::tonic::collector::logs::v1::logs_service_server::LogsServiceServer::new(receiver.clone());
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+            .await
+            .unwrap()
+    });
+    let yaml = STAGES.replacen(
+        "version: 1\n",
+        &format!("version: 1\naudit: {{ sink: otlp, endpoint: \"http://{addr}\" }}\n"),
+        1,
+    );
+    let server = TestServer::start_raw(&yaml).await;
+    let mut client = server.client().await;
+    for text in ["a", "b", "c"] {
+        assert_eq!(
+            exec(
+                &mut client,
+                &who("acme"),
+                call("echo", &format!(r#"{{"text":"{text}"}}"#))
+            )
+            .await
+            .status(),
+            ToolStatus::Ok
+        );
+    }
+    exec(&mut client, &who("acme"), call("nope", "{}")).await;
+    server.stop().await;
+    let records = receiver.records.lock().unwrap().clone();
+    assert_eq!(
+        records.len(),
+        4,
+        "every event arrived once, after the refused export was retried"
+    );
+    let bodies: Vec<serde_json::Value> = records
+        .iter()
+        .map(|r| match r.body.as_ref().and_then(|b| b.value.clone()) {
+            Some(opentelemetry_proto::tonic::common::v1::any_value::Value::StringValue(json)) => {
+                serde_json::from_str(&json).unwrap()
+            }
+            other => panic!("unexpected body {other:?}"),
+        })
+        .collect();
+    assert_eq!(bodies.iter().filter(|b| b["status"] == "OK").count(), 3);
+    assert_eq!(bodies[3]["error_type"], "tool_not_found");
+    assert_eq!(
+        string_attribute(&records[0].attributes, "toolgate.tenant").as_deref(),
+        Some("acme")
+    );
+}
