@@ -33,7 +33,12 @@ use toolgate::{
 };
 
 fn main() {
-    divan::main();
+    // Half a second per benchmark at least, so µs-scale stages get thousands of iterations;
+    // the command line (e.g. --min-time, --sample-count) still overrides this.
+    divan::Divan::default()
+        .min_time(std::time::Duration::from_millis(500))
+        .config_with_args()
+        .main();
 }
 
 const SIZES: &[usize] = &[10, 1_000, 10_000];

@@ -7,9 +7,11 @@
 //!
 //! In order, all over loopback on this machine:
 //! 1. a bare tonic unary echo (toolgate's own `ToolGate` service with a trivial `ExecuteTool`, so the
-//!    codec and message shapes match) — the limit of the stack — in this process, then
+//!    codec and message shapes match) — the limit of the stack — in this process, with
+//!    TCP_NODELAY and (diagnostic) without it, then
 //! 2. toolgate started in-process with the whole boundary (JWT, schema, bound argument, rate limit,
-//!    audit to a file), then
+//!    audit to a file) and the subscriber the binary installs (JSON logs, OTLP spans to an
+//!    in-process collector), as shipped and with TCP_NODELAY set on its sockets, then
 //! 3. the same pair as separate processes: the bare echo (this executable re-run with a hidden
 //!    flag) and `target/release/toolgate` with the same catalog — the deployed shape, including
 //!    whatever logging and OTLP export the binary installs;
@@ -53,11 +55,15 @@ use toolgate::{
         tool_gate_client::ToolGateClient,
         tool_gate_server::{ToolGate, ToolGateServer},
     },
+    telemetry::LogFormat,
 };
 
 const USAGE: &str = "usage: cargo bench --bench load -- [--duration 10s] [--warmup 2s] \
 [--connections N] [--concurrency M] [--rate RPS] [--payload BYTES] [--slow-calls N] \
-[--slow-ms MS] [--startup-runs N] [--quick]";
+[--slow-ms MS] [--startup-runs N] [--quick]
+profiling helper (send calls to a server started by hand, e.g. under valgrind, then exit):
+       cargo bench --bench load -- --send-only 127.0.0.1:PORT [--tool echo|slow] [--calls N] \
+[--connections N] [--concurrency M] [--payload BYTES] [--slow-ms MS]";
 
 /// The rows of the results table.
 const BARE: &str = "bare echo, in-process";
@@ -159,7 +165,11 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match run(&options) {
+    let result = match options.send_only {
+        Some(addr) => send_only(&options, addr),
+        None => run(&options),
+    };
+    match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => {
             eprintln!("load harness: some calls failed (see the table)");
@@ -188,6 +198,10 @@ struct Options {
     startup_runs: usize,
     /// How long without a new span means the exporter has sent everything.
     span_quiet: Duration,
+    /// Profiling helper: only send `calls` calls of `tool` to this address, then exit.
+    send_only: Option<SocketAddr>,
+    calls: u64,
+    tool: String,
 }
 
 impl Options {
@@ -205,6 +219,9 @@ impl Options {
                 slow_ms: 300,
                 startup_runs: 3,
                 span_quiet: Duration::from_millis(1300),
+                send_only: None,
+                calls: 1000,
+                tool: "echo".into(),
             }
         } else {
             Options {
@@ -219,6 +236,9 @@ impl Options {
                 slow_ms: 5000,
                 startup_runs: 7,
                 span_quiet: Duration::from_millis(2500),
+                send_only: None,
+                calls: 1000,
+                tool: "echo".into(),
             }
         }
     }
@@ -266,6 +286,17 @@ impl Options {
                 "--slow-calls" => options.slow_calls = count()? as usize,
                 "--slow-ms" => options.slow_ms = count()?,
                 "--startup-runs" => options.startup_runs = count()? as usize,
+                "--calls" => options.calls = count()?,
+                "--tool" if matches!(value.as_str(), "echo" | "slow") => options.tool = value,
+                "--tool" => return Err(bad("echo or slow")),
+                "--send-only" => {
+                    let addr = value
+                        .parse::<SocketAddr>()
+                        .ok()
+                        .filter(|a| a.ip().is_loopback())
+                        .ok_or_else(|| bad("a loopback socket address"))?;
+                    options.send_only = Some(addr);
+                }
                 _ => return Err(format!("unknown option {name}\n{USAGE}")),
             }
         }
@@ -337,6 +368,10 @@ fn run(options: &Options) -> anyhow::Result<bool> {
         .with("OTEL_SERVICE_NAME", "toolgate-bench-in-process");
     let config = Config::from_yaml(&yaml, "bench.yaml", dir.path(), &env)
         .map_err(|e| anyhow!("bench catalog: {e}"))?;
+    // The subscriber `toolgate serve` installs (JSON logs to stderr, spans over OTLP to the
+    // collector), so the in-process rows pay for tracing what the binary pays. The bare echo
+    // rows above ran before it existed.
+    let telemetry = toolgate::telemetry::init(LogFormat::Json, &config.telemetry)?;
     let spans_before = collector.received();
     let running = server_rt.block_on(toolgate::start(
         config,
@@ -354,12 +389,15 @@ fn run(options: &Options) -> anyhow::Result<bool> {
         set_nodelay: true,
         ..target
     };
-    all_ok &= measure(options, &client_rt, &fixed, &mut rows)?.ok;
+    let measured_fixed = measure(options, &client_rt, &fixed, &mut rows)?;
+    all_ok &= measured_fixed.ok;
     server_rt.block_on(running.shutdown());
+    // Flushes the spans still queued (from this thread: the exporter's runtime is dropped here).
+    telemetry.shutdown();
     let spans = collector_rt
         .block_on(collector.wait_until_quiet(options.span_quiet, options.span_quiet * 4))
         - spans_before;
-    spans_report.push((TOOLGATE, spans, measured.calls));
+    spans_report.push((TOOLGATE, spans, measured.calls + measured_fixed.calls));
 
     // 3. The same pair as separate processes.
     let exe = PathBuf::from(env!("CARGO_BIN_EXE_toolgate"));
@@ -495,6 +533,83 @@ fn load_average() -> String {
 /// A loopback address with a port free a moment ago (for a child process to bind).
 fn free_port() -> std::io::Result<SocketAddr> {
     std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()
+}
+
+/// The profiling helper: `options.calls` calls of `options.tool` to a server started by hand
+/// (see docs/performance.md), over `connections` × `concurrency` callers; prints what came back.
+fn send_only(options: &Options, addr: SocketAddr) -> anyhow::Result<bool> {
+    let client_rt = runtime("bench-client", 2)?;
+    let auth: MetadataValue<Ascii> = format!("Bearer {}", token()?).parse()?;
+    let (arguments_json, timeout) = if options.tool == "slow" {
+        (
+            serde_json::json!({ "ms": options.slow_ms }).to_string(),
+            Duration::from_millis(options.slow_ms) + Duration::from_secs(120),
+        )
+    } else {
+        (
+            serde_json::json!({ "text": "x".repeat(options.payload) }).to_string(),
+            // Slow enough for a server under valgrind.
+            Duration::from_secs(60),
+        )
+    };
+    let request = proto::ExecuteToolRequest {
+        call: Some(proto::ToolCall {
+            name: options.tool.clone(),
+            arguments_json,
+            ..Default::default()
+        }),
+        run_id: "run-bench".into(),
+        step: 0,
+        catalog_revision: String::new(),
+    };
+    let target = Target {
+        timeout,
+        ..Target::new("send-only", addr, &request, &auth, "")
+    };
+    let started = Instant::now();
+    let stats = client_rt.block_on(async {
+        let channels = connect_all(addr, options.connections).await?;
+        let remaining = Arc::new(AtomicU64::new(options.calls));
+        let mut callers = JoinSet::new();
+        for channel in &channels {
+            for _ in 0..options.concurrency {
+                let mut client = ToolGateClient::new(channel.clone());
+                let (target, remaining) = (target.clone(), remaining.clone());
+                callers.spawn(async move {
+                    let mut stats = Stats::new();
+                    while remaining
+                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                        .is_ok()
+                    {
+                        let sent = Instant::now();
+                        let outcome = call_once(&mut client, &target).await.map(drop);
+                        stats.record(outcome, sent.elapsed());
+                    }
+                    stats
+                });
+            }
+        }
+        let mut total = Stats::new();
+        while let Some(stats) = callers.join_next().await {
+            total.merge(stats?);
+        }
+        Ok::<_, anyhow::Error>(total)
+    })?;
+    println!(
+        "sent {} {} calls to {addr} in {:.2?}: {} ok, {} failed{}; p50 {:.3} ms, p99 {:.3} ms",
+        options.calls,
+        options.tool,
+        started.elapsed(),
+        stats.ok,
+        stats.failed,
+        failure_note(&stats)
+            .split_once(": ")
+            .map(|(_, why)| format!(" (first: {why})"))
+            .unwrap_or_default(),
+        stats.ms(0.5),
+        stats.ms(0.99)
+    );
+    Ok(stats.failed == 0)
 }
 
 // --- the bare echo -------------------------------------------------------------------------------
@@ -840,6 +955,8 @@ struct Target {
     expected_output: String,
     /// Set TCP_NODELAY on the server's accepted sockets (in this process) before measuring.
     set_nodelay: bool,
+    /// Each call's deadline.
+    timeout: Duration,
 }
 
 impl Target {
@@ -857,6 +974,7 @@ impl Target {
             auth: auth.clone(),
             expected_output: expected_output.to_owned(),
             set_nodelay: false,
+            timeout: CALL_TIMEOUT,
         }
     }
 }
@@ -943,7 +1061,7 @@ async fn call_once(
     request
         .metadata_mut()
         .insert("authorization", target.auth.clone());
-    request.set_timeout(CALL_TIMEOUT);
+    request.set_timeout(target.timeout);
     let response = client
         .execute_tool(request)
         .await
@@ -1418,6 +1536,27 @@ fn print_report(r: &Report) {
         o.duration,
         r.otlp_endpoint
     );
+    println!("toolgate binary: {}", env!("CARGO_BIN_EXE_toolgate"));
+    let busy_cpus: f64 = r
+        .load_at_start
+        .split_whitespace()
+        .next()
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(0.0);
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let worst_lag_ms = r
+        .rows
+        .iter()
+        .filter_map(|row| row.note.split("sent late p99 ").nth(1))
+        .filter_map(|rest| rest.split(' ').next()?.parse::<f64>().ok())
+        .fold(0.0, f64::max);
+    if busy_cpus > cpus / 2.0 || worst_lag_ms > 1.0 {
+        println!(
+            "WARNING: the machine was busy (load average {busy_cpus:.2} on {cpus} CPUs; calls were \
+             sent up to {worst_lag_ms:.1} ms late at p99): fixed-rate percentiles are mostly \
+             scheduling noise and max-rate numbers are low; rerun when `uptime` shows a quiet machine"
+        );
+    }
     println!();
     println!(
         "| target | mode | throughput (calls/s) | p50 ms | p99 ms | p99.9 ms | max ms | ok | failed | notes |"
@@ -1493,7 +1632,7 @@ fn print_report(r: &Report) {
         }
     }
     checks.push((
-        "idle RSS of target/release/toolgate".into(),
+        "idle RSS of the toolgate binary".into(),
         format!(
             "{}; VmHWM {:.1} MiB",
             r.idle.describe(),

@@ -29,7 +29,11 @@ fuzz_target!(|data: &[u8]| {
     let text = to_string(&value);
     let hash = sha256_hex(&value);
     assert_eq!(hash.len(), 64);
-    assert_eq!(to_string(&value), text, "canonical text is not deterministic");
+    assert_eq!(
+        to_string(&value),
+        text,
+        "canonical text is not deterministic"
+    );
 
     let reparsed: Value = serde_json::from_str(&text)
         .unwrap_or_else(|e| panic!("canonical text is not JSON ({e}): {text}"));

@@ -19,7 +19,10 @@ fuzz_target!(|data: &[u8]| {
         }
         Err(err) => {
             assert_eq!(err.file, "fuzz");
-            assert!(!err.message.is_empty(), "an error without a message: {err:?}");
+            assert!(
+                !err.message.is_empty(),
+                "an error without a message: {err:?}"
+            );
         }
     }
 });

@@ -325,6 +325,7 @@ impl Boundary {
             refusal
         })?;
         trail.bound_override_attempts = bound.override_attempts;
+        schema::check_bound(tool, &bound.arguments)?;
         let arguments_sha256 = canonical::sha256_hex(&bound.arguments);
         trail.arguments_sha256 = Some(arguments_sha256.clone());
         if tool.record_arguments {

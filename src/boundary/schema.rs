@@ -12,6 +12,8 @@ use crate::{
 
 /// Most violations listed in one message; the count says how many there were.
 const MAX_LISTED: usize = 20;
+/// Longest text kept of one violation (an `additionalProperties` violation names every key).
+const MAX_VIOLATION_CHARS: usize = 300;
 
 pub fn check(tool: &ToolVersion, arguments: &Value) -> Result<(), Refusal> {
     let without_bound;
@@ -30,7 +32,7 @@ pub fn check(tool: &ToolVersion, arguments: &Value) -> Result<(), Refusal> {
             let pointer = err.instance_path().as_str();
             let at = if pointer.is_empty() { "/" } else { pointer };
             // Masked: argument values (which may be secrets) never reach messages, logs or audit.
-            format!("{at}: {}", err.masked())
+            shorten(format!("{at}: {}", err.masked()))
         })
         .collect();
     if violations.is_empty() {
@@ -55,5 +57,42 @@ pub fn check(tool: &ToolVersion, arguments: &Value) -> Result<(), Refusal> {
         Stage::Schema,
         Reason::SchemaViolation,
         message,
+    ))
+}
+
+/// Keeps a violation's text bounded, whatever the size of the arguments.
+fn shorten(text: String) -> String {
+    match text.char_indices().nth(MAX_VIOLATION_CHARS) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text,
+    }
+}
+
+/// After binding: the final arguments must satisfy the tool's full schema, so the backend never
+/// receives what the catalog does not allow — e.g. model-chosen keys inside an object the server
+/// binds (that object is hidden from the model, so the visible schema cannot speak for it).
+pub fn check_bound(tool: &ToolVersion, arguments: &Value) -> Result<(), Refusal> {
+    let Some(full) = &tool.full_validator else {
+        return Ok(());
+    };
+    let violations: Vec<String> = full
+        .iter_errors(arguments)
+        .take(MAX_LISTED)
+        .map(|err| {
+            let pointer = err.instance_path().as_str();
+            let at = if pointer.is_empty() { "/" } else { pointer };
+            shorten(format!("{at}: {}", err.masked()))
+        })
+        .collect();
+    if violations.is_empty() {
+        return Ok(());
+    }
+    Err(Refusal::new(
+        Stage::Bind,
+        Reason::SchemaViolation,
+        format!(
+            "the arguments do not fit the tool's schema once server-bound values are added: {}",
+            violations.join("; ")
+        ),
     ))
 }

@@ -117,6 +117,8 @@ pub struct ToolVersion {
     pub visible_schema_json: String,
     /// Validates model arguments (bound keys excluded) against `visible_schema`.
     pub validator: jsonschema::Validator,
+    /// For tools with bindings: validates the final, bound arguments against `input_schema`.
+    pub full_validator: Option<jsonschema::Validator>,
     pub output_schema: Option<Value>,
     pub risk_level: RiskLevel,
     pub required_scopes: Vec<String>,
@@ -589,7 +591,7 @@ fn build_tool(
             "must be a JSON Schema with \"type\": \"object\" (tool arguments are an object)",
         ));
     }
-    schema::compile(&raw.input_schema, &schema_path)?;
+    let full_validator = schema::compile(&raw.input_schema, &schema_path)?;
     let bindings = schema::parse_bindings(&raw.bind, &raw.input_schema, &format!("{path}.bind"))?;
     let visible_schema = schema::strip_bound(&raw.input_schema, &bindings);
     let validator = schema::compile(&visible_schema, &schema_path)?;
@@ -710,6 +712,7 @@ fn build_tool(
         visible_schema,
         visible_schema_json,
         validator,
+        full_validator: (!bindings.is_empty()).then_some(full_validator),
         output_schema: raw.output_schema.clone(),
         risk_level,
         required_scopes,

@@ -245,6 +245,11 @@ pub fn init(
             .boxed(),
         LogFormat::Human => fmt::layer().with_writer(std::io::stderr).boxed(),
     }
+    // Events only: otherwise the formatter renders every span field on every `record`, for
+    // output that is never printed (measured: ~45% of the CPU per call).
+    .with_filter(tracing_subscriber::filter::filter_fn(|metadata| {
+        metadata.is_event()
+    }))
     .with_filter(filter);
     let (provider, traces) = match tracer_provider(telemetry)? {
         Some(provider) => {

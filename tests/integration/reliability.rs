@@ -351,26 +351,54 @@ async fn hanging_resetting_and_garbage_upstreams_fail_promptly_while_others_are_
     server.stop().await;
 }
 
+/// Processes whose command line contains `marker`.
+fn processes_with(marker: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains(marker))
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_process_that_ignores_sigterm_is_killed_at_its_timeout() {
+    // A unique argument, to find the program among all processes.
     let dir = tempfile::tempdir().unwrap();
-    let pid_file = dir.path().join("pid");
-    let script = format!(
-        "import os,signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); open({:?},'w').write(str(os.getpid())); time.sleep(60)",
-        pid_file.display().to_string()
-    );
+    let marker = dir.path().join("stubborn").display().to_string();
+    let script =
+        "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)";
     let yaml = format!(
-        "version: 1\nidentity: {{ dev_identity: true }}\ntenants: {{ acme: {{}} }}\ntools:\n  - name: stubborn\n    description: d\n    risk_level: read_only\n    timeout: 300ms\n    input_schema: {{ type: object }}\n    executor:\n      process:\n        command: {}\n        args: [\"-c\", {}]\n        env: [PATH]\n  - {{ name: echo, description: d, risk_level: read_only, executor: {{ builtin: echo }}, input_schema: {{ type: object }} }}\n",
+        "version: 1\nidentity: {{ dev_identity: true }}\ntenants: {{ acme: {{}} }}\ntools:\n  - name: stubborn\n    description: d\n    risk_level: read_only\n    timeout: 300ms\n    input_schema: {{ type: object }}\n    executor:\n      process:\n        command: {}\n        args: [\"-c\", {}, {}]\n        env: [PATH]\n  - {{ name: echo, description: d, risk_level: read_only, executor: {{ builtin: echo }}, input_schema: {{ type: object }} }}\n",
         python(),
-        serde_json::to_string(&script).unwrap()
+        serde_json::to_string(script).unwrap(),
+        serde_json::to_string(&marker).unwrap()
     );
     let env = Env::default().with("PATH", &std::env::var("PATH").unwrap_or_default());
     let server = TestServer::start_with_env(&yaml, &env).await;
     let mut client = server.client().await;
-    let (r, took) = with_echo_alongside(&server, async move {
-        exec(&mut client, &who("acme"), call("stubborn", "{}")).await
-    })
-    .await;
+    let call_done = std::sync::atomic::AtomicBool::new(false);
+    let ((r, took), seen) = tokio::join!(
+        async {
+            let answer = with_echo_alongside(&server, async move {
+                exec(&mut client, &who("acme"), call("stubborn", "{}")).await
+            })
+            .await;
+            call_done.store(true, std::sync::atomic::Ordering::SeqCst);
+            answer
+        },
+        // Watch the program run while the call is in flight.
+        async {
+            let mut seen = BTreeSet::new();
+            while !call_done.load(std::sync::atomic::Ordering::SeqCst) {
+                seen.extend(processes_with(&marker));
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            seen
+        }
+    );
     assert_eq!(
         (r.status(), r.error_type.as_str()),
         (ToolStatus::Timeout, "timeout"),
@@ -380,20 +408,10 @@ async fn a_process_that_ignores_sigterm_is_killed_at_its_timeout() {
         took < Duration::from_millis(1500),
         "answered after {took:?}, not at the 300 ms timeout"
     );
-    // The program started (it wrote its pid) and is gone: SIGKILL, which it cannot ignore.
-    let pid: i32 = within(Duration::from_secs(5), "the pid file", async {
-        loop {
-            if let Ok(text) = std::fs::read_to_string(&pid_file)
-                && let Ok(pid) = text.trim().parse()
-            {
-                return pid;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
-    within(Duration::from_secs(5), "the process to die", async {
-        while !pid_gone(pid) {
+    assert!(!seen.is_empty(), "the program was never seen running");
+    // SIGKILL, which it cannot ignore, took the whole group down.
+    within(Duration::from_secs(5), "the program to die", async {
+        while !seen.iter().all(|&pid| pid_gone(pid)) || !processes_with(&marker).is_empty() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
@@ -721,7 +739,10 @@ async fn barrage(small: &TestServer, server: &TestServer) {
     assert!(
         matches!(
             err.code(),
-            Code::Internal | Code::Unavailable | Code::ResourceExhausted | Code::Unknown
+            // The server's HTTP/2 layer refuses the header block (GOAWAY ENHANCE_YOUR_CALM,
+            // too_many_continuations): RESOURCE_EXHAUSTED, or UNKNOWN when the client is still
+            // writing as the connection closes.
+            Code::ResourceExhausted | Code::Unknown | Code::Unavailable
         ),
         "{err:?}"
     );
@@ -818,7 +839,7 @@ async fn hostile_input_gets_clean_errors_and_memory_stays_bounded() {
     let mut client = server.client().await;
     assert_alive(&mut client, "start-up").await;
     let before = vm_rss();
-    const ROUNDS: usize = 3;
+    const ROUNDS: usize = 4;
     let mut after_first = 0;
     for round in 0..ROUNDS {
         within(
@@ -830,19 +851,21 @@ async fn hostile_input_gets_clean_errors_and_memory_stays_bounded() {
         if round == 0 {
             after_first = vm_rss();
         }
+        eprintln!("rss-round {round}: {} MiB", vm_rss() / (1024 * 1024));
     }
     let after = vm_rss();
     const MIB: u64 = 1024 * 1024;
-    println!(
+    eprintln!(
         "rss: before {} MiB, after round 1 {} MiB, after round {ROUNDS} {} MiB",
         before / MIB,
         after_first / MIB,
         after / MIB
     );
-    // Each round parses a 720 KB object into ~60k map entries and answers it twice (output and
-    // model_text), decodes a 10,000-call batch and a 1.2 MB message: tens of MB at the peak, which
-    // glibc may keep in per-thread arenas instead of returning. A leak of what each round sends
-    // would instead grow with every round.
+    // Measured here: ~36 MiB at start, ~75-90 MiB after the first round, then flat (glibc keeps
+    // the peaks of each worker thread's arena: the 60k-key object parsed and echoed, 1.2 MB
+    // messages, a 10,000-call batch). 200 MiB over the start is far above that and far below
+    // what keeping each round's payloads, or an allocation that grows with nesting depth or key
+    // count, would cost; after the warm-up round, further rounds may add little.
     assert!(
         after.saturating_sub(before) < 200 * MIB,
         "RSS grew from {} MiB to {} MiB",
@@ -850,7 +873,7 @@ async fn hostile_input_gets_clean_errors_and_memory_stays_bounded() {
         after / MIB
     );
     assert!(
-        after.saturating_sub(after_first) < 64 * MIB,
+        after.saturating_sub(after_first) < 48 * MIB,
         "RSS keeps growing round after round: {} MiB after one, {} MiB after {ROUNDS}",
         after_first / MIB,
         after / MIB
@@ -863,7 +886,6 @@ async fn hostile_input_gets_clean_errors_and_memory_stays_bounded() {
 /// whatever the model sent. Today one `additionalProperties` violation names every unexpected key:
 /// 60,000 keys give ~720 KB of model text.
 #[tokio::test]
-#[ignore = "src bug: a schema violation message grows with the arguments (see the reliability report)"]
 async fn a_schema_refusal_of_a_huge_object_has_bounded_text() {
     let server = TestServer::start(HOSTILE).await;
     let mut client = server.client().await;
@@ -874,6 +896,50 @@ async fn a_schema_refusal_of_a_huge_object_has_bounded_text() {
         "a schema refusal of a 60k-key object is {} bytes of model text: {}…",
         r.model_text.len(),
         r.model_text.chars().take(300).collect::<String>()
+    );
+    server.stop().await;
+}
+
+/// Found by fuzzing (fuzz/fuzz_targets/schema_bind.rs): when the server binds every property of
+/// an object, the visible schema drops that object, and an open parent then lets the model send it
+/// with keys of its own — which binding merges into what the backend receives, although the tool's
+/// schema forbids them there. Here a search filter the server owns gains a model-chosen key.
+#[tokio::test]
+async fn a_model_cannot_add_keys_to_an_object_the_server_binds() {
+    let yaml = r#"version: 1
+identity: { dev_identity: true }
+tenants: { acme: {} }
+tools:
+  - name: search
+    description: Searches within the caller's tenant.
+    risk_level: read_only
+    executor: { builtin: echo_arguments }
+    input_schema:
+      type: object
+      properties:
+        query: { type: string }
+        filter:
+          type: object
+          properties: { tenant: { type: string } }
+          required: [tenant]
+          additionalProperties: false
+      required: [query, filter]
+    bind:
+      filter.tenant: "${caller.tenant}"
+"#;
+    let server = TestServer::start(yaml).await;
+    let mut client = server.client().await;
+    let r = exec(
+        &mut client,
+        &who("acme"),
+        call("search", r#"{"query":"q","filter":{"tenant_id":"globex"}}"#),
+    )
+    .await;
+    assert_ne!(
+        r.status(),
+        ToolStatus::Ok,
+        "the backend received {} although the tool's schema allows only filter.tenant",
+        r.output
     );
     server.stop().await;
 }
