@@ -28,12 +28,7 @@ pub fn check(tool: &ToolVersion, arguments: &Value) -> Result<(), Refusal> {
     let violations: Vec<String> = tool
         .validator
         .iter_errors(instance)
-        .map(|err| {
-            let pointer = err.instance_path().as_str();
-            let at = if pointer.is_empty() { "/" } else { pointer };
-            // Masked: argument values (which may be secrets) never reach messages, logs or audit.
-            shorten(format!("{at}: {}", err.masked()))
-        })
+        .map(|err| describe(&err))
         .collect();
     if violations.is_empty() {
         return Ok(());
@@ -60,6 +55,14 @@ pub fn check(tool: &ToolVersion, arguments: &Value) -> Result<(), Refusal> {
     ))
 }
 
+/// One violation: its JSON pointer and what is wrong, masked — argument values (which may be
+/// secrets) never reach messages, logs or audit — and bounded in length.
+fn describe(err: &jsonschema::ValidationError<'_>) -> String {
+    let pointer = err.instance_path().as_str();
+    let at = if pointer.is_empty() { "/" } else { pointer };
+    shorten(format!("{at}: {}", err.masked()))
+}
+
 /// Keeps a violation's text bounded, whatever the size of the arguments.
 fn shorten(text: String) -> String {
     match text.char_indices().nth(MAX_VIOLATION_CHARS) {
@@ -78,11 +81,7 @@ pub fn check_bound(tool: &ToolVersion, arguments: &Value) -> Result<(), Refusal>
     let violations: Vec<String> = full
         .iter_errors(arguments)
         .take(MAX_LISTED)
-        .map(|err| {
-            let pointer = err.instance_path().as_str();
-            let at = if pointer.is_empty() { "/" } else { pointer };
-            shorten(format!("{at}: {}", err.masked()))
-        })
+        .map(|err| describe(&err))
         .collect();
     if violations.is_empty() {
         return Ok(());
