@@ -4,10 +4,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    io::{BufRead, BufReader},
     net::SocketAddr,
-    process::{Child, Command, Stdio},
-    sync::mpsc,
     time::{Duration, Instant},
 };
 
@@ -421,115 +418,6 @@ async fn a_process_that_ignores_sigterm_is_killed_at_its_timeout() {
 
 // --- shutdown under load -----------------------------------------------------------------------------
 
-/// The real binary, started as `process.rs` starts it (duplicated here, minimally, to wait for
-/// many log lines): JSON logs with the boundary's debug "executing" line per call.
-struct Spawned {
-    child: Child,
-    addr: String,
-    messages: mpsc::Receiver<String>,
-    reader: Option<std::thread::JoinHandle<Vec<String>>>,
-}
-
-impl Drop for Spawned {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-impl Spawned {
-    fn start(args: &[&str]) -> Spawned {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_toolgate"))
-            .args(["serve", "--log-format", "json", "--listen", "127.0.0.1:0"])
-            .args(["--admin-listen", "127.0.0.1:0"])
-            .args(args)
-            .env("RUST_LOG", "info,toolgate::boundary=debug")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn toolgate");
-        let stderr = child.stderr.take().unwrap();
-        let (tx, messages) = mpsc::channel();
-        let reader = std::thread::spawn(move || {
-            let mut lines = Vec::new();
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Ok(json) = serde_json::from_str::<Value>(&line) {
-                    let fields = &json["fields"];
-                    if fields["message"] == "serving gRPC over TCP" {
-                        let _ = tx.send(format!("addr {}", fields["addr"].as_str().unwrap_or("")));
-                    }
-                    let _ = tx.send(fields["message"].as_str().unwrap_or("").to_owned());
-                }
-                lines.push(line);
-            }
-            lines
-        });
-        let mut addr = String::new();
-        loop {
-            let message = messages
-                .recv_timeout(Duration::from_secs(30))
-                .expect("toolgate reports SERVING within 30s");
-            if let Some(a) = message.strip_prefix("addr ") {
-                addr = a.to_owned();
-            }
-            if message == "catalog loaded; SERVING" {
-                break;
-            }
-        }
-        Spawned {
-            child,
-            addr,
-            messages,
-            reader: Some(reader),
-        }
-    }
-
-    /// Waits (bounded) until `count` log lines with this message have arrived.
-    fn wait_for_log(&self, message: &str, count: usize) {
-        let mut seen = 0;
-        while seen < count {
-            let next = self
-                .messages
-                .recv_timeout(Duration::from_secs(10))
-                .unwrap_or_else(|_| panic!("only {seen} of {count} {message:?} log lines"));
-            if next == message {
-                seen += 1;
-            }
-        }
-    }
-
-    fn sigterm(&self) {
-        let pid = libc::pid_t::try_from(self.child.id()).unwrap();
-        // SAFETY: kill only sends a signal to our own child.
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-    }
-
-    /// Waits (bounded) for the exit; kills the child if it does not come.
-    fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
-        let deadline = Instant::now() + limit;
-        while Instant::now() < deadline {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        None
-    }
-
-    /// Everything the child logged; call after it exited.
-    fn logs(mut self) -> String {
-        self.reader
-            .take()
-            .map(|r| r.join().unwrap_or_default())
-            .unwrap_or_default()
-            .join("\n")
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_under_load_finishes_or_cleanly_refuses_every_call_and_audits_each_once() {
     const CALLS: usize = 100;
@@ -543,7 +431,7 @@ async fn sigterm_under_load_finishes_or_cleanly_refuses_every_call_and_audits_ea
     );
     assert_ne!(catalog, toolgate::config::DEMO_CATALOG);
     std::fs::write(&config, catalog).unwrap();
-    let spawned = Spawned::start(&["--config", config.to_str().unwrap()]);
+    let spawned = crate::process::spawn(&["--config", config.to_str().unwrap()]);
     let mut channels = Vec::new();
     for _ in 0..CHANNELS {
         channels.push(
@@ -578,7 +466,7 @@ async fn sigterm_under_load_finishes_or_cleanly_refuses_every_call_and_audits_ea
     })
     .await
     .unwrap();
-    spawned.sigterm();
+    crate::process::sigterm(&spawned.child);
     let mut ok = BTreeSet::new();
     let mut unavailable = 0;
     for handle in calls {
@@ -595,11 +483,13 @@ async fn sigterm_under_load_finishes_or_cleanly_refuses_every_call_and_audits_ea
     }
     let (status, logs) = tokio::task::spawn_blocking(move || {
         let mut spawned = spawned;
-        (spawned.wait_exit(Duration::from_secs(20)), spawned.logs())
+        (
+            crate::process::wait_exit(&mut spawned.child),
+            spawned.logs(),
+        )
     })
     .await
     .unwrap();
-    let status = status.unwrap_or_else(|| panic!("no exit within 20s of SIGTERM:\n{logs}"));
     assert_eq!(status.code(), Some(0), "{logs}");
     // Every call reached the boundary, so each has exactly one event; those that finished say OK.
     let text = std::fs::read_to_string(&audit_path).unwrap();
