@@ -199,28 +199,26 @@ pub fn context_of(span: &Span) -> Context {
     span.context()
 }
 
-/// The W3C `traceparent` for an outbound request made within `span`, when it is traced.
-pub fn traceparent(span: &Span) -> Option<String> {
+/// The span's OpenTelemetry span context, when it is traced.
+fn traced_context(span: &Span) -> Option<opentelemetry::trace::SpanContext> {
     let context = span.context();
     let span_context = context.span().span_context().clone();
-    span_context.is_valid().then(|| {
+    span_context.is_valid().then_some(span_context)
+}
+
+/// The W3C `traceparent` for an outbound request made within `span`, when it is traced.
+pub fn traceparent(span: &Span) -> Option<String> {
+    traced_context(span).map(|c| {
         format!(
             "00-{}-{}-{:02x}",
-            span_context.trace_id(),
-            span_context.span_id(),
-            span_context.trace_flags().to_u8()
+            c.trace_id(),
+            c.span_id(),
+            c.trace_flags().to_u8()
         )
     })
 }
 
 /// Trace and span ids (hex) for the audit event, when the span is traced.
 pub fn ids(span: &Span) -> Option<(String, String)> {
-    let context = span.context();
-    let span_context = context.span().span_context().clone();
-    span_context.is_valid().then(|| {
-        (
-            span_context.trace_id().to_string(),
-            span_context.span_id().to_string(),
-        )
-    })
+    traced_context(span).map(|c| (c.trace_id().to_string(), c.span_id().to_string()))
 }
