@@ -135,6 +135,15 @@ struct ClientArgs {
 /// Runs the command line; returns the process exit code.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.command, None | Some(Command::Serve(_))) {
+        // Printing verbs end quietly when their reader goes away (`toolgate tools | head`), like
+        // other Unix tools. The server keeps Rust's default of ignoring SIGPIPE: a closed audit
+        // pipe must be an error it handles, not its death.
+        // SAFETY: restoring a signal's default disposition before any thread is started.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
