@@ -123,7 +123,7 @@ fn load(yaml: &str) -> Config {
 const DEV_IDENTITY: &str = "version: 1\nidentity: { dev_identity: true }\n";
 
 static DEV_RESOLVER: LazyLock<IdentityResolver> =
-    LazyLock::new(|| IdentityResolver::new(&load(DEV_IDENTITY).identity));
+    LazyLock::new(|| IdentityResolver::new(&load(DEV_IDENTITY).identity, SharedClock::system()));
 
 /// Dev identity metadata of a caller in `tenant`.
 fn dev_metadata(tenant: &str) -> MetadataMap {
@@ -342,10 +342,9 @@ fn decision_chain(bencher: Bencher, tools: usize) {
 
 const JWT_SECRET: &str = "toolgate-bench-hs256-secret-0123456789abcdef";
 
-/// Who is calling, per request: an HS256 JWT verified (signature, exp, iss, aud) and mapped to
-/// a caller, as the server does from the `authorization` metadata.
-#[divan::bench]
-fn identity_jwt_hs256(bencher: Bencher) {
+/// A resolver verifying HS256 JWTs (signature, exp, iss, aud), as the server does from the
+/// `authorization` metadata.
+fn jwt_resolver() -> IdentityResolver {
     let config = Config::from_yaml(
         "version: 1\nidentity:\n  jwt:\n    hs256_secret_env: BENCH_SECRET\n    issuer: [\"https://issuer.bench\"]\n    audience: [toolgate]\n",
         "bench",
@@ -353,7 +352,11 @@ fn identity_jwt_hs256(bencher: Bencher) {
         &Env::default().with("BENCH_SECRET", JWT_SECRET),
     )
     .unwrap_or_else(|e| panic!("jwt catalog: {e}"));
-    let resolver = IdentityResolver::new(&config.identity);
+    IdentityResolver::new(&config.identity, SharedClock::system())
+}
+
+/// `authorization` metadata with a valid token; `run` makes each token distinct.
+fn jwt_metadata(run: usize) -> MetadataMap {
     let exp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("after 1970")
@@ -361,7 +364,7 @@ fn identity_jwt_hs256(bencher: Bencher) {
         + 86_400;
     let claims = serde_json::json!({
         "sub": "alice", "tenant": "tenant-0001", "agent": "support-bot", "scope": "kb:read tickets:read",
-        "iss": "https://issuer.bench", "aud": "toolgate", "exp": exp,
+        "iss": "https://issuer.bench", "aud": "toolgate", "exp": exp, "run": run,
     });
     let token = jsonwebtoken::encode(
         &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
@@ -374,8 +377,30 @@ fn identity_jwt_hs256(bencher: Bencher) {
         "authorization",
         format!("Bearer {token}").parse().expect("ascii"),
     );
+    metadata
+}
+
+/// Who is calling, per request, when the token was seen before: an agent runtime sends the same
+/// JWT with every call of a run, so this is the common case (a verified-token cache hit).
+#[divan::bench]
+fn identity_jwt_hs256(bencher: Bencher) {
+    let resolver = jwt_resolver();
+    let metadata = jwt_metadata(0);
     assert!(resolver.resolve(&metadata).is_ok(), "the token verifies");
     bencher.bench_local(|| resolver.resolve(black_box(&metadata)).is_ok());
+}
+
+/// The same for a token never seen before: full signature and claims verification, plus the
+/// cache's bookkeeping (8,192 distinct tokens, more than the cache holds, used in turn).
+#[divan::bench]
+fn identity_jwt_hs256_first_sight(bencher: Bencher) {
+    let resolver = jwt_resolver();
+    let tokens: Vec<MetadataMap> = (0..8192).map(jwt_metadata).collect();
+    let mut next = 0;
+    bencher.bench_local(|| {
+        next = (next + 1) % tokens.len();
+        resolver.resolve(black_box(&tokens[next])).is_ok()
+    });
 }
 
 /// The same with dev identity headers, for comparison.

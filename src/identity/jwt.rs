@@ -6,8 +6,14 @@ use std::{fmt, path::Path, time::Duration};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation, jwk::JwkSet};
 use serde_json::Value;
 
-use super::{AuthMethod, Caller, IdentityError, split_scopes};
-use crate::config::{Env, FieldError, parse_duration, raw::RawJwt, resolve_path};
+use super::{
+    AuthMethod, Caller, IdentityError, split_scopes,
+    token_cache::{self, TokenCache, Validity, Verified},
+};
+use crate::{
+    clock::SharedClock,
+    config::{Env, FieldError, parse_duration, raw::RawJwt, resolve_path},
+};
 
 /// One verification key and the algorithm it is used with.
 #[derive(Clone)]
@@ -187,20 +193,40 @@ fn jwk_algorithm(jwk: &jsonwebtoken::jwk::Jwk) -> Option<Algorithm> {
     }
 }
 
-/// Verifies bearer tokens against the configured keys.
+/// Verifies bearer tokens against the configured keys. Token lifetimes (`exp`, `nbf`) are read
+/// on the injected clock, like every other time-dependent decision.
 #[derive(Debug)]
 pub struct JwtVerifier {
     settings: JwtSettings,
+    clock: SharedClock,
+    cache: TokenCache,
 }
 
 impl JwtVerifier {
-    pub fn new(settings: &JwtSettings) -> Self {
+    pub fn new(settings: &JwtSettings, clock: SharedClock) -> Self {
         JwtVerifier {
             settings: settings.clone(),
+            clock,
+            cache: TokenCache::new(token_cache::CAPACITY),
         }
     }
 
     pub fn verify(&self, token: &str) -> Result<Caller, IdentityError> {
+        let now = u64::try_from(self.clock.unix_ms() / 1000).unwrap_or(0);
+        let leeway = self.settings.leeway.as_secs();
+        let key = token_cache::key_of(token);
+        if let Some(cached) = self.cache.get(&key, now, leeway) {
+            return cached;
+        }
+        let verified = self.verify_uncached(token)?;
+        verified.validity.check(now, leeway)?;
+        let caller = verified.caller.clone();
+        self.cache.insert(key, verified, now, leeway);
+        Ok(caller)
+    }
+
+    /// Signature, algorithm, issuer, audience and claims; the time window is checked by the caller.
+    fn verify_uncached(&self, token: &str) -> Result<Verified, IdentityError> {
         let s = &self.settings;
         // jsonwebtoken has no `none` algorithm: such a header fails here and nothing is trusted.
         let header = jsonwebtoken::decode_header(token).map_err(|err| {
@@ -231,8 +257,10 @@ impl JwtVerifier {
         let mut last_error = None;
         for key in candidates {
             let mut validation = Validation::new(key.algorithm);
-            validation.leeway = s.leeway.as_secs();
-            validation.validate_nbf = true;
+            // `exp` must be present (an integer); it and `nbf` are compared with the injected
+            // clock in `verify`, not with jsonwebtoken's system time.
+            validation.validate_exp = false;
+            validation.validate_nbf = false;
             validation.set_required_spec_claims(&["exp"]);
             if s.issuer.is_empty() {
                 validation.iss = None;
@@ -245,7 +273,12 @@ impl JwtVerifier {
                 validation.set_audience(&s.audience);
             }
             match jsonwebtoken::decode::<Value>(token, &key.key, &validation) {
-                Ok(data) => return self.caller_from(&data.claims),
+                Ok(data) => {
+                    return Ok(Verified {
+                        validity: validity_of(&data.claims)?,
+                        caller: self.caller_from(&data.claims)?,
+                    });
+                }
                 Err(err) => last_error = Some(err),
             }
         }
@@ -277,6 +310,21 @@ impl JwtVerifier {
             method: AuthMethod::Jwt,
         })
     }
+}
+
+/// The token's `exp` (required, checked present by jsonwebtoken) and optional `nbf`.
+fn validity_of(claims: &Value) -> Result<Validity, IdentityError> {
+    let seconds = |name: &str| match claims.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(value) => value.as_u64().map(Some).ok_or_else(|| {
+            IdentityError::InvalidToken(format!("claim {name:?} is not a whole number of seconds"))
+        }),
+    };
+    Ok(Validity {
+        not_before: seconds("nbf")?,
+        expires: seconds("exp")?
+            .ok_or_else(|| IdentityError::InvalidToken("missing required claim \"exp\"".into()))?,
+    })
 }
 
 fn describe(err: &jsonwebtoken::errors::Error) -> String {

@@ -4,6 +4,7 @@
 //! turns dev identity on, the unauthenticated `x-toolgate-*` headers are accepted instead.
 
 mod jwt;
+mod token_cache;
 
 use std::collections::BTreeSet;
 
@@ -11,7 +12,7 @@ use tonic::metadata::MetadataMap;
 
 pub use jwt::{JwtSettings, JwtVerifier};
 
-use crate::config::IdentityConfig;
+use crate::{clock::SharedClock, config::IdentityConfig};
 
 /// Dev identity metadata keys.
 pub const TENANT_HEADER: &str = "x-toolgate-tenant";
@@ -72,10 +73,14 @@ pub struct IdentityResolver {
 }
 
 impl IdentityResolver {
-    pub fn new(config: &IdentityConfig) -> Self {
+    /// `clock` is what token lifetimes are checked against.
+    pub fn new(config: &IdentityConfig, clock: SharedClock) -> Self {
         IdentityResolver {
             dev_identity: config.dev_identity,
-            jwt: config.jwt.as_ref().map(JwtVerifier::new),
+            jwt: config
+                .jwt
+                .as_ref()
+                .map(|settings| JwtVerifier::new(settings, clock)),
         }
     }
 
@@ -146,10 +151,13 @@ mod tests {
     use super::*;
 
     fn resolver(dev: bool) -> IdentityResolver {
-        IdentityResolver::new(&IdentityConfig {
-            dev_identity: dev,
-            jwt: None,
-        })
+        IdentityResolver::new(
+            &IdentityConfig {
+                dev_identity: dev,
+                jwt: None,
+            },
+            SharedClock::system(),
+        )
     }
 
     fn metadata(pairs: &[(&'static str, &str)]) -> MetadataMap {

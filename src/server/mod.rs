@@ -198,7 +198,7 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         approvals,
         executors,
         audit,
-        clock,
+        clock.clone(),
         metrics.clone(),
     ));
     let (reload, reload_requests) = mpsc::channel(8);
@@ -219,7 +219,7 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
     if options.reload_on_sighup {
         background.push(reload_on_sighup(reload.clone())?);
     }
-    let identity = Arc::new(IdentityResolver::new(&config.identity));
+    let identity = Arc::new(IdentityResolver::new(&config.identity, clock));
     if identity.dev_identity() {
         tracing::warn!(
             "dev identity is on: callers are NOT authenticated; x-toolgate-* metadata is trusted as is"

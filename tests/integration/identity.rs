@@ -1,6 +1,6 @@
 //! Caller identity from metadata: JWTs (HS256, RS256, ES256) and dev identity.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use tonic::Code;
 use toolgate::{config::Env, proto};
 
-use crate::support::{TestServer, Who, call, exec, visible, who};
+use crate::support::{START_UNIX_MS, TestServer, Who, call, exec, visible, who};
 
 const SECRET: &str = "an-hs256-test-secret-that-is-long-enough";
 
@@ -20,11 +20,9 @@ fn fixture(name: &str) -> Vec<u8> {
     .unwrap()
 }
 
+/// Token lifetimes are checked on the server's injected clock, which starts here.
 fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
+    u64::try_from(START_UNIX_MS / 1000).unwrap()
 }
 
 fn claims() -> Value {
@@ -218,6 +216,68 @@ async fn jwks_keys_are_chosen_by_kid() {
         status.message().contains("no key for algorithm HS256"),
         "{}",
         status.message()
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn token_lifetimes_follow_the_servers_clock_even_after_a_token_was_accepted() {
+    let server = jwt_server().await;
+    let mut client = server.client().await;
+    // Expires 100 s from now; the configured leeway is the default 30 s.
+    let mut short_lived = claims();
+    short_lived["exp"] = json!(now() + 100);
+    let token = hs256(&short_lived);
+    // Not valid for another 60 s, beyond the leeway.
+    let mut not_yet = claims();
+    not_yet["nbf"] = json!(now() + 60);
+    let future = hs256(&not_yet);
+
+    assert!(!visible(&mut client, &Who::token(&token)).await.is_empty());
+    let status = refused(&server, &Who::token(&future)).await;
+    assert!(status.message().contains("not valid yet"), "{status:?}");
+    // The same token, one byte of its signature changed, is a different token: verified, refused.
+    let mut tampered = token.clone().into_bytes();
+    let last = tampered.len() - 2;
+    tampered[last] = if tampered[last] == b'A' { b'B' } else { b'A' };
+    let tampered = String::from_utf8(tampered).unwrap();
+    let status = refused(&server, &Who::token(&tampered)).await;
+    assert!(status.message().contains("bad signature"), "{status:?}");
+
+    server.clock.advance(Duration::from_secs(100));
+    // Within exp + leeway, the accepted token still works; nbf - leeway has passed for the other.
+    assert!(!visible(&mut client, &Who::token(&token)).await.is_empty());
+    assert!(!visible(&mut client, &Who::token(&future)).await.is_empty());
+    server.clock.advance(Duration::from_secs(31));
+    // Past exp + leeway: refused although it was accepted (and remembered) before.
+    let status = refused(&server, &Who::token(&token)).await;
+    assert_eq!(status.code(), Code::Unauthenticated);
+    assert!(status.message().contains("expired"), "{status:?}");
+    let status = refused(&server, &Who::token(&token)).await;
+    assert!(status.message().contains("expired"), "{status:?}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn exp_must_be_a_whole_number_of_seconds() {
+    let server = jwt_server().await;
+    for (exp, expected) in [
+        (json!(null), "exp"),
+        (json!("tomorrow"), "exp"),
+        (json!(1.8e9 + 0.5), "exp"),
+    ] {
+        let mut bad = claims();
+        bad["exp"] = exp.clone();
+        let status = refused(&server, &Who::token(&hs256(&bad))).await;
+        assert_eq!(status.code(), Code::Unauthenticated, "{exp}");
+        assert!(status.message().contains(expected), "{exp}: {status:?}");
+    }
+    let mut bad = claims();
+    bad["nbf"] = json!("soon");
+    let status = refused(&server, &Who::token(&hs256(&bad))).await;
+    assert!(
+        status.message().contains("\"nbf\" is not a whole number"),
+        "{status:?}"
     );
     server.stop().await;
 }

@@ -26,6 +26,10 @@ pub struct Who {
     pub token: Option<String>,
 }
 
+/// The wall-clock time every test server's clock starts at (2027-01-15); it moves only when a
+/// test advances it.
+pub const START_UNIX_MS: i64 = 1_800_000_000_000;
+
 pub fn who(tenant: &str) -> Who {
     Who {
         tenant: tenant.into(),
@@ -137,8 +141,7 @@ impl TestServer {
     }
 
     async fn start_config(config: Config, dir: TempDir, audit_path: PathBuf) -> Self {
-        // Starts at a fixed wall-clock time; moves only when a test says so.
-        let clock = ManualClock::new(1_800_000_000_000);
+        let clock = ManualClock::new(START_UNIX_MS);
         let options = StartOptions {
             listen: Some("127.0.0.1:0".parse().unwrap()),
             clock: Some(SharedClock::new(clock.clone())),

@@ -1,0 +1,184 @@
+//! Verified tokens, remembered until they expire.
+//!
+//! An agent runtime sends the same bearer token with every call of a run; verifying its signature
+//! each time was about a tenth of a call's CPU (docs/performance.md). Entries are keyed by the
+//! SHA-256 of the whole token, so any change to it (claims or signature) misses and is verified in
+//! full; only tokens that verified are stored, and each is still checked against its own `exp` on
+//! every hit. The map is bounded, so a flood of distinct tokens costs verification, not memory.
+
+use std::{
+    collections::HashMap,
+    sync::{Mutex, PoisonError},
+};
+
+use sha2::{Digest, Sha256};
+
+use super::{Caller, IdentityError};
+
+/// How many verified tokens are kept. Each entry is a [`Caller`] (a few hundred bytes); a sidecar
+/// serves one pod, whose agents rarely hold more than a handful of live tokens.
+pub const CAPACITY: usize = 1024;
+
+/// The SHA-256 of a token.
+pub type TokenKey = [u8; 32];
+
+pub fn key_of(token: &str) -> TokenKey {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+/// When a token may be used: its `nbf` and `exp` claims, in seconds since the Unix epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Validity {
+    pub not_before: Option<u64>,
+    pub expires: u64,
+}
+
+impl Validity {
+    /// Whether the token may be used at `now`, allowing `leeway` seconds of clock skew either way.
+    pub fn check(&self, now: u64, leeway: u64) -> Result<(), IdentityError> {
+        if self.expires.saturating_add(leeway) < now {
+            return Err(IdentityError::InvalidToken("token has expired".into()));
+        }
+        if self
+            .not_before
+            .is_some_and(|nbf| nbf > now.saturating_add(leeway))
+        {
+            return Err(IdentityError::InvalidToken(
+                "token is not valid yet (nbf)".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A token whose signature and claims verified.
+#[derive(Debug, Clone)]
+pub struct Verified {
+    pub caller: Caller,
+    pub validity: Validity,
+}
+
+#[derive(Debug)]
+pub struct TokenCache {
+    entries: Mutex<HashMap<TokenKey, Verified>>,
+    capacity: usize,
+}
+
+impl TokenCache {
+    pub fn new(capacity: usize) -> Self {
+        TokenCache {
+            entries: Mutex::new(HashMap::new()),
+            capacity,
+        }
+    }
+
+    /// The cached caller for this token, if it verified before and may be used at `now`. An
+    /// expired entry is dropped and reported as expired: its signature was good, its time is up.
+    pub fn get(
+        &self,
+        key: &TokenKey,
+        now: u64,
+        leeway: u64,
+    ) -> Option<Result<Caller, IdentityError>> {
+        let mut entries = self.lock();
+        let entry = entries.get(key)?;
+        match entry.validity.check(now, leeway) {
+            Ok(()) => Some(Ok(entry.caller.clone())),
+            Err(err) => {
+                entries.remove(key);
+                Some(Err(err))
+            }
+        }
+    }
+
+    /// Remembers a verified token. When full, expired entries go first, then arbitrary ones down
+    /// to three quarters of the capacity, so a flood of distinct tokens pays for that scan once
+    /// per `capacity / 4` inserts rather than on each.
+    pub fn insert(&self, key: TokenKey, verified: Verified, now: u64, leeway: u64) {
+        if self.capacity == 0 {
+            return;
+        }
+        let mut entries = self.lock();
+        if entries.len() >= self.capacity && !entries.contains_key(&key) {
+            entries.retain(|_, entry| entry.validity.check(now, leeway).is_ok());
+            if entries.len() >= self.capacity {
+                let mut surplus = entries.len() + 1 - self.capacity * 3 / 4;
+                entries.retain(|_, _| {
+                    let keep = surplus == 0;
+                    surplus = surplus.saturating_sub(1);
+                    keep
+                });
+            }
+        }
+        entries.insert(key, verified);
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<TokenKey, Verified>> {
+        // The map holds no invariant a panicking holder could break halfway.
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::AuthMethod;
+
+    fn verified(tenant: &str, expires: u64) -> Verified {
+        Verified {
+            caller: Caller {
+                tenant: tenant.into(),
+                subject: String::new(),
+                agent: String::new(),
+                scopes: Default::default(),
+                method: AuthMethod::Jwt,
+            },
+            validity: Validity {
+                not_before: None,
+                expires,
+            },
+        }
+    }
+
+    #[test]
+    fn validity_allows_leeway_on_both_sides() {
+        let window = Validity {
+            not_before: Some(100),
+            expires: 200,
+        };
+        assert!(window.check(95, 10).is_ok());
+        assert!(window.check(89, 10).is_err());
+        assert!(window.check(210, 10).is_ok());
+        assert!(window.check(211, 10).is_err());
+    }
+
+    #[test]
+    fn hits_are_checked_against_their_expiry_and_dropped_when_expired() {
+        let cache = TokenCache::new(4);
+        let key = key_of("token");
+        cache.insert(key, verified("acme", 100), 50, 0);
+        assert_eq!(cache.get(&key, 100, 0).unwrap().unwrap().tenant, "acme");
+        let expired = cache.get(&key, 101, 0).unwrap();
+        assert!(expired.unwrap_err().to_string().contains("expired"));
+        assert!(cache.get(&key, 101, 0).is_none());
+        assert!(cache.get(&key_of("token2"), 50, 0).is_none());
+    }
+
+    #[test]
+    fn the_cache_never_grows_past_its_capacity() {
+        let cache = TokenCache::new(8);
+        cache.insert(key_of("old"), verified("old", 10), 0, 0);
+        for i in 0..100 {
+            cache.insert(key_of(&format!("t{i}")), verified("t", 1_000), 20, 0);
+            assert!(cache.len() <= 8);
+        }
+        // The expired entry was the first to go.
+        assert!(cache.get(&key_of("old"), 20, 0).is_none());
+        assert!(cache.get(&key_of("t99"), 20, 0).is_some());
+    }
+}
