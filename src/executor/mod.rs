@@ -105,6 +105,12 @@ impl ExecutorSpec {
             ExecutorSpec::Mcp(_) => "mcp",
         }
     }
+
+    /// Whether a call leaves the sidecar's process (a request or a child process), and so is
+    /// worth a CLIENT span of its own and a `traceparent` to pass on.
+    pub fn leaves_process(&self) -> bool {
+        !matches!(self, ExecutorSpec::Builtin(_))
+    }
 }
 
 /// A backend failure, before the boundary turns it into a result. Messages are shown to the

@@ -47,7 +47,14 @@ pub struct TelemetryConfig {
     pub sampler: SamplerConfig,
     /// How long spans wait before a batch is sent.
     pub batch_delay: Duration,
+    /// Finished spans waiting for export; beyond it new spans are dropped (and counted by the
+    /// SDK), never queued without bound.
+    pub max_queue_size: usize,
 }
+
+/// Room for a few seconds of spans at the rates one sidecar serves (one span per builtin call,
+/// two per backend call), where the SDK's default of 2,048 dropped spans under load.
+pub const DEFAULT_MAX_QUEUE_SIZE: usize = 16_384;
 
 /// The sampler, as `OTEL_TRACES_SAMPLER` names them.
 #[derive(Debug, Clone, PartialEq)]
@@ -165,6 +172,20 @@ impl TelemetryConfig {
             }
             None => Duration::from_secs(1),
         };
+        let max_queue_size = match env_text("OTEL_BSP_MAX_QUEUE_SIZE") {
+            None => DEFAULT_MAX_QUEUE_SIZE,
+            Some(text) => text
+                .trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| {
+                    FieldError::new(
+                        "OTEL_BSP_MAX_QUEUE_SIZE",
+                        format!("{text:?} is not a positive number of spans"),
+                    )
+                })?,
+        };
         Ok(TelemetryConfig {
             endpoint,
             protocol,
@@ -176,6 +197,7 @@ impl TelemetryConfig {
             resource_attributes,
             sampler,
             batch_delay,
+            max_queue_size,
         })
     }
 
@@ -285,6 +307,7 @@ pub fn tracer_provider(
         .with_batch_config(
             BatchConfigBuilder::default()
                 .with_scheduled_delay(telemetry.batch_delay)
+                .with_max_queue_size(telemetry.max_queue_size)
                 .build(),
         )
         .build();
@@ -406,5 +429,21 @@ mod tests {
             &Env::default().with("OTEL_TRACES_SAMPLER", "sometimes"),
         );
         assert_eq!(bad.unwrap_err().path, "telemetry.sampler");
+    }
+
+    #[test]
+    fn the_export_queue_is_sized_for_load_and_follows_the_standard_variable() {
+        let default = TelemetryConfig::build(None, &Env::default()).unwrap();
+        assert_eq!(default.max_queue_size, DEFAULT_MAX_QUEUE_SIZE);
+        let set = Env::default().with("OTEL_BSP_MAX_QUEUE_SIZE", "4096");
+        assert_eq!(
+            TelemetryConfig::build(None, &set).unwrap().max_queue_size,
+            4096
+        );
+        for bad in ["0", "lots", "-1"] {
+            let env = Env::default().with("OTEL_BSP_MAX_QUEUE_SIZE", bad);
+            let err = TelemetryConfig::build(None, &env).unwrap_err();
+            assert_eq!(err.path, "OTEL_BSP_MAX_QUEUE_SIZE", "{bad}");
+        }
     }
 }

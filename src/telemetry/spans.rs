@@ -155,8 +155,12 @@ pub fn record_content(span: &Span, arguments: &str, outcome: &CallOutcome) {
     }
 }
 
-/// `{executor} {tool}`, kind CLIENT: the backend call, child of the tool call.
+/// `{executor} {tool}`, kind CLIENT: the backend call, child of the tool call. Builtins run
+/// inside the tool call's own span: a second span would double what is exported and say nothing.
 pub fn backend_call(tool: &ToolVersion) -> Span {
+    if !tool.executor.leaves_process() {
+        return Span::none();
+    }
     tracing::info_span!(
         "backend_call",
         otel.name = %format!("{} {}", tool.executor.kind(), tool.name),

@@ -203,6 +203,13 @@ async fn spans_follow_the_caller_into_the_sidecar_and_on_to_the_upstream() {
         attribute(lookup, "gen_ai.tool.call.arguments").is_none(),
         "arguments are not recorded unless a tool opts in"
     );
+    // Builtins run inside their tool call's span; no CLIENT span of their own.
+    assert!(!by_name("execute_tool echo").is_empty());
+    assert!(
+        ours.iter().all(|s| !s.name.starts_with("builtin ")),
+        "{:?}",
+        ours.iter().map(|s| &s.name).collect::<Vec<_>>()
+    );
     // The backend call: CLIENT, child of the tool call; the upstream got its context.
     let backend = by_name("http lookup");
     assert_eq!(backend.len(), 1);
