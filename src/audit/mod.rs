@@ -89,8 +89,8 @@ enum Message {
 pub struct Reservation(mpsc::OwnedPermit<Message>);
 
 impl Reservation {
-    fn send(self, event: AuditEvent) {
-        self.0.send(Message::Event(Box::new(event)));
+    fn send(self, event: Box<AuditEvent>) {
+        self.0.send(Message::Event(event));
     }
 }
 
@@ -184,27 +184,29 @@ impl AuditLog {
         self.queue.clone().try_reserve_owned().ok().map(Reservation)
     }
 
-    /// Records an event, waiting for room in the queue.
-    pub async fn record(&self, event: AuditEvent) {
-        if self
-            .queue
-            .send(Message::Event(Box::new(event)))
-            .await
-            .is_err()
-        {
-            self.note_dropped();
+    /// Records an event, waiting for room in the queue. Events travel boxed: a call in flight
+    /// holds a pointer to its event, not the event, in each state of its future.
+    pub fn record(
+        &self,
+        event: impl Into<Box<AuditEvent>>,
+    ) -> impl Future<Output = ()> + Send + '_ {
+        let message = Message::Event(event.into());
+        async move {
+            if self.queue.send(message).await.is_err() {
+                self.note_dropped();
+            }
         }
     }
 
     /// Records into a slot taken earlier; never waits.
-    pub fn record_reserved(&self, reservation: Reservation, event: AuditEvent) {
+    pub fn record_reserved(&self, reservation: Reservation, event: Box<AuditEvent>) {
         reservation.send(event);
     }
 
     /// Records from a context that cannot wait (a dropped, cancelled call): queue now if there is
     /// room, otherwise hand the wait to a task.
-    pub fn record_detached(&self, event: AuditEvent) {
-        match self.queue.try_send(Message::Event(Box::new(event))) {
+    pub fn record_detached(&self, event: Box<AuditEvent>) {
+        match self.queue.try_send(Message::Event(event)) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(message)) => {
                 let log = self.clone();

@@ -16,16 +16,22 @@ pub fn check(catalog: &Catalog, caller: &Caller, tool: &str) -> Result<(), Refus
             format!("tenant {} is not in the catalog", caller.tenant),
         ));
     };
-    check_list(&catalog.policy, tool, "the global policy")?;
-    check_list(&tenant.access, tool, &format!("tenant {}", caller.tenant))?;
+    check_list(&catalog.policy, tool, || "the global policy".to_owned())?;
+    check_list(&tenant.access, tool, || format!("tenant {}", caller.tenant))?;
     if let Some(agent) = catalog.agents.get(&caller.agent) {
-        check_list(agent, tool, &format!("agent {}", caller.agent))?;
+        check_list(agent, tool, || format!("agent {}", caller.agent))?;
     }
     Ok(())
 }
 
-fn check_list(list: &AccessList, tool: &str, owner: &str) -> Result<(), Refusal> {
+/// `owner` names the list in a refusal; it is built only then, as most calls are allowed.
+fn check_list(
+    list: &AccessList,
+    tool: &str,
+    owner: impl FnOnce() -> String,
+) -> Result<(), Refusal> {
     list.check(tool).map_err(|denial| {
+        let owner = owner();
         let message = match denial {
             AccessDenial::Denied(pattern) => {
                 format!("{tool} is denied by {owner}'s deny rule {pattern:?}")

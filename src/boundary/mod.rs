@@ -356,27 +356,33 @@ impl Boundary {
             async move { self.run(&permit, turn.deadline).instrument(span).await }
         };
         // 10. Idempotency, wrapping 11-12: execute under the deadline and shape the result.
+        // The keyed path is boxed: only calls that use it pay for its state.
         let output = match call.idempotency_key.as_deref() {
             None => call_backend(bound.arguments).await,
-            Some(key) => match self
-                .idempotency
-                .claim(&caller.tenant, &tool.name, key, &arguments_sha256)
-                .await?
-            {
-                Claim::Replay(stored) => {
-                    trail.idempotent_replay = true;
-                    trail.tool_version = stored.tool_version;
-                    stored.result
-                }
-                Claim::Owner(slot) => {
-                    let result = call_backend(bound.arguments).await;
-                    slot.complete(Stored {
-                        result: result.clone(),
-                        tool_version: tool.version.clone(),
-                    });
-                    result
-                }
-            },
+            Some(key) => {
+                Box::pin(async {
+                    match self
+                        .idempotency
+                        .claim(&caller.tenant, &tool.name, key, &arguments_sha256)
+                        .await?
+                    {
+                        Claim::Replay(stored) => {
+                            trail.idempotent_replay = true;
+                            trail.tool_version = stored.tool_version;
+                            stored.result
+                        }
+                        Claim::Owner(slot) => {
+                            let result = call_backend(bound.arguments).await;
+                            slot.complete(Stored {
+                                result: result.clone(),
+                                tool_version: tool.version.clone(),
+                            });
+                            result
+                        }
+                    }
+                })
+                .await
+            }
         }?;
         Ok(Success {
             output,
@@ -533,8 +539,8 @@ impl Boundary {
         self.approvals.pending()
     }
 
-    fn base_event(&self, turn: &Turn, call_id: &str, tool: &str) -> AuditEvent {
-        AuditEvent {
+    fn base_event(&self, turn: &Turn, call_id: &str, tool: &str) -> Box<AuditEvent> {
+        Box::new(AuditEvent {
             time: rfc3339(self.clock.unix_ms()),
             kind: Some(EventKind::ToolCall),
             call_id: call_id.to_owned(),
@@ -545,7 +551,7 @@ impl Boundary {
             agent: turn.caller.agent.clone(),
             tool: tool.to_owned(),
             ..AuditEvent::default()
-        }
+        })
     }
 }
 
@@ -615,14 +621,14 @@ fn current_revision(catalog: &Catalog, caller: &Caller) -> (String, Definitions)
 /// shutdown): then the event says CANCELLED.
 struct AuditGuard<'a> {
     audit: &'a AuditLog,
-    event: Option<AuditEvent>,
+    event: Option<Box<AuditEvent>>,
     started: Instant,
     /// In fail-closed mode, the queue slot taken before the call ran.
     reservation: Option<Reservation>,
 }
 
 impl<'a> AuditGuard<'a> {
-    fn new(audit: &'a AuditLog, event: AuditEvent, reservation: Option<Reservation>) -> Self {
+    fn new(audit: &'a AuditLog, event: Box<AuditEvent>, reservation: Option<Reservation>) -> Self {
         AuditGuard {
             audit,
             event: Some(event),
@@ -631,7 +637,7 @@ impl<'a> AuditGuard<'a> {
         }
     }
 
-    fn send(&mut self, event: AuditEvent) -> Option<AuditEvent> {
+    fn send(&mut self, event: Box<AuditEvent>) -> Option<Box<AuditEvent>> {
         match self.reservation.take() {
             Some(reservation) => {
                 self.audit.record_reserved(reservation, event);
@@ -642,7 +648,7 @@ impl<'a> AuditGuard<'a> {
     }
 
     fn event(&mut self) -> &mut AuditEvent {
-        self.event.get_or_insert_with(AuditEvent::default)
+        self.event.get_or_insert_with(Box::default)
     }
 
     async fn finish(mut self, outcome: &CallOutcome) {

@@ -21,18 +21,23 @@ use crate::{
     error::{Reason, Refusal, Stage},
 };
 
+/// A tenant as the keyed limiters know it: shared, so a check clones a pointer, not the name.
+type TenantKey = Arc<str>;
 type KeyedLimiter =
-    RateLimiter<String, DefaultKeyedStateStore<String>, SharedClock, NoOpMiddleware<Nanos>>;
+    RateLimiter<TenantKey, DefaultKeyedStateStore<TenantKey>, SharedClock, NoOpMiddleware<Nanos>>;
 type DirectLimiter = RateLimiter<NotKeyed, InMemoryState, SharedClock, NoOpMiddleware<Nanos>>;
 
-/// All rate limiters for one catalog.
+/// All rate limiters for one catalog. Maps are keyed by `String` and looked up by `&str`, so
+/// admitting a call allocates nothing.
 #[derive(Clone)]
 pub struct RateLimits {
     clock: SharedClock,
-    /// (tool name, rate) -> limiter keyed by tenant.
-    per_tool: HashMap<(String, Rate), Arc<KeyedLimiter>>,
-    /// (tenant, rate) -> limiter.
-    per_tenant: HashMap<(String, Rate), Arc<DirectLimiter>>,
+    /// The catalog's tenants as limiter keys.
+    tenant_keys: HashMap<String, TenantKey>,
+    /// Tool name -> its limiters keyed by tenant, one per distinct rate among its versions.
+    per_tool: HashMap<String, Vec<(Rate, Arc<KeyedLimiter>)>>,
+    /// Tenant -> its overall limiter and that limiter's rate.
+    per_tenant: HashMap<String, (Rate, Arc<DirectLimiter>)>,
 }
 
 fn quota(rate: Rate) -> Quota {
@@ -45,14 +50,17 @@ fn quota(rate: Rate) -> Quota {
 impl RateLimits {
     /// Limiters for `catalog`, reusing `previous` state where a tool's or tenant's rate is unchanged.
     pub fn build(catalog: &Catalog, clock: SharedClock, previous: Option<&RateLimits>) -> Self {
-        let mut per_tool = HashMap::new();
+        let mut per_tool: HashMap<String, Vec<(Rate, Arc<KeyedLimiter>)>> = HashMap::new();
         for tool in catalog.versions() {
             let Some(rate) = tool.rate_limit else {
                 continue;
             };
-            let key = (tool.name.clone(), rate);
+            let limiters = per_tool.entry(tool.name.clone()).or_default();
+            if find_rate(limiters, rate).is_some() {
+                continue;
+            }
             let limiter = previous
-                .and_then(|p| p.per_tool.get(&key).cloned())
+                .and_then(|p| find_rate(p.per_tool.get(&tool.name)?, rate))
                 .unwrap_or_else(|| {
                     Arc::new(RateLimiter::new(
                         quota(rate),
@@ -60,16 +68,17 @@ impl RateLimits {
                         clock.clone(),
                     ))
                 });
-            per_tool.insert(key, limiter);
+            limiters.push((rate, limiter));
         }
         let mut per_tenant = HashMap::new();
         for (tenant, policy) in &catalog.tenants {
             let Some(rate) = policy.rate_limit else {
                 continue;
             };
-            let key = (tenant.clone(), rate);
             let limiter = previous
-                .and_then(|p| p.per_tenant.get(&key).cloned())
+                .and_then(|p| p.per_tenant.get(tenant))
+                .filter(|(previous_rate, _)| *previous_rate == rate)
+                .map(|(_, limiter)| limiter.clone())
                 .unwrap_or_else(|| {
                     Arc::new(RateLimiter::new(
                         quota(rate),
@@ -77,10 +86,16 @@ impl RateLimits {
                         clock.clone(),
                     ))
                 });
-            per_tenant.insert(key, limiter);
+            per_tenant.insert(tenant.clone(), (rate, limiter));
         }
+        let tenant_keys = catalog
+            .tenants
+            .keys()
+            .map(|tenant| (tenant.clone(), TenantKey::from(tenant.as_str())))
+            .collect();
         RateLimits {
             clock,
+            tenant_keys,
             per_tool,
             per_tenant,
         }
@@ -95,8 +110,11 @@ impl RateLimits {
     ) -> Result<(), Refusal> {
         use governor::clock::Clock as _;
         if let Some(rate) = tool.rate_limit
-            && let Some(limiter) = self.per_tool.get(&(tool.name.clone(), rate))
-            && let Err(not_until) = limiter.check_key(&tenant.to_owned())
+            && let Some(limiter) = self
+                .per_tool
+                .get(&tool.name)
+                .and_then(|limiters| find_rate(limiters, rate))
+            && let Err(not_until) = limiter.check_key(&self.tenant_key(tenant))
         {
             let wait = not_until.wait_time_from(self.clock.now());
             return Err(refusal(
@@ -109,7 +127,10 @@ impl RateLimits {
             ));
         }
         if let Some(rate) = tenant_rate
-            && let Some(limiter) = self.per_tenant.get(&(tenant.to_owned(), rate))
+            && let Some((_, limiter)) = self
+                .per_tenant
+                .get(tenant)
+                .filter(|(limiter_rate, _)| *limiter_rate == rate)
             && let Err(not_until) = limiter.check()
         {
             let wait = not_until.wait_time_from(self.clock.now());
@@ -124,9 +145,24 @@ impl RateLimits {
         Ok(())
     }
 
+    /// The limiter key for a tenant; a tenant outside the catalog (which the access stage has
+    /// already refused) gets a key of its own.
+    fn tenant_key(&self, tenant: &str) -> TenantKey {
+        self.tenant_keys
+            .get(tenant)
+            .cloned()
+            .unwrap_or_else(|| TenantKey::from(tenant))
+    }
+
+    fn keyed_limiters(&self) -> impl Iterator<Item = &Arc<KeyedLimiter>> {
+        self.per_tool
+            .values()
+            .flat_map(|limiters| limiters.iter().map(|(_, limiter)| limiter))
+    }
+
     /// Forgets keys whose state no longer matters (their window has passed).
     pub fn retain_recent(&self) {
-        for limiter in self.per_tool.values() {
+        for limiter in self.keyed_limiters() {
             limiter.retain_recent();
             limiter.shrink_to_fit();
         }
@@ -134,8 +170,15 @@ impl RateLimits {
 
     /// Number of (tenant) keys held across all per-tool limiters.
     pub fn keys_held(&self) -> usize {
-        self.per_tool.values().map(|l| l.len()).sum()
+        self.keyed_limiters().map(|l| l.len()).sum()
     }
+}
+
+fn find_rate(limiters: &[(Rate, Arc<KeyedLimiter>)], rate: Rate) -> Option<Arc<KeyedLimiter>> {
+    limiters
+        .iter()
+        .find(|(limiter_rate, _)| *limiter_rate == rate)
+        .map(|(_, limiter)| limiter.clone())
 }
 
 /// How often idle rate-limit keys are shed.

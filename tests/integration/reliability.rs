@@ -833,3 +833,40 @@ tools:
     );
     server.stop().await;
 }
+
+/// Memory per call in flight is mostly the call's future: a sidecar holding 10,000 slow calls
+/// holds 10,000 of them. Rare state (audit event, idempotency claim) is boxed so it is paid for
+/// only when used; this guards against it creeping back inline (an unboxed audit event alone
+/// added 3 KiB). docs/performance.md has the measured sizes.
+#[tokio::test]
+async fn the_per_call_future_stays_small() {
+    use toolgate::boundary::{CallRequest, Turn};
+    let server = TestServer::demo().await;
+    let turn = Turn {
+        caller: toolgate::identity::Caller {
+            tenant: "acme".into(),
+            subject: "alice".into(),
+            agent: String::new(),
+            scopes: Default::default(),
+            method: toolgate::identity::AuthMethod::Dev,
+        },
+        run_id: "run".into(),
+        step: 0,
+        catalog_revision: None,
+        deadline: None,
+        traceparent: None,
+        trace_parent: Default::default(),
+    };
+    let call = CallRequest {
+        name: "echo".into(),
+        arguments_json: r#"{"text":"hi"}"#.into(),
+        ..CallRequest::default()
+    };
+    let future = server.boundary().execute(&turn, call, 0);
+    let size = std::mem::size_of_val(&future);
+    assert!(size <= 2048, "Boundary::execute's future is {size} bytes");
+    // Still a working call: the future measured is the real one.
+    let outcome = future.await;
+    assert_eq!(outcome.status, toolgate::error::Status::Ok, "{outcome:?}");
+    server.stop().await;
+}
