@@ -1,59 +1,63 @@
 //! Canonical JSON: object keys sorted, numbers in one spelling, no whitespace. Two argument objects
 //! that mean the same hash the same, whatever key order or number formatting the model chose.
 
-use std::fmt::Write as _;
+use std::io::Write as _;
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 /// The canonical JSON text of a value.
 pub fn to_string(value: &Value) -> String {
-    let mut out = String::new();
+    let mut out = Vec::new();
     write_value(value, &mut out);
-    out
+    // Only JSON text was written: strings through serde_json, the rest ASCII.
+    String::from_utf8(out)
+        .unwrap_or_else(|err| String::from_utf8_lossy(err.as_bytes()).into_owned())
 }
 
 /// SHA-256 (lowercase hex) of the canonical JSON text.
 pub fn sha256_hex(value: &Value) -> String {
-    hex::encode(Sha256::digest(to_string(value).as_bytes()))
+    let mut text = Vec::new();
+    write_value(value, &mut text);
+    hex::encode(Sha256::digest(&text))
 }
 
-fn write_value(value: &Value, out: &mut String) {
+fn write_value(value: &Value, out: &mut Vec<u8>) {
     match value {
-        Value::Null => out.push_str("null"),
-        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Value::Null => out.extend_from_slice(b"null"),
+        Value::Bool(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
         Value::Number(n) => write_number(n, out),
         Value::String(s) => write_string(s, out),
         Value::Array(items) => {
-            out.push('[');
+            out.push(b'[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
                 write_value(item, out);
             }
-            out.push(']');
+            out.push(b']');
         }
         Value::Object(map) => {
             let mut entries: Vec<_> = map.iter().collect();
             entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
-            out.push('{');
+            out.push(b'{');
             for (i, (key, item)) in entries.into_iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
                 write_string(key, out);
-                out.push(':');
+                out.push(b':');
                 write_value(item, out);
             }
-            out.push('}');
+            out.push(b'}');
         }
     }
 }
 
 /// Integers print as integers whichever way they were written (`1`, `1.0`, `1e0`); other numbers
-/// in the shortest form that reads back to the same f64.
-fn write_number(n: &serde_json::Number, out: &mut String) {
+/// in the shortest form that reads back to the same f64. Writing to a `Vec` cannot fail.
+fn write_number(n: &serde_json::Number, out: &mut Vec<u8>) {
     if let Some(i) = n.as_i64() {
         let _ = write!(out, "{i}");
     } else if let Some(u) = n.as_u64() {
@@ -63,14 +67,14 @@ fn write_number(n: &serde_json::Number, out: &mut String) {
         if f.fract() == 0.0 && f.abs() < 9_007_199_254_740_992.0 {
             let _ = write!(out, "{}", f as i64);
         } else {
-            let _ = write!(out, "{}", Value::from(f));
+            let _ = serde_json::to_writer(&mut *out, &f);
         }
     }
 }
 
-fn write_string(s: &str, out: &mut String) {
-    // serde_json's own escaping is already deterministic.
-    out.push_str(&Value::from(s).to_string());
+fn write_string(s: &str, out: &mut Vec<u8>) {
+    // serde_json's own escaping is already deterministic; it writes straight into the buffer.
+    let _ = serde_json::to_writer(&mut *out, s);
 }
 
 #[cfg(test)]

@@ -37,6 +37,10 @@ impl Extractor for HeaderExtractor<'_> {
 
 /// Extracts the W3C trace context from headers; empty when absent or malformed.
 pub fn extract(headers: &http::HeaderMap) -> Context {
+    // Most calls carry no trace context: skip the propagator's work for them.
+    if !headers.contains_key("traceparent") {
+        return Context::new();
+    }
     TraceContextPropagator::new().extract(&HeaderExtractor(headers))
 }
 
