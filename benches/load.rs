@@ -7,11 +7,10 @@
 //!
 //! In order, all over loopback on this machine:
 //! 1. a bare tonic unary echo (toolgate's own `ToolGate` service with a trivial `ExecuteTool`, so the
-//!    codec and message shapes match) — the limit of the stack — in this process, with
-//!    TCP_NODELAY and (diagnostic) without it, then
+//!    codec and message shapes match) — the limit of the stack — in this process, then
 //! 2. toolgate started in-process with the whole boundary (JWT, schema, bound argument, rate limit,
 //!    audit to a file) and the subscriber the binary installs (JSON logs, OTLP spans to an
-//!    in-process collector), as shipped and with TCP_NODELAY set on its sockets, then
+//!    in-process collector), then
 //! 3. the same pair as separate processes: the bare echo (this executable re-run with a hidden
 //!    flag) and `target/release/toolgate` with the same catalog — the deployed shape, including
 //!    whatever logging and OTLP export the binary installs;
@@ -63,19 +62,24 @@ const USAGE: &str = "usage: cargo bench --bench load -- [--duration 10s] [--warm
 [--slow-ms MS] [--startup-runs N] [--quick]
 profiling helper (send calls to a server started by hand, e.g. under valgrind, then exit):
        cargo bench --bench load -- --send-only 127.0.0.1:PORT [--tool echo|slow] [--calls N] \
-[--connections N] [--concurrency M] [--payload BYTES] [--slow-ms MS]";
+[--connections N] [--concurrency M] [--payload BYTES] [--slow-ms MS]
+and the servers to send them to (each runs until SIGINT/SIGTERM, ten minutes at most):
+       cargo bench --bench load -- --write-catalog DIR   (DIR/bench.yaml; audit to DIR/audit.jsonl)
+       cargo bench --bench load -- --serve-bare-echo 127.0.0.1:PORT
+       cargo bench --bench load -- --serve-collector 127.0.0.1:PORT   (OTLP/gRPC; counts spans)";
 
 /// The rows of the results table.
 const BARE: &str = "bare echo, in-process";
-const BARE_NAGLE: &str = "bare echo without TCP_NODELAY, in-process (diagnostic)";
 const TOOLGATE: &str = "toolgate, in-process";
-const TOOLGATE_NODELAY: &str =
-    "toolgate, in-process, TCP_NODELAY set on its sockets by the harness (projection)";
 const BARE_PROCESS: &str = "bare echo, own process";
 const BINARY: &str = "toolgate binary, own process";
 
 /// Re-runs this executable as the bare echo server on the given address.
 const BARE_SERVER_FLAG: &str = "--serve-bare-echo";
+/// Profiling helpers: an OTLP collector on the given address; the bench catalog written to a
+/// directory, for a `toolgate serve` started by hand.
+const COLLECTOR_FLAG: &str = "--serve-collector";
+const WRITE_CATALOG_FLAG: &str = "--write-catalog";
 /// The HS256 secret's environment variable, named by the catalog.
 const SECRET_ENV: &str = "TOOLGATE_BENCH_JWT_SECRET";
 const SECRET: &str = "toolgate-bench-hs256-secret-0123456789abcdef";
@@ -155,8 +159,19 @@ tools:
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if let Some(at) = args.iter().position(|a| a == BARE_SERVER_FLAG) {
-        return serve_bare_process(args.get(at + 1).map(String::as_str));
+    let value_of = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .map(|at| args.get(at + 1).map(String::as_str))
+    };
+    if let Some(addr) = value_of(BARE_SERVER_FLAG) {
+        return serve_bare_process(addr);
+    }
+    if let Some(addr) = value_of(COLLECTOR_FLAG) {
+        return serve_collector(addr);
+    }
+    if let Some(dir) = value_of(WRITE_CATALOG_FLAG) {
+        return write_catalog(dir);
     }
     let options = match Options::parse(&args) {
         Ok(options) => options,
@@ -350,15 +365,12 @@ fn run(options: &Options) -> anyhow::Result<bool> {
     let mut all_ok = true;
     let mut spans_report = Vec::new();
 
-    // 1. Bare echo, in this process: with TCP_NODELAY (the limit), then without (as toolgate
-    //    serves today), so the table separates the boundary's cost from the socket option's.
-    for (name, nodelay) in [(BARE, true), (BARE_NAGLE, false)] {
-        let bare = server_rt.block_on(start_bare_in_process(nodelay))?;
-        let target = Target::new(name, bare.addr, &request, &auth, &arguments_json);
-        let measured = measure(options, &client_rt, &target, &mut rows);
-        server_rt.block_on(bare.stop());
-        all_ok &= measured?.ok;
-    }
+    // 1. Bare echo, in this process: the limit of the stack.
+    let bare = server_rt.block_on(start_bare_in_process())?;
+    let target = Target::new(BARE, bare.addr, &request, &auth, &arguments_json);
+    let measured = measure(options, &client_rt, &target, &mut rows);
+    server_rt.block_on(bare.stop());
+    all_ok &= measured?.ok;
 
     // 2. toolgate, in this process.
     let yaml = catalog(&dir.path().join("audit-in-process.jsonl"));
@@ -384,20 +396,13 @@ fn run(options: &Options) -> anyhow::Result<bool> {
     let target = Target::new(TOOLGATE, addr, &request, &auth, &text);
     let measured = measure(options, &client_rt, &target, &mut rows)?;
     all_ok &= measured.ok;
-    let fixed = Target {
-        name: TOOLGATE_NODELAY,
-        set_nodelay: true,
-        ..target
-    };
-    let measured_fixed = measure(options, &client_rt, &fixed, &mut rows)?;
-    all_ok &= measured_fixed.ok;
     server_rt.block_on(running.shutdown());
     // Flushes the spans still queued (from this thread: the exporter's runtime is dropped here).
     telemetry.shutdown();
     let spans = collector_rt
         .block_on(collector.wait_until_quiet(options.span_quiet, options.span_quiet * 4))
         - spans_before;
-    spans_report.push((TOOLGATE, spans, measured.calls + measured_fixed.calls));
+    spans_report.push((TOOLGATE, spans, measured.calls));
 
     // 3. The same pair as separate processes.
     let exe = PathBuf::from(env!("CARGO_BIN_EXE_toolgate"));
@@ -682,29 +687,18 @@ impl ToolGate for BareEcho {
     }
 }
 
-/// Serves the bare echo on `listener` with the transport settings toolgate's server asks for.
-///
-/// `nodelay: true` really sets TCP_NODELAY on accepted sockets (through tonic's `TcpIncoming`).
-/// `false` serves a plain `TcpListenerStream` the way toolgate's server does today: tonic ignores
-/// `Server::tcp_nodelay` for a caller-supplied incoming stream, so Nagle's algorithm stays on
-/// (the diagnostic row of the table shows what that costs by itself).
+/// Serves the bare echo on `listener` with the transport settings toolgate's server uses
+/// (TCP_NODELAY on accepted sockets, HTTP/2 keep-alive).
 async fn serve_bare(
     listener: tokio::net::TcpListener,
-    nodelay: bool,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
-    let mut server = tonic::transport::Server::builder()
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .tcp_nodelay(true);
-    let router = server.add_service(ToolGateServer::new(BareEcho));
-    if nodelay {
-        let incoming =
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-        router.serve_with_incoming_shutdown(incoming, stop).await
-    } else {
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-        router.serve_with_incoming_shutdown(incoming, stop).await
-    }
+        .add_service(ToolGateServer::new(BareEcho))
+        .serve_with_incoming_shutdown(incoming, stop)
+        .await
 }
 
 struct BareServer {
@@ -720,11 +714,11 @@ impl BareServer {
     }
 }
 
-async fn start_bare_in_process(nodelay: bool) -> anyhow::Result<BareServer> {
+async fn start_bare_in_process() -> anyhow::Result<BareServer> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(serve_bare(listener, nodelay, async {
+    let task = tokio::spawn(serve_bare(listener, async {
         let _ = stopped.await;
     }));
     Ok(BareServer { addr, stop, task })
@@ -733,14 +727,10 @@ async fn start_bare_in_process(nodelay: bool) -> anyhow::Result<BareServer> {
 /// The bare echo as a process of its own, on the default runtime like toolgate's binary. It
 /// runs until killed (the harness sends SIGTERM), and for ten minutes at most.
 fn serve_bare_process(addr: Option<&str>) -> ExitCode {
-    let Some(addr) = addr.and_then(|a| a.parse::<SocketAddr>().ok()) else {
-        eprintln!("{BARE_SERVER_FLAG} needs a socket address");
-        return ExitCode::from(2);
+    let addr = match loopback_address(BARE_SERVER_FLAG, addr) {
+        Ok(addr) => addr,
+        Err(code) => return code,
     };
-    if !addr.ip().is_loopback() {
-        eprintln!("{BARE_SERVER_FLAG} listens on loopback addresses only");
-        return ExitCode::from(2);
-    }
     let served = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -748,7 +738,7 @@ fn serve_bare_process(addr: Option<&str>) -> ExitCode {
         .and_then(|rt| {
             rt.block_on(async {
                 let listener = tokio::net::TcpListener::bind(addr).await?;
-                serve_bare(listener, true, tokio::time::sleep(Duration::from_secs(600))).await?;
+                serve_bare(listener, tokio::time::sleep(Duration::from_secs(600))).await?;
                 Ok::<(), anyhow::Error>(())
             })
         });
@@ -756,6 +746,79 @@ fn serve_bare_process(addr: Option<&str>) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("bare echo: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn loopback_address(flag: &str, addr: Option<&str>) -> Result<SocketAddr, ExitCode> {
+    match addr.and_then(|a| a.parse::<SocketAddr>().ok()) {
+        Some(addr) if addr.ip().is_loopback() => Ok(addr),
+        _ => {
+            eprintln!("{flag} needs a loopback socket address, e.g. 127.0.0.1:4317");
+            Err(ExitCode::from(2))
+        }
+    }
+}
+
+/// The in-process OTLP collector as a server of its own, for profiling a binary with tracing
+/// export on. Runs until SIGINT or SIGTERM (ten minutes at most), then prints what it received.
+fn serve_collector(addr: Option<&str>) -> ExitCode {
+    let addr = match loopback_address(COLLECTOR_FLAG, addr) {
+        Ok(addr) => addr,
+        Err(code) => return code,
+    };
+    let served = runtime("bench-otlp", 1)
+        .map_err(anyhow::Error::from)
+        .and_then(|rt| {
+            let listener = std::net::TcpListener::bind(addr)?;
+            rt.block_on(async {
+                let collector = otlp_collector::start_on(listener, 10_000).await;
+                eprintln!("OTLP collector on http://{addr}; SIGINT or SIGTERM stops it");
+                let mut terminate =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = terminate.recv() => {}
+                    () = tokio::time::sleep(Duration::from_secs(600)) => {}
+                }
+                let received = collector.received();
+                collector.shutdown().await;
+                Ok::<u64, anyhow::Error>(received)
+            })
+        });
+    match served {
+        Ok(received) => {
+            println!("spans received: {received}");
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("collector: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Writes the bench catalog to `DIR/bench.yaml` (audit to `DIR/audit.jsonl`) and prints how to
+/// serve it.
+fn write_catalog(dir: Option<&str>) -> ExitCode {
+    let Some(dir) = dir.map(PathBuf::from) else {
+        eprintln!("{WRITE_CATALOG_FLAG} needs a directory");
+        return ExitCode::from(2);
+    };
+    let path = dir.join("bench.yaml");
+    let written = std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::write(&path, catalog(&dir.join("audit.jsonl"))));
+    match written {
+        Ok(()) => {
+            println!(
+                "{SECRET_ENV}={SECRET} target/release/toolgate serve --config {} --log-format json",
+                path.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("cannot write {}: {err}", path.display());
             ExitCode::FAILURE
         }
     }
@@ -953,8 +1016,6 @@ struct Target {
     request: proto::ExecuteToolRequest,
     auth: MetadataValue<Ascii>,
     expected_output: String,
-    /// Set TCP_NODELAY on the server's accepted sockets (in this process) before measuring.
-    set_nodelay: bool,
     /// Each call's deadline.
     timeout: Duration,
 }
@@ -973,67 +1034,9 @@ impl Target {
             request: request.clone(),
             auth: auth.clone(),
             expected_output: expected_output.to_owned(),
-            set_nodelay: false,
             timeout: CALL_TIMEOUT,
         }
     }
-}
-
-/// Sets TCP_NODELAY on every accepted socket of this process whose local port is `port` (the
-/// server side of loopback connections to a server running in this process); returns how many.
-///
-/// This is how the harness shows what toolgate would do if its listener set TCP_NODELAY as its
-/// builder asks: the option is per socket and takes effect at once, whoever sets it.
-fn set_nodelay_on_accepted(port: u16) -> usize {
-    let Ok(fds) = std::fs::read_dir("/proc/self/fd") else {
-        return 0;
-    };
-    let mut set = 0;
-    for entry in fds.flatten() {
-        let Some(fd) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let is_socket = std::fs::read_link(entry.path())
-            .is_ok_and(|target| target.to_string_lossy().starts_with("socket:"));
-        if !is_socket {
-            continue;
-        }
-        // SAFETY: plain socket calls on a descriptor this process owns, with buffers of the
-        // sizes passed; nothing is kept.
-        unsafe {
-            let mut local: libc::sockaddr_in = std::mem::zeroed();
-            let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-            let ok = libc::getsockname(fd, (&raw mut local).cast(), &mut len) == 0;
-            if !ok
-                || i32::from(local.sin_family) != libc::AF_INET
-                || u16::from_be(local.sin_port) != port
-            {
-                continue;
-            }
-            let mut peer: libc::sockaddr_in = std::mem::zeroed();
-            let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-            // The listener has no peer; accepted sockets do.
-            if libc::getpeername(fd, (&raw mut peer).cast(), &mut len) != 0 {
-                continue;
-            }
-            let on: libc::c_int = 1;
-            if libc::setsockopt(
-                fd,
-                libc::IPPROTO_TCP,
-                libc::TCP_NODELAY,
-                (&raw const on).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            ) == 0
-            {
-                set += 1;
-            }
-        }
-    }
-    set
 }
 
 async fn connect(addr: SocketAddr) -> anyhow::Result<Channel> {
@@ -1164,19 +1167,6 @@ fn measure(
             );
         }
     }
-    let mut setup_note = String::new();
-    if target.set_nodelay {
-        // Every connection was accepted (each answered its probe), so each has its socket now.
-        let set = set_nodelay_on_accepted(target.addr.port());
-        if set < channels.len() {
-            bail!(
-                "{}: TCP_NODELAY set on {set} accepted sockets, expected {}",
-                target.name,
-                channels.len()
-            );
-        }
-        setup_note = format!("TCP_NODELAY set by the harness on {set} accepted sockets; ");
-    }
     let warmup = client_rt.block_on(closed_loop(
         &channels,
         options.concurrency,
@@ -1202,13 +1192,11 @@ fn measure(
         target: target.name,
         mode: format!("max rate ({}×{})", options.connections, options.concurrency),
         throughput: max.ok as f64 / elapsed.as_secs_f64(),
-        note: format!("{setup_note}{}", failure_note(&max))
-            .trim_end_matches("; ")
-            .to_owned(),
+        note: failure_note(&max).trim_end_matches("; ").to_owned(),
         stats: max,
     });
     let mut note = format!(
-        "{setup_note}sent late p99 {:.3} ms (harness)",
+        "sent late p99 {:.3} ms (harness)",
         fixed.send_lag.value_at_quantile(0.99) as f64 / 1e6
     );
     if fixed.skipped > 0 {
@@ -1597,11 +1585,6 @@ fn print_report(r: &Report) {
     for (pair, bare, gate) in [
         ("in-process", BARE, TOOLGATE),
         ("own processes", BARE_PROCESS, BINARY),
-        (
-            "projection: in-process with TCP_NODELAY fixed",
-            BARE,
-            TOOLGATE_NODELAY,
-        ),
     ] {
         if let (Some(b), Some(g)) = (row(bare, false), row(gate, false)) {
             let ratio = g.throughput / b.throughput;

@@ -870,3 +870,80 @@ async fn the_per_call_future_stays_small() {
     assert_eq!(outcome.status, toolgate::error::Status::Ok, "{outcome:?}");
     server.stop().await;
 }
+
+/// TCP_NODELAY on every accepted socket (tonic ignores the builder's setting for a listener it
+/// did not bind): with Nagle's algorithm on, a response written in several segments waits for
+/// the client's delayed ACK, ~40 ms per call. The server runs in this process, so its accepted
+/// sockets are among this process's descriptors.
+#[tokio::test]
+async fn accepted_connections_have_nagle_off() {
+    let server = TestServer::demo().await;
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        let mut client = ToolGateClient::new(
+            Endpoint::from_shared(format!("http://{}", server.addr))
+                .unwrap()
+                .connect()
+                .await
+                .unwrap(),
+        );
+        let result = exec(&mut client, &who("acme"), call("echo", r#"{"text":"hi"}"#)).await;
+        assert_eq!(result.status(), ToolStatus::Ok);
+        clients.push(client);
+    }
+    let accepted = accepted_sockets(server.addr.port());
+    assert!(accepted.len() >= 3, "found {accepted:?}");
+    for (fd, nodelay) in accepted {
+        assert!(nodelay, "accepted socket fd {fd} has TCP_NODELAY off");
+    }
+    drop(clients);
+    server.stop().await;
+}
+
+/// (descriptor, TCP_NODELAY) of this process's connected TCP sockets whose local port is `port`.
+fn accepted_sockets(port: u16) -> Vec<(i32, bool)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        let Some(fd) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if !std::fs::read_link(entry.path())
+            .is_ok_and(|target| target.to_string_lossy().starts_with("socket:"))
+        {
+            continue;
+        }
+        // SAFETY: plain socket queries on descriptors of this process, with buffers of the sizes
+        // passed; nothing is kept.
+        unsafe {
+            let mut local: libc::sockaddr_in = std::mem::zeroed();
+            let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            if libc::getsockname(fd, (&raw mut local).cast(), &mut len) != 0
+                || i32::from(local.sin_family) != libc::AF_INET
+                || u16::from_be(local.sin_port) != port
+            {
+                continue;
+            }
+            let mut peer: libc::sockaddr_in = std::mem::zeroed();
+            let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            // The listener has no peer; accepted sockets do.
+            if libc::getpeername(fd, (&raw mut peer).cast(), &mut len) != 0 {
+                continue;
+            }
+            let mut on: libc::c_int = 0;
+            let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            let ok = libc::getsockopt(
+                fd,
+                libc::IPPROTO_TCP,
+                libc::TCP_NODELAY,
+                (&raw mut on).cast(),
+                &mut len,
+            ) == 0;
+            found.push((fd, ok && on != 0));
+        }
+    }
+    found
+}
