@@ -203,6 +203,17 @@ async fn spans_follow_the_caller_into_the_sidecar_and_on_to_the_upstream() {
         attribute(lookup, "gen_ai.tool.call.arguments").is_none(),
         "arguments are not recorded unless a tool opts in"
     );
+    // Nothing about the sidecar's insides: code location, threads, busy/idle time.
+    for key in [
+        "code.file.path",
+        "code.line.number",
+        "thread.id",
+        "thread.name",
+        "busy_ns",
+        "idle_ns",
+    ] {
+        assert!(attribute(lookup, key).is_none(), "{key} is exported");
+    }
     // Builtins run inside their tool call's span; no CLIENT span of their own.
     assert!(!by_name("execute_tool echo").is_empty());
     assert!(
