@@ -414,7 +414,10 @@ fn run(options: &Options) -> anyhow::Result<bool> {
         .stderr(File::create(dir.path().join("bare.log"))?)
         .spawn()?;
     wait_listening(&mut bare_child, bare_addr, Duration::from_secs(10))?;
-    let target = Target::new(BARE_PROCESS, bare_addr, &request, &auth, &arguments_json);
+    let target = Target {
+        server_pid: Some(bare_child.id()),
+        ..Target::new(BARE_PROCESS, bare_addr, &request, &auth, &arguments_json)
+    };
     let measured = measure(options, &client_rt, &target, &mut rows);
     stop(bare_child, Duration::from_secs(5))?;
     all_ok &= measured?.ok;
@@ -427,7 +430,10 @@ fn run(options: &Options) -> anyhow::Result<bool> {
     let spans_before = collector.received();
     let mut binary = Binary::spawn(&exe, &config_path, dir.path(), "toolgate-bench-binary")?;
     binary.wait_serving(&client_rt)?;
-    let target = Target::new(BINARY, binary.addr, &request, &auth, &text);
+    let target = Target {
+        server_pid: Some(binary.pid()),
+        ..Target::new(BINARY, binary.addr, &request, &auth, &text)
+    };
     let measured = measure(options, &client_rt, &target, &mut rows);
     binary.stop()?;
     let measured = measured?;
@@ -1018,6 +1024,8 @@ struct Target {
     expected_output: String,
     /// Each call's deadline.
     timeout: Duration,
+    /// The server's process, when it runs apart from the harness: its CPU time is measured.
+    server_pid: Option<u32>,
 }
 
 impl Target {
@@ -1035,6 +1043,7 @@ impl Target {
             auth: auth.clone(),
             expected_output: expected_output.to_owned(),
             timeout: CALL_TIMEOUT,
+            server_pid: None,
         }
     }
 }
@@ -1137,6 +1146,8 @@ struct Row {
     throughput: f64,
     stats: Stats,
     note: String,
+    /// The server process's CPU time (user + system) per answered call, when it runs apart.
+    server_cpu_us: Option<f64>,
 }
 
 /// What measuring one target gave.
@@ -1173,12 +1184,17 @@ fn measure(
         target,
         options.warmup,
     ));
+    let cpu_before = target.server_pid.and_then(cpu_seconds);
     let (max, elapsed) = client_rt.block_on(closed_loop(
         &channels,
         options.concurrency,
         target,
         options.duration,
     ));
+    let server_cpu_us = cpu_before
+        .zip(target.server_pid.and_then(cpu_seconds))
+        .filter(|_| max.ok > 0)
+        .map(|(before, after)| (after - before) * 1e6 / max.ok as f64);
     let fixed = open_loop(client_rt, &channels, target, options.rate, options.duration);
     let calls = channels.len() as u64
         + warmup.0.ok
@@ -1192,8 +1208,16 @@ fn measure(
         target: target.name,
         mode: format!("max rate ({}×{})", options.connections, options.concurrency),
         throughput: max.ok as f64 / elapsed.as_secs_f64(),
-        note: failure_note(&max).trim_end_matches("; ").to_owned(),
+        note: [
+            server_cpu_us.map(|us| format!("server CPU {us:.1} µs/call")),
+            Some(failure_note(&max)).filter(|n| !n.is_empty()),
+        ]
+        .into_iter()
+        .flatten()
+        .collect::<Vec<_>>()
+        .join("; "),
         stats: max,
+        server_cpu_us,
     });
     let mut note = format!(
         "sent late p99 {:.3} ms (harness)",
@@ -1212,8 +1236,20 @@ fn measure(
         throughput: fixed.stats.ok as f64 / fixed.elapsed.as_secs_f64(),
         stats: fixed.stats,
         note,
+        server_cpu_us: None,
     });
     Ok(Measured { ok, calls })
+}
+
+/// CPU time (user + system) a process has used so far, from `/proc/PID/stat`.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which is in parentheses and may contain spaces.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf only reads a system constant.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (per_second > 0).then(|| ticks as f64 / per_second as f64)
 }
 
 fn failure_note(stats: &Stats) -> String {
@@ -1611,6 +1647,19 @@ fn print_report(r: &Report) {
                 ),
                 format!("≤ {GOAL_ADDED_P99_MS} ms"),
                 verdict(o.quick, added <= GOAL_ADDED_P99_MS),
+            ));
+        }
+        // Native CPU per call, server process only: what the boundary costs, without the client
+        // sharing the cores (diagnostic; no target).
+        if let (Some(b), Some(g)) = (
+            row(bare, false).and_then(|r| r.server_cpu_us),
+            row(gate, false).and_then(|r| r.server_cpu_us),
+        ) {
+            checks.push((
+                format!("server CPU per call at max rate ({pair}, diagnostic)"),
+                format!("{g:.1} µs vs {b:.1} µs ({:.2}×)", g / b),
+                "—".into(),
+                "—",
             ));
         }
     }
