@@ -59,7 +59,7 @@ use toolgate::{
 
 const USAGE: &str = "usage: cargo bench --bench load -- [--duration 10s] [--warmup 2s] \
 [--connections N] [--concurrency M] [--rate RPS] [--payload BYTES] [--slow-calls N] \
-[--slow-ms MS] [--startup-runs N] [--quick]
+[--slow-ms MS] [--startup-runs N] [--binary PATH] [--quick]
 profiling helper (send calls to a server started by hand, e.g. under valgrind, then exit):
        cargo bench --bench load -- --send-only 127.0.0.1:PORT [--tool echo|slow] [--calls N] \
 [--connections N] [--concurrency M] [--payload BYTES] [--slow-ms MS]
@@ -217,6 +217,9 @@ struct Options {
     send_only: Option<SocketAddr>,
     calls: u64,
     tool: String,
+    /// The toolgate executable measured as its own process; by default the one cargo built for
+    /// this bench (`target/release/toolgate`).
+    binary: PathBuf,
 }
 
 impl Options {
@@ -237,6 +240,7 @@ impl Options {
                 send_only: None,
                 calls: 1000,
                 tool: "echo".into(),
+                binary: PathBuf::from(env!("CARGO_BIN_EXE_toolgate")),
             }
         } else {
             Options {
@@ -254,6 +258,7 @@ impl Options {
                 send_only: None,
                 calls: 1000,
                 tool: "echo".into(),
+                binary: PathBuf::from(env!("CARGO_BIN_EXE_toolgate")),
             }
         }
     }
@@ -304,6 +309,8 @@ impl Options {
                 "--calls" => options.calls = count()?,
                 "--tool" if matches!(value.as_str(), "echo" | "slow") => options.tool = value,
                 "--tool" => return Err(bad("echo or slow")),
+                "--binary" if Path::new(&value).is_file() => options.binary = value.into(),
+                "--binary" => return Err(bad("the path of a toolgate executable")),
                 "--send-only" => {
                     let addr = value
                         .parse::<SocketAddr>()
@@ -405,7 +412,7 @@ fn run(options: &Options) -> anyhow::Result<bool> {
     spans_report.push((TOOLGATE, spans, measured.calls));
 
     // 3. The same pair as separate processes.
-    let exe = PathBuf::from(env!("CARGO_BIN_EXE_toolgate"));
+    let exe = options.binary.clone();
     let bare_addr = free_port()?;
     let mut bare_child = Command::new(std::env::current_exe()?)
         .args([BARE_SERVER_FLAG, &bare_addr.to_string()])
@@ -1560,7 +1567,7 @@ fn print_report(r: &Report) {
         o.duration,
         r.otlp_endpoint
     );
-    println!("toolgate binary: {}", env!("CARGO_BIN_EXE_toolgate"));
+    println!("toolgate binary: {}", o.binary.display());
     let busy_cpus: f64 = r
         .load_at_start
         .split_whitespace()

@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -601,8 +602,10 @@ def test_the_dockerfile_builds_with_cargo_and_runs_on_distroless_as_nonroot():
     builder_from = builder[0].value
     assert builder_from[0].startswith("rust:") and builder_from[1:] == ("AS", "builder"), builder_from
     assert any(
-        c.cmd == "RUN" and "cargo build --release --locked" in " ".join(c.value) for c in builder
-    ), "the builder does not run cargo build --release --locked"
+        c.cmd == "RUN" and "cargo build --profile dist --locked" in " ".join(c.value) for c in builder
+    ), "the builder does not run cargo build --profile dist --locked"
+    profiles = tomllib.loads((REPO_ROOT / "Cargo.toml").read_text())["profile"]
+    assert profiles["dist"]["inherits"] == "release", "the image's cargo profile must exist"
 
     image = runtime[0].value[0]
     assert image.startswith("gcr.io/distroless/") and image.endswith(":nonroot"), image
