@@ -488,6 +488,6 @@ pub struct RawTelemetry {
     pub sampler: Option<String>,
     /// The ratio for the ratio samplers.
     pub sampler_arg: Option<f64>,
-    /// How long finished spans wait before a batch is sent (default 1s).
+    /// How long finished spans wait before a batch is sent (default 100ms; OTEL_BSP_SCHEDULE_DELAY).
     pub batch_delay: Option<String>,
 }
