@@ -290,7 +290,11 @@ pub fn init(
             .with_writer(std::io::stderr)
             .with_current_span(false)
             .boxed(),
-        LogFormat::Human => fmt::layer().with_writer(std::io::stderr).boxed(),
+        // Colours only for a terminal: escape codes in a log file or `kubectl logs` are noise.
+        LogFormat::Human => fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .boxed(),
     }
     // Events only: otherwise the formatter renders every span field on every `record`, for
     // output that is never printed (measured: ~45% of the CPU per call).

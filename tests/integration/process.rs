@@ -296,3 +296,48 @@ async fn sighup_reloads_the_catalog_file() {
     .unwrap();
     assert_eq!(status.code(), Some(0));
 }
+
+/// Human logs carry no colour escape codes when stderr is not a terminal (a file, a pipe,
+/// `kubectl logs`).
+#[test]
+fn human_logs_to_a_pipe_have_no_escape_codes() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args(["serve", "--log-format", "human", "--listen", "127.0.0.1:0"])
+        .args(["--admin-listen", "127.0.0.1:0"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn toolgate");
+    let stderr = child.stderr.take().unwrap();
+    // Killed if an assertion fails first, so a failing test leaves no server behind.
+    struct KillOnDrop(Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = KillOnDrop(child);
+    let (tx, lines) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut seen = Vec::new();
+    while !seen.iter().any(|l: &String| l.contains("SERVING")) {
+        seen.push(
+            lines
+                .recv_timeout(Duration::from_secs(30))
+                .expect("toolgate reports SERVING within 30s"),
+        );
+    }
+    sigterm(&child.0);
+    assert!(wait_exit(&mut child.0).success());
+    let _ = reader.join();
+    assert!(
+        seen.iter().all(|l| !l.contains('\u{1b}')),
+        "escape codes in {seen:?}"
+    );
+    assert!(seen.iter().any(|l| l.contains(" INFO ")), "{seen:?}");
+}
