@@ -584,40 +584,15 @@ fn send_only(options: &Options, addr: SocketAddr) -> anyhow::Result<bool> {
         timeout,
         ..Target::new("send-only", addr, &request, &auth, "")
     };
-    let started = Instant::now();
-    let stats = client_rt.block_on(async {
+    let (stats, elapsed) = client_rt.block_on(async {
         let channels = connect_all(addr, options.connections).await?;
-        let remaining = Arc::new(AtomicU64::new(options.calls));
-        let mut callers = JoinSet::new();
-        for channel in &channels {
-            for _ in 0..options.concurrency {
-                let mut client = ToolGateClient::new(channel.clone());
-                let (target, remaining) = (target.clone(), remaining.clone());
-                callers.spawn(async move {
-                    let mut stats = Stats::new();
-                    while remaining
-                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
-                        .is_ok()
-                    {
-                        let sent = Instant::now();
-                        let outcome = call_once(&mut client, &target).await.map(drop);
-                        stats.record(outcome, sent.elapsed());
-                    }
-                    stats
-                });
-            }
-        }
-        let mut total = Stats::new();
-        while let Some(stats) = callers.join_next().await {
-            total.merge(stats?);
-        }
-        Ok::<_, anyhow::Error>(total)
+        let budget = Budget::Calls(options.calls);
+        Ok::<_, anyhow::Error>(closed_loop(&channels, options.concurrency, &target, budget).await)
     })?;
     println!(
-        "sent {} {} calls to {addr} in {:.2?}: {} ok, {} failed{}; p50 {:.3} ms, p99 {:.3} ms",
+        "sent {} {} calls to {addr} in {elapsed:.2?}: {} ok, {} failed{}; p50 {:.3} ms, p99 {:.3} ms",
         options.calls,
         options.tool,
-        started.elapsed(),
         stats.ok,
         stats.failed,
         failure_note(&stats)
@@ -1189,14 +1164,14 @@ fn measure(
         &channels,
         options.concurrency,
         target,
-        options.warmup,
+        Budget::For(options.warmup),
     ));
     let cpu_before = target.server_pid.and_then(cpu_seconds);
     let (max, elapsed) = client_rt.block_on(closed_loop(
         &channels,
         options.concurrency,
         target,
-        options.duration,
+        Budget::For(options.duration),
     ));
     let server_cpu_us = cpu_before
         .zip(target.server_pid.and_then(cpu_seconds))
@@ -1266,24 +1241,40 @@ fn failure_note(stats: &Stats) -> String {
     }
 }
 
+/// How long a closed loop runs: for a time, or until a number of calls (shared by all callers)
+/// has been sent.
+#[derive(Clone, Copy)]
+enum Budget {
+    For(Duration),
+    Calls(u64),
+}
+
 /// Max rate: every connection carries `concurrency` callers that each send their next call as
-/// soon as the last one is answered, for `duration`.
+/// soon as the last one is answered, until the budget is spent.
 async fn closed_loop(
     channels: &[Channel],
     concurrency: usize,
     target: &Target,
-    duration: Duration,
+    budget: Budget,
 ) -> (Stats, Duration) {
     let start = Instant::now();
-    let end = start + duration;
+    let (end, calls) = match budget {
+        Budget::For(duration) => (Some(start + duration), u64::MAX),
+        Budget::Calls(calls) => (None, calls),
+    };
+    let remaining = Arc::new(AtomicU64::new(calls));
     let mut callers = JoinSet::new();
     for channel in channels {
         for _ in 0..concurrency {
             let mut client = ToolGateClient::new(channel.clone());
-            let target = target.clone();
+            let (target, remaining) = (target.clone(), remaining.clone());
             callers.spawn(async move {
                 let mut stats = Stats::new();
-                while Instant::now() < end {
+                while end.is_none_or(|end| Instant::now() < end)
+                    && remaining
+                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                        .is_ok()
+                {
                     let sent = Instant::now();
                     let outcome = call_once(&mut client, &target).await.map(drop);
                     stats.record(outcome, sent.elapsed());

@@ -175,41 +175,38 @@ impl TelemetryConfig {
                     .collect()
             })
             .unwrap_or_default();
-        let batch_delay = match (&raw.batch_delay, env_text("OTEL_BSP_SCHEDULE_DELAY")) {
-            (Some(text), _) => {
+        // A standard variable holding a whole number of `unit`, at least `min`.
+        let number = |name: &str, unit: &str, min: usize| {
+            env_text(name)
+                .map(|text| {
+                    text.trim()
+                        .parse::<usize>()
+                        .ok()
+                        .filter(|n| *n >= min)
+                        .ok_or_else(|| {
+                            FieldError::new(
+                                name,
+                                format!(
+                                    "{text:?} is not a whole number of {unit} (at least {min})"
+                                ),
+                            )
+                        })
+                })
+                .transpose()
+        };
+        let batch_delay = match &raw.batch_delay {
+            Some(text) => {
                 parse_duration(text).map_err(|m| FieldError::new("telemetry.batch_delay", m))?
             }
-            // The standard variable is in milliseconds.
-            (None, Some(ms)) => ms
-                .trim()
-                .parse::<u64>()
-                .map(Duration::from_millis)
-                .map_err(|_| {
-                    FieldError::new(
-                        "OTEL_BSP_SCHEDULE_DELAY",
-                        format!("{ms:?} is not a number of milliseconds"),
-                    )
-                })?,
-            (None, None) => DEFAULT_BATCH_DELAY,
+            None => number("OTEL_BSP_SCHEDULE_DELAY", "milliseconds", 0)?
+                .map_or(DEFAULT_BATCH_DELAY, |ms| Duration::from_millis(ms as u64)),
         };
-        let spans = |name: &str, default: usize| match env_text(name) {
-            None => Ok(default),
-            Some(text) => text
-                .trim()
-                .parse::<usize>()
-                .ok()
-                .filter(|n| *n > 0)
-                .ok_or_else(|| {
-                    FieldError::new(name, format!("{text:?} is not a positive number of spans"))
-                }),
-        };
-        let max_queue_size = spans("OTEL_BSP_MAX_QUEUE_SIZE", DEFAULT_MAX_QUEUE_SIZE)?;
+        let max_queue_size =
+            number("OTEL_BSP_MAX_QUEUE_SIZE", "spans", 1)?.unwrap_or(DEFAULT_MAX_QUEUE_SIZE);
         // A batch larger than the queue could never fill.
-        let max_export_batch_size = spans(
-            "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
-            DEFAULT_MAX_EXPORT_BATCH_SIZE,
-        )?
-        .min(max_queue_size);
+        let max_export_batch_size = number("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "spans", 1)?
+            .unwrap_or(DEFAULT_MAX_EXPORT_BATCH_SIZE)
+            .min(max_queue_size);
         Ok(TelemetryConfig {
             endpoint,
             protocol,

@@ -64,11 +64,17 @@ pub(crate) fn spawn(args: &[&str]) -> Spawned {
 
 /// Like [`spawn`], with extra environment variables.
 pub(crate) fn spawn_with_env(args: &[&str], envs: &[(&str, &str)]) -> Spawned {
+    spawn_logging("json", args, envs)
+}
+
+/// Starts the binary with this `--log-format`. JSON lines become their message; other lines are
+/// passed on whole (and give no address).
+fn spawn_logging(log_format: &str, args: &[&str], envs: &[(&str, &str)]) -> Spawned {
     let mut child = Command::new(env!("CARGO_BIN_EXE_toolgate"))
         .args([
             "serve",
             "--log-format",
-            "json",
+            log_format,
             "--listen",
             "127.0.0.1:0",
             "--admin-listen",
@@ -87,19 +93,24 @@ pub(crate) fn spawn_with_env(args: &[&str], envs: &[(&str, &str)]) -> Spawned {
     let reader = std::thread::spawn(move || {
         let mut lines = Vec::new();
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Ok(json) = serde_json::from_str::<serde_json::Value>(&line) {
-                if json["fields"]["message"] == "serving gRPC over TCP" {
-                    let _ = tx.send(format!(
-                        "addr {}",
-                        json["fields"]["addr"].as_str().unwrap_or_default()
-                    ));
+            match serde_json::from_str::<serde_json::Value>(&line) {
+                Ok(json) => {
+                    if json["fields"]["message"] == "serving gRPC over TCP" {
+                        let _ = tx.send(format!(
+                            "addr {}",
+                            json["fields"]["addr"].as_str().unwrap_or_default()
+                        ));
+                    }
+                    let _ = tx.send(
+                        json["fields"]["message"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_owned(),
+                    );
                 }
-                let _ = tx.send(
-                    json["fields"]["message"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_owned(),
-                );
+                Err(_) => {
+                    let _ = tx.send(line.clone());
+                }
             }
             lines.push(line);
         }
@@ -113,7 +124,7 @@ pub(crate) fn spawn_with_env(args: &[&str], envs: &[(&str, &str)]) -> Spawned {
         if let Some(a) = message.strip_prefix("addr ") {
             addr = a.to_owned();
         }
-        if message == "catalog loaded; SERVING" {
+        if message.contains("catalog loaded; SERVING") {
             break;
         }
     }
@@ -301,43 +312,10 @@ async fn sighup_reloads_the_catalog_file() {
 /// `kubectl logs`).
 #[test]
 fn human_logs_to_a_pipe_have_no_escape_codes() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_toolgate"))
-        .args(["serve", "--log-format", "human", "--listen", "127.0.0.1:0"])
-        .args(["--admin-listen", "127.0.0.1:0"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn toolgate");
-    let stderr = child.stderr.take().unwrap();
-    // Killed if an assertion fails first, so a failing test leaves no server behind.
-    struct KillOnDrop(Child);
-    impl Drop for KillOnDrop {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let mut child = KillOnDrop(child);
-    let (tx, lines) = std::sync::mpsc::channel();
-    let reader = std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let mut seen = Vec::new();
-    while !seen.iter().any(|l: &String| l.contains("SERVING")) {
-        seen.push(
-            lines
-                .recv_timeout(Duration::from_secs(30))
-                .expect("toolgate reports SERVING within 30s"),
-        );
-    }
-    sigterm(&child.0);
-    assert!(wait_exit(&mut child.0).success());
-    let _ = reader.join();
-    assert!(
-        seen.iter().all(|l| !l.contains('\u{1b}')),
-        "escape codes in {seen:?}"
-    );
-    assert!(seen.iter().any(|l| l.contains(" INFO ")), "{seen:?}");
+    let mut spawned = spawn_logging("human", &[], &[]);
+    sigterm(&spawned.child);
+    assert!(wait_exit(&mut spawned.child).success());
+    let logs = spawned.logs();
+    assert!(!logs.contains('\u{1b}'), "escape codes in {logs:?}");
+    assert!(logs.contains(" INFO "), "{logs:?}");
 }
