@@ -636,7 +636,6 @@ fn echo(call: proto::ToolCall) -> proto::ToolResult {
             call.call_id
         },
         status: proto::ToolStatus::Ok as i32,
-        output: call.arguments_json.clone(),
         model_text: call.arguments_json,
         tool_version: "1".into(),
         ..Default::default()
@@ -1152,11 +1151,11 @@ fn measure(
         let probe = client_rt
             .block_on(call_once(&mut ToolGateClient::new(channel.clone()), target))
             .map_err(|why| anyhow!("{}: the probe call failed: {why}", target.name))?;
-        if probe.output != target.expected_output {
+        if probe.model_text != target.expected_output {
             bail!(
                 "{}: the probe call returned {:?}, not the echoed text",
                 target.name,
-                probe.output
+                probe.model_text
             );
         }
     }

@@ -412,7 +412,6 @@ async fn call_tool(
             json!({
                 "call_id": result.call_id,
                 "status": status,
-                "output": result.output,
                 "model_text": result.model_text,
                 "error_type": result.error_type,
                 "error_message": result.error_message,
@@ -463,26 +462,47 @@ async fn call_tool(
     })
 }
 
+/// The most ListApprovals pages `toolgate approvals` reads (200 approvals each).
+const MAX_PAGES: usize = 1000;
+
 async fn list_approvals(client: ClientArgs) -> anyhow::Result<ExitCode> {
     let mut grpc = ApprovalsClient::new(channel(&client).await?);
-    let approvals = grpc
-        .list_approvals(request(&client, proto::ListApprovalsRequest { state: 0 })?)
-        .await
-        .map_err(status_error)?
-        .into_inner()
-        .approvals;
+    let mut approvals = Vec::new();
+    let mut page_token = String::new();
+    // Every page, oldest first; bounded so a misbehaving server cannot keep the loop going.
+    for _ in 0..MAX_PAGES {
+        let page = grpc
+            .list_approvals(request(
+                &client,
+                proto::ListApprovalsRequest {
+                    state: 0,
+                    page_size: 0,
+                    page_token: std::mem::take(&mut page_token),
+                },
+            )?)
+            .await
+            .map_err(status_error)?
+            .into_inner();
+        approvals.extend(page.approvals);
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
     for a in &approvals {
+        let more = if a.arguments_truncated { "…" } else { "" };
         if client.json {
             println!(
                 "{}",
                 json!({"approval_id": a.approval_id, "tool": a.tool, "tool_version": a.tool_version,
                        "subject": a.subject, "agent": a.agent, "run_id": a.run_id,
-                       "arguments_json": a.arguments_json, "expires_at_unix_ms": a.expires_at_unix_ms})
+                       "arguments_preview": a.arguments_preview, "arguments_truncated": a.arguments_truncated,
+                       "arguments_sha256": a.arguments_sha256, "expires_at_unix_ms": a.expires_at_unix_ms})
             );
         } else {
             println!(
-                "{}  {} v{}  by {} ({})  args {}",
-                a.approval_id, a.tool, a.tool_version, a.subject, a.run_id, a.arguments_json
+                "{}  {} v{}  by {} ({})  args {}{more}",
+                a.approval_id, a.tool, a.tool_version, a.subject, a.run_id, a.arguments_preview
             );
         }
     }

@@ -113,6 +113,7 @@ pub enum Reason {
     Cancelled,
     ToolFailed,
     UpstreamUnavailable,
+    BackendMisconfigured,
     DestinationRefused,
     ToolUnavailable,
     OutputTooLarge,
@@ -162,6 +163,7 @@ impl Reason {
             Cancelled => ("cancelled", S::Cancelled, false),
             ToolFailed => ("tool_failed", S::Error, false),
             UpstreamUnavailable => ("upstream_unavailable", S::Error, true),
+            BackendMisconfigured => ("backend_misconfigured", S::Error, false),
             DestinationRefused => ("destination_refused", S::Denied, false),
             ToolUnavailable => ("tool_unavailable", S::Unavailable, true),
             OutputTooLarge => ("output_too_large", S::Error, false),
@@ -221,6 +223,7 @@ impl Reason {
         Reason::Cancelled,
         Reason::ToolFailed,
         Reason::UpstreamUnavailable,
+        Reason::BackendMisconfigured,
         Reason::DestinationRefused,
         Reason::ToolUnavailable,
         Reason::OutputTooLarge,
@@ -235,8 +238,15 @@ impl Reason {
 pub struct Refusal {
     pub stage: Stage,
     pub reason: Reason,
-    /// Short, model-safe explanation: no addresses, paths or stack traces.
+    /// Short, model-safe explanation in toolgate's words: no addresses, paths or stack traces,
+    /// and no argument values. This is what audit events and spans record.
     pub message: String,
+    /// Text the backend wrote itself (stderr, an error body's first line, an MCP error), bounded.
+    /// It goes to the caller and the model after `message`, but may echo argument values.
+    pub detail: Option<String>,
+    /// `detail` as audit events and spans may carry it: only for tools that record their
+    /// arguments, with the tool's `redact` values replaced. `None` otherwise.
+    pub recorded_detail: Option<String>,
     pub retryable: bool,
     pub retry_after: Option<Duration>,
     pub approval_id: Option<String>,
@@ -249,6 +259,8 @@ impl Refusal {
             stage,
             reason,
             message: message.into(),
+            detail: None,
+            recorded_detail: None,
             retryable: reason.retryable(),
             retry_after: None,
             approval_id: None,
@@ -273,6 +285,23 @@ impl Refusal {
 
     pub fn status(&self) -> Status {
         self.reason.status()
+    }
+
+    /// The explanation the caller and the model get: the message, then the backend's own words.
+    pub fn text_for_caller(&self) -> std::borrow::Cow<'_, str> {
+        match &self.detail {
+            Some(detail) => format!("{}: {detail}", self.message).into(),
+            None => self.message.as_str().into(),
+        }
+    }
+
+    /// The explanation audit events and spans record: never the backend's words unless the tool
+    /// records its arguments (then redacted).
+    pub fn text_for_record(&self) -> std::borrow::Cow<'_, str> {
+        match &self.recorded_detail {
+            Some(detail) => format!("{}: {detail}", self.message).into(),
+            None => self.message.as_str().into(),
+        }
     }
 }
 

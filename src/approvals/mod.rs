@@ -75,6 +75,41 @@ pub enum DecideError {
     NotPending { id: String, state: ApprovalState },
     #[error("a decision must be approve or reject")]
     NoDecision,
+    #[error("invalid page_token: pass the next_page_token of the previous page")]
+    InvalidPageToken,
+}
+
+/// Where a page of approvals ends: the last one's creation time and id (the listing order).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cursor {
+    pub created_at_ms: i64,
+    pub id: String,
+}
+
+impl Cursor {
+    /// The opaque page token clients pass back.
+    pub fn token(&self) -> String {
+        format!("{}.{}", self.created_at_ms, self.id)
+    }
+
+    /// Reads a page token; `None` when it is not one this server handed out.
+    pub fn parse(token: &str) -> Option<Cursor> {
+        let (time, id) = token.split_once('.')?;
+        let valid_id = id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        Some(Cursor {
+            created_at_ms: time.parse().ok()?,
+            id: id.to_owned(),
+        })
+        .filter(|_| valid_id)
+    }
+}
+
+/// One page of a listing.
+#[derive(Debug, Clone)]
+pub struct Page {
+    pub approvals: Vec<Approval>,
+    /// Where the next page starts; `None` on the last page.
+    pub next: Option<Cursor>,
 }
 
 /// Why a redemption failed: a reason from the outcome table and a message.
@@ -249,25 +284,52 @@ impl ApprovalStore {
         Ok(approval.clone())
     }
 
-    /// The caller's tenant's approvals in `state` (pending when `None`), oldest first.
+    /// One page of the caller's tenant's approvals in `state` (pending when `None`), oldest first,
+    /// after `after` (a cursor from [`Page::next`]); at most `page_size`.
     pub fn list(
         &self,
         approver: &Caller,
         state: Option<ApprovalState>,
-    ) -> Result<Vec<Approval>, DecideError> {
+        page_size: usize,
+        after: Option<&Cursor>,
+    ) -> Result<Page, DecideError> {
         if !approver.has_scope(APPROVE_SCOPE) {
             return Err(DecideError::MissingScope);
         }
         let mut approvals = self.lock();
         self.expire(&mut approvals);
         let want = state.unwrap_or(ApprovalState::Pending);
-        let mut listed: Vec<Approval> = approvals
+        let mut listed: Vec<&Approval> = approvals
             .values()
             .filter(|a| a.binding.tenant == approver.tenant && a.state == want)
-            .cloned()
+            .filter(|a| {
+                after.is_none_or(|c| {
+                    (a.created_at_ms, a.id.as_str()) > (c.created_at_ms, c.id.as_str())
+                })
+            })
             .collect();
         listed.sort_by(|a, b| a.created_at_ms.cmp(&b.created_at_ms).then(a.id.cmp(&b.id)));
-        Ok(listed)
+        let more = listed.len() > page_size;
+        let approvals: Vec<Approval> = listed.into_iter().take(page_size).cloned().collect();
+        let next = more.then(|| approvals.last()).flatten().map(|last| Cursor {
+            created_at_ms: last.created_at_ms,
+            id: last.id.clone(),
+        });
+        Ok(Page { approvals, next })
+    }
+
+    /// One approval of the caller's tenant.
+    pub fn get(&self, approver: &Caller, id: &str) -> Result<Approval, DecideError> {
+        if !approver.has_scope(APPROVE_SCOPE) {
+            return Err(DecideError::MissingScope);
+        }
+        let mut approvals = self.lock();
+        self.expire(&mut approvals);
+        approvals
+            .get(id)
+            .filter(|a| a.binding.tenant == approver.tenant)
+            .cloned()
+            .ok_or_else(|| DecideError::NotFound(id.to_owned()))
     }
 
     /// Approves or rejects a pending approval of the approver's own tenant.
@@ -453,14 +515,16 @@ mod tests {
         ));
         assert!(
             store
-                .list(&caller("globex", "eve", &[APPROVE_SCOPE]), None)
+                .list(&caller("globex", "eve", &[APPROVE_SCOPE]), None, 10, None)
                 .unwrap()
+                .approvals
                 .is_empty()
         );
         assert_eq!(
             store
-                .list(&caller("acme", "bob", &[APPROVE_SCOPE]), None)
+                .list(&caller("acme", "bob", &[APPROVE_SCOPE]), None, 10, None)
                 .unwrap()
+                .approvals
                 .len(),
             1
         );

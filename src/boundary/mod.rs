@@ -468,15 +468,7 @@ impl Boundary {
         tracing::debug!(call_id = permit.call_id(), tool = %tool.name, "executing");
         let output = match tokio::time::timeout_at(deadline, executor.execute(permit)).await {
             Ok(Ok(output)) => output,
-            Ok(Err(err)) => {
-                let reason = match err {
-                    ExecError::Failed(_) => Reason::ToolFailed,
-                    ExecError::Unavailable(_) => Reason::UpstreamUnavailable,
-                    ExecError::Overloaded(_) => Reason::Overloaded,
-                    ExecError::Refused(_) => Reason::DestinationRefused,
-                };
-                return Err(Refusal::new(Stage::Execute, reason, err.to_string()));
-            }
+            Ok(Err(err)) => return Err(exec_refusal(err, permit)),
             Err(_elapsed) => return Err(timeout_refusal(tool, deadline == tool_deadline)),
         };
         if output.len() > tool.max_output_bytes {
@@ -493,13 +485,20 @@ impl Boundary {
         Ok(output)
     }
 
-    /// Lists approvals of the approver's tenant.
+    /// One page of the approvals of the approver's tenant.
     pub fn list_approvals(
         &self,
         approver: &Caller,
         state: Option<ApprovalState>,
-    ) -> Result<Vec<Approval>, DecideError> {
-        self.approvals.list(approver, state)
+        page_size: usize,
+        after: Option<&approvals::Cursor>,
+    ) -> Result<approvals::Page, DecideError> {
+        self.approvals.list(approver, state, page_size, after)
+    }
+
+    /// One approval of the approver's tenant, with its full arguments.
+    pub fn get_approval(&self, approver: &Caller, id: &str) -> Result<Approval, DecideError> {
+        self.approvals.get(approver, id)
     }
 
     /// Approves or rejects, and records the decision in the audit trail.
@@ -553,6 +552,78 @@ impl Boundary {
             ..AuditEvent::default()
         })
     }
+}
+
+/// Most bytes of a backend's own error text passed on (to the model, and to records that may
+/// carry it).
+const MAX_DETAIL_BYTES: usize = 1024;
+
+/// A backend failure as a refusal. The backend's own text goes to the caller; records carry it
+/// only for tools that record their arguments, with the `redact` values taken out.
+fn exec_refusal(err: ExecError, permit: &Permit) -> Refusal {
+    let (reason, message, detail) = match err {
+        ExecError::Failed { message, detail } => (Reason::ToolFailed, message, detail),
+        ExecError::Unavailable(m) | ExecError::NotReached(m) => {
+            (Reason::UpstreamUnavailable, m, None)
+        }
+        ExecError::Overloaded(m) => (Reason::Overloaded, m, None),
+        ExecError::Refused(m) => (Reason::DestinationRefused, m, None),
+        ExecError::Misconfigured(m) => (Reason::BackendMisconfigured, m, None),
+        ExecError::OutputTooLarge(m) => (Reason::OutputTooLarge, m, None),
+    };
+    let stage = match reason {
+        Reason::OutputTooLarge => Stage::Result,
+        _ => Stage::Execute,
+    };
+    let mut refusal = Refusal::new(stage, reason, message);
+    if let Some(detail) = detail {
+        let detail = truncate_utf8(detail.trim(), MAX_DETAIL_BYTES).to_owned();
+        let tool = permit.tool();
+        if tool.record_arguments {
+            refusal.recorded_detail = Some(redact_text(&detail, permit.arguments(), &tool.redact));
+        }
+        refusal.detail = Some(detail);
+    }
+    refusal
+}
+
+/// The longest prefix of `text` within `max` bytes that ends on a character boundary.
+pub(crate) fn truncate_utf8(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut cut = max;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    &text[..cut]
+}
+
+/// Free text (a backend's error) with every value found at the `redact` pointers replaced, so a
+/// redacted argument echoed back by the backend is not recorded either.
+fn redact_text(text: &str, arguments: &serde_json::Value, pointers: &[String]) -> String {
+    fn leaves<'v>(value: &'v serde_json::Value, out: &mut Vec<String>) {
+        match value {
+            serde_json::Value::String(s) if !s.is_empty() => out.push(s.clone()),
+            serde_json::Value::Number(n) => out.push(n.to_string()),
+            serde_json::Value::Array(items) => items.iter().for_each(|v| leaves(v, out)),
+            serde_json::Value::Object(map) => map.values().for_each(|v| leaves(v, out)),
+            _ => {}
+        }
+    }
+    let mut secrets = Vec::new();
+    for pointer in pointers {
+        if let Some(value) = arguments.pointer(pointer) {
+            leaves(value, &mut secrets);
+        }
+    }
+    // Longest first, so a secret containing another is replaced whole.
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    let mut text = text.to_owned();
+    for secret in secrets {
+        text = text.replace(&secret, "[redacted]");
+    }
+    text
 }
 
 /// A copy of the arguments with the values at these JSON pointers replaced.
@@ -696,7 +767,7 @@ fn fill(event: &mut AuditEvent, status: Status, refusal: Option<&Refusal>, durat
     if let Some(refusal) = refusal {
         event.error_type = Some(refusal.reason.code());
         event.refused_by = Some(refusal.stage.as_str());
-        event.reason = Some(refusal.message.clone());
+        event.reason = Some(refusal.text_for_record().into_owned());
         if event.approval_id.is_none() {
             event.approval_id.clone_from(&refusal.approval_id);
         }

@@ -14,9 +14,8 @@ pub struct CallOutcome {
     /// The resolved version; empty when resolution failed.
     pub tool_version: String,
     pub status: Status,
-    /// The tool's output on OK; empty otherwise.
-    pub output: String,
-    /// Exactly what the runtime appends to the conversation.
+    /// Exactly what the runtime appends to the conversation: the tool's output on OK (the result
+    /// carries it once), otherwise the `TOOL_ERROR: …` text.
     pub model_text: String,
     /// Why the call is not OK; `None` on OK.
     pub refusal: Option<Refusal>,
@@ -29,12 +28,11 @@ pub struct CallOutcome {
 impl CallOutcome {
     pub fn ok(call_id: String, tool: String, tool_version: String, output: String) -> Self {
         CallOutcome {
-            model_text: output.clone(),
+            model_text: output,
             call_id,
             tool,
             tool_version,
             status: Status::Ok,
-            output,
             refusal: None,
             approval_id: None,
             duration: Duration::ZERO,
@@ -49,7 +47,6 @@ impl CallOutcome {
             tool,
             tool_version,
             status: refusal.status(),
-            output: String::new(),
             approval_id: refusal.approval_id.clone(),
             refusal: Some(refusal),
             duration: Duration::ZERO,
@@ -63,7 +60,7 @@ impl CallOutcome {
 pub fn tool_error_text(refusal: &Refusal, tool: &str, call_id: &str) -> String {
     let mut body = Map::new();
     body.insert("errorType".into(), Value::from(refusal.reason.code()));
-    body.insert("error".into(), Value::from(refusal.message.as_str()));
+    body.insert("error".into(), Value::from(refusal.text_for_caller()));
     body.insert("tool".into(), Value::from(tool));
     body.insert("callId".into(), Value::from(call_id));
     format!("TOOL_ERROR: {}", Value::Object(body))

@@ -198,7 +198,7 @@ impl Builtins {
     async fn run(&self, permit: &Permit) -> Result<String, ExecError> {
         let args = permit.arguments();
         let super::ExecutorSpec::Builtin(tool) = permit.tool().executor else {
-            return Err(ExecError::Failed("not a builtin tool".into()));
+            return Err(ExecError::failed("not a builtin tool"));
         };
         self.started.send_modify(|n| *n += 1);
         match tool {
@@ -214,7 +214,7 @@ impl Builtins {
                 let tickets = self.tickets.lock().map_err(|_| poisoned())?;
                 let ticket = tickets
                     .get(&key)
-                    .ok_or_else(|| ExecError::Failed(format!("ticket {} not found", key.1)))?;
+                    .ok_or_else(|| ExecError::failed(format!("ticket {} not found", key.1)))?;
                 Ok(json!(ticket).to_string())
             }
             BuiltinTool::CreateTicket => {
@@ -249,7 +249,7 @@ impl Builtins {
                 let removed = self.tickets.lock().map_err(|_| poisoned())?.remove(&key);
                 match removed {
                     Some(_) => Ok(json!({"deleted": key.1}).to_string()),
-                    None => Err(ExecError::Failed(format!("ticket {} not found", key.1))),
+                    None => Err(ExecError::failed(format!("ticket {} not found", key.1))),
                 }
             }
             BuiltinTool::RefundOrder => {
@@ -283,13 +283,13 @@ impl Executor for Builtins {
 }
 
 fn poisoned() -> ExecError {
-    ExecError::Failed("ticket store unavailable".into())
+    ExecError::failed("ticket store unavailable")
 }
 
 fn str_arg<'a>(args: &'a Value, key: &str) -> Result<&'a str, ExecError> {
     args.get(key)
         .and_then(Value::as_str)
-        .ok_or_else(|| ExecError::Failed(format!("missing string argument {key:?}")))
+        .ok_or_else(|| ExecError::failed(format!("missing string argument {key:?}")))
 }
 
 fn words(text: &str) -> impl Iterator<Item = String> + '_ {
@@ -305,7 +305,7 @@ fn rag_search(args: &Value) -> Result<String, ExecError> {
     let tenant = args
         .pointer("/filter/tenant")
         .and_then(Value::as_str)
-        .ok_or_else(|| ExecError::Failed("search has no tenant filter".into()))?;
+        .ok_or_else(|| ExecError::failed("search has no tenant filter"))?;
     let top_k = args.get("top_k").and_then(Value::as_u64).unwrap_or(3) as usize;
     let terms: Vec<String> = words(query).collect();
     let mut hits: Vec<(usize, &Document)> = CORPUS

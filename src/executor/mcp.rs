@@ -251,7 +251,7 @@ impl McpManager {
             .get(&tool.server)
             .and_then(|slot| slot.peer.read().ok().and_then(|p| p.clone()))
             .ok_or_else(|| {
-                ExecError::Unavailable(format!(
+                ExecError::NotReached(format!(
                     "MCP server {} is not connected; retry later",
                     tool.server
                 ))
@@ -275,11 +275,10 @@ impl McpManager {
             })?;
         let text = render_content(&result.content);
         if result.is_error == Some(true) {
-            return Err(ExecError::Failed(if text.is_empty() {
-                "the MCP tool reported an error".into()
-            } else {
-                text
-            }));
+            return Err(ExecError::failed_with(
+                "the MCP tool reported an error",
+                text,
+            ));
         }
         match (&result.structured_content, text.is_empty()) {
             (Some(structured), true) => Ok(structured.to_string()),
@@ -311,7 +310,7 @@ impl Executor for McpManager {
         async move {
             match &permit.tool().executor {
                 super::ExecutorSpec::Mcp(tool) => self.run(tool, permit).await,
-                _ => Err(ExecError::Failed("not an MCP tool".into())),
+                _ => Err(ExecError::failed("not an MCP tool")),
             }
         }
         .boxed()

@@ -113,22 +113,66 @@ impl ExecutorSpec {
     }
 }
 
-/// A backend failure, before the boundary turns it into a result. Messages are shown to the
-/// model: no addresses, paths or internals.
+/// A backend failure, before the boundary turns it into a result. Messages are toolgate's own
+/// words and are shown to the model: no addresses, paths or internals. Text a backend wrote itself
+/// (stderr, an error body, an MCP error) travels separately as `detail`, because it may echo
+/// argument values: it reaches the model, but audit events and spans carry it only for tools that
+/// record their arguments.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ExecError {
     /// The tool ran and reported a failure.
-    #[error("{0}")]
-    Failed(String),
-    /// The backend could not be reached or answered with a transient failure.
+    #[error("{message}")]
+    Failed {
+        message: String,
+        detail: Option<String>,
+    },
+    /// A transient failure after the request may have reached the backend.
     #[error("{0}")]
     Unavailable(String),
-    /// The backend is at its concurrency cap.
+    /// A transient failure before anything reached the backend (connection refused, server not
+    /// connected): the call did not start, so an approval it redeems is not used up.
+    #[error("{0}")]
+    NotReached(String),
+    /// The backend is at its concurrency cap; nothing was sent.
     #[error("{0}")]
     Overloaded(String),
-    /// The destination is not one this backend may reach (SSRF protection).
+    /// The destination is not one this backend may reach (SSRF protection); nothing was sent.
     #[error("{0}")]
     Refused(String),
+    /// The tool's configuration cannot work (a missing program, an unusable working directory or
+    /// URL): an operator must fix it, so retrying is pointless. Nothing was started.
+    #[error("{0}")]
+    Misconfigured(String),
+    /// The backend's output is over the tool's limit.
+    #[error("{0}")]
+    OutputTooLarge(String),
+}
+
+impl ExecError {
+    /// A failure reported by the tool, in toolgate's words only.
+    pub fn failed(message: impl Into<String>) -> Self {
+        ExecError::Failed {
+            message: message.into(),
+            detail: None,
+        }
+    }
+
+    /// A failure reported by the tool, with the backend's own text.
+    pub fn failed_with(message: impl Into<String>, detail: impl Into<String>) -> Self {
+        let detail = detail.into();
+        ExecError::Failed {
+            message: message.into(),
+            detail: Some(detail).filter(|d| !d.trim().is_empty()),
+        }
+    }
+
+    /// Whether the request may have reached the backend, so its effects are unknown.
+    pub fn reached_backend(&self) -> bool {
+        matches!(
+            self,
+            ExecError::Failed { .. } | ExecError::Unavailable(_) | ExecError::OutputTooLarge(_)
+        )
+    }
 }
 
 /// A backend that runs permitted calls and returns their output text.

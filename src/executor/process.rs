@@ -98,7 +98,7 @@ impl ProcessExecutor {
         max_output: usize,
     ) -> Result<String, ExecError> {
         let input = serde_json::to_vec(permit.arguments())
-            .map_err(|err| ExecError::Failed(format!("cannot encode arguments: {err}")))?;
+            .map_err(|err| ExecError::failed(format!("cannot encode arguments: {err}")))?;
         let mut child = tokio::process::Command::new(&tool.command)
             .args(&tool.args)
             .env_clear()
@@ -112,7 +112,7 @@ impl ProcessExecutor {
             .spawn()
             .map_err(|err| {
                 tracing::error!(command = %tool.command.display(), error = %err, "cannot start process tool");
-                ExecError::Unavailable(format!("the tool's program could not be started ({})", err.kind()))
+                ExecError::Misconfigured(format!("the tool's program could not be started ({})", err.kind()))
             })?;
         let mut guard = GroupGuard {
             pgid: child.id().and_then(|id| i32::try_from(id).ok()),
@@ -120,7 +120,7 @@ impl ProcessExecutor {
         let (Some(mut stdin), Some(stdout), Some(stderr)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
         else {
-            return Err(ExecError::Failed("the tool's program has no pipes".into()));
+            return Err(ExecError::failed("the tool's program has no pipes"));
         };
         let feed = async move {
             // A program that exits without reading its input is not an error here.
@@ -133,18 +133,18 @@ impl ProcessExecutor {
             read_capped(stderr, tool.max_stderr_bytes, PastCap::Drain)
         );
         let (out, out_overflow) =
-            out.map_err(|e| ExecError::Failed(format!("cannot read the tool's output: {e}")))?;
+            out.map_err(|e| ExecError::failed(format!("cannot read the tool's output: {e}")))?;
         let (err, _) = err.unwrap_or_default();
         if out_overflow {
             // Dropping the guard kills the group, which also stops a writer blocked on the pipe.
-            return Err(ExecError::Failed(format!(
+            return Err(ExecError::OutputTooLarge(format!(
                 "the tool's output exceeded {max_output} bytes"
             )));
         }
         let status = child
             .wait()
             .await
-            .map_err(|e| ExecError::Failed(format!("cannot wait for the tool: {e}")))?;
+            .map_err(|e| ExecError::failed(format!("cannot wait for the tool: {e}")))?;
         // Reaped: the group id may be reused from now on, so never signal it again. Descendants
         // the program left behind are still killed through the group.
         if let Some(pgid) = guard.pgid.take() {
@@ -159,11 +159,10 @@ impl ProcessExecutor {
                 .map_or_else(|| "a signal".to_owned(), |c| format!("status {c}"));
             let stderr = String::from_utf8_lossy(&err);
             let stderr = stderr.trim();
-            return Err(ExecError::Failed(if stderr.is_empty() {
-                format!("the tool exited with {code}")
-            } else {
-                format!("the tool exited with {code}: {stderr}")
-            }));
+            return Err(ExecError::failed_with(
+                format!("the tool exited with {code}"),
+                stderr,
+            ));
         }
         Ok(String::from_utf8_lossy(&out).into_owned())
     }
@@ -210,7 +209,7 @@ impl Executor for ProcessExecutor {
                 super::ExecutorSpec::Process(tool) => {
                     self.run(tool, permit, permit.tool().max_output_bytes).await
                 }
-                _ => Err(ExecError::Failed("not a process tool".into())),
+                _ => Err(ExecError::failed("not a process tool")),
             }
         }
         .boxed()

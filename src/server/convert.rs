@@ -78,12 +78,15 @@ pub fn tool_result(outcome: CallOutcome) -> proto::ToolResult {
     proto::ToolResult {
         call_id: outcome.call_id,
         status: tool_status(outcome.status) as i32,
-        output: outcome.output,
+        #[allow(deprecated)]
+        output: String::new(),
         model_text: outcome.model_text,
         error_type: refusal
             .map(|r| r.reason.code().to_owned())
             .unwrap_or_default(),
-        error_message: refusal.map(|r| r.message.clone()).unwrap_or_default(),
+        error_message: refusal
+            .map(|r| r.text_for_caller().into_owned())
+            .unwrap_or_default(),
         retryable: refusal.is_some_and(|r| r.retryable),
         // Refusal messages are written to be shown: no addresses, paths or internals.
         user_visible: refusal.is_some(),
@@ -126,8 +129,32 @@ pub fn approval_state_filter(raw: i32) -> Result<Option<ApprovalState>, GrpcStat
     }
 }
 
+/// Most bytes of an approval's arguments shown in a listing.
+pub const ARGUMENTS_PREVIEW_BYTES: usize = 1024;
+
+/// An approval as listed: a bounded preview of its arguments, not the arguments themselves, so a
+/// page stays small whatever the calls sent.
+pub fn approval_summary(a: Approval) -> proto::Approval {
+    let preview = crate::boundary::truncate_utf8(&a.arguments_json, ARGUMENTS_PREVIEW_BYTES);
+    let truncated = preview.len() < a.arguments_json.len();
+    let preview = preview.to_owned();
+    let mut summary = approval(Approval {
+        arguments_json: String::new(),
+        ..a
+    });
+    summary.arguments_preview = preview;
+    summary.arguments_truncated = truncated;
+    summary
+}
+
+/// An approval with its full arguments (and their preview).
 pub fn approval(a: Approval) -> proto::Approval {
+    let preview = crate::boundary::truncate_utf8(&a.arguments_json, ARGUMENTS_PREVIEW_BYTES);
+    let arguments_truncated = preview.len() < a.arguments_json.len();
+    let arguments_preview = preview.to_owned();
     proto::Approval {
+        arguments_preview,
+        arguments_truncated,
         approval_id: a.id,
         tenant: a.binding.tenant,
         subject: a.binding.subject,
@@ -164,7 +191,7 @@ pub fn decide_status(err: &DecideError) -> GrpcStatus {
         DecideError::MissingScope | DecideError::SelfApproval => Code::PermissionDenied,
         DecideError::NotFound(_) => Code::NotFound,
         DecideError::NotPending { .. } => Code::FailedPrecondition,
-        DecideError::NoDecision => Code::InvalidArgument,
+        DecideError::NoDecision | DecideError::InvalidPageToken => Code::InvalidArgument,
     };
     GrpcStatus::new(code, err.to_string())
 }

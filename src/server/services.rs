@@ -9,6 +9,7 @@ use super::convert;
 use tracing::Instrument;
 
 use crate::{
+    approvals,
     boundary::{Boundary, Turn},
     config::LimitsConfig,
     identity::{Caller, IdentityResolver},
@@ -172,6 +173,11 @@ impl ToolGate for ToolGateService {
     }
 }
 
+/// Approvals in one ListApprovals page unless the request asks for fewer.
+pub const DEFAULT_PAGE_SIZE: usize = 50;
+/// The most approvals in one page: 200 previews of at most 1 KiB stay far below the encode limit.
+pub const MAX_PAGE_SIZE: usize = 200;
+
 pub struct ApprovalsService {
     boundary: Arc<Boundary>,
     identity: Arc<IdentityResolver>,
@@ -190,13 +196,45 @@ impl Approvals for ApprovalsService {
         request: Request<proto::ListApprovalsRequest>,
     ) -> Result<Response<proto::ListApprovalsResponse>, Status> {
         let approver = identify(&self.identity, &request)?;
-        let state = convert::approval_state_filter(request.get_ref().state)?;
-        let approvals = self
+        let body = request.into_inner();
+        let state = convert::approval_state_filter(body.state)?;
+        let page_size = match body.page_size {
+            0 => DEFAULT_PAGE_SIZE,
+            n => usize::try_from(n)
+                .unwrap_or(MAX_PAGE_SIZE)
+                .min(MAX_PAGE_SIZE),
+        };
+        let after = match body.page_token.as_str() {
+            "" => None,
+            token => Some(approvals::Cursor::parse(token).ok_or_else(|| {
+                convert::decide_status(&approvals::DecideError::InvalidPageToken)
+            })?),
+        };
+        let page = self
             .boundary
-            .list_approvals(&approver, state)
+            .list_approvals(&approver, state, page_size, after.as_ref())
             .map_err(|e| convert::decide_status(&e))?;
         Ok(Response::new(proto::ListApprovalsResponse {
-            approvals: approvals.into_iter().map(convert::approval).collect(),
+            approvals: page
+                .approvals
+                .into_iter()
+                .map(convert::approval_summary)
+                .collect(),
+            next_page_token: page.next.map(|c| c.token()).unwrap_or_default(),
+        }))
+    }
+
+    async fn get_approval(
+        &self,
+        request: Request<proto::GetApprovalRequest>,
+    ) -> Result<Response<proto::GetApprovalResponse>, Status> {
+        let approver = identify(&self.identity, &request)?;
+        let approval = self
+            .boundary
+            .get_approval(&approver, &request.get_ref().approval_id)
+            .map_err(|e| convert::decide_status(&e))?;
+        Ok(Response::new(proto::GetApprovalResponse {
+            approval: Some(convert::approval(approval)),
         }))
     }
 

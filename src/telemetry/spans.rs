@@ -143,10 +143,11 @@ pub fn record_outcome(span: &Span, outcome: &CallOutcome) {
         }
         Some(refusal) => {
             span.record("otel.status_code", "ERROR");
-            span.record("otel.status_description", refusal.message.as_str());
+            let reason = refusal.text_for_record();
+            span.record("otel.status_description", reason.as_ref());
             span.record("error.type", refusal.reason.code());
             span.record("toolgate.refused_by", refusal.stage.as_str());
-            span.record("toolgate.reason", refusal.message.as_str());
+            span.record("toolgate.reason", reason.as_ref());
         }
     }
 }
@@ -155,7 +156,7 @@ pub fn record_outcome(span: &Span, outcome: &CallOutcome) {
 pub fn record_content(span: &Span, arguments: &str, outcome: &CallOutcome) {
     span.record("gen_ai.tool.call.arguments", arguments);
     if outcome.status == Status::Ok {
-        span.record("gen_ai.tool.call.result", outcome.output.as_str());
+        span.record("gen_ai.tool.call.result", outcome.model_text.as_str());
     }
 }
 

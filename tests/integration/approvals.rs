@@ -77,7 +77,7 @@ async fn an_approved_call_runs_once_with_the_same_arguments_in_any_key_order() {
 
     let mut approvals = server.approvals().await;
     let listed = approvals
-        .list_approvals(bob().request(proto::ListApprovalsRequest { state: 0 }))
+        .list_approvals(bob().request(proto::ListApprovalsRequest::default()))
         .await
         .unwrap()
         .into_inner()
@@ -265,7 +265,7 @@ async fn approvers_need_the_scope_their_own_tenant_and_to_be_someone_else() {
     );
     let mut approvals = server.approvals().await;
     let seen = approvals
-        .list_approvals(other_tenant.request(proto::ListApprovalsRequest { state: 0 }))
+        .list_approvals(other_tenant.request(proto::ListApprovalsRequest::default()))
         .await
         .unwrap()
         .into_inner();
@@ -276,7 +276,7 @@ async fn approvers_need_the_scope_their_own_tenant_and_to_be_someone_else() {
     assert_eq!(unspecified.code(), Code::InvalidArgument);
     // Still pending after all that.
     let listed = approvals
-        .list_approvals(bob().request(proto::ListApprovalsRequest { state: 0 }))
+        .list_approvals(bob().request(proto::ListApprovalsRequest::default()))
         .await
         .unwrap()
         .into_inner();

@@ -399,7 +399,7 @@ async fn bound_arguments_come_from_the_caller_and_model_overrides_are_refused_an
     let ok = exec(&mut client, &bob, call("bound", r#"{"note":"hi"}"#)).await;
     assert_eq!(ok.status(), ToolStatus::Ok, "{ok:?}");
     assert_eq!(
-        parse(&ok.output),
+        parse(&ok.model_text),
         json!({"note": "hi", "owner": "bob", "scope": {"tenant": "acme"}})
     );
     // Top-level, nested, and a non-object where the bound object goes: all refused.
@@ -428,7 +428,7 @@ async fn bound_arguments_come_from_the_caller_and_model_overrides_are_refused_an
     .await;
     assert_eq!(sibling.status(), ToolStatus::Ok, "{sibling:?}");
     assert_eq!(
-        parse(&sibling.output)["scope"],
+        parse(&sibling.model_text)["scope"],
         json!({"region": "eu", "tenant": "acme"})
     );
     // Overwrite mode: the model's value is replaced, and the attempt still audited.
@@ -439,7 +439,7 @@ async fn bound_arguments_come_from_the_caller_and_model_overrides_are_refused_an
     )
     .await;
     assert_eq!(
-        parse(&overwritten.output),
+        parse(&overwritten.model_text),
         json!({"owner": "bob", "level": 3})
     );
     let events = server.audit_events().await;
@@ -479,7 +479,10 @@ async fn rag_search_never_reaches_another_tenants_documents() {
     )
     .await;
     assert_eq!(result.status(), ToolStatus::Ok);
-    let hits = parse(&result.output)["results"].as_array().unwrap().clone();
+    let hits = parse(&result.model_text)["results"]
+        .as_array()
+        .unwrap()
+        .clone();
     assert!(
         !hits.is_empty()
             && hits
@@ -509,7 +512,9 @@ async fn backend_failures_oversized_output_and_tool_error_text_are_exact() {
         failed.model_text,
         r#"TOOL_ERROR: {"errorType":"tool_failed","error":"ticket T-1 not found","tool":"failing","callId":"c-7"}"#
     );
-    assert!(failed.output.is_empty());
+    #[allow(deprecated)]
+    let output = &failed.output;
+    assert!(output.is_empty(), "output is deprecated and never set");
     let big = exec(
         &mut client,
         &who("acme"),
@@ -534,7 +539,7 @@ async fn backend_failures_oversized_output_and_tool_error_text_are_exact() {
         (
             fits.status(),
             fits.model_text.as_str(),
-            fits.output.as_str()
+            fits.model_text.as_str()
         ),
         (ToolStatus::Ok, "12345678", "12345678")
     );

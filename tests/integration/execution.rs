@@ -163,8 +163,8 @@ async fn batch_results_keep_call_order_when_calls_finish_out_of_order() {
             ("tool_step_3_4".into(), ToolStatus::Timeout),
         ]
     );
-    assert_eq!(results[0].output, r#"{"slept_ms":150}"#);
-    assert_eq!(results[3].output, "third");
+    assert_eq!(results[0].model_text, r#"{"slept_ms":150}"#);
+    assert_eq!(results[3].model_text, "third");
     // The three short sleeps overlapped.
     assert!(server.builtins().slow_max_in_flight() >= 2);
     server.stop().await;
@@ -249,7 +249,7 @@ async fn an_idempotent_repeat_replays_the_first_result_without_running_again() {
         (second.status(), second.idempotent_replay),
         (ToolStatus::Ok, true)
     );
-    assert_eq!(second.output, first.output);
+    assert_eq!(second.model_text, first.model_text);
     assert_eq!(server.builtins().executions(), 1);
     let conflict = exec(
         &mut client,

@@ -160,7 +160,7 @@ async fn http_posts_bound_arguments_with_request_id_trace_context_and_secret_hea
         .unwrap();
     assert_eq!(result.status(), ToolStatus::Ok, "{result:?}");
     assert_eq!(
-        serde_json::from_str::<Value>(&result.output).unwrap(),
+        serde_json::from_str::<Value>(&result.model_text).unwrap(),
         json!({"id": "o-1", "tenant": "acme"})
     );
     let headers = seen.headers.lock().unwrap()[0].clone();
@@ -441,7 +441,7 @@ async fn process_tools_read_stdin_write_stdout_and_see_a_clean_environment() {
     let mut client = server.client().await;
     let r = exec(&mut client, &who("acme"), call("run", r#"{"n": 1}"#)).await;
     assert_eq!(r.status(), ToolStatus::Ok, "{r:?}");
-    let out: Value = serde_json::from_str(&r.output).unwrap();
+    let out: Value = serde_json::from_str(&r.model_text).unwrap();
     assert_eq!(out["args"], json!({"n": 1}));
     let env: Vec<String> = serde_json::from_value(out["env"].clone()).unwrap();
     assert!(
@@ -600,9 +600,9 @@ tools: []
     .await;
     assert_eq!(r.status(), ToolStatus::Ok, "{r:?}");
     assert!(
-        r.output.contains("Europe/Paris"),
+        r.model_text.contains("Europe/Paris"),
         "the bound timezone was used: {}",
-        r.output
+        r.model_text
     );
     // The catalog's rate limit applies, not anything the server says.
     exec(
@@ -634,7 +634,7 @@ tools: []
     )
     .await;
     assert_eq!(r.status(), ToolStatus::Ok, "{r:?}");
-    assert!(r.output.contains("hello mcp"), "{}", r.output);
+    assert!(r.model_text.contains("hello mcp"), "{}", r.model_text);
     assert_eq!(
         exec(
             &mut client,
@@ -692,7 +692,7 @@ async fn mcp_streamable_http_server() {
     )
     .await;
     assert_eq!(r.status(), ToolStatus::Ok, "{r:?}");
-    assert!(r.output.contains("42"), "{}", r.output);
+    assert!(r.model_text.contains("42"), "{}", r.model_text);
     server.stop().await;
     let _ = child.kill().await;
 }
@@ -721,7 +721,7 @@ async fn mcp_list_changed_refreshes_and_a_killed_server_fails_promptly_then_reco
         .into_inner()
         .result
         .unwrap();
-    assert_eq!(carried.output, traceparent, "{carried:?}");
+    assert_eq!(carried.model_text, traceparent, "{carried:?}");
     // Configured but not offered yet: a clear, retryable UNAVAILABLE.
     let early = exec(&mut client, &who("acme"), call("dyn.secret_word", "{}")).await;
     assert_eq!(
@@ -731,14 +731,14 @@ async fn mcp_list_changed_refreshes_and_a_killed_server_fails_promptly_then_reco
     assert_eq!(
         exec(&mut client, &who("acme"), call("dyn.unlock", "{}"))
             .await
-            .output,
+            .model_text,
         "unlocked"
     );
     wait_for_tool(&server, &who("acme"), "dyn.secret_word").await;
     assert_eq!(
         exec(&mut client, &who("acme"), call("dyn.secret_word", "{}"))
             .await
-            .output,
+            .model_text,
         "swordfish"
     );
 

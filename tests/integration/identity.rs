@@ -92,7 +92,7 @@ async fn valid_tokens_of_each_algorithm_identify_the_caller() {
     )
     .await;
     assert_eq!(result.status(), proto::ToolStatus::Ok, "{result:?}");
-    assert!(result.output.contains("acme-1") && !result.output.contains("globex"));
+    assert!(result.model_text.contains("acme-1") && !result.model_text.contains("globex"));
     server.stop().await;
 }
 

@@ -133,7 +133,7 @@ async fn sixty_four_clients_get_exact_outcomes_quotas_and_one_audit_event_per_ca
             }
             Kind::Slow => {
                 assert_eq!(outcome, (ToolStatus::Ok, ""), "{r:?}");
-                assert_eq!(r.output, r#"{"slept_ms":5}"#);
+                assert_eq!(r.model_text, r#"{"slept_ms":5}"#);
             }
         }
         expected_audit.insert(
@@ -649,7 +649,7 @@ async fn barrage(small: &TestServer, server: &TestServer) {
     );
     let r = exec(&mut client, &who("acme"), call("any", &many_keys(60_000))).await;
     assert_eq!(r.status(), ToolStatus::Ok, "{}", r.error_message);
-    let echoed: serde_json::Map<String, Value> = serde_json::from_str(&r.output).unwrap();
+    let echoed: serde_json::Map<String, Value> = serde_json::from_str(&r.model_text).unwrap();
     assert_eq!(echoed.len(), 60_000);
     // The same object against a strict schema: refused (the size of that refusal's text is
     // `a_schema_refusal_of_a_huge_object_has_bounded_text`).
@@ -829,7 +829,7 @@ tools:
         r.status(),
         ToolStatus::Ok,
         "the backend received {} although the tool's schema allows only filter.tenant",
-        r.output
+        r.model_text
     );
     server.stop().await;
 }

@@ -65,7 +65,7 @@ async fn a_valid_catalog_replaces_the_old_and_an_invalid_one_is_refused() {
             call("echo", r#"{"text":"still here"}"#)
         )
         .await
-        .output,
+        .model_text,
         "still here"
     );
     server.stop().await;

@@ -390,7 +390,7 @@ impl HttpExecutor {
             )));
         }
         let body = serde_json::to_vec(permit.arguments())
-            .map_err(|err| ExecError::Failed(format!("cannot encode arguments: {err}")))?;
+            .map_err(|err| ExecError::failed(format!("cannot encode arguments: {err}")))?;
         let mut request = upstream
             .client
             .post(tool.url.clone())
@@ -413,7 +413,7 @@ impl HttpExecutor {
             .map_err(|err| classify(&upstream.name, &err))?
         {
             if body.len() + chunk.len() > upstream.max_response_bytes {
-                return Err(ExecError::Failed(format!(
+                return Err(ExecError::OutputTooLarge(format!(
                     "upstream {} answered with more than {} bytes",
                     upstream.name, upstream.max_response_bytes
                 )));
@@ -429,12 +429,14 @@ impl HttpExecutor {
             )));
         }
         if !status.is_success() {
-            return Err(ExecError::Failed(format!(
-                "upstream {} answered {}: {}",
-                upstream.name,
-                short_status(status),
-                summary(&text)
-            )));
+            return Err(ExecError::failed_with(
+                format!(
+                    "upstream {} answered {}",
+                    upstream.name,
+                    short_status(status)
+                ),
+                summary(&text),
+            ));
         }
         Ok(text)
     }
@@ -445,7 +447,7 @@ impl Executor for HttpExecutor {
         async move {
             match &permit.tool().executor {
                 super::ExecutorSpec::Http(tool) => self.run(tool, permit).await,
-                _ => Err(ExecError::Failed("not an http tool".into())),
+                _ => Err(ExecError::failed("not an http tool")),
             }
         }
         .boxed()
@@ -490,7 +492,8 @@ fn classify(upstream: &str, err: &reqwest::Error) -> ExecError {
         return ExecError::Unavailable(format!("upstream {upstream} timed out"));
     }
     if err.is_connect() {
-        return ExecError::Unavailable(format!("upstream {upstream} is unreachable"));
+        // Nothing was sent: the connection was never made.
+        return ExecError::NotReached(format!("upstream {upstream} is unreachable"));
     }
     ExecError::Unavailable(format!("upstream {upstream} failed: the connection broke"))
 }
