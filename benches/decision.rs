@@ -122,8 +122,9 @@ fn load(yaml: &str) -> Config {
 /// A catalog with dev identity and nothing else, for the identity benchmarks.
 const DEV_IDENTITY: &str = "version: 1\nidentity: { dev_identity: true }\n";
 
-static DEV_RESOLVER: LazyLock<IdentityResolver> =
-    LazyLock::new(|| IdentityResolver::new(&load(DEV_IDENTITY).identity, SharedClock::system()));
+static DEV_RESOLVER: LazyLock<IdentityResolver> = LazyLock::new(|| {
+    IdentityResolver::new(&load(DEV_IDENTITY).identity, SharedClock::system(), 1 << 22)
+});
 
 /// Dev identity metadata of a caller in `tenant`.
 fn dev_metadata(tenant: &str) -> MetadataMap {
@@ -331,8 +332,9 @@ fn decision_chain(bencher: Bencher, tools: usize) {
         access::check(catalog, &key.caller, &tool.name).ok()?;
         scopes::check(&key.caller, tool).ok()?;
         schema::check(tool, &arguments).ok()?;
-        let bound = bind::apply(tool, &key.caller, arguments).ok()?;
-        let sha = canonical::sha256_hex(&bound.arguments);
+        let mut bound = bind::apply(tool, &key.caller, arguments).ok()?;
+        canonical::normalize(&mut bound);
+        let sha = canonical::sha256_hex(&bound);
         f.rate_limits
             .check(&key.caller.tenant, tool, key.tenant_rate)
             .ok()?;
@@ -352,7 +354,7 @@ fn jwt_resolver() -> IdentityResolver {
         &Env::default().with("BENCH_SECRET", JWT_SECRET),
     )
     .unwrap_or_else(|e| panic!("jwt catalog: {e}"));
-    IdentityResolver::new(&config.identity, SharedClock::system())
+    IdentityResolver::new(&config.identity, SharedClock::system(), 1 << 22)
 }
 
 /// `authorization` metadata with a valid token; `run` makes each token distinct.

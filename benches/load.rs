@@ -122,6 +122,8 @@ tenants:
 agents:
   support-bot:
     allow: ["echo", "slow"]
+  "*":
+    allow: ["*"]
 tools:
   - name: echo
     description: Returns the given text unchanged.

@@ -6,6 +6,36 @@ use std::io::Write as _;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+/// The value in canonical form: object keys sorted, integral numbers as integers. Serializing it
+/// gives exactly [`to_string`]'s text, so a backend that receives it gets what was hashed (and
+/// approved): `{"amount_cents": 2500.0}` becomes `2500`, never a float a tool reads as nothing.
+pub fn normalize(value: &mut Value) {
+    match value {
+        Value::Number(n) => {
+            if let Some(integer) = integral(n) {
+                *n = integer;
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(normalize),
+        Value::Object(map) => {
+            map.sort_keys();
+            map.values_mut().for_each(normalize);
+        }
+        Value::Null | Value::Bool(_) | Value::String(_) => {}
+    }
+}
+
+/// A float with no fractional part, within the exactly representable range, as an integer.
+fn integral(n: &serde_json::Number) -> Option<serde_json::Number> {
+    if n.is_i64() || n.is_u64() {
+        return None;
+    }
+    let f = n.as_f64()?;
+    // 2^53: beyond it not every integer is representable, so keep the float spelling.
+    (f.fract() == 0.0 && f.abs() < 9_007_199_254_740_992.0)
+        .then(|| serde_json::Number::from(f as i64))
+}
+
 /// The canonical JSON text of a value.
 pub fn to_string(value: &Value) -> String {
     let mut out = Vec::new();
@@ -89,6 +119,18 @@ mod tests {
         let b: Value = serde_json::from_str(r#"{"a":[2,{"x":"\u00e9","y":1}],"b":1}"#).unwrap();
         assert_eq!(to_string(&a), r#"{"a":[2,{"x":"é","y":1}],"b":1}"#);
         assert_eq!(sha256_hex(&a), sha256_hex(&b));
+    }
+
+    #[test]
+    fn normalized_values_serialize_as_their_canonical_text() {
+        let mut value: Value =
+            serde_json::from_str(r#"{"b": 2500.0, "a": [1.5, {"y": 1e0, "x": -3.0}], "c": 1e300}"#)
+                .unwrap();
+        let canonical = to_string(&value);
+        normalize(&mut value);
+        assert_eq!(serde_json::to_string(&value).unwrap(), canonical);
+        assert_eq!(value["b"].as_u64(), Some(2500));
+        assert_eq!(value["a"][1]["x"].as_i64(), Some(-3));
     }
 
     #[test]

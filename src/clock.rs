@@ -47,15 +47,6 @@ impl Default for SharedClock {
     }
 }
 
-/// governor reads the same clock, so rate windows move with it in tests.
-impl governor::clock::Clock for SharedClock {
-    type Instant = governor::nanos::Nanos;
-
-    fn now(&self) -> Self::Instant {
-        governor::nanos::Nanos::from(self.monotonic())
-    }
-}
-
 /// The real clock.
 #[derive(Debug)]
 pub struct SystemClock {

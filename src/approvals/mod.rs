@@ -1,7 +1,12 @@
 //! Pending approvals for risky calls (stage 9 and the Approvals service). An approval binds the
-//! requesting tenant, subject, agent and run, the tool and version, and the SHA-256 of the
-//! canonical arguments; it expires, and it can be redeemed once. Time comes from the injected
-//! clock. Memory is bounded per tenant.
+//! requesting tenant, subject, agent and run, the tool, version and definition, and the SHA-256
+//! of the canonical arguments; it expires, and it is used once.
+//!
+//! Stage 9 only *checks* an approval ([`ApprovalStore::check`]); it is used up
+//! ([`ApprovalStore::consume`]) when its call is handed to the backend, and given back
+//! ([`ApprovalStore::release`]) if the backend was never reached, so a retryable failure before
+//! the tool started does not burn it. Time comes from the injected clock. Memory is bounded per
+//! tenant and in total, in count and bytes.
 
 use std::{collections::HashMap, sync::Mutex, time::Duration};
 
@@ -36,7 +41,22 @@ pub struct Binding {
     pub run_id: String,
     pub tool: String,
     pub tool_version: String,
+    /// The hash of the tool's definition the approval was requested against.
+    pub definition_hash: String,
     pub arguments_sha256: String,
+}
+
+impl Binding {
+    fn bytes(&self) -> usize {
+        self.tenant.len()
+            + self.subject.len()
+            + self.agent.len()
+            + self.run_id.len()
+            + self.tool.len()
+            + self.tool_version.len()
+            + self.definition_hash.len()
+            + self.arguments_sha256.len()
+    }
 }
 
 /// One approval.
@@ -47,8 +67,6 @@ pub struct Approval {
     /// Canonical JSON of the arguments, for the approver to read.
     pub arguments_json: String,
     pub risk_level: RiskLevel,
-    /// The tool definition it was requested against; a reload that changes it invalidates it.
-    pub definition_hash: String,
     pub state: ApprovalState,
     pub created_at_ms: i64,
     pub expires_at_ms: i64,
@@ -60,6 +78,36 @@ impl Approval {
     fn finished(&self) -> bool {
         !matches!(self.state, ApprovalState::Pending | ApprovalState::Approved)
     }
+
+    /// What keeping it costs, as the budgets count it.
+    fn bytes(&self) -> usize {
+        APPROVAL_OVERHEAD
+            + self.id.len()
+            + self.binding.bytes()
+            + self.arguments_json.len()
+            + self.decided_by.len()
+            + self.reason.len()
+    }
+}
+
+/// Bytes an approval costs beyond its strings (map slot, timestamps, enum fields).
+const APPROVAL_OVERHEAD: usize = 256;
+
+/// What a call's approval check found: an approval it may use when it reaches the backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checked {
+    pub id: String,
+    /// Already used by an earlier call: only an idempotent replay of that call may pass.
+    pub already_used: bool,
+}
+
+/// Budgets of the store.
+#[derive(Debug, Clone, Copy)]
+pub struct Budget {
+    pub ttl: Duration,
+    pub max_per_tenant: usize,
+    pub max_bytes_per_tenant: usize,
+    pub max_bytes: usize,
 }
 
 /// Why the Approvals service refused a request.
@@ -77,6 +125,8 @@ pub enum DecideError {
     NoDecision,
     #[error("invalid page_token: pass the next_page_token of the previous page")]
     InvalidPageToken,
+    #[error("the audit log cannot keep up; the decision was not applied")]
+    AuditUnavailable,
 }
 
 /// Where a page of approvals ends: the last one's creation time and id (the listing order).
@@ -119,17 +169,15 @@ pub type RedeemError = (Reason, String);
 #[derive(Debug)]
 pub struct ApprovalStore {
     clock: SharedClock,
-    ttl: Duration,
-    max_per_tenant: usize,
+    budget: Budget,
     approvals: Mutex<HashMap<String, Approval>>,
 }
 
 impl ApprovalStore {
-    pub fn new(clock: SharedClock, ttl: Duration, max_per_tenant: usize) -> Self {
+    pub fn new(clock: SharedClock, budget: Budget) -> Self {
         ApprovalStore {
             clock,
-            ttl,
-            max_per_tenant,
+            budget,
             approvals: Mutex::new(HashMap::new()),
         }
     }
@@ -156,67 +204,78 @@ impl ApprovalStore {
         }
     }
 
-    /// Creates a pending approval, forgetting the tenant's oldest finished ones when over the cap.
+    /// Creates a pending approval. Over the tenant's count or byte budget, the tenant's oldest
+    /// finished approvals are forgotten; over the total byte budget, finished ones of the tenant
+    /// holding the most bytes. Open approvals are never dropped: when only they remain, the new
+    /// one is refused (`overloaded`, retryable once approvers decide or approvals expire).
     pub fn create(
         &self,
         binding: Binding,
         arguments_json: String,
         risk_level: RiskLevel,
-        definition_hash: String,
     ) -> Result<Approval, RedeemError> {
         let now = self.clock.unix_ms();
-        let mut approvals = self.lock();
-        self.expire(&mut approvals);
-        let mut own: Vec<(i64, String, bool)> = approvals
-            .values()
-            .filter(|a| a.binding.tenant == binding.tenant)
-            .map(|a| (a.created_at_ms, a.id.clone(), a.finished()))
-            .collect();
-        if own.len() >= self.max_per_tenant {
-            own.sort();
-            let excess = own.len() + 1 - self.max_per_tenant;
-            let removable: Vec<String> = own
-                .iter()
-                .filter(|(_, _, done)| *done)
-                .take(excess)
-                .map(|(_, id, _)| id.clone())
-                .collect();
-            if removable.len() < excess {
-                return Err((
-                    Reason::Overloaded,
-                    format!(
-                        "tenant {} has too many open approvals; decide some first",
-                        binding.tenant
-                    ),
-                ));
-            }
-            for id in removable {
-                approvals.remove(&id);
-            }
-        }
         let approval = Approval {
             id: format!("apr_{}", uuid::Uuid::new_v4().simple()),
             binding,
             arguments_json,
             risk_level,
-            definition_hash,
             state: ApprovalState::Pending,
             created_at_ms: now,
             expires_at_ms: now
-                .saturating_add(i64::try_from(self.ttl.as_millis()).unwrap_or(i64::MAX)),
+                .saturating_add(i64::try_from(self.budget.ttl.as_millis()).unwrap_or(i64::MAX)),
             decided_by: String::new(),
             reason: String::new(),
         };
+        let size = approval.bytes();
+        let tenant = approval.binding.tenant.clone();
+        let full = |why: &str| {
+            (
+                Reason::Overloaded,
+                format!("tenant {tenant} has too many open approvals ({why}); decide some first"),
+            )
+        };
+        if size > self.budget.max_bytes_per_tenant || size > self.budget.max_bytes {
+            return Err((
+                Reason::Overloaded,
+                format!(
+                    "the call's arguments are too large to hold for an approval ({size} bytes)"
+                ),
+            ));
+        }
+        let mut approvals = self.lock();
+        self.expire(&mut approvals);
+        loop {
+            let (count, bytes) = usage(&approvals, &tenant);
+            if count < self.budget.max_per_tenant
+                && bytes + size <= self.budget.max_bytes_per_tenant
+            {
+                break;
+            }
+            let victim = oldest_finished(&approvals, &tenant)
+                .ok_or_else(|| full("its budget is used by open ones"))?;
+            approvals.remove(&victim);
+        }
+        while approvals.values().map(Approval::bytes).sum::<usize>() + size > self.budget.max_bytes
+        {
+            let largest = largest_with_finished(&approvals)
+                .ok_or_else(|| full("the sidecar's approval budget is used by open ones"))?;
+            let victim = oldest_finished(&approvals, &largest)
+                .ok_or_else(|| full("no finished approval to forget"))?;
+            approvals.remove(&victim);
+        }
         approvals.insert(approval.id.clone(), approval.clone());
         Ok(approval)
     }
 
-    /// Redeems an approved approval for exactly this call; single use.
-    pub fn redeem(&self, id: &str, call: &Binding) -> Result<Approval, RedeemError> {
+    /// Checks that this call may use approval `id`: same caller, run, tool, version, definition
+    /// and arguments, approved and unexpired. Nothing changes; [`Self::consume`] uses it up.
+    /// An approval already used passes as `already_used`, for an idempotent replay only.
+    pub fn check(&self, id: &str, call: &Binding) -> Result<Checked, RedeemError> {
         let mut approvals = self.lock();
         self.expire(&mut approvals);
         let approval = approvals
-            .get_mut(id)
+            .get(id)
             .filter(|a| a.binding.tenant == call.tenant)
             .ok_or_else(|| {
                 (
@@ -232,39 +291,11 @@ impl ApprovalStore {
                 format!("approval {id} was requested by another caller or run"),
             ));
         }
-        match approval.state {
-            ApprovalState::Approved => {}
-            ApprovalState::Pending => {
-                return Err((
-                    Reason::ApprovalPending,
-                    format!("approval {id} is still pending"),
-                ));
-            }
-            ApprovalState::Rejected => {
-                return Err((
-                    Reason::ApprovalRejected,
-                    format!("approval {id} was rejected: {}", approval.reason),
-                ));
-            }
-            ApprovalState::Used => {
-                return Err((
-                    Reason::ApprovalAlreadyUsed,
-                    format!("approval {id} was already used"),
-                ));
-            }
-            ApprovalState::Expired => {
-                return Err((
-                    Reason::ApprovalExpired,
-                    format!("approval {id} has expired"),
-                ));
-            }
-            ApprovalState::Invalidated => {
-                return Err((
-                    Reason::ApprovalInvalidated,
-                    format!("approval {id} is invalid: {}", approval.reason),
-                ));
-            }
-        }
+        let already_used = match approval.state {
+            ApprovalState::Approved => false,
+            ApprovalState::Used => true,
+            other => return Err(state_error(id, other, &approval.reason)),
+        };
         if bound.tool != call.tool || bound.tool_version != call.tool_version {
             return Err((
                 Reason::ApprovalArgumentsChanged,
@@ -274,14 +305,61 @@ impl ApprovalStore {
                 ),
             ));
         }
+        if bound.definition_hash != call.definition_hash {
+            return Err((
+                Reason::ApprovalInvalidated,
+                format!(
+                    "approval {id} was requested against another definition of {}; request a new approval",
+                    bound.tool
+                ),
+            ));
+        }
         if bound.arguments_sha256 != call.arguments_sha256 {
             return Err((
                 Reason::ApprovalArgumentsChanged,
                 format!("the arguments differ from the ones approval {id} was granted for"),
             ));
         }
-        approval.state = ApprovalState::Used;
-        Ok(approval.clone())
+        Ok(Checked {
+            id: id.to_owned(),
+            already_used,
+        })
+    }
+
+    /// Uses the approval up, as its call is handed to the backend: exactly one call gets past
+    /// this for each approval, however many passed [`Self::check`] at once.
+    pub fn consume(&self, id: &str) -> Result<(), RedeemError> {
+        let mut approvals = self.lock();
+        self.expire(&mut approvals);
+        let approval = approvals.get_mut(id).ok_or_else(|| {
+            (
+                Reason::ApprovalNotFound,
+                format!("no approval {id} for this tenant"),
+            )
+        })?;
+        match approval.state {
+            ApprovalState::Approved => {
+                approval.state = ApprovalState::Used;
+                Ok(())
+            }
+            other => Err(state_error(id, other, &approval.reason)),
+        }
+    }
+
+    /// Gives a consumed approval back: its call never reached the backend.
+    pub fn release(&self, id: &str) {
+        let mut approvals = self.lock();
+        if let Some(approval) = approvals.get_mut(id)
+            && approval.state == ApprovalState::Used
+        {
+            approval.state = ApprovalState::Approved;
+        }
+        self.expire(&mut approvals);
+    }
+
+    /// Bytes held, as the budgets count them.
+    pub fn bytes(&self) -> usize {
+        self.lock().values().map(Approval::bytes).sum()
     }
 
     /// One page of the caller's tenant's approvals in `state` (pending when `None`), oldest first,
@@ -379,7 +457,7 @@ impl ApprovalStore {
             let still_same = catalog.versions().any(|v| {
                 v.name == approval.binding.tool
                     && v.version == approval.binding.tool_version
-                    && v.definition_hash == approval.definition_hash
+                    && v.definition_hash == approval.binding.definition_hash
             });
             if !still_same {
                 approval.state = ApprovalState::Invalidated;
@@ -402,6 +480,67 @@ impl ApprovalStore {
             .filter(|a| a.state == ApprovalState::Pending)
             .count()
     }
+}
+
+/// Why an approval in `state` cannot be used.
+fn state_error(id: &str, state: ApprovalState, reason: &str) -> RedeemError {
+    match state {
+        ApprovalState::Pending => (
+            Reason::ApprovalPending,
+            format!("approval {id} is still pending"),
+        ),
+        ApprovalState::Rejected => (
+            Reason::ApprovalRejected,
+            format!("approval {id} was rejected: {reason}"),
+        ),
+        ApprovalState::Used => (
+            Reason::ApprovalAlreadyUsed,
+            format!("approval {id} was already used"),
+        ),
+        ApprovalState::Expired => (
+            Reason::ApprovalExpired,
+            format!("approval {id} has expired"),
+        ),
+        ApprovalState::Invalidated => (
+            Reason::ApprovalInvalidated,
+            format!("approval {id} is invalid: {reason}"),
+        ),
+        ApprovalState::Approved => (
+            Reason::Internal,
+            format!("approval {id} is approved but was not usable"),
+        ),
+    }
+}
+
+/// A tenant's approvals: how many, and their bytes.
+fn usage(approvals: &HashMap<String, Approval>, tenant: &str) -> (usize, usize) {
+    approvals
+        .values()
+        .filter(|a| a.binding.tenant == tenant)
+        .fold((0, 0), |(n, bytes), a| (n + 1, bytes + a.bytes()))
+}
+
+/// The id of a tenant's oldest finished approval.
+fn oldest_finished(approvals: &HashMap<String, Approval>, tenant: &str) -> Option<String> {
+    approvals
+        .values()
+        .filter(|a| a.binding.tenant == tenant && a.finished())
+        .min_by(|a, b| a.created_at_ms.cmp(&b.created_at_ms).then(a.id.cmp(&b.id)))
+        .map(|a| a.id.clone())
+}
+
+/// The tenant holding the most bytes among those with a finished approval to forget.
+fn largest_with_finished(approvals: &HashMap<String, Approval>) -> Option<String> {
+    let mut bytes: HashMap<&str, usize> = HashMap::new();
+    for a in approvals.values() {
+        *bytes.entry(&a.binding.tenant).or_default() += a.bytes();
+    }
+    approvals
+        .values()
+        .filter(|a| a.finished())
+        .map(|a| a.binding.tenant.as_str())
+        .max_by_key(|t| bytes.get(t).copied().unwrap_or(0))
+        .map(str::to_owned)
 }
 
 #[cfg(test)]
@@ -427,64 +566,76 @@ mod tests {
             run_id: "run-1".into(),
             tool: "refund_order".into(),
             tool_version: "1".into(),
+            definition_hash: "d".into(),
             arguments_sha256: args.into(),
         }
     }
 
     fn store(clock: &ManualClock) -> ApprovalStore {
-        ApprovalStore::new(SharedClock::new(clock.clone()), Duration::from_secs(300), 3)
+        ApprovalStore::new(
+            SharedClock::new(clock.clone()),
+            Budget {
+                ttl: Duration::from_secs(300),
+                max_per_tenant: 3,
+                max_bytes_per_tenant: 1 << 20,
+                max_bytes: 1 << 20,
+            },
+        )
+    }
+
+    fn create(store: &ApprovalStore, args: &str) -> Approval {
+        store
+            .create(binding(args), "{}".into(), RiskLevel::WriteConfirmed)
+            .unwrap()
     }
 
     #[test]
-    fn approved_once_then_used() {
+    fn checked_until_consumed_once_and_released_when_the_backend_was_not_reached() {
         let clock = ManualClock::new(1_000_000);
         let store = store(&clock);
-        let a = store
-            .create(
-                binding("h1"),
-                "{}".into(),
-                RiskLevel::WriteConfirmed,
-                "d".into(),
-            )
-            .unwrap();
+        let a = create(&store, "h1");
         assert_eq!(
-            store.redeem(&a.id, &binding("h1")).unwrap_err().0,
+            store.check(&a.id, &binding("h1")).unwrap_err().0,
             Reason::ApprovalPending
         );
         let bob = caller("acme", "bob", &[APPROVE_SCOPE]);
         store.decide(&bob, &a.id, true, "ok").unwrap();
         assert_eq!(
-            store.redeem(&a.id, &binding("h2")).unwrap_err().0,
+            store.check(&a.id, &binding("h2")).unwrap_err().0,
             Reason::ApprovalArgumentsChanged
         );
+        let other_definition = Binding {
+            definition_hash: "d2".into(),
+            ..binding("h1")
+        };
         assert_eq!(
-            store.redeem(&a.id, &binding("h1")).unwrap().state,
-            ApprovalState::Used
+            store.check(&a.id, &other_definition).unwrap_err().0,
+            Reason::ApprovalInvalidated
         );
+        // Checking twice uses nothing; consuming is once only.
+        assert!(!store.check(&a.id, &binding("h1")).unwrap().already_used);
+        assert!(!store.check(&a.id, &binding("h1")).unwrap().already_used);
+        store.consume(&a.id).unwrap();
         assert_eq!(
-            store.redeem(&a.id, &binding("h1")).unwrap_err().0,
+            store.consume(&a.id).unwrap_err().0,
             Reason::ApprovalAlreadyUsed
         );
+        assert!(store.check(&a.id, &binding("h1")).unwrap().already_used);
+        store.release(&a.id);
+        store.consume(&a.id).unwrap();
     }
 
     #[test]
     fn expiry_follows_the_clock() {
         let clock = ManualClock::new(0);
         let store = store(&clock);
-        let a = store
-            .create(
-                binding("h"),
-                "{}".into(),
-                RiskLevel::Destructive,
-                "d".into(),
-            )
-            .unwrap();
+        let a = create(&store, "h");
         store
             .decide(&caller("acme", "bob", &[APPROVE_SCOPE]), &a.id, true, "")
             .unwrap();
         clock.advance(Duration::from_secs(301));
         assert_eq!(
-            store.redeem(&a.id, &binding("h")).unwrap_err().0,
+            store.check(&a.id, &binding("h")).unwrap_err().0,
             Reason::ApprovalExpired
         );
     }
@@ -493,14 +644,7 @@ mod tests {
     fn approvers_need_scope_own_tenant_and_another_subject() {
         let clock = ManualClock::new(0);
         let store = store(&clock);
-        let a = store
-            .create(
-                binding("h"),
-                "{}".into(),
-                RiskLevel::Destructive,
-                "d".into(),
-            )
-            .unwrap();
+        let a = create(&store, "h");
         assert!(matches!(
             store.decide(&caller("acme", "bob", &[]), &a.id, true, ""),
             Err(DecideError::MissingScope)
@@ -531,39 +675,55 @@ mod tests {
     }
 
     #[test]
-    fn open_approvals_per_tenant_are_capped() {
+    fn open_approvals_per_tenant_are_capped_in_count_and_bytes() {
         let clock = ManualClock::new(0);
         let store = store(&clock);
         for _ in 0..3 {
-            store
-                .create(
-                    binding("h"),
-                    "{}".into(),
-                    RiskLevel::Destructive,
-                    "d".into(),
-                )
-                .unwrap();
+            create(&store, "h");
         }
         let err = store
-            .create(
-                binding("h"),
-                "{}".into(),
-                RiskLevel::Destructive,
-                "d".into(),
-            )
+            .create(binding("h"), "{}".into(), RiskLevel::Destructive)
             .unwrap_err();
         assert_eq!(err.0, Reason::Overloaded);
         clock.advance(Duration::from_secs(301));
         // Expired ones are finished and make room.
-        assert!(
-            store
-                .create(
-                    binding("h"),
-                    "{}".into(),
-                    RiskLevel::Destructive,
-                    "d".into()
-                )
-                .is_ok()
+        create(&store, "h");
+        let huge = "x".repeat(2 << 20);
+        let err = store
+            .create(binding("h"), huge, RiskLevel::Destructive)
+            .unwrap_err();
+        assert_eq!(err.0, Reason::Overloaded);
+        assert!(store.bytes() < 4096);
+    }
+
+    #[test]
+    fn pages_follow_creation_order() {
+        let clock = ManualClock::new(0);
+        let store = ApprovalStore::new(
+            SharedClock::new(clock.clone()),
+            Budget {
+                ttl: Duration::from_secs(300),
+                max_per_tenant: 100,
+                max_bytes_per_tenant: 1 << 20,
+                max_bytes: 1 << 20,
+            },
         );
+        let mut ids = Vec::new();
+        for _ in 0..5 {
+            ids.push(create(&store, "h").id);
+            clock.advance(Duration::from_millis(1));
+        }
+        let bob = caller("acme", "bob", &[APPROVE_SCOPE]);
+        let mut seen = Vec::new();
+        let mut after: Option<Cursor> = None;
+        for _ in 0..10 {
+            let page = store.list(&bob, None, 2, after.as_ref()).unwrap();
+            seen.extend(page.approvals.iter().map(|a| a.id.clone()));
+            match page.next {
+                Some(next) => after = Cursor::parse(&next.token()),
+                None => break,
+            }
+        }
+        assert_eq!(seen, ids);
     }
 }

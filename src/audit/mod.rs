@@ -1,10 +1,14 @@
-//! Audit events: one per boundary decision and per approval decision, written as JSON lines by a
-//! single writer task behind a bounded queue. A full queue makes callers wait (backpressure), or
-//! in fail-closed mode refuses new calls, rather than lose events; a failing sink is retried, not
-//! skipped; [`AuditLog::flush`] drains the queue before the process exits.
+//! Audit events: one per boundary decision, per approval decision and per refused caller, written
+//! as JSON lines by a single writer task behind a bounded queue.
+//!
+//! A call takes its queue slot ([`Reservation`]) before anything happens — before a tool runs or
+//! a decision is applied — and its event goes into that slot without waiting, whether the call
+//! ends normally, is cancelled, panics or is stopped at shutdown: an executed call cannot lose its
+//! event. A full queue makes new calls wait for a slot (backpressure), or in fail-closed mode
+//! refuses them. A failing sink is retried from the first byte not written, never skipped and
+//! never duplicated; [`AuditLog::flush`] drains the queue before the process exits.
 
 use std::{
-    path::PathBuf,
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
@@ -27,6 +31,8 @@ use crate::config::{AuditConfig, AuditSinkConfig, raw::RawFsync};
 pub enum EventKind {
     ToolCall,
     ApprovalDecision,
+    /// A caller refused before the chain (UNAUTHENTICATED): no token material is recorded.
+    AuthenticationFailed,
 }
 
 /// One audit event. Raw arguments are never recorded, only their canonical SHA-256.
@@ -71,6 +77,78 @@ pub struct AuditEvent {
     /// The arguments, only for tools with `record_arguments: true`, with `redact` pointers replaced.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub arguments: Option<serde_json::Value>,
+    /// For refused callers: the gRPC method called.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rpc: Option<String>,
+    /// For refused callers: the peer's address, when known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peer: Option<String>,
+    /// For refused callers: events of this kind left out since the previous one (rate bound).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub suppressed: Option<u64>,
+}
+
+/// Audit events for callers refused before the chain (UNAUTHENTICATED), bounded in rate: a flood
+/// of bad tokens costs a counter, not the disk. What the bound leaves out is counted, in the
+/// metric and in the next event written.
+#[derive(Debug)]
+pub struct RefusedCallers {
+    quota: crate::limits::SingleQuota,
+    suppressed_since: AtomicU64,
+    suppressed_total: AtomicU64,
+    clock: crate::clock::SharedClock,
+}
+
+/// Longest refusal reason recorded for a refused caller: the reason may quote what the caller
+/// sent (a token's `kid`, a header's length), which must not be able to fill the disk.
+const MAX_REFUSED_REASON: usize = 256;
+
+impl RefusedCallers {
+    pub fn new(rate: crate::config::Rate, clock: crate::clock::SharedClock) -> Self {
+        RefusedCallers {
+            quota: crate::limits::SingleQuota::new(rate, clock.clone()),
+            suppressed_since: AtomicU64::new(0),
+            suppressed_total: AtomicU64::new(0),
+            clock,
+        }
+    }
+
+    /// Records one refused caller, unless over the rate or the queue is full (then counted).
+    /// `reason` must carry no token material.
+    pub fn record(&self, log: &AuditLog, rpc: &str, peer: Option<String>, reason: &str) {
+        let slot = self.quota.try_take().then(|| log.try_reserve()).flatten();
+        let Some(slot) = slot else {
+            self.suppressed_since.fetch_add(1, Ordering::Relaxed);
+            self.suppressed_total.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let suppressed = self.suppressed_since.swap(0, Ordering::Relaxed);
+        let mut reason = reason.to_owned();
+        if reason.len() > MAX_REFUSED_REASON {
+            let mut cut = MAX_REFUSED_REASON;
+            while !reason.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            reason.truncate(cut);
+            reason.push('…');
+        }
+        slot.send(Box::new(AuditEvent {
+            time: rfc3339(self.clock.unix_ms()),
+            kind: Some(EventKind::AuthenticationFailed),
+            status: "UNAUTHENTICATED",
+            error_type: Some("unauthenticated"),
+            reason: Some(reason),
+            rpc: Some(rpc.to_owned()),
+            peer,
+            suppressed: (suppressed > 0).then_some(suppressed),
+            ..AuditEvent::default()
+        }));
+    }
+
+    /// Refused callers left out of the audit log so far.
+    pub fn suppressed(&self) -> u64 {
+        self.suppressed_total.load(Ordering::Relaxed)
+    }
 }
 
 /// Formats a wall-clock time for events.
@@ -84,12 +162,13 @@ enum Message {
     Flush(oneshot::Sender<()>),
 }
 
-/// A slot in the queue, taken before a call runs in fail-closed mode; its event is then sent
-/// without waiting, even from a cancelled call.
+/// A slot in the queue, taken before a call or decision does anything; its event is then sent
+/// without waiting, from whatever context ends the call (also `Drop`).
 pub struct Reservation(mpsc::OwnedPermit<Message>);
 
 impl Reservation {
-    fn send(self, event: Box<AuditEvent>) {
+    /// Sends the event into the slot; never waits.
+    pub fn send(self, event: Box<AuditEvent>) {
         self.0.send(Message::Event(event));
     }
 }
@@ -101,13 +180,16 @@ pub struct AuditLog {
     fail_closed: bool,
     dropped: Arc<AtomicU64>,
     written: Arc<AtomicU64>,
+    write_errors: Arc<AtomicU64>,
 }
 
 /// Where events are written.
 enum Sink {
     Stdout(tokio::io::Stdout),
+    /// A std file, written on the blocking pool so the bytes actually written are known: a retry
+    /// after a partial write continues from there instead of repeating or tearing lines.
     File {
-        file: tokio::fs::File,
+        file: Option<std::fs::File>,
         fsync: RawFsync,
     },
     Otlp(otlp::LogsSink),
@@ -115,32 +197,90 @@ enum Sink {
 }
 
 impl Sink {
-    async fn write(&mut self, events: &[Box<AuditEvent>], lines: &[u8]) -> std::io::Result<()> {
+    /// Writes `lines[*done..]`, advancing `done` past every byte written, also on error.
+    async fn write(
+        &mut self,
+        events: &[Box<AuditEvent>],
+        lines: &Arc<Vec<u8>>,
+        done: &mut usize,
+    ) -> std::io::Result<()> {
         match self {
             Sink::Stdout(out) => {
-                out.write_all(lines).await?;
+                while *done < lines.len() {
+                    match out.write(&lines[*done..]).await? {
+                        0 => return Err(std::io::ErrorKind::WriteZero.into()),
+                        n => *done += n,
+                    }
+                }
                 out.flush().await
             }
             Sink::File { file, fsync } => {
-                if *fsync == RawFsync::Always && events.len() > 1 {
-                    // One durable line at a time: an acknowledged event survives a crash.
-                    for line in lines.split_inclusive(|b| *b == b'\n') {
-                        file.write_all(line).await?;
-                        file.sync_data().await?;
-                    }
-                    return Ok(());
-                }
-                file.write_all(lines).await?;
-                file.flush().await?;
-                if *fsync != RawFsync::Never {
-                    file.sync_data().await?;
-                }
+                let Some(mut handle) = file.take() else {
+                    return Err(std::io::Error::other("the audit file is not open"));
+                };
+                let (lines, fsync, start) = (lines.clone(), *fsync, *done);
+                let (handle, result, end) = tokio::task::spawn_blocking(move || {
+                    let mut done = start;
+                    let result = write_file(&mut handle, &lines, &mut done, fsync);
+                    (handle, result, done)
+                })
+                .await
+                .map_err(std::io::Error::other)?;
+                *file = Some(handle);
+                *done = end;
+                result
+            }
+            Sink::Otlp(sink) => {
+                // A batch is one export: all or nothing (a lost acknowledgement may repeat it).
+                sink.export(events).await?;
+                *done = lines.len();
                 Ok(())
             }
-            Sink::Otlp(sink) => sink.export(events).await,
-            Sink::Discard => Ok(()),
+            Sink::Discard => {
+                *done = lines.len();
+                Ok(())
+            }
         }
     }
+}
+
+/// Writes `lines[*done..]` to the file, advancing `done` byte by byte as the kernel accepts them;
+/// with `fsync: always`, each line is synced before the next is written.
+fn write_file(
+    file: &mut std::fs::File,
+    lines: &[u8],
+    done: &mut usize,
+    fsync: RawFsync,
+) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let write_to = |file: &mut std::fs::File, end: usize, done: &mut usize| {
+        while *done < end {
+            match file.write(&lines[*done..end]) {
+                Ok(0) => return Err(std::io::Error::from(std::io::ErrorKind::WriteZero)),
+                Ok(n) => *done += n,
+                Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(())
+    };
+    if fsync == RawFsync::Always {
+        // One durable line at a time: an acknowledged event survives a crash.
+        while *done < lines.len() {
+            let end = lines[*done..]
+                .iter()
+                .position(|b| *b == b'\n')
+                .map_or(lines.len(), |i| *done + i + 1);
+            write_to(file, end, done)?;
+            file.sync_data()?;
+        }
+        return Ok(());
+    }
+    write_to(file, lines.len(), done)?;
+    if fsync == RawFsync::Batch {
+        file.sync_data()?;
+    }
+    Ok(())
 }
 
 impl AuditLog {
@@ -149,7 +289,7 @@ impl AuditLog {
         let sink = match &config.sink {
             AuditSinkConfig::Stdout => Sink::Stdout(tokio::io::stdout()),
             AuditSinkConfig::File(path) => Sink::File {
-                file: open_append(path).await?,
+                file: Some(open_append(path).await?),
                 fsync: config.fsync,
             },
             AuditSinkConfig::Otlp {
@@ -162,13 +302,20 @@ impl AuditLog {
         };
         let (queue, receiver) = mpsc::channel(config.queue_capacity);
         let written = Arc::new(AtomicU64::new(0));
-        let task = tokio::spawn(write_loop(receiver, sink, written.clone()));
+        let write_errors = Arc::new(AtomicU64::new(0));
+        let task = tokio::spawn(write_loop(
+            receiver,
+            sink,
+            written.clone(),
+            write_errors.clone(),
+        ));
         Ok((
             AuditLog {
                 queue,
                 fail_closed: config.fail_closed,
                 dropped: Arc::new(AtomicU64::new(0)),
                 written,
+                write_errors,
             },
             task,
         ))
@@ -184,44 +331,22 @@ impl AuditLog {
         self.queue.clone().try_reserve_owned().ok().map(Reservation)
     }
 
-    /// Records an event, waiting for room in the queue. Events travel boxed: a call in flight
-    /// holds a pointer to its event, not the event, in each state of its future.
-    pub fn record(
-        &self,
-        event: impl Into<Box<AuditEvent>>,
-    ) -> impl Future<Output = ()> + Send + '_ {
-        let message = Message::Event(event.into());
-        async move {
-            if self.queue.send(message).await.is_err() {
+    /// Takes a queue slot, waiting for one while the queue is full; `None` only if the writer
+    /// has stopped (counted as dropped).
+    pub async fn reserve(&self) -> Option<Reservation> {
+        match self.queue.clone().reserve_owned().await {
+            Ok(permit) => Some(Reservation(permit)),
+            Err(_) => {
                 self.note_dropped();
+                None
             }
         }
     }
 
-    /// Records into a slot taken earlier; never waits.
-    pub fn record_reserved(&self, reservation: Reservation, event: Box<AuditEvent>) {
-        reservation.send(event);
-    }
-
-    /// Records from a context that cannot wait (a dropped, cancelled call): queue now if there is
-    /// room, otherwise hand the wait to a task.
-    pub fn record_detached(&self, event: Box<AuditEvent>) {
-        match self.queue.try_send(Message::Event(event)) {
-            Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(message)) => {
-                let log = self.clone();
-                match tokio::runtime::Handle::try_current() {
-                    Ok(handle) => {
-                        handle.spawn(async move {
-                            if log.queue.send(message).await.is_err() {
-                                log.note_dropped();
-                            }
-                        });
-                    }
-                    Err(_) => self.note_dropped(),
-                }
-            }
-            Err(mpsc::error::TrySendError::Closed(_)) => self.note_dropped(),
+    /// Records one event, waiting for room in the queue.
+    pub async fn record(&self, event: Box<AuditEvent>) {
+        if let Some(slot) = self.reserve().await {
+            slot.send(event);
         }
     }
 
@@ -243,12 +368,19 @@ impl AuditLog {
         self.written.load(Ordering::Relaxed)
     }
 
-    /// Events waiting in the queue.
+    /// Failed writes to the sink so far (each retried until it succeeds).
+    pub fn write_errors(&self) -> u64 {
+        self.write_errors.load(Ordering::Relaxed)
+    }
+
+    /// Events waiting in the queue, and slots reserved by calls in flight.
     pub fn queued(&self) -> usize {
         self.queue.max_capacity() - self.queue.capacity()
     }
 
-    fn note_dropped(&self) {
+    /// A slot for an event that must not be lost, or `None` (counted as dropped) when a call
+    /// ends without one — which the boundary never does.
+    pub fn note_dropped(&self) {
         self.dropped.fetch_add(1, Ordering::Relaxed);
         tracing::error!(
             dropped_total = self.dropped(),
@@ -257,12 +389,16 @@ impl AuditLog {
     }
 }
 
-async fn open_append(path: &PathBuf) -> std::io::Result<tokio::fs::File> {
-    tokio::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .await
+async fn open_append(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    let path = path.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+    })
+    .await
+    .map_err(std::io::Error::other)?
 }
 
 /// Events written at once, at most.
@@ -292,18 +428,19 @@ async fn write_loop(
     mut receiver: mpsc::Receiver<Message>,
     mut sink: Sink,
     written: Arc<AtomicU64>,
+    write_errors: Arc<AtomicU64>,
 ) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     let mut events = Vec::with_capacity(MAX_BATCH);
-    let mut lines = Vec::with_capacity(64 * 1024);
+    let mut buffer = Vec::with_capacity(64 * 1024);
     while receiver.recv_many(&mut batch, MAX_BATCH).await > 0 {
         gather_more(&mut receiver, &mut batch).await;
         let mut acks = Vec::new();
         for message in batch.drain(..) {
             match message {
                 Message::Event(event) => {
-                    if serde_json::to_writer(&mut lines, &event).is_ok() {
-                        lines.push(b'\n');
+                    if serde_json::to_writer(&mut buffer, &event).is_ok() {
+                        buffer.push(b'\n');
                         events.push(event);
                     }
                 }
@@ -312,15 +449,21 @@ async fn write_loop(
         }
         // A failing sink is retried with backoff, never skipped: losing events silently is worse
         // than making callers wait (or, fail-closed, refusing new calls while the queue is full).
+        // Each retry starts at the first byte not yet written.
+        let lines = Arc::new(std::mem::take(&mut buffer));
+        let mut done = 0;
         let mut delay = std::time::Duration::from_millis(10);
-        while let Err(err) = sink.write(&events, &lines).await {
-            tracing::error!(error = %err, retry_in_ms = delay.as_millis() as u64, "audit sink write failed");
+        while let Err(err) = sink.write(&events, &lines, &mut done).await {
+            write_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(error = %err, written_bytes = done, pending_bytes = lines.len() - done, retry_in_ms = delay.as_millis() as u64, "audit sink write failed");
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(std::time::Duration::from_secs(5));
         }
         written.fetch_add(events.len() as u64, Ordering::Relaxed);
         events.clear();
-        lines.clear();
+        // Reuse the allocation when the blocking write has given its handle back.
+        buffer = Arc::try_unwrap(lines).unwrap_or_default();
+        buffer.clear();
         for ack in acks {
             let _ = ack.send(());
         }

@@ -1,9 +1,11 @@
 //! Stage 4: allow/deny lists — global, then the tenant's, then the agent's. Deny wins at every
 //! level, a set allow list admits only what it matches, and a tenant not in the catalog gets
-//! nothing. The refusal names the rule that matched.
+//! nothing. Once agents are configured, an agent the catalog does not list (or a caller naming
+//! none) gets the `"*"` entry, or nothing: the agent is the caller's claim, so misspelling it must
+//! never widen access. The refusal names the rule that matched.
 
 use crate::{
-    catalog::{AccessDenial, AccessList, Catalog},
+    catalog::{AccessDenial, AccessList, AgentPolicy, Catalog},
     error::{Reason, Refusal, Stage},
     identity::Caller,
 };
@@ -18,10 +20,24 @@ pub fn check(catalog: &Catalog, caller: &Caller, tool: &str) -> Result<(), Refus
     };
     check_list(&catalog.policy, tool, || "the global policy".to_owned())?;
     check_list(&tenant.access, tool, || format!("tenant {}", caller.tenant))?;
-    if let Some(agent) = catalog.agents.get(&caller.agent) {
-        check_list(agent, tool, || format!("agent {}", caller.agent))?;
+    match catalog.agents.for_agent(&caller.agent) {
+        AgentPolicy::Unrestricted => Ok(()),
+        AgentPolicy::Named(list) => check_list(list, tool, || format!("agent {}", caller.agent)),
+        AgentPolicy::Default(list) => check_list(list, tool, || {
+            format!(
+                "the default agent policy (agents.\"*\", applied to agent {:?})",
+                caller.agent
+            )
+        }),
+        AgentPolicy::Unknown => Err(Refusal::new(
+            Stage::Access,
+            Reason::DeniedByPolicy,
+            format!(
+                "agent {:?} is not in the catalog and the catalog has no default agent policy (agents.\"*\")",
+                caller.agent
+            ),
+        )),
     }
-    Ok(())
 }
 
 /// `owner` names the list in a refusal; it is built only then, as most calls are allowed.

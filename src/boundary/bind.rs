@@ -67,41 +67,31 @@ fn remove(map: &mut Map<String, Value>, path: &[String]) {
     }
 }
 
-/// The result of binding: final arguments and any override the model attempted.
-pub struct Bound {
-    pub arguments: Value,
-    pub override_attempts: Vec<String>,
-}
-
-/// Writes the bound values; refuses a model that sent bound keys unless the tool overwrites.
-pub fn apply(
-    tool: &ToolVersion,
-    caller: &Caller,
-    mut arguments: Value,
-) -> Result<Bound, (Refusal, Vec<String>)> {
+/// Writes the bound values and returns the final arguments; refuses a model that sent bound keys
+/// unless the tool overwrites them. (The chain records [`attempted`] before this runs.)
+pub fn apply(tool: &ToolVersion, caller: &Caller, mut arguments: Value) -> Result<Value, Refusal> {
     let Some(map) = arguments.as_object_mut() else {
-        let refusal = Refusal::new(Stage::Bind, Reason::Internal, "arguments are not an object");
-        return Err((refusal, Vec::new()));
+        return Err(Refusal::new(
+            Stage::Bind,
+            Reason::Internal,
+            "arguments are not an object",
+        ));
     };
     let override_attempts = attempted(tool, map);
     if !override_attempts.is_empty() && tool.on_bound_argument == BoundOverride::Deny {
-        let refusal = Refusal::new(
+        return Err(Refusal::new(
             Stage::Bind,
             Reason::BoundArgumentOverride,
             format!(
                 "argument {} is set by the server and may not be sent by the model",
                 override_attempts.join(", ")
             ),
-        );
-        return Err((refusal, override_attempts));
+        ));
     }
     for binding in &tool.bindings {
         set(map, binding, value_for(&binding.value, caller));
     }
-    Ok(Bound {
-        arguments,
-        override_attempts,
-    })
+    Ok(arguments)
 }
 
 fn value_for(value: &BindValue, caller: &Caller) -> Value {

@@ -16,10 +16,17 @@ pub mod schema;
 pub mod scopes;
 pub mod structure;
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    panic::AssertUnwindSafe,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
 
 use arc_swap::ArcSwap;
-use futures::{StreamExt, stream};
+use futures::{FutureExt, StreamExt, stream};
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -40,7 +47,7 @@ use crate::{
     metrics::Metrics,
     telemetry::spans,
 };
-use idempotency::{Claim, IdempotencyStore, Stored};
+use idempotency::{Claim, IdempotencyStore};
 use resolve::{Definitions, RevisionLog};
 
 /// The catalog and the state that must change with it, swapped as one on reload.
@@ -74,6 +81,53 @@ pub struct CallRequest {
     pub version: Option<String>,
     pub idempotency_key: Option<String>,
     pub approval_id: Option<String>,
+}
+
+/// The bytes of results one response may still carry. A batch's results share the gRPC message
+/// limit: a result that would overflow it comes back on its own as a short `output_too_large`
+/// refusal, and the others are returned, instead of the whole response failing after the calls
+/// ran. Each result has room for such a refusal set aside from the start.
+#[derive(Debug)]
+pub struct ResponseBudget {
+    left: AtomicUsize,
+}
+
+/// Room set aside in a response for each result: enough for the short refusal that replaces a
+/// result too large to send (its ids are at most `limits.max_identifier_bytes`, ≤ 1 KiB).
+pub const RESULT_RESERVE_BYTES: usize = 4 * 1024;
+/// Room kept for the response's own framing.
+pub const RESPONSE_MARGIN_BYTES: usize = 16 * 1024;
+
+impl ResponseBudget {
+    /// The budget for `calls` results in a message of at most `max_message_bytes`.
+    pub fn new(max_message_bytes: usize, calls: usize) -> Self {
+        let reserved = RESPONSE_MARGIN_BYTES + calls.saturating_mul(RESULT_RESERVE_BYTES);
+        ResponseBudget {
+            left: AtomicUsize::new(max_message_bytes.saturating_sub(reserved)),
+        }
+    }
+
+    /// Takes room for an outcome beyond its reserve, if there is enough.
+    fn take(&self, outcome: &CallOutcome) -> bool {
+        let refusal_text = outcome.refusal.as_ref().map_or(0, |r| {
+            r.message.len() + r.detail.as_ref().map_or(0, String::len) + 64
+        });
+        let size = outcome.model_text.len()
+            + refusal_text
+            + outcome.call_id.len()
+            + outcome.tool.len()
+            + outcome.tool_version.len()
+            + outcome.approval_id.as_ref().map_or(0, String::len)
+            + 64;
+        let Some(excess) = size.checked_sub(RESULT_RESERVE_BYTES) else {
+            return true;
+        };
+        self.left
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
+                left.checked_sub(excess)
+            })
+            .is_ok()
+    }
 }
 
 /// Everything the chain needs, for the life of the server.
@@ -114,16 +168,12 @@ impl Boundary {
                 catalog,
                 rate_limits,
             }),
-            idempotency: IdempotencyStore::new(
-                clock.clone(),
-                limits.idempotency_window,
-                limits.idempotency_max_entries,
-            ),
+            idempotency: IdempotencyStore::new(clock.clone(), limits.idempotency_budget()),
+            revisions: RevisionLog::new(limits.revision_log_max_bytes),
             limits,
             approvals,
             executors,
             audit,
-            revisions: RevisionLog::new(4096),
             clock,
             metrics,
             hard_stop: tokio::sync::watch::channel(false).0,
@@ -149,6 +199,19 @@ impl Boundary {
 
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
+    }
+
+    pub fn clock(&self) -> &SharedClock {
+        &self.clock
+    }
+
+    /// Bytes held by each store kept between calls, for the `toolgate_*_bytes` gauges.
+    pub fn store_bytes(&self) -> StoreBytes {
+        StoreBytes {
+            idempotency: self.idempotency.bytes(),
+            approvals: self.approvals.bytes(),
+            revision_log: self.revisions.bytes(),
+        }
     }
 
     /// Ends every running call now (CANCELLED, audited); for the end of the shutdown grace period.
@@ -185,7 +248,8 @@ impl Boundary {
         (visible, revision)
     }
 
-    /// Runs the calls of one model turn; results come back in the order of `calls`.
+    /// Runs the calls of one model turn; results come back in the order of `calls`, and together
+    /// fit in one response.
     pub async fn execute_batch(
         &self,
         turn: &Turn,
@@ -197,10 +261,11 @@ impl Boundary {
             0 => self.limits.max_parallel,
             n => n.min(self.limits.max_parallel),
         };
+        let budget = ResponseBudget::new(self.limits.max_message_bytes, calls.len());
         let calls = calls
             .into_iter()
             .enumerate()
-            .map(|(index, call)| self.execute(turn, call, index));
+            .map(|(index, call)| self.execute(turn, call, index, &budget));
         if parallel && cap > 1 {
             // `buffered` runs up to `cap` at once and yields in input order.
             stream::iter(calls).buffered(cap).collect().await
@@ -209,11 +274,22 @@ impl Boundary {
         }
     }
 
-    /// Runs one call through the chain and records its audit event, also if it is cancelled.
-    pub async fn execute(&self, turn: &Turn, call: CallRequest, index: usize) -> CallOutcome {
+    /// Runs one call through the chain and records its audit event, whatever ends it: the
+    /// event's queue slot is taken before anything happens, and the event goes into it also when
+    /// the call is cancelled, panics or is stopped at shutdown.
+    pub async fn execute(
+        &self,
+        turn: &Turn,
+        call: CallRequest,
+        index: usize,
+        budget: &ResponseBudget,
+    ) -> CallOutcome {
         let started = Instant::now();
         let _in_flight = self.metrics.in_flight();
-        let call_id = structure::normalize_call_id(&call.call_id, turn.step, index);
+        let call_id = structure::reported_call_id(
+            structure::normalize_call_id(&call.call_id, turn.step, index),
+            self.limits.max_identifier_bytes,
+        );
         let span = spans::execute_tool(
             &call.name,
             &call_id,
@@ -226,34 +302,37 @@ impl Boundary {
             base.trace_id = Some(trace_id);
             base.span_id = Some(span_id);
         }
-        // Fail closed: a call that could not be audited does not run.
+        // The event's slot comes first. Fail closed: a call that could not be audited does not
+        // run. Otherwise wait for room: backpressure acts before anything happens.
         let reservation = match self.audit.fail_closed() {
-            false => None,
-            true => match self.audit.try_reserve() {
-                Some(reservation) => Some(reservation),
-                None => {
-                    tracing::error!(tool = %call.name, call_id = %call_id, "audit queue full: call refused (fail-closed)");
-                    let refusal = Refusal::new(
-                        Stage::Structure,
-                        Reason::AuditUnavailable,
-                        "the audit log cannot keep up; the call was not run",
-                    );
-                    let mut outcome =
-                        CallOutcome::refused(call_id, call.name, String::new(), refusal);
-                    outcome.duration = started.elapsed();
-                    spans::record_outcome(&span, &outcome);
-                    self.metrics.observe(&outcome, false);
-                    return outcome;
-                }
-            },
+            true => self.audit.try_reserve(),
+            false => self.audit.reserve().await,
         };
-        let mut guard = AuditGuard::new(&self.audit, base, reservation);
+        let Some(reservation) = reservation else {
+            tracing::error!(tool = %call.name, call_id = %call_id, "audit queue full: call refused (fail-closed)");
+            let refusal = Refusal::new(
+                Stage::Structure,
+                Reason::AuditUnavailable,
+                "the audit log cannot keep up; the call was not run",
+            );
+            let mut outcome = CallOutcome::refused(call_id, call.name, String::new(), refusal);
+            outcome.duration = started.elapsed();
+            spans::record_outcome(&span, &outcome);
+            self.metrics.observe(&outcome, false);
+            return outcome;
+        };
+        let mut guard = AuditGuard::new(base, reservation);
         let mut hard_stop = self.hard_stop.subscribe();
-        let chain = self
-            .chain(turn, &call, &call_id, guard.event())
-            .instrument(span.clone());
+        let chain = AssertUnwindSafe(
+            self.chain(turn, &call, &call_id, guard.event())
+                .instrument(span.clone()),
+        )
+        .catch_unwind();
         let result = tokio::select! {
-            result = chain => result,
+            result = chain => result.unwrap_or_else(|panic| {
+                tracing::error!(tool = %call.name, call_id = %call_id, panic = panic_message(&panic), "a call panicked; this is a bug in toolgate");
+                Err(Refusal::new(Stage::Execute, Reason::Internal, "internal error in toolgate; the call's outcome is unknown"))
+            }),
             _ = hard_stop.wait_for(|stop| *stop) => Err(Refusal::new(
                 Stage::Execute,
                 Reason::Cancelled,
@@ -276,6 +355,9 @@ impl Boundary {
                 CallOutcome::refused(call_id, call.name, event.tool_version.clone(), refusal)
             }
         };
+        if !budget.take(&outcome) {
+            outcome = over_budget(outcome);
+        }
         outcome.duration = started.elapsed();
         outcome.idempotent_replay = event.idempotent_replay;
         spans::record_outcome(&span, &outcome);
@@ -285,7 +367,7 @@ impl Boundary {
         if let Some(arguments) = &event.arguments {
             spans::record_content(&span, &arguments.to_string(), &outcome);
         }
-        guard.finish(&outcome).await;
+        guard.finish(&outcome);
         outcome
     }
 
@@ -298,7 +380,18 @@ impl Boundary {
         trail: &mut AuditEvent,
     ) -> Result<Success, Refusal> {
         let caller = &turn.caller;
-        // 1-2. Structure: a tool name and one JSON object within the size and depth limits.
+        // 1-2. Structure: identifiers within limits and printable; a tool name; one JSON object
+        // within the size and depth limits.
+        structure::check_identifiers(
+            &[
+                ("call_id", Some(call_id)),
+                ("name", Some(&call.name)),
+                ("idempotency_key", call.idempotency_key.as_deref()),
+                ("approval_id", call.approval_id.as_deref()),
+                ("version", call.version.as_deref()),
+            ],
+            &self.limits,
+        )?;
         let arguments = structure::check(&call.name, &call.arguments_json, &self.limits)?;
         // The catalog is pinned for the rest of this call, even if a reload happens meanwhile.
         let state = self.state.load_full();
@@ -317,29 +410,48 @@ impl Boundary {
         access::check(catalog, caller, &tool.name)?;
         // 5. Scopes.
         scopes::check(caller, tool)?;
+        // The model's attempts to set server-bound arguments are recorded whatever refuses the
+        // call next: detecting an attack must not depend on the attacker sending valid arguments.
+        if let Some(map) = arguments.as_object() {
+            trail.bound_override_attempts = bind::attempted(tool, map);
+        }
         // 6. Arguments against the visible JSON Schema.
         schema::check(tool, &arguments)?;
-        // 7. Server-bound arguments.
-        let bound = bind::apply(tool, caller, arguments).map_err(|(refusal, attempts)| {
-            trail.bound_override_attempts = attempts;
-            refusal
-        })?;
-        trail.bound_override_attempts = bound.override_attempts;
-        schema::check_bound(tool, &bound.arguments)?;
-        let arguments_sha256 = canonical::sha256_hex(&bound.arguments);
+        // 7. Server-bound arguments; then the canonical form, which is what is hashed, approved
+        // and handed to the backend, byte for byte.
+        let mut arguments = bind::apply(tool, caller, arguments)?;
+        schema::check_bound(tool, &arguments)?;
+        canonical::normalize(&mut arguments);
+        let arguments_sha256 = canonical::sha256_hex(&arguments);
         trail.arguments_sha256 = Some(arguments_sha256.clone());
         if tool.record_arguments {
-            trail.arguments = Some(redact(&bound.arguments, &tool.redact));
+            trail.arguments = Some(redact(&arguments, &tool.redact));
         }
-        // 8. Rate limits.
+        // 8. Rate limits: both quotas, or neither.
         let tenant_rate = catalog
             .tenants
             .get(&caller.tenant)
             .and_then(|t| t.rate_limit);
         state.rate_limits.check(&caller.tenant, tool, tenant_rate)?;
-        // 9. Approval for risky tools, bound to these exact arguments.
-        let approval_id = self.approval(turn, call, tool, &bound.arguments, &arguments_sha256)?;
-        trail.approval_id.clone_from(&approval_id);
+        // 9. Approval for risky tools, bound to these exact arguments; used up only when the
+        // call reaches its backend.
+        let approval = self.approval(turn, call, tool, &arguments, &arguments_sha256)?;
+        trail.approval_id = approval.as_ref().map(|a| a.id.clone());
+        if let Some(checked) = &approval
+            && checked.already_used
+            && call.idempotency_key.is_none()
+        {
+            return Err(Refusal::new(
+                Stage::Approval,
+                Reason::ApprovalAlreadyUsed,
+                format!("approval {} was already used", checked.id),
+            )
+            .with_approval_id(checked.id.clone()));
+        }
+        let approval_id = approval.map(|a| a.id);
+        // Set when the call is handed to its backend: from then on, its effects are unknown
+        // until it answers.
+        let started = AtomicBool::new(false);
         // The permit is made where the backend is called, inside its CLIENT span, whose
         // context is what the backend receives as `traceparent`.
         let call_backend = |arguments: serde_json::Value| {
@@ -353,17 +465,36 @@ impl Boundary {
                 arguments,
                 traceparent,
             );
-            async move { self.run(&permit, turn.deadline).instrument(span).await }
+            let approval_id = approval_id.as_deref();
+            let started = &started;
+            async move {
+                self.run(&permit, turn.deadline, approval_id, started)
+                    .instrument(span)
+                    .await
+            }
         };
         // 10. Idempotency, wrapping 11-12: execute under the deadline and shape the result.
         // The keyed path is boxed: only calls that use it pay for its state.
         let output = match call.idempotency_key.as_deref() {
-            None => call_backend(bound.arguments).await,
+            None => call_backend(arguments).await,
             Some(key) => {
                 Box::pin(async {
+                    let key = idempotency::Key {
+                        tenant: caller.tenant.clone(),
+                        subject: caller.subject.clone(),
+                        agent: caller.agent.clone(),
+                        tool: tool.name.clone(),
+                        key: key.to_owned(),
+                    };
                     match self
                         .idempotency
-                        .claim(&caller.tenant, &tool.name, key, &arguments_sha256)
+                        .claim(
+                            key,
+                            &arguments_sha256,
+                            tool.risk_level,
+                            &tool.version,
+                            &started,
+                        )
                         .await?
                     {
                         Claim::Replay(stored) => {
@@ -372,11 +503,8 @@ impl Boundary {
                             stored.result
                         }
                         Claim::Owner(slot) => {
-                            let result = call_backend(bound.arguments).await;
-                            slot.complete(Stored {
-                                result: result.clone(),
-                                tool_version: tool.version.clone(),
-                            });
+                            let result = call_backend(arguments).await;
+                            slot.finish(&result);
                             result
                         }
                     }
@@ -386,11 +514,11 @@ impl Boundary {
         }?;
         Ok(Success {
             output,
-            approval_id,
+            approval_id: trail.approval_id.clone(),
         })
     }
 
-    /// Stage 9.
+    /// Stage 9: creates an approval for a first call, or checks the one the call redeems.
     fn approval(
         &self,
         turn: &Turn,
@@ -398,7 +526,7 @@ impl Boundary {
         tool: &ToolVersion,
         arguments: &serde_json::Value,
         arguments_sha256: &str,
-    ) -> Result<Option<String>, Refusal> {
+    ) -> Result<Option<approvals::Checked>, Refusal> {
         if !tool.requires_approval {
             return Ok(None);
         }
@@ -409,6 +537,7 @@ impl Boundary {
             run_id: turn.run_id.clone(),
             tool: tool.name.clone(),
             tool_version: tool.version.clone(),
+            definition_hash: tool.definition_hash.clone(),
             arguments_sha256: arguments_sha256.to_owned(),
         };
         let refuse =
@@ -421,12 +550,7 @@ impl Boundary {
             None => {
                 let approval = self
                     .approvals
-                    .create(
-                        binding,
-                        canonical::to_string(arguments),
-                        tool.risk_level,
-                        tool.definition_hash.clone(),
-                    )
+                    .create(binding, canonical::to_string(arguments), tool.risk_level)
                     .map_err(refuse)?;
                 Err(Refusal::new(
                     Stage::Approval,
@@ -438,17 +562,29 @@ impl Boundary {
                 )
                 .with_approval_id(approval.id))
             }
-            Some(id) => match self.approvals.redeem(id, &binding) {
-                Ok(approval) => Ok(Some(approval.id)),
+            Some(id) => match self.approvals.check(id, &binding) {
+                Ok(checked) => Ok(Some(checked)),
                 Err(err) => Err(refuse(err).with_approval_id(id)),
             },
         }
     }
 
     /// Stages 11 and 12: run under min(tool timeout, client deadline), then check the output.
-    async fn run(&self, permit: &Permit, deadline: Option<Instant>) -> Result<String, Refusal> {
+    /// An approval is used up here, as the call is handed to the backend, and given back if the
+    /// backend was never reached.
+    async fn run(
+        &self,
+        permit: &Permit,
+        deadline: Option<Instant>,
+        approval_id: Option<&str>,
+        started: &AtomicBool,
+    ) -> Result<String, Refusal> {
         let tool = permit.tool();
-        let tool_deadline = Instant::now() + tool.timeout;
+        let now = Instant::now();
+        // A timeout of up to 30 days (validated at load) cannot overflow; saturate regardless.
+        let tool_deadline = now
+            .checked_add(tool.timeout)
+            .unwrap_or(now + crate::config::MAX_DURATION);
         let deadline = deadline.map_or(tool_deadline, |d| d.min(tool_deadline));
         // Beyond a tool's concurrency cap, refuse at once rather than queue without bound.
         let _slot = match &tool.concurrency {
@@ -464,11 +600,25 @@ impl Boundary {
             })?),
             None => None,
         };
+        if let Some(id) = approval_id {
+            self.approvals.consume(id).map_err(|(reason, message)| {
+                Refusal::new(Stage::Approval, reason, message).with_approval_id(id)
+            })?;
+        }
         let executor = self.executors.for_spec(&tool.executor);
         tracing::debug!(call_id = permit.call_id(), tool = %tool.name, "executing");
+        started.store(true, Ordering::Release);
         let output = match tokio::time::timeout_at(deadline, executor.execute(permit)).await {
             Ok(Ok(output)) => output,
-            Ok(Err(err)) => return Err(exec_refusal(err, permit)),
+            Ok(Err(err)) => {
+                if !err.reached_backend() {
+                    started.store(false, Ordering::Release);
+                    if let Some(id) = approval_id {
+                        self.approvals.release(id);
+                    }
+                }
+                return Err(exec_refusal(err, permit));
+            }
             Err(_elapsed) => return Err(timeout_refusal(tool, deadline == tool_deadline)),
         };
         if output.len() > tool.max_output_bytes {
@@ -501,7 +651,8 @@ impl Boundary {
         self.approvals.get(approver, id)
     }
 
-    /// Approves or rejects, and records the decision in the audit trail.
+    /// Approves or rejects, and records the decision in the audit trail. The event's slot is
+    /// taken before the decision is applied, so an applied decision always has its event.
     pub async fn decide_approval(
         &self,
         approver: &Caller,
@@ -510,26 +661,30 @@ impl Boundary {
         reason: &str,
     ) -> Result<Approval, DecideError> {
         let approve = approve.ok_or(DecideError::NoDecision)?;
+        let Some(slot) = (match self.audit.fail_closed() {
+            true => self.audit.try_reserve(),
+            false => self.audit.reserve().await,
+        }) else {
+            return Err(DecideError::AuditUnavailable);
+        };
         let approval = self.approvals.decide(approver, id, approve, reason)?;
-        self.audit
-            .record(AuditEvent {
-                time: rfc3339(self.clock.unix_ms()),
-                kind: Some(EventKind::ApprovalDecision),
-                run_id: approval.binding.run_id.clone(),
-                tenant: approval.binding.tenant.clone(),
-                subject: approval.binding.subject.clone(),
-                agent: approval.binding.agent.clone(),
-                tool: approval.binding.tool.clone(),
-                tool_version: approval.binding.tool_version.clone(),
-                risk_level: Some(approval.risk_level.as_str()),
-                arguments_sha256: Some(approval.binding.arguments_sha256.clone()),
-                status: if approve { "APPROVED" } else { "REJECTED" },
-                reason: Some(reason.to_owned()).filter(|r| !r.is_empty()),
-                approval_id: Some(approval.id.clone()),
-                approver: Some(approver.subject.clone()),
-                ..AuditEvent::default()
-            })
-            .await;
+        slot.send(Box::new(AuditEvent {
+            time: rfc3339(self.clock.unix_ms()),
+            kind: Some(EventKind::ApprovalDecision),
+            run_id: approval.binding.run_id.clone(),
+            tenant: approval.binding.tenant.clone(),
+            subject: approval.binding.subject.clone(),
+            agent: approval.binding.agent.clone(),
+            tool: approval.binding.tool.clone(),
+            tool_version: approval.binding.tool_version.clone(),
+            risk_level: Some(approval.risk_level.as_str()),
+            arguments_sha256: Some(approval.binding.arguments_sha256.clone()),
+            status: if approve { "APPROVED" } else { "REJECTED" },
+            reason: Some(reason.to_owned()).filter(|r| !r.is_empty()),
+            approval_id: Some(approval.id.clone()),
+            approver: Some(approver.subject.clone()),
+            ..AuditEvent::default()
+        }));
         Ok(approval)
     }
 
@@ -548,10 +703,46 @@ impl Boundary {
             tenant: turn.caller.tenant.clone(),
             subject: turn.caller.subject.clone(),
             agent: turn.caller.agent.clone(),
-            tool: tool.to_owned(),
+            tool: structure::reported_call_id(tool.to_owned(), self.limits.max_identifier_bytes),
             ..AuditEvent::default()
         })
     }
+}
+
+/// Bytes held by the stores kept between calls.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StoreBytes {
+    pub idempotency: usize,
+    pub approvals: usize,
+    pub revision_log: usize,
+}
+
+/// An outcome that does not fit in what is left of the response.
+fn over_budget(outcome: CallOutcome) -> CallOutcome {
+    let size = outcome.model_text.len();
+    let message = match outcome.status {
+        Status::Ok => format!(
+            "the tool ran, but its output ({size} bytes) does not fit in what is left of this response; it was not returned — call it on its own (with an idempotency key, the repeat returns the stored result)"
+        ),
+        status => format!(
+            "the call ended {} ({}), but its result ({size} bytes) does not fit in what is left of this response — call it on its own to see it",
+            status.as_str(),
+            outcome.refusal.as_ref().map_or("", |r| r.reason.code()),
+        ),
+    };
+    let refusal = Refusal::new(Stage::Result, Reason::OutputTooLarge, message);
+    let mut refused =
+        CallOutcome::refused(outcome.call_id, outcome.tool, outcome.tool_version, refusal);
+    refused.approval_id = outcome.approval_id;
+    refused
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".to_owned())
 }
 
 /// Most bytes of a backend's own error text passed on (to the model, and to records that may
@@ -602,7 +793,7 @@ pub(crate) fn truncate_utf8(text: &str, max: usize) -> &str {
 /// Free text (a backend's error) with every value found at the `redact` pointers replaced, so a
 /// redacted argument echoed back by the backend is not recorded either.
 fn redact_text(text: &str, arguments: &serde_json::Value, pointers: &[String]) -> String {
-    fn leaves<'v>(value: &'v serde_json::Value, out: &mut Vec<String>) {
+    fn leaves(value: &serde_json::Value, out: &mut Vec<String>) {
         match value {
             serde_json::Value::String(s) if !s.is_empty() => out.push(s.clone()),
             serde_json::Value::Number(n) => out.push(n.to_string()),
@@ -688,33 +879,21 @@ fn current_revision(catalog: &Catalog, caller: &Caller) -> (String, Definitions)
     )
 }
 
-/// Makes sure a call leaves an audit event even when its future is dropped (client cancel,
-/// shutdown): then the event says CANCELLED.
-struct AuditGuard<'a> {
-    audit: &'a AuditLog,
+/// Holds a call's event and its queue slot; the event is sent when the call finishes, or by
+/// `Drop` when the call's future is dropped (client cancel, deadline, shutdown): then the event
+/// says CANCELLED (or INTERNAL during a panic).
+struct AuditGuard {
     event: Option<Box<AuditEvent>>,
     started: Instant,
-    /// In fail-closed mode, the queue slot taken before the call ran.
     reservation: Option<Reservation>,
 }
 
-impl<'a> AuditGuard<'a> {
-    fn new(audit: &'a AuditLog, event: Box<AuditEvent>, reservation: Option<Reservation>) -> Self {
+impl AuditGuard {
+    fn new(event: Box<AuditEvent>, reservation: Reservation) -> Self {
         AuditGuard {
-            audit,
             event: Some(event),
             started: Instant::now(),
-            reservation,
-        }
-    }
-
-    fn send(&mut self, event: Box<AuditEvent>) -> Option<Box<AuditEvent>> {
-        match self.reservation.take() {
-            Some(reservation) => {
-                self.audit.record_reserved(reservation, event);
-                None
-            }
-            None => Some(event),
+            reservation: Some(reservation),
         }
     }
 
@@ -722,7 +901,13 @@ impl<'a> AuditGuard<'a> {
         self.event.get_or_insert_with(Box::default)
     }
 
-    async fn finish(mut self, outcome: &CallOutcome) {
+    fn send(&mut self, event: Box<AuditEvent>) {
+        if let Some(reservation) = self.reservation.take() {
+            reservation.send(event);
+        }
+    }
+
+    fn finish(mut self, outcome: &CallOutcome) {
         if let Some(mut event) = self.event.take() {
             fill(
                 &mut event,
@@ -733,30 +918,34 @@ impl<'a> AuditGuard<'a> {
             if event.approval_id.is_none() {
                 event.approval_id.clone_from(&outcome.approval_id);
             }
-            if let Some(event) = self.send(event) {
-                self.audit.record(event).await;
-            }
+            self.send(event);
         }
     }
 }
 
-impl Drop for AuditGuard<'_> {
+impl Drop for AuditGuard {
     fn drop(&mut self) {
         if let Some(mut event) = self.event.take() {
-            let refusal = Refusal::new(
-                Stage::Execute,
-                Reason::Cancelled,
-                "the client cancelled the call",
-            );
+            let refusal = if std::thread::panicking() {
+                Refusal::new(
+                    Stage::Execute,
+                    Reason::Internal,
+                    "internal error in toolgate; the call's outcome is unknown",
+                )
+            } else {
+                Refusal::new(
+                    Stage::Execute,
+                    Reason::Cancelled,
+                    "the client cancelled the call",
+                )
+            };
             fill(
                 &mut event,
-                Status::Cancelled,
+                refusal.status(),
                 Some(&refusal),
                 self.started.elapsed(),
             );
-            if let Some(event) = self.send(event) {
-                self.audit.record_detached(event);
-            }
+            self.send(event);
         }
     }
 }

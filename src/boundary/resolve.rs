@@ -42,43 +42,81 @@ pub fn resolve<'c>(
 /// Tool name -> definition hash, for one revision.
 pub type Definitions = BTreeMap<String, String>;
 
-/// Revisions by id, and their insertion order for forgetting the oldest.
-type Entries = (HashMap<String, Arc<Definitions>>, VecDeque<String>);
+/// Revisions by id with their size, their insertion order for forgetting the oldest, and the
+/// bytes held.
+#[derive(Debug, Default)]
+struct Entries {
+    map: HashMap<String, (Arc<Definitions>, usize)>,
+    order: VecDeque<String>,
+    bytes: usize,
+}
 
-/// Recently handed-out revisions and what they contained. Bounded; the oldest are forgotten.
+/// Recently handed-out revisions and what they contained. Bounded in bytes (a revision of a
+/// 10,000-tool catalog holds a million bytes of names and hashes); the oldest are forgotten.
 #[derive(Debug)]
 pub struct RevisionLog {
-    capacity: usize,
+    max_bytes: usize,
     inner: Mutex<Entries>,
 }
 
+/// What a revision costs beyond its names and hashes.
+const REVISION_OVERHEAD: usize = 128;
+/// What each tool in a revision costs beyond its name and hash (the map node).
+const DEFINITION_OVERHEAD: usize = 64;
+
 impl RevisionLog {
-    pub fn new(capacity: usize) -> Self {
+    pub fn new(max_bytes: usize) -> Self {
         RevisionLog {
-            capacity,
-            inner: Mutex::new((HashMap::new(), VecDeque::new())),
+            max_bytes,
+            inner: Mutex::new(Entries::default()),
         }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
+        // Every update leaves the map, order and byte count consistent before it could panic.
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     pub fn record(&self, revision: &str, definitions: impl FnOnce() -> Definitions) {
-        let Ok(mut guard) = self.inner.lock() else {
-            return;
-        };
-        let (map, order) = &mut *guard;
-        if map.contains_key(revision) {
+        let mut entries = self.lock();
+        if entries.map.contains_key(revision) {
             return;
         }
-        map.insert(revision.to_owned(), Arc::new(definitions()));
-        order.push_back(revision.to_owned());
-        while order.len() > self.capacity {
-            if let Some(old) = order.pop_front() {
-                map.remove(&old);
+        let definitions = definitions();
+        let size = REVISION_OVERHEAD
+            + 2 * revision.len()
+            + definitions
+                .iter()
+                .map(|(name, hash)| name.len() + hash.len() + DEFINITION_OVERHEAD)
+                .sum::<usize>();
+        if size > self.max_bytes {
+            // Not remembered: a call naming it is checked against the current revision instead.
+            return;
+        }
+        while entries.bytes + size > self.max_bytes {
+            let Some(old) = entries.order.pop_front() else {
+                break;
+            };
+            if let Some((_, bytes)) = entries.map.remove(&old) {
+                entries.bytes -= bytes;
             }
         }
+        entries.bytes += size;
+        entries
+            .map
+            .insert(revision.to_owned(), (Arc::new(definitions), size));
+        entries.order.push_back(revision.to_owned());
     }
 
     pub fn get(&self, revision: &str) -> Option<Arc<Definitions>> {
-        self.inner.lock().ok()?.0.get(revision).cloned()
+        self.lock().map.get(revision).map(|(d, _)| d.clone())
+    }
+
+    /// Bytes held, as the budget counts them.
+    pub fn bytes(&self) -> usize {
+        self.lock().bytes
     }
 }
 

@@ -25,26 +25,20 @@ pub fn check(tool: &ToolVersion, arguments: &Value) -> Result<(), Refusal> {
         }
         _ => arguments,
     };
-    let violations: Vec<String> = tool
-        .validator
-        .iter_errors(instance)
-        .map(|err| describe(&err))
-        .collect();
-    if violations.is_empty() {
+    // Valid arguments are the common case: one pass that stops at the first error.
+    if tool.validator.is_valid(instance) {
         return Ok(());
     }
+    let violations = violations(&tool.validator, instance);
+    let more = violations.len() > MAX_LISTED;
     let listed = violations
         .iter()
         .take(MAX_LISTED)
         .cloned()
         .collect::<Vec<_>>()
         .join("; ");
-    let more = violations.len().saturating_sub(MAX_LISTED);
-    let message = if more > 0 {
-        format!(
-            "{} schema violations: {listed}; and {more} more",
-            violations.len()
-        )
+    let message = if more {
+        format!("more than {MAX_LISTED} schema violations; the first {MAX_LISTED}: {listed}")
     } else {
         format!("arguments do not match the schema: {listed}")
     };
@@ -53,6 +47,56 @@ pub fn check(tool: &ToolVersion, arguments: &Value) -> Result<(), Refusal> {
         Reason::SchemaViolation,
         message,
     ))
+}
+
+/// Up to `MAX_LISTED + 1` violations, described. jsonschema collects every violation before
+/// handing out the first, and a megabyte of arguments can hold half a million (a second of CPU,
+/// hundreds of MiB): small instances get every violation listed; larger ones get the first, found
+/// by a validation that stops there.
+fn violations(validator: &jsonschema::Validator, instance: &Value) -> Vec<String> {
+    if nodes_within(instance, MAX_NODES_FOR_ALL_VIOLATIONS) {
+        return validator
+            .iter_errors(instance)
+            .take(MAX_LISTED + 1)
+            .map(|err| describe(&err))
+            .collect();
+    }
+    match validator.validate(instance) {
+        Ok(()) => Vec::new(),
+        Err(err) => vec![format!(
+            "{} (the arguments are too large to list every violation; this is the first)",
+            describe(&err)
+        )],
+    }
+}
+
+/// Arguments with at most this many JSON values get every violation listed (up to the cap).
+const MAX_NODES_FOR_ALL_VIOLATIONS: usize = 2000;
+
+/// Whether `value` holds at most `max` JSON values, counted without recursion and stopping early.
+fn nodes_within(value: &Value, max: usize) -> bool {
+    let mut pending = vec![value];
+    let mut seen = 0usize;
+    while let Some(value) = pending.pop() {
+        seen += 1;
+        if seen > max {
+            return false;
+        }
+        let children = match value {
+            Value::Array(items) => items.len(),
+            Value::Object(map) => map.len(),
+            _ => 0,
+        };
+        if seen + pending.len() + children > max {
+            return false;
+        }
+        match value {
+            Value::Array(items) => pending.extend(items),
+            Value::Object(map) => pending.extend(map.values()),
+            _ => {}
+        }
+    }
+    true
 }
 
 /// One violation: its JSON pointer and what is wrong, masked — argument values (which may be
@@ -78,11 +122,11 @@ pub fn check_bound(tool: &ToolVersion, arguments: &Value) -> Result<(), Refusal>
     let Some(full) = &tool.full_validator else {
         return Ok(());
     };
-    let violations: Vec<String> = full
-        .iter_errors(arguments)
-        .take(MAX_LISTED)
-        .map(|err| describe(&err))
-        .collect();
+    if full.is_valid(arguments) {
+        return Ok(());
+    }
+    let mut violations = violations(full, arguments);
+    violations.truncate(MAX_LISTED);
     if violations.is_empty() {
         return Ok(());
     }

@@ -1,6 +1,7 @@
-//! Stages 1 and 2: normalize the call id, then check the call's structure — a tool name, and
-//! arguments that are one JSON object within the size and nesting limits. Depth is measured on the
-//! raw text without recursion, before anything is parsed.
+//! Stages 1 and 2: normalize the call id, then check the call's structure — identifiers within
+//! their length limit and printable ASCII, a tool name, and arguments that are one JSON object
+//! within the size and nesting limits. Depth is measured on the raw text without recursion,
+//! before anything is parsed.
 
 use serde_json::Value;
 
@@ -17,6 +18,48 @@ pub fn normalize_call_id(call_id: &str, step: u32, index: usize) -> String {
     } else {
         trimmed.to_owned()
     }
+}
+
+/// Whether a client-chosen identifier (call id, run id, idempotency key, approval id, tool name)
+/// is acceptable: within `max` bytes and printable ASCII. Identifiers travel on in headers, logs
+/// and audit lines, where a control character breaks or forges what follows.
+pub fn check_identifier(field: &str, value: &str, max: usize) -> Result<(), (Reason, String)> {
+    if value.len() > max {
+        return Err((
+            Reason::IdentifierTooLong,
+            format!("{field} is {} bytes; the limit is {max}", value.len()),
+        ));
+    }
+    if let Some(position) = value.bytes().position(|b| !(b' '..=b'~').contains(&b)) {
+        return Err((
+            Reason::IdentifierInvalid,
+            format!("{field} must be printable ASCII; byte {position} is not"),
+        ));
+    }
+    Ok(())
+}
+
+/// The identifiers of one call, checked before anything else is read.
+pub fn check_identifiers(
+    fields: &[(&str, Option<&str>)],
+    limits: &LimitsConfig,
+) -> Result<(), Refusal> {
+    for (field, value) in fields {
+        if let Some(value) = value {
+            check_identifier(field, value, limits.max_identifier_bytes)
+                .map_err(|(reason, message)| Refusal::new(Stage::Structure, reason, message))?;
+        }
+    }
+    Ok(())
+}
+
+/// A call id to report back and record: the client's own, cut to the identifier limit when it is
+/// over (the call is then refused for it), so a refusal never echoes an unbounded string.
+pub fn reported_call_id(call_id: String, limit: usize) -> String {
+    if call_id.len() <= limit {
+        return call_id;
+    }
+    super::truncate_utf8(&call_id, limit).to_owned()
 }
 
 /// Checks the name and parses the arguments; the value returned is always a JSON object.
@@ -138,6 +181,19 @@ mod tests {
             Reason::ArgumentsTooDeep
         );
         assert_eq!(check("t", "{}", &limits()).unwrap(), serde_json::json!({}));
+        let too_long = "x".repeat(257);
+        let bad = [
+            ("call_id", Some("a\u{1b}[2J")),
+            ("run_id", Some("tab\there")),
+            ("idempotency_key", Some(too_long.as_str())),
+        ];
+        for (field, value) in bad {
+            let refusal = check_identifiers(&[(field, value)], &limits()).unwrap_err();
+            assert!(refusal.message.starts_with(field), "{}", refusal.message);
+        }
+        assert!(
+            check_identifiers(&[("call_id", Some("call-1 ok")), ("x", None)], &limits()).is_ok()
+        );
         // Brackets inside strings do not count.
         assert!(check("t", r#"{"a":"[[[[{{{{\"]]"}"#, &limits()).is_ok());
     }

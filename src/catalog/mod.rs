@@ -131,8 +131,9 @@ pub struct ToolVersion {
     pub rate_limit: Option<Rate>,
     pub requires_approval: bool,
     pub max_output_bytes: usize,
-    /// Calls of this version in flight, when the catalog caps them.
+    /// Calls of this version in flight, when the catalog caps them, and the cap.
     pub concurrency: Option<Arc<Semaphore>>,
+    pub max_concurrency: Option<usize>,
     /// Record arguments (audit, spans) and results (spans).
     pub record_arguments: bool,
     /// JSON pointers redacted before recording.
@@ -260,8 +261,47 @@ pub struct Catalog {
     unavailable: BTreeMap<String, String>,
     pub policy: AccessList,
     pub tenants: BTreeMap<String, TenantPolicy>,
-    pub agents: BTreeMap<String, AccessList>,
+    pub agents: AgentPolicies,
     revision: String,
+}
+
+/// The agents' access lists. Agent names are matched exactly (case-sensitive): a different
+/// spelling is an unknown agent.
+#[derive(Debug, Clone, Default)]
+pub struct AgentPolicies {
+    /// Listed agents by name.
+    pub named: BTreeMap<String, AccessList>,
+    /// The `"*"` entry: what unknown agents (and callers naming none) get.
+    pub default: Option<AccessList>,
+}
+
+/// The key of the default entry in `agents`.
+pub const DEFAULT_AGENT: &str = "*";
+
+/// Which agent policy applies to a caller.
+#[derive(Debug, Clone, Copy)]
+pub enum AgentPolicy<'a> {
+    /// No agents are configured: agents are not narrowed.
+    Unrestricted,
+    /// The caller's agent is listed.
+    Named(&'a AccessList),
+    /// The caller's agent is unknown (or unnamed) and this is the `"*"` entry.
+    Default(&'a AccessList),
+    /// Agents are configured, this one is unknown and there is no `"*"` entry: fail closed.
+    Unknown,
+}
+
+impl AgentPolicies {
+    pub fn for_agent(&self, agent: &str) -> AgentPolicy<'_> {
+        if let Some(list) = self.named.get(agent) {
+            return AgentPolicy::Named(list);
+        }
+        match &self.default {
+            Some(list) => AgentPolicy::Default(list),
+            None if self.named.is_empty() => AgentPolicy::Unrestricted,
+            None => AgentPolicy::Unknown,
+        }
+    }
 }
 
 /// Everything a catalog is built from, kept so it can be rebuilt when MCP servers list tools.
@@ -422,15 +462,22 @@ impl CatalogInputs {
                 Ok((tenant.clone(), TenantPolicy { access, rate_limit }))
             })
             .collect::<Result<_, FieldError>>()?;
-        let agents = raw
-            .agents
-            .iter()
-            .map(|(agent, a)| {
-                let access =
-                    AccessList::build(&a.allow, &a.deny, &format!("agents.{agent}"), &names)?;
-                Ok((agent.clone(), access))
-            })
-            .collect::<Result<_, FieldError>>()?;
+        let mut agents = AgentPolicies::default();
+        for (agent, a) in &raw.agents {
+            let path = format!("agents.{agent}");
+            if agent.trim().is_empty() || agent.trim() != agent {
+                return Err(FieldError::new(
+                    path,
+                    format!("invalid agent name {agent:?}: agent names are matched exactly"),
+                ));
+            }
+            let access = AccessList::build(&a.allow, &a.deny, &path, &names)?;
+            if agent == DEFAULT_AGENT {
+                agents.default = Some(access);
+            } else {
+                agents.named.insert(agent.clone(), access);
+            }
+        }
         let revision = revision_of(tools.values().flatten().map(|t| t.as_ref()));
         Ok(Catalog {
             tools,
@@ -496,6 +543,29 @@ impl Catalog {
     /// Every version of every tool.
     pub fn versions(&self) -> impl Iterator<Item = &Arc<ToolVersion>> {
         self.tools.values().flatten()
+    }
+
+    /// Takes over the live concurrency slots of `previous` for every version whose cap is
+    /// unchanged, so calls already running keep counting against it: a rebuild (reload, an MCP
+    /// server's list change) in the middle of load cannot let twice the cap through.
+    pub fn adopt_concurrency(&mut self, previous: &Catalog) {
+        for (name, versions) in &mut self.tools {
+            for version in versions.iter_mut() {
+                let Some(cap) = version.max_concurrency else {
+                    continue;
+                };
+                let live = previous
+                    .tools
+                    .get(name)
+                    .and_then(|old| old.iter().find(|v| v.version == version.version))
+                    .filter(|old| old.max_concurrency == Some(cap))
+                    .and_then(|old| old.concurrency.clone());
+                // A version just built is not shared yet.
+                if let (Some(live), Some(fresh)) = (live, Arc::get_mut(version)) {
+                    fresh.concurrency = Some(live);
+                }
+            }
+        }
     }
 
     /// A hash of the whole catalog, for logs and metrics.
@@ -729,6 +799,7 @@ fn build_tool(
         requires_approval,
         max_output_bytes,
         concurrency,
+        max_concurrency: raw.max_concurrency,
         record_arguments: raw.record_arguments,
         redact: raw.redact.clone(),
         labels: raw.labels.clone(),

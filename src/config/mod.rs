@@ -84,8 +84,9 @@ pub struct Config {
     pub source: String,
     /// The catalog file, when it came from one (watched for changes).
     pub file: Option<PathBuf>,
-    /// SHA-256 of the exact bytes loaded, so a change made right after loading is not missed.
-    pub file_sha256: Option<[u8; 32]>,
+    /// What was read to build this config, so a change made right after loading is not missed
+    /// and a reload can tell which sections changed.
+    pub loaded: Loaded,
     pub server: ServerConfig,
     pub identity: IdentityConfig,
     pub limits: LimitsConfig,
@@ -112,10 +113,29 @@ pub struct ServerConfig {
 #[derive(Debug, Clone)]
 pub struct IdentityConfig {
     pub dev_identity: bool,
+    /// The operator's explicit consent to dev identity on a non-loopback TCP listener.
+    pub dev_identity_on_network: bool,
     pub jwt: Option<JwtSettings>,
+    /// Longest tenant, subject or agent accepted (scopes: 16 times this).
+    pub max_identity_bytes: usize,
 }
 
-/// Request size limits and concurrency caps.
+impl IdentityConfig {
+    /// Dev identity trusts whatever a caller claims: a TCP listener reachable from other hosts
+    /// would let anyone on the network be any tenant. Allowed on loopback (and Unix sockets)
+    /// only, unless the operator says so in so many words.
+    pub fn check_listener(&self, addr: SocketAddr) -> Result<(), String> {
+        if self.dev_identity && !self.dev_identity_on_network && !addr.ip().is_loopback() {
+            return Err(format!(
+                "dev identity is on and {addr} is not a loopback address: anyone who can reach it could claim any tenant. Listen on 127.0.0.1 (or a Unix socket), configure identity.jwt, or set identity.allow_unauthenticated_network_callers: true if that is really what you want"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Request size limits, concurrency caps and the memory budgets of what is kept between calls.
+/// The defaults fit a 256 MiB pod: the budgets add up to well under half of it.
 #[derive(Debug, Clone)]
 pub struct LimitsConfig {
     pub max_arguments_bytes: usize,
@@ -124,8 +144,22 @@ pub struct LimitsConfig {
     pub max_parallel: usize,
     pub max_batch_calls: usize,
     pub idempotency_window: Duration,
-    pub idempotency_max_entries: usize,
+    pub idempotency_max_entries_per_tenant: usize,
+    pub idempotency_max_bytes_per_tenant: usize,
+    pub idempotency_max_bytes: usize,
     pub max_message_bytes: usize,
+    /// Longest call id, run id, idempotency key, approval id and tool name a client may send.
+    pub max_identifier_bytes: usize,
+    /// Longest tenant, subject or agent (dev metadata or JWT claim); scopes get 16 times this.
+    pub max_identity_bytes: usize,
+    /// ToolGate RPCs in flight in the whole sidecar; beyond it, RESOURCE_EXHAUSTED at once.
+    pub max_in_flight: usize,
+    /// HTTP/2 streams one connection may have open; beyond it the stream is refused.
+    pub max_streams_per_connection: u32,
+    /// Bytes of recently handed-out catalog revisions remembered (for `catalog_revision`).
+    pub revision_log_max_bytes: usize,
+    /// Bytes of verified JWTs remembered.
+    pub token_cache_max_bytes: usize,
 }
 
 impl Default for LimitsConfig {
@@ -137,18 +171,37 @@ impl Default for LimitsConfig {
             max_parallel: 8,
             max_batch_calls: 128,
             idempotency_window: Duration::from_secs(600),
-            idempotency_max_entries: 10_000,
+            idempotency_max_entries_per_tenant: 1000,
+            idempotency_max_bytes_per_tenant: 8 * 1024 * 1024,
+            idempotency_max_bytes: 32 * 1024 * 1024,
             max_message_bytes: 4 * 1024 * 1024,
+            max_identifier_bytes: 256,
+            max_identity_bytes: 256,
+            max_in_flight: 1024,
+            max_streams_per_connection: 256,
+            revision_log_max_bytes: 8 * 1024 * 1024,
+            token_cache_max_bytes: 4 * 1024 * 1024,
         }
     }
 }
 
-/// Which calls need an approval and how long approvals live.
+impl LimitsConfig {
+    /// The idempotency store's budgets.
+    pub fn idempotency_budget(&self) -> crate::boundary::idempotency::Budget {
+        crate::boundary::idempotency::Budget {
+            window: self.idempotency_window,
+            max_entries_per_tenant: self.idempotency_max_entries_per_tenant,
+            max_bytes_per_tenant: self.idempotency_max_bytes_per_tenant,
+            max_bytes: self.idempotency_max_bytes,
+        }
+    }
+}
+
+/// Which calls need an approval, how long approvals live and how much of them is kept.
 #[derive(Debug, Clone)]
 pub struct ApprovalsConfig {
     pub risk_levels: BTreeSet<RiskLevel>,
-    pub ttl: Duration,
-    pub max_per_tenant: usize,
+    pub budget: crate::approvals::Budget,
 }
 
 /// Where audit events go.
@@ -168,7 +221,10 @@ pub enum AuditSinkConfig {
 #[derive(Debug, Clone)]
 pub struct AuditConfig {
     pub sink: AuditSinkConfig,
+    /// Events held in memory: queued for the sink, or reserved by calls in flight.
     pub queue_capacity: usize,
+    /// Most `authentication_failed` events written; the rest are counted.
+    pub authentication_failures: Rate,
     /// Refuse calls rather than wait when the queue is full.
     pub fail_closed: bool,
     pub fsync: raw::RawFsync,
@@ -197,10 +253,11 @@ impl Config {
             path: ".".into(),
             message: format!("cannot read file: {err}"),
         })?;
-        let base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        let base_dir = catalog_dir(path);
+        let loaded = Loaded::of(&text, &base_dir);
         let mut config = Self::from_yaml(&text, &source, &base_dir, env)?;
         config.file = Some(path.to_path_buf());
-        config.file_sha256 = Some(sha2::Sha256::digest(text.as_bytes()).into());
+        config.loaded = loaded;
         Ok(config)
     }
 
@@ -251,14 +308,17 @@ fn build(raw: RawConfig, source: &str, base_dir: &Path, env: &Env) -> Result<Con
         ));
     }
     let server = build_server(&raw.server)?;
+    let limits = build_limits(&raw.limits)?;
     let identity = IdentityConfig {
         dev_identity: raw.identity.dev_identity,
+        dev_identity_on_network: raw.identity.allow_unauthenticated_network_callers,
         jwt: raw
             .identity
             .jwt
             .as_ref()
             .map(|jwt| JwtSettings::build(jwt, base_dir, env))
             .transpose()?,
+        max_identity_bytes: limits.max_identity_bytes,
     };
     if !identity.dev_identity && identity.jwt.is_none() {
         return Err(FieldError::new(
@@ -266,7 +326,24 @@ fn build(raw: RawConfig, source: &str, base_dir: &Path, env: &Env) -> Result<Con
             "no way to identify callers: configure identity.jwt, or set identity.dev_identity: true for development",
         ));
     }
-    let limits = build_limits(&raw.limits)?;
+    if identity.dev_identity && identity.jwt.is_some() {
+        // Trusting headers next to tokens would let any caller skip the token.
+        return Err(FieldError::new(
+            "identity.dev_identity",
+            "dev identity (trusting x-toolgate-* headers) cannot be combined with identity.jwt: choose one",
+        ));
+    }
+    if identity.dev_identity_on_network && !identity.dev_identity {
+        return Err(FieldError::new(
+            "identity.allow_unauthenticated_network_callers",
+            "only means something with dev_identity: true",
+        ));
+    }
+    if let Some(addr) = server.listen {
+        identity
+            .check_listener(addr)
+            .map_err(|message| FieldError::new("server.listen", message))?;
+    }
     let approvals = ApprovalsConfig {
         risk_levels: raw
             .approvals
@@ -274,19 +351,45 @@ fn build(raw: RawConfig, source: &str, base_dir: &Path, env: &Env) -> Result<Con
             .as_ref()
             .map(|levels| levels.iter().copied().map(RiskLevel::from).collect())
             .unwrap_or_else(|| [RiskLevel::WriteConfirmed, RiskLevel::Destructive].into()),
-        ttl: opt_duration(
-            &raw.approvals.ttl,
-            "approvals.ttl",
-            Duration::from_secs(300),
-        )?,
-        max_per_tenant: positive(
-            raw.approvals.max_per_tenant,
-            "approvals.max_per_tenant",
-            1000,
-        )?,
+        budget: crate::approvals::Budget {
+            ttl: opt_duration(
+                &raw.approvals.ttl,
+                "approvals.ttl",
+                Duration::from_secs(300),
+            )?,
+            max_per_tenant: positive(
+                raw.approvals.max_per_tenant,
+                "approvals.max_per_tenant",
+                1000,
+            )?,
+            max_bytes_per_tenant: positive(
+                raw.approvals.max_bytes_per_tenant,
+                "approvals.max_bytes_per_tenant",
+                4 * 1024 * 1024,
+            )?,
+            max_bytes: positive(
+                raw.approvals.max_bytes,
+                "approvals.max_bytes",
+                16 * 1024 * 1024,
+            )?,
+        },
     };
     let telemetry = crate::telemetry::TelemetryConfig::build(raw.telemetry.as_ref(), env)?;
     let audit = build_audit(&raw.audit, base_dir, &telemetry)?;
+    let reserved = crate::boundary::RESULT_RESERVE_BYTES
+        .saturating_mul(limits.max_batch_calls)
+        .saturating_add(crate::boundary::RESPONSE_MARGIN_BYTES);
+    if reserved >= limits.max_message_bytes {
+        return Err(FieldError::new(
+            "limits.max_batch_calls",
+            format!(
+                "{} calls do not fit in one response of limits.max_message_bytes ({}): each result needs room for at least a short refusal ({} bytes)",
+                limits.max_batch_calls,
+                limits.max_message_bytes,
+                crate::boundary::RESULT_RESERVE_BYTES
+            ),
+        ));
+    }
     let upstreams = raw
         .upstreams
         .iter()
@@ -315,7 +418,6 @@ fn build(raw: RawConfig, source: &str, base_dir: &Path, env: &Env) -> Result<Con
     Ok(Config {
         source: source.to_owned(),
         file: None,
-        file_sha256: None,
         server,
         identity,
         limits,
@@ -324,6 +426,7 @@ fn build(raw: RawConfig, source: &str, base_dir: &Path, env: &Env) -> Result<Con
         telemetry,
         catalog,
         catalog_inputs,
+        loaded: Loaded::default(),
     })
 }
 
@@ -402,15 +505,66 @@ fn build_limits(raw: &raw::RawLimits) -> Result<LimitsConfig, FieldError> {
             "limits.idempotency_window",
             d.idempotency_window,
         )?,
-        idempotency_max_entries: positive(
-            raw.idempotency_max_entries,
-            "limits.idempotency_max_entries",
-            d.idempotency_max_entries,
+        idempotency_max_entries_per_tenant: positive(
+            raw.idempotency_max_entries_per_tenant,
+            "limits.idempotency_max_entries_per_tenant",
+            d.idempotency_max_entries_per_tenant,
+        )?,
+        idempotency_max_bytes_per_tenant: positive(
+            raw.idempotency_max_bytes_per_tenant,
+            "limits.idempotency_max_bytes_per_tenant",
+            d.idempotency_max_bytes_per_tenant,
+        )?,
+        idempotency_max_bytes: positive(
+            raw.idempotency_max_bytes,
+            "limits.idempotency_max_bytes",
+            d.idempotency_max_bytes,
         )?,
         max_message_bytes: positive(
             raw.max_message_bytes,
             "limits.max_message_bytes",
             d.max_message_bytes,
+        )?,
+        max_identifier_bytes: match positive(
+            raw.max_identifier_bytes,
+            "limits.max_identifier_bytes",
+            d.max_identifier_bytes,
+        )? {
+            // A refusal repeats the call id and tool name: they must fit in its reserved room.
+            n if n > 1024 => {
+                return Err(FieldError::new(
+                    "limits.max_identifier_bytes",
+                    "must be at most 1024",
+                ));
+            }
+            n => n,
+        },
+        max_identity_bytes: positive(
+            raw.max_identity_bytes,
+            "limits.max_identity_bytes",
+            d.max_identity_bytes,
+        )?,
+        max_in_flight: positive(raw.max_in_flight, "limits.max_in_flight", d.max_in_flight)?,
+        max_streams_per_connection: u32::try_from(positive(
+            raw.max_streams_per_connection,
+            "limits.max_streams_per_connection",
+            d.max_streams_per_connection as usize,
+        )?)
+        .map_err(|_| {
+            FieldError::new(
+                "limits.max_streams_per_connection",
+                "must be at most 2^32-1",
+            )
+        })?,
+        revision_log_max_bytes: positive(
+            raw.revision_log_max_bytes,
+            "limits.revision_log_max_bytes",
+            d.revision_log_max_bytes,
+        )?,
+        token_cache_max_bytes: positive(
+            raw.token_cache_max_bytes,
+            "limits.token_cache_max_bytes",
+            d.token_cache_max_bytes,
         )?,
     })
 }
@@ -469,10 +623,98 @@ fn build_audit(
     }
     Ok(AuditConfig {
         sink,
-        queue_capacity: positive(raw.queue_capacity, "audit.queue_capacity", 4096)?,
+        queue_capacity: positive(raw.queue_capacity, "audit.queue_capacity", 16384)?,
+        authentication_failures: match &raw.authentication_failures {
+            Some(rate) => parse_rate(rate, "audit.authentication_failures")?,
+            None => Rate {
+                count: NonZeroU32::new(10).unwrap_or(NonZeroU32::MIN),
+                period: Duration::from_secs(1),
+                burst: NonZeroU32::new(100).unwrap_or(NonZeroU32::MIN),
+            },
+        },
         fail_closed: raw.when_full == Some(raw::RawAuditWhenFull::Refuse),
         fsync,
     })
+}
+
+/// The directory a catalog file's relative paths are relative to: its own, made absolute, so
+/// `--config catalog.yaml` (a bare name) resolves to the working directory, not to "".
+pub fn catalog_dir(path: &Path) -> PathBuf {
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    absolute
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// Sections whose changes take effect only on restart: a reload that changes one is refused.
+pub const RESTART_SECTIONS: &[&str] = &[
+    "server",
+    "limits",
+    "audit",
+    "approvals",
+    "telemetry",
+    "mcp_servers",
+];
+
+/// What a config was built from: a fingerprint of the catalog text and every file it references
+/// (so a Secret arriving after its ConfigMap triggers a retry), and the sections that need a
+/// restart, as written.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Loaded {
+    pub fingerprint: [u8; 32],
+    /// The identity section and the files it references, hashed: a change means new keys.
+    pub identity_fingerprint: [u8; 32],
+    restart_sections: BTreeMap<&'static str, String>,
+}
+
+impl Loaded {
+    /// Reads what `text` (a catalog in `base_dir`) references; files that cannot be read count
+    /// as missing, which is itself part of the fingerprint.
+    pub fn of(text: &str, base_dir: &Path) -> Self {
+        let sections: serde_yaml_ng::Mapping = serde_yaml_ng::from_str(text).unwrap_or_default();
+        let section = |name: &str| {
+            sections
+                .get(name)
+                .map(|v| serde_yaml_ng::to_string(v).unwrap_or_default())
+                .unwrap_or_default()
+        };
+        let referenced = parse_yaml(text)
+            .map(|raw| raw.referenced_files(base_dir))
+            .unwrap_or_default();
+        let mut all = sha2::Sha256::new();
+        all.update(text.as_bytes());
+        let mut identity = sha2::Sha256::new();
+        identity.update(section("identity").as_bytes());
+        for file in &referenced {
+            let digest: [u8; 32] = match std::fs::read(file) {
+                Ok(bytes) => sha2::Sha256::digest(&bytes).into(),
+                Err(_) => [0; 32],
+            };
+            for hasher in [&mut all, &mut identity] {
+                hasher.update(file.as_os_str().as_encoded_bytes());
+                hasher.update([0]);
+                hasher.update(digest);
+            }
+        }
+        Loaded {
+            fingerprint: all.finalize().into(),
+            identity_fingerprint: identity.finalize().into(),
+            restart_sections: RESTART_SECTIONS
+                .iter()
+                .map(|name| (*name, section(name)))
+                .collect(),
+        }
+    }
+
+    /// The sections that differ from `other` and need a restart to take effect.
+    pub fn restart_changes(&self, other: &Loaded) -> Vec<&'static str> {
+        RESTART_SECTIONS
+            .iter()
+            .filter(|name| self.restart_sections.get(*name) != other.restart_sections.get(*name))
+            .copied()
+            .collect()
+    }
 }
 
 /// A relative path in a config file is relative to that file.
@@ -505,12 +747,21 @@ fn opt_duration(
         .map(|d| d.unwrap_or(default))
 }
 
-/// Parses durations such as `250ms`, `5s`, `2m`, `1h`, `1m30s`.
+/// The longest duration a config may give (timeouts, windows, TTLs, grace periods): 30 days.
+/// Longer ones are almost certainly typos, and deadlines computed from them must not overflow.
+pub const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// Parses durations such as `250ms`, `5s`, `2m`, `1h`, `1m30s`, from 1 ns to [`MAX_DURATION`].
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let duration = humantime::parse_duration(text.trim())
         .map_err(|err| format!("invalid duration {text:?} ({err}); use e.g. 250ms, 5s, 2m, 1h"))?;
     if duration.is_zero() {
         return Err(format!("invalid duration {text:?}: must be greater than 0"));
+    }
+    if duration > MAX_DURATION {
+        return Err(format!(
+            "invalid duration {text:?}: the longest accepted is 30 days"
+        ));
     }
     Ok(duration)
 }
@@ -565,6 +816,13 @@ mod tests {
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
         assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
         assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("30days").is_ok());
+        assert!(
+            parse_duration("300000000000y")
+                .unwrap_err()
+                .contains("30 days")
+        );
+        assert!(parse_duration("31days").is_err());
         assert!(parse_duration("soon").unwrap_err().contains("soon"));
     }
 

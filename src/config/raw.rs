@@ -33,7 +33,9 @@ pub struct RawConfig {
     /// The tenants that may call; a tenant not listed here is refused.
     #[serde(default)]
     pub tenants: BTreeMap<String, RawTenant>,
-    /// Agents whose tool lists are narrowed further.
+    /// Agents whose tool lists are narrowed further, by exact (case-sensitive) name. Once any
+    /// agent is listed, a caller whose agent is not listed — including a caller that names no
+    /// agent — gets the `"*"` entry, or nothing at all when there is no `"*"` entry.
     #[serde(default)]
     pub agents: BTreeMap<String, RawAccessList>,
     /// HTTP upstreams that `http` tools call, by name. The model never supplies a URL.
@@ -164,9 +166,15 @@ pub struct RawServer {
 #[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawIdentity {
-    /// Trust the unauthenticated x-toolgate-* metadata headers. For development only.
+    /// Trust the unauthenticated x-toolgate-* metadata headers. For development only; cannot be
+    /// combined with `jwt`, and refused on a non-loopback TCP listener unless
+    /// `allow_unauthenticated_network_callers` is set.
     #[serde(default)]
     pub dev_identity: bool,
+    /// DANGEROUS: with dev identity, also accept callers on a non-loopback TCP listener, so
+    /// anyone who can reach the port can claim any tenant, subject and scopes.
+    #[serde(default)]
+    pub allow_unauthenticated_network_callers: bool,
     /// Verify `authorization: Bearer <JWT>`.
     pub jwt: Option<RawJwt>,
 }
@@ -227,10 +235,31 @@ pub struct RawLimits {
     pub max_batch_calls: Option<usize>,
     /// How long an idempotency key's result is kept (default 10m).
     pub idempotency_window: Option<String>,
-    /// Most idempotency results kept at once (default 10000).
-    pub idempotency_max_entries: Option<usize>,
-    /// Largest gRPC message accepted, in bytes (default 4194304).
+    /// Most idempotency keys kept per tenant; the tenant's oldest finished ones go first
+    /// (default 1000).
+    pub idempotency_max_entries_per_tenant: Option<usize>,
+    /// Bytes of idempotency results kept per tenant (default 8388608, 8 MiB).
+    pub idempotency_max_bytes_per_tenant: Option<usize>,
+    /// Bytes of idempotency results kept in total (default 33554432, 32 MiB).
+    pub idempotency_max_bytes: Option<usize>,
+    /// Largest gRPC message accepted or sent, in bytes (default 4194304).
     pub max_message_bytes: Option<usize>,
+    /// Longest call_id, run_id, idempotency_key, approval_id and tool name accepted, in bytes;
+    /// they must also be printable ASCII (default 256).
+    pub max_identifier_bytes: Option<usize>,
+    /// Longest tenant, subject or agent accepted from metadata or token claims, in bytes; the
+    /// scopes may be 16 times as long (default 256).
+    pub max_identity_bytes: Option<usize>,
+    /// ToolGate and Approvals RPCs in flight in the whole sidecar; beyond it calls get
+    /// RESOURCE_EXHAUSTED at once (default 1024).
+    pub max_in_flight: Option<usize>,
+    /// HTTP/2 streams one client connection may have open at once (default 256).
+    pub max_streams_per_connection: Option<usize>,
+    /// Bytes of recently listed catalog revisions remembered for `catalog_revision` checks
+    /// (default 8388608, 8 MiB).
+    pub revision_log_max_bytes: Option<usize>,
+    /// Bytes of verified JWTs remembered (default 4194304, 4 MiB).
+    pub token_cache_max_bytes: Option<usize>,
 }
 
 /// Which calls need an approval and how long approvals live.
@@ -243,6 +272,10 @@ pub struct RawApprovals {
     pub ttl: Option<String>,
     /// Most approvals kept per tenant; the oldest finished ones are forgotten first (default 1000).
     pub max_per_tenant: Option<usize>,
+    /// Bytes of approvals kept per tenant (default 4194304, 4 MiB).
+    pub max_bytes_per_tenant: Option<usize>,
+    /// Bytes of approvals kept in total (default 16777216, 16 MiB).
+    pub max_bytes: Option<usize>,
 }
 
 /// Where audit events go.
@@ -255,8 +288,13 @@ pub struct RawAudit {
     pub path: Option<String>,
     /// OTLP/gRPC endpoint for the `otlp` sink (default: the traces endpoint, if that is gRPC).
     pub endpoint: Option<String>,
-    /// Events held in memory before callers wait (default 4096).
+    /// Events held in memory before callers wait: queued for the sink, or reserved by calls in
+    /// flight (each call takes its slot before it runs, so this also bounds calls in flight; keep
+    /// it above limits.max_in_flight × limits.max_parallel) (default 16384).
     pub queue_capacity: Option<usize>,
+    /// Most `authentication_failed` events written, e.g. `10/s` or `{quota: 10/s, burst: 100}`
+    /// (the default); refused callers beyond it are counted, not written.
+    pub authentication_failures: Option<RawRateLimit>,
     /// When the queue is full: `wait` (default; calls wait for room) or `refuse` (fail closed:
     /// new calls are refused with UNAVAILABLE rather than run unaudited).
     pub when_full: Option<RawAuditWhenFull>,
@@ -490,4 +528,28 @@ pub struct RawTelemetry {
     pub sampler_arg: Option<f64>,
     /// How long finished spans wait before a batch is sent (default 100ms; OTEL_BSP_SCHEDULE_DELAY).
     pub batch_delay: Option<String>,
+}
+
+impl RawConfig {
+    /// The files this catalog reads besides itself (JWT keys, header values), relative paths
+    /// resolved against `base_dir`. Reloads watch them: Kubernetes updates a Secret and a
+    /// ConfigMap at different times.
+    pub fn referenced_files(&self, base_dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+        let mut files = Vec::new();
+        if let Some(jwt) = &self.identity.jwt {
+            files.extend(jwt.hs256_secret_file.iter().cloned());
+            files.extend(jwt.public_key_files.iter().cloned());
+            files.extend(jwt.jwks_file.iter().cloned());
+        }
+        for upstream in self.upstreams.values() {
+            files.extend(upstream.headers.values().filter_map(|h| h.file.clone()));
+        }
+        let mut files: Vec<_> = files
+            .iter()
+            .map(|f| super::resolve_path(base_dir, f))
+            .collect();
+        files.sort();
+        files.dedup();
+        files
+    }
 }

@@ -30,10 +30,15 @@ pub enum BuiltinTool {
     DeleteTicket,
     RefundOrder,
     SlowTask,
+    /// Panics inside the sidecar (test builds only): a bug in one call must stay in that call.
+    #[cfg(feature = "test-faults")]
+    Panic,
 }
 
 impl BuiltinTool {
     pub const ALL: &'static [BuiltinTool] = &[
+        #[cfg(feature = "test-faults")]
+        BuiltinTool::Panic,
         BuiltinTool::Echo,
         BuiltinTool::EchoArguments,
         BuiltinTool::RagSearch,
@@ -54,6 +59,8 @@ impl BuiltinTool {
             BuiltinTool::DeleteTicket => "delete_ticket",
             BuiltinTool::RefundOrder => "refund_order",
             BuiltinTool::SlowTask => "slow_task",
+            #[cfg(feature = "test-faults")]
+            BuiltinTool::Panic => "panic",
         }
     }
 
@@ -254,17 +261,17 @@ impl Builtins {
             }
             BuiltinTool::RefundOrder => {
                 let order = str_arg(args, "order_id")?;
-                let amount = args
-                    .get("amount_cents")
-                    .and_then(Value::as_u64)
-                    .unwrap_or(0);
+                let amount = count_arg(args, "amount_cents")?
+                    .ok_or_else(|| ExecError::failed("missing argument \"amount_cents\""))?;
                 Ok(
                     json!({"refunded": order, "amount_cents": amount, "status": "refunded"})
                         .to_string(),
                 )
             }
+            #[cfg(feature = "test-faults")]
+            BuiltinTool::Panic => panic!("the panic builtin was called"),
             BuiltinTool::SlowTask => {
-                let ms = args.get("ms").and_then(Value::as_u64).unwrap_or(0);
+                let ms = count_arg(args, "ms")?.unwrap_or(0);
                 let _running = InFlight::enter(self);
                 // Dropping this future (timeout, client cancel) stops the sleep; the counter only
                 // moves for sleeps that ran to the end.
@@ -292,6 +299,20 @@ fn str_arg<'a>(args: &'a Value, key: &str) -> Result<&'a str, ExecError> {
         .ok_or_else(|| ExecError::failed(format!("missing string argument {key:?}")))
 }
 
+/// A whole, non-negative number argument, if present. Anything else present is refused, never
+/// read as 0: a tool that quietly turned `2500.5` or `"2500"` into nothing would act on a value
+/// nobody approved.
+fn count_arg(args: &Value, key: &str) -> Result<Option<u64>, ExecError> {
+    match args.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(value) => value.as_u64().map(Some).ok_or_else(|| {
+            ExecError::failed(format!(
+                "argument {key:?} must be a whole number of at least 0"
+            ))
+        }),
+    }
+}
+
 fn words(text: &str) -> impl Iterator<Item = String> + '_ {
     text.split(|c: char| !c.is_alphanumeric())
         .filter(|w| w.len() > 1)
@@ -306,7 +327,7 @@ fn rag_search(args: &Value) -> Result<String, ExecError> {
         .pointer("/filter/tenant")
         .and_then(Value::as_str)
         .ok_or_else(|| ExecError::failed("search has no tenant filter"))?;
-    let top_k = args.get("top_k").and_then(Value::as_u64).unwrap_or(3) as usize;
+    let top_k = usize::try_from(count_arg(args, "top_k")?.unwrap_or(3)).unwrap_or(usize::MAX);
     let terms: Vec<String> = words(query).collect();
     let mut hits: Vec<(usize, &Document)> = CORPUS
         .iter()
@@ -340,5 +361,7 @@ mod tests {
         assert!(out.contains("acme-1"), "{out}");
         assert!(!out.contains("globex"), "{out}");
         assert!(rag_search(&json!({"query": "refund"})).is_err());
+        let unreadable = json!({"query": "refund", "filter": {"tenant": "acme"}, "top_k": 2.5});
+        assert!(rag_search(&unreadable).is_err());
     }
 }

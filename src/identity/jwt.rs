@@ -111,6 +111,15 @@ impl JwtSettings {
             })?;
             for (i, jwk) in set.keys.iter().enumerate() {
                 let at = format!("identity.jwt.jwks_file: keys[{i}]");
+                // A key published for encryption must never verify a signature (RFC 7517 `use`).
+                if matches!(
+                    jwk.common.public_key_use,
+                    Some(jsonwebtoken::jwk::PublicKeyUse::Encryption)
+                        | Some(jsonwebtoken::jwk::PublicKeyUse::Other(_))
+                ) {
+                    tracing::info!(key = i, kid = ?jwk.common.key_id, "JWKS key is not for signatures (use); skipped");
+                    continue;
+                }
                 let algorithm = jwk_algorithm(jwk).ok_or_else(|| {
                     FieldError::new(&at, "key has no usable algorithm (RS256, ES256)")
                 })?;
@@ -126,7 +135,7 @@ impl JwtSettings {
         if keys.is_empty() {
             return Err(FieldError::new(
                 "identity.jwt",
-                "no verification key: set hs256_secret_file, hs256_secret_env, public_key_files or jwks_file",
+                "no verification key: set hs256_secret_file, hs256_secret_env, public_key_files or jwks_file (with at least one key whose use is sig)",
             ));
         }
         let leeway = match &raw.leeway {
@@ -200,15 +209,29 @@ pub struct JwtVerifier {
     settings: JwtSettings,
     clock: SharedClock,
     cache: TokenCache,
+    max_identity_bytes: usize,
 }
 
 impl JwtVerifier {
-    pub fn new(settings: &JwtSettings, clock: SharedClock) -> Self {
+    /// A verifier with its own, empty token cache: tokens verified under other settings (keys,
+    /// audience) are never trusted by it.
+    pub fn new(
+        settings: &JwtSettings,
+        clock: SharedClock,
+        cache_bytes: usize,
+        max_identity_bytes: usize,
+    ) -> Self {
         JwtVerifier {
             settings: settings.clone(),
             clock,
-            cache: TokenCache::new(token_cache::CAPACITY),
+            cache: TokenCache::new(cache_bytes),
+            max_identity_bytes,
         }
+    }
+
+    /// Bytes held by the token cache.
+    pub fn cache_bytes(&self) -> usize {
+        self.cache.bytes()
     }
 
     pub fn verify(&self, token: &str) -> Result<Caller, IdentityError> {
@@ -261,17 +284,22 @@ impl JwtVerifier {
             // clock in `verify`, not with jsonwebtoken's system time.
             validation.validate_exp = false;
             validation.validate_nbf = false;
-            validation.set_required_spec_claims(&["exp"]);
+            // A configured issuer or audience must be present in the token, not merely not
+            // contradicted: a token minted without `aud` is not a token for us.
+            let mut required = vec!["exp"];
             if s.issuer.is_empty() {
                 validation.iss = None;
             } else {
                 validation.set_issuer(&s.issuer);
+                required.push("iss");
             }
             if s.audience.is_empty() {
                 validation.validate_aud = false;
             } else {
                 validation.set_audience(&s.audience);
+                required.push("aud");
             }
+            validation.set_required_spec_claims(&required);
             match jsonwebtoken::decode::<Value>(token, &key.key, &validation) {
                 Ok(data) => {
                     return Ok(Verified {
@@ -302,13 +330,15 @@ impl JwtVerifier {
                 .collect(),
             _ => Default::default(),
         };
-        Ok(Caller {
+        let caller = Caller {
             tenant,
             subject: string(&s.subject_claim).unwrap_or_default(),
             agent: string(&s.agent_claim).unwrap_or_default(),
             scopes,
             method: AuthMethod::Jwt,
-        })
+        };
+        super::check_lengths(&caller, self.max_identity_bytes)?;
+        Ok(caller)
     }
 }
 

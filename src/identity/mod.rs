@@ -63,6 +63,51 @@ pub enum IdentityError {
     MissingTenantClaim(String),
     #[error("missing tenant: send metadata x-toolgate-tenant")]
     MissingTenantHeader,
+    #[error("the caller's {field} is {len} bytes; the limit is {max}")]
+    TooLong {
+        field: &'static str,
+        len: usize,
+        max: usize,
+    },
+    #[error("the caller's {0} must be printable ASCII")]
+    NotPrintable(&'static str),
+}
+
+/// Refuses identities whose parts are longer than the limit (scopes: 16 times it, in total) or
+/// hold control characters: they end up in logs, audit lines and limiter keys.
+pub(crate) fn check_lengths(caller: &Caller, max: usize) -> Result<(), IdentityError> {
+    for (field, value) in [
+        ("tenant", caller.tenant.as_str()),
+        ("subject", caller.subject.as_str()),
+        ("agent", caller.agent.as_str()),
+    ] {
+        if value.len() > max {
+            return Err(IdentityError::TooLong {
+                field,
+                len: value.len(),
+                max,
+            });
+        }
+        if value.chars().any(char::is_control) {
+            return Err(IdentityError::NotPrintable(field));
+        }
+    }
+    let scopes: usize = caller.scopes.iter().map(|s| s.len() + 1).sum();
+    if scopes > max.saturating_mul(16) {
+        return Err(IdentityError::TooLong {
+            field: "scopes",
+            len: scopes,
+            max: max.saturating_mul(16),
+        });
+    }
+    if caller
+        .scopes
+        .iter()
+        .any(|s| s.chars().any(char::is_control))
+    {
+        return Err(IdentityError::NotPrintable("scopes"));
+    }
+    Ok(())
 }
 
 /// Turns request metadata into a [`Caller`] according to the config.
@@ -70,22 +115,29 @@ pub enum IdentityError {
 pub struct IdentityResolver {
     dev_identity: bool,
     jwt: Option<JwtVerifier>,
+    max_identity_bytes: usize,
 }
 
 impl IdentityResolver {
-    /// `clock` is what token lifetimes are checked against.
-    pub fn new(config: &IdentityConfig, clock: SharedClock) -> Self {
+    /// `clock` is what token lifetimes are checked against; verified tokens are remembered within
+    /// `cache_bytes`.
+    pub fn new(config: &IdentityConfig, clock: SharedClock, cache_bytes: usize) -> Self {
         IdentityResolver {
             dev_identity: config.dev_identity,
-            jwt: config
-                .jwt
-                .as_ref()
-                .map(|settings| JwtVerifier::new(settings, clock)),
+            jwt: config.jwt.as_ref().map(|settings| {
+                JwtVerifier::new(settings, clock, cache_bytes, config.max_identity_bytes)
+            }),
+            max_identity_bytes: config.max_identity_bytes,
         }
     }
 
     pub fn dev_identity(&self) -> bool {
         self.dev_identity
+    }
+
+    /// Bytes held by the token cache.
+    pub fn cache_bytes(&self) -> usize {
+        self.jwt.as_ref().map_or(0, JwtVerifier::cache_bytes)
     }
 
     /// A bearer token wins when present; dev headers are read only when dev identity is on.
@@ -111,7 +163,7 @@ impl IdentityResolver {
             .map(str::trim)
             .filter(|t| !t.is_empty())
             .ok_or(IdentityError::MissingTenantHeader)?;
-        Ok(Caller {
+        let caller = Caller {
             tenant: tenant.to_owned(),
             subject: text(metadata, SUBJECT_HEADER)?
                 .unwrap_or("")
@@ -123,7 +175,9 @@ impl IdentityResolver {
                 .to_owned(),
             scopes: split_scopes(text(metadata, SCOPES_HEADER)?.unwrap_or("")),
             method: AuthMethod::Dev,
-        })
+        };
+        check_lengths(&caller, self.max_identity_bytes)?;
+        Ok(caller)
     }
 }
 
@@ -154,9 +208,12 @@ mod tests {
         IdentityResolver::new(
             &IdentityConfig {
                 dev_identity: dev,
+                dev_identity_on_network: false,
                 jwt: None,
+                max_identity_bytes: 256,
             },
             SharedClock::system(),
+            1 << 20,
         )
     }
 
@@ -190,6 +247,31 @@ mod tests {
         assert_eq!(err, Err(IdentityError::MissingTenantHeader));
         let err = resolver(false).resolve(&MetadataMap::new());
         assert_eq!(err, Err(IdentityError::MissingCredentials));
+    }
+
+    #[test]
+    fn oversized_or_unprintable_identities_are_refused() {
+        let long = "t".repeat(257);
+        let err = resolver(true).resolve(&metadata(&[(TENANT_HEADER, &long)]));
+        assert!(matches!(
+            err,
+            Err(IdentityError::TooLong {
+                field: "tenant",
+                ..
+            })
+        ));
+        let scopes: String = (0..600).map(|i| format!("scope{i} ")).collect();
+        let err = resolver(true).resolve(&metadata(&[
+            (TENANT_HEADER, "acme"),
+            (SCOPES_HEADER, &scopes),
+        ]));
+        assert!(matches!(
+            err,
+            Err(IdentityError::TooLong {
+                field: "scopes",
+                ..
+            })
+        ));
     }
 
     #[test]

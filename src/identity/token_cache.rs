@@ -15,9 +15,8 @@ use sha2::{Digest, Sha256};
 
 use super::{Caller, IdentityError};
 
-/// How many verified tokens are kept. Each entry is a [`Caller`] (a few hundred bytes); a sidecar
-/// serves one pod, whose agents rarely hold more than a handful of live tokens.
-pub const CAPACITY: usize = 1024;
+/// What an entry costs beyond its caller's strings (key, validity, map slot).
+const ENTRY_OVERHEAD: usize = 128;
 
 /// The SHA-256 of a token.
 pub type TokenKey = [u8; 32];
@@ -58,18 +57,42 @@ pub struct Verified {
     pub validity: Validity,
 }
 
+impl Verified {
+    fn bytes(&self) -> usize {
+        let c = &self.caller;
+        ENTRY_OVERHEAD
+            + c.tenant.len()
+            + c.subject.len()
+            + c.agent.len()
+            + c.scopes.iter().map(|s| s.len() + 32).sum::<usize>()
+    }
+}
+
+#[derive(Debug, Default)]
+struct Entries {
+    map: HashMap<TokenKey, Verified>,
+    bytes: usize,
+}
+
+/// A sidecar serves one pod, whose agents rarely hold more than a handful of live tokens; the
+/// budget is in bytes, because a token's claims (scopes) can be large.
 #[derive(Debug)]
 pub struct TokenCache {
-    entries: Mutex<HashMap<TokenKey, Verified>>,
-    capacity: usize,
+    entries: Mutex<Entries>,
+    max_bytes: usize,
 }
 
 impl TokenCache {
-    pub fn new(capacity: usize) -> Self {
+    pub fn new(max_bytes: usize) -> Self {
         TokenCache {
-            entries: Mutex::new(HashMap::new()),
-            capacity,
+            entries: Mutex::new(Entries::default()),
+            max_bytes,
         }
+    }
+
+    /// Bytes held, as the budget counts them.
+    pub fn bytes(&self) -> usize {
+        self.lock().bytes
     }
 
     /// The cached caller for this token, if it verified before and may be used at `now`. An
@@ -81,44 +104,59 @@ impl TokenCache {
         leeway: u64,
     ) -> Option<Result<Caller, IdentityError>> {
         let mut entries = self.lock();
-        let entry = entries.get(key)?;
+        let entry = entries.map.get(key)?;
         match entry.validity.check(now, leeway) {
             Ok(()) => Some(Ok(entry.caller.clone())),
             Err(err) => {
-                entries.remove(key);
+                if let Some(gone) = entries.map.remove(key) {
+                    entries.bytes -= gone.bytes();
+                }
                 Some(Err(err))
             }
         }
     }
 
     /// Remembers a verified token. When full, expired entries go first, then arbitrary ones down
-    /// to three quarters of the capacity, so a flood of distinct tokens pays for that scan once
-    /// per `capacity / 4` inserts rather than on each.
+    /// to three quarters of the budget, so a flood of distinct tokens pays for that scan once per
+    /// quarter of the budget rather than on each insert. A token larger than the whole budget is
+    /// not kept (it is verified on every call).
     pub fn insert(&self, key: TokenKey, verified: Verified, now: u64, leeway: u64) {
-        if self.capacity == 0 {
+        let size = verified.bytes();
+        if size > self.max_bytes {
             return;
         }
         let mut entries = self.lock();
-        if entries.len() >= self.capacity && !entries.contains_key(&key) {
-            entries.retain(|_, entry| entry.validity.check(now, leeway).is_ok());
-            if entries.len() >= self.capacity {
-                let mut surplus = entries.len() + 1 - self.capacity * 3 / 4;
-                entries.retain(|_, _| {
-                    let keep = surplus == 0;
-                    surplus = surplus.saturating_sub(1);
-                    keep
+        if entries.map.contains_key(&key) {
+            return;
+        }
+        if entries.bytes + size > self.max_bytes {
+            entries
+                .map
+                .retain(|_, entry| entry.validity.check(now, leeway).is_ok());
+            entries.bytes = entries.map.values().map(Verified::bytes).sum();
+            let target = (self.max_bytes / 4 * 3).min(self.max_bytes - size);
+            if entries.bytes > target {
+                let mut surplus = entries.bytes - target;
+                entries.map.retain(|_, entry| {
+                    if surplus == 0 {
+                        return true;
+                    }
+                    surplus = surplus.saturating_sub(entry.bytes());
+                    false
                 });
+                entries.bytes = entries.map.values().map(Verified::bytes).sum();
             }
         }
-        entries.insert(key, verified);
+        entries.bytes += size;
+        entries.map.insert(key, verified);
     }
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().map.len()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<TokenKey, Verified>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
         // The map holds no invariant a panicking holder could break halfway.
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -159,7 +197,7 @@ mod tests {
 
     #[test]
     fn hits_are_checked_against_their_expiry_and_dropped_when_expired() {
-        let cache = TokenCache::new(4);
+        let cache = TokenCache::new(4096);
         let key = key_of("token");
         cache.insert(key, verified("acme", 100), 50, 0);
         assert_eq!(cache.get(&key, 100, 0).unwrap().unwrap().tenant, "acme");
@@ -170,12 +208,13 @@ mod tests {
     }
 
     #[test]
-    fn the_cache_never_grows_past_its_capacity() {
-        let cache = TokenCache::new(8);
+    fn the_cache_never_grows_past_its_budget() {
+        let budget = verified("t", 0).bytes() * 8;
+        let cache = TokenCache::new(budget);
         cache.insert(key_of("old"), verified("old", 10), 0, 0);
         for i in 0..100 {
             cache.insert(key_of(&format!("t{i}")), verified("t", 1_000), 20, 0);
-            assert!(cache.len() <= 8);
+            assert!(cache.len() <= 8 && cache.bytes() <= budget);
         }
         // The expired entry was the first to go.
         assert!(cache.get(&key_of("old"), 20, 0).is_none());

@@ -1,17 +1,21 @@
-//! Rate limits (stage 8) over governor: per (tenant, tool) quotas from each tool's `rate_limit`,
-//! and an optional overall quota per tenant. Decisions are atomic, so exact under concurrency.
+//! Rate limits (stage 8): per (tenant, tool) quotas from each tool's `rate_limit`, and an
+//! optional overall quota per tenant. Both quotas of a call are decided under their locks and
+//! committed together, so a call refused by one consumes neither, and decisions are exact under
+//! concurrency. The arithmetic is [`gcra`]'s, shared with the Redis backend.
 //!
-//! Keys are tenants, which the access stage already limited to the catalog's tenants, so the keyed
-//! stores stay bounded; [`RateLimits::retain_recent`] also sheds idle keys. Limiter state is keyed
-//! by (tool, rate) and carried across catalog reloads for tools whose quota did not change.
+//! Keys are tenants, which the access stage already limited to the catalog's tenants, so the maps
+//! stay bounded; [`RateLimits::retain_recent`] also sheds idle keys. Limiter state is keyed by
+//! (tool, rate) and carried across catalog reloads for tools whose quota did not change.
+//!
+//! governor is not used: it decides and commits in one step, so two quotas cannot be checked
+//! without one of them consuming a cell for a call the other refuses.
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+pub mod gcra;
 
-use governor::{
-    Quota, RateLimiter,
-    middleware::NoOpMiddleware,
-    nanos::Nanos,
-    state::{InMemoryState, NotKeyed, keyed::DefaultKeyedStateStore},
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
+    time::Duration,
 };
 
 use crate::{
@@ -20,37 +24,59 @@ use crate::{
     config::Rate,
     error::{Reason, Refusal, Stage},
 };
+use gcra::Gcra;
 
-/// A tenant as the keyed limiters know it: shared, so a check clones a pointer, not the name.
+/// A tenant as the maps know it: shared, so admitting a call clones a pointer, not the name.
 type TenantKey = Arc<str>;
-type KeyedLimiter =
-    RateLimiter<TenantKey, DefaultKeyedStateStore<TenantKey>, SharedClock, NoOpMiddleware<Nanos>>;
-type DirectLimiter = RateLimiter<NotKeyed, InMemoryState, SharedClock, NoOpMiddleware<Nanos>>;
+
+/// One quota's state for every tenant: TATs in nanoseconds of the injected clock.
+#[derive(Debug)]
+struct Cells {
+    gcra: Gcra,
+    tats: Mutex<HashMap<TenantKey, u64>>,
+}
+
+impl Cells {
+    fn new(rate: Rate) -> Arc<Self> {
+        Arc::new(Cells {
+            gcra: Gcra::new(rate),
+            tats: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<TenantKey, u64>> {
+        // Every update is one insert: a panicking holder cannot leave half a decision.
+        self.tats.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
 
 /// All rate limiters for one catalog. Maps are keyed by `String` and looked up by `&str`, so
 /// admitting a call allocates nothing.
 #[derive(Clone)]
 pub struct RateLimits {
     clock: SharedClock,
-    /// The catalog's tenants as limiter keys.
+    /// The catalog's tenants as map keys.
     tenant_keys: HashMap<String, TenantKey>,
-    /// Tool name -> its limiters keyed by tenant, one per distinct rate among its versions.
-    per_tool: HashMap<String, Vec<(Rate, Arc<KeyedLimiter>)>>,
-    /// Tenant -> its overall limiter and that limiter's rate.
-    per_tenant: HashMap<String, (Rate, Arc<DirectLimiter>)>,
+    /// Tool name -> its quotas, one per distinct rate among its versions.
+    per_tool: HashMap<String, Vec<(Rate, Arc<Cells>)>>,
+    /// Tenant -> its overall quota and that quota's rate.
+    per_tenant: HashMap<String, (Rate, Arc<Cells>)>,
 }
 
-fn quota(rate: Rate) -> Quota {
-    let per_cell = rate.period / rate.count.get();
-    Quota::with_period(per_cell.max(Duration::from_nanos(1)))
-        .unwrap_or_else(|| Quota::per_second(rate.count))
-        .allow_burst(rate.burst)
+/// What a quota would do now, for explaining decisions without consuming anything.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuotaView {
+    /// `tool` or `tenant`.
+    pub scope: &'static str,
+    pub rate: Rate,
+    /// Calls that would be admitted now.
+    pub remaining: u64,
 }
 
 impl RateLimits {
     /// Limiters for `catalog`, reusing `previous` state where a tool's or tenant's rate is unchanged.
     pub fn build(catalog: &Catalog, clock: SharedClock, previous: Option<&RateLimits>) -> Self {
-        let mut per_tool: HashMap<String, Vec<(Rate, Arc<KeyedLimiter>)>> = HashMap::new();
+        let mut per_tool: HashMap<String, Vec<(Rate, Arc<Cells>)>> = HashMap::new();
         for tool in catalog.versions() {
             let Some(rate) = tool.rate_limit else {
                 continue;
@@ -59,34 +85,22 @@ impl RateLimits {
             if find_rate(limiters, rate).is_some() {
                 continue;
             }
-            let limiter = previous
+            let cells = previous
                 .and_then(|p| find_rate(p.per_tool.get(&tool.name)?, rate))
-                .unwrap_or_else(|| {
-                    Arc::new(RateLimiter::new(
-                        quota(rate),
-                        DefaultKeyedStateStore::default(),
-                        clock.clone(),
-                    ))
-                });
-            limiters.push((rate, limiter));
+                .unwrap_or_else(|| Cells::new(rate));
+            limiters.push((rate, cells));
         }
         let mut per_tenant = HashMap::new();
         for (tenant, policy) in &catalog.tenants {
             let Some(rate) = policy.rate_limit else {
                 continue;
             };
-            let limiter = previous
+            let cells = previous
                 .and_then(|p| p.per_tenant.get(tenant))
                 .filter(|(previous_rate, _)| *previous_rate == rate)
-                .map(|(_, limiter)| limiter.clone())
-                .unwrap_or_else(|| {
-                    Arc::new(RateLimiter::new(
-                        quota(rate),
-                        InMemoryState::default(),
-                        clock.clone(),
-                    ))
-                });
-            per_tenant.insert(tenant.clone(), (rate, limiter));
+                .map(|(_, cells)| cells.clone())
+                .unwrap_or_else(|| Cells::new(rate));
+            per_tenant.insert(tenant.clone(), (rate, cells));
         }
         let tenant_keys = catalog
             .tenants
@@ -101,22 +115,50 @@ impl RateLimits {
         }
     }
 
-    /// Admits one call of `tool` for `tenant`, or says how long to wait.
+    fn now(&self) -> u64 {
+        gcra::nanos(self.clock.monotonic())
+    }
+
+    fn tool_cells(&self, tool: &ToolVersion) -> Option<&Arc<Cells>> {
+        let rate = tool.rate_limit?;
+        self.per_tool
+            .get(&tool.name)?
+            .iter()
+            .find(|(r, _)| *r == rate)
+            .map(|(_, cells)| cells)
+    }
+
+    fn tenant_cells(&self, tenant: &str, tenant_rate: Option<Rate>) -> Option<&(Rate, Arc<Cells>)> {
+        let rate = tenant_rate?;
+        self.per_tenant.get(tenant).filter(|(r, _)| *r == rate)
+    }
+
+    /// Admits one call of `tool` for `tenant` if both its quotas have room, consuming one cell of
+    /// each; otherwise consumes nothing and says how long to wait.
     pub fn check(
         &self,
         tenant: &str,
         tool: &ToolVersion,
         tenant_rate: Option<Rate>,
     ) -> Result<(), Refusal> {
-        use governor::clock::Clock as _;
-        if let Some(rate) = tool.rate_limit
-            && let Some(limiter) = self
-                .per_tool
-                .get(&tool.name)
-                .and_then(|limiters| find_rate(limiters, rate))
-            && let Err(not_until) = limiter.check_key(&self.tenant_key(tenant))
+        let tool_cells = self.tool_cells(tool);
+        let tenant_cells = self.tenant_cells(tenant, tenant_rate);
+        if tool_cells.is_none() && tenant_cells.is_none() {
+            return Ok(());
+        }
+        // Lock order is always tool, then tenant: no two checks can wait on each other.
+        let mut tool_tats = tool_cells.map(|cells| cells.lock());
+        let mut tenant_tats = tenant_cells.map(|(_, cells)| cells.lock());
+        let now = self.now();
+        let tool_decision = tool_cells
+            .zip(tool_tats.as_ref())
+            .map(|(cells, tats)| cells.gcra.decide(tats.get(tenant).copied(), now));
+        let tenant_decision = tenant_cells
+            .zip(tenant_tats.as_ref())
+            .map(|((_, cells), tats)| cells.gcra.decide(tats.get(tenant).copied(), now));
+        if let Some(Err(wait)) = tool_decision
+            && let Some(rate) = tool.rate_limit
         {
-            let wait = not_until.wait_time_from(self.clock.now());
             return Err(refusal(
                 format!(
                     "rate limit {} for {} reached for tenant {tenant}",
@@ -126,26 +168,56 @@ impl RateLimits {
                 wait,
             ));
         }
-        if let Some(rate) = tenant_rate
-            && let Some((_, limiter)) = self
-                .per_tenant
-                .get(tenant)
-                .filter(|(limiter_rate, _)| *limiter_rate == rate)
-            && let Err(not_until) = limiter.check()
+        if let Some(Err(wait)) = tenant_decision
+            && let Some((rate, _)) = tenant_cells
         {
-            let wait = not_until.wait_time_from(self.clock.now());
             return Err(refusal(
                 format!(
                     "tenant {tenant} reached its overall rate limit {}",
-                    describe(rate)
+                    describe(*rate)
                 ),
                 wait,
             ));
         }
+        let key = self.tenant_key(tenant);
+        if let (Some(Ok(tat)), Some(tats)) = (tool_decision, tool_tats.as_mut()) {
+            tats.insert(key.clone(), tat);
+        }
+        if let (Some(Ok(tat)), Some(tats)) = (tenant_decision, tenant_tats.as_mut()) {
+            tats.insert(key, tat);
+        }
         Ok(())
     }
 
-    /// The limiter key for a tenant; a tenant outside the catalog (which the access stage has
+    /// What each quota of this call would leave now, consuming nothing.
+    pub fn view(
+        &self,
+        tenant: &str,
+        tool: &ToolVersion,
+        tenant_rate: Option<Rate>,
+    ) -> Vec<QuotaView> {
+        let now = self.now();
+        let mut views = Vec::new();
+        if let (Some(cells), Some(rate)) = (self.tool_cells(tool), tool.rate_limit) {
+            let tat = cells.lock().get(tenant).copied();
+            views.push(QuotaView {
+                scope: "tool",
+                rate,
+                remaining: cells.gcra.remaining(tat, now),
+            });
+        }
+        if let Some((rate, cells)) = self.tenant_cells(tenant, tenant_rate) {
+            let tat = cells.lock().get(tenant).copied();
+            views.push(QuotaView {
+                scope: "tenant",
+                rate: *rate,
+                remaining: cells.gcra.remaining(tat, now),
+            });
+        }
+        views
+    }
+
+    /// The map key for a tenant; a tenant outside the catalog (which the access stage has
     /// already refused) gets a key of its own.
     fn tenant_key(&self, tenant: &str) -> TenantKey {
         self.tenant_keys
@@ -154,31 +226,66 @@ impl RateLimits {
             .unwrap_or_else(|| TenantKey::from(tenant))
     }
 
-    fn keyed_limiters(&self) -> impl Iterator<Item = &Arc<KeyedLimiter>> {
+    fn all_cells(&self) -> impl Iterator<Item = &Arc<Cells>> {
         self.per_tool
             .values()
-            .flat_map(|limiters| limiters.iter().map(|(_, limiter)| limiter))
+            .flat_map(|limiters| limiters.iter().map(|(_, cells)| cells))
+            .chain(self.per_tenant.values().map(|(_, cells)| cells))
     }
 
     /// Forgets keys whose state no longer matters (their window has passed).
     pub fn retain_recent(&self) {
-        for limiter in self.keyed_limiters() {
-            limiter.retain_recent();
-            limiter.shrink_to_fit();
+        let now = self.now();
+        for cells in self.all_cells() {
+            let mut tats = cells.lock();
+            tats.retain(|_, tat| !Gcra::is_idle(*tat, now));
+            tats.shrink_to_fit();
         }
     }
 
-    /// Number of (tenant) keys held across all per-tool limiters.
+    /// Number of (tenant) keys held across all quotas.
     pub fn keys_held(&self) -> usize {
-        self.keyed_limiters().map(|l| l.len()).sum()
+        self.all_cells().map(|cells| cells.lock().len()).sum()
     }
 }
 
-fn find_rate(limiters: &[(Rate, Arc<KeyedLimiter>)], rate: Rate) -> Option<Arc<KeyedLimiter>> {
+fn find_rate(limiters: &[(Rate, Arc<Cells>)], rate: Rate) -> Option<Arc<Cells>> {
     limiters
         .iter()
         .find(|(limiter_rate, _)| *limiter_rate == rate)
-        .map(|(_, limiter)| limiter.clone())
+        .map(|(_, cells)| cells.clone())
+}
+
+/// One quota with no keys, e.g. for audit events of refused callers: a flood costs a counter,
+/// not the disk.
+#[derive(Debug)]
+pub struct SingleQuota {
+    gcra: Gcra,
+    tat: Mutex<Option<u64>>,
+    clock: SharedClock,
+}
+
+impl SingleQuota {
+    pub fn new(rate: Rate, clock: SharedClock) -> Self {
+        SingleQuota {
+            gcra: Gcra::new(rate),
+            tat: Mutex::new(None),
+            clock,
+        }
+    }
+
+    /// Takes one cell if there is one.
+    pub fn try_take(&self) -> bool {
+        let now = gcra::nanos(self.clock.monotonic());
+        let mut tat = self.tat.lock().unwrap_or_else(PoisonError::into_inner);
+        match self.gcra.decide(*tat, now) {
+            Ok(next) => {
+                *tat = Some(next);
+                true
+            }
+            Err(_) => false,
+        }
+    }
 }
 
 /// How often idle rate-limit keys are shed.
@@ -194,7 +301,8 @@ fn refusal(message: String, wait: Duration) -> Refusal {
     Refusal::new(Stage::RateLimit, Reason::RateLimited, message).with_retry_after(wait)
 }
 
-fn describe(rate: Rate) -> String {
+/// A rate as catalogs write it, e.g. `5/min`.
+pub fn describe(rate: Rate) -> String {
     let unit = match rate.period.as_secs() {
         1 => "s".to_owned(),
         60 => "min".to_owned(),
@@ -246,5 +354,37 @@ tools:
         reloaded.retain_recent();
         assert_eq!(reloaded.keys_held(), 0);
         assert!(reloaded.check("a", tool, None).is_ok());
+    }
+
+    #[test]
+    fn a_call_refused_by_one_quota_consumes_neither() {
+        let yaml = r#"version: 1
+identity: { dev_identity: true }
+tenants: { a: { rate_limit: 2/h } }
+tools:
+  - { name: t, description: d, risk_level: read_only, rate_limit: 3/h, executor: { builtin: echo }, input_schema: { type: object } }
+  - { name: u, description: d, risk_level: read_only, executor: { builtin: echo }, input_schema: { type: object } }
+"#;
+        let config =
+            Config::from_yaml(yaml, "t", std::path::Path::new("."), &Env::default()).unwrap();
+        let catalog = config.catalog;
+        let limits = RateLimits::build(&catalog, SharedClock::new(ManualClock::new(0)), None);
+        let tenant_rate = catalog.tenants["a"].rate_limit;
+        let t = catalog.resolve("t", None, "a").unwrap();
+        let u = catalog.resolve("u", None, "a").unwrap();
+        // The tenant quota (2/h) is used up by u; t's own quota (3/h) must stay untouched.
+        assert!(limits.check("a", u, tenant_rate).is_ok());
+        assert!(limits.check("a", u, tenant_rate).is_ok());
+        for _ in 0..5 {
+            let refused = limits.check("a", t, tenant_rate).unwrap_err();
+            assert!(refused.message.contains("overall"), "{}", refused.message);
+        }
+        let views = limits.view("a", t, tenant_rate);
+        assert_eq!(views[0].scope, "tool");
+        assert_eq!(
+            views[0].remaining, 3,
+            "t's quota was consumed by refused calls"
+        );
+        assert_eq!(views[1].remaining, 0);
     }
 }

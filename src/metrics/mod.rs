@@ -67,6 +67,70 @@ pub struct Snapshot {
     pub audit_queue_depth: i64,
     pub audit_written: i64,
     pub audit_dropped: i64,
+    pub audit_write_errors: i64,
+    pub audit_refused_callers_suppressed: i64,
+    pub idempotency_bytes: i64,
+    pub approvals_bytes: i64,
+    pub revision_log_bytes: i64,
+    pub token_cache_bytes: i64,
+    pub restart_required: bool,
+}
+
+/// Gauges filled from a [`Snapshot`] when scraped.
+struct SnapshotGauges {
+    audit_write_errors: Gauge,
+    audit_refused_callers_suppressed: Gauge,
+    idempotency_bytes: Gauge,
+    approvals_bytes: Gauge,
+    revision_log_bytes: Gauge,
+    token_cache_bytes: Gauge,
+    restart_required: Gauge,
+}
+
+impl SnapshotGauges {
+    fn register(registry: &mut Registry) -> Self {
+        let mut gauge = |name: &str, help: &str| {
+            let gauge = Gauge::default();
+            registry.register(name, help, gauge.clone());
+            gauge
+        };
+        SnapshotGauges {
+            audit_write_errors: gauge(
+                "audit_write_errors",
+                "Failed writes to the audit sink since start (each retried until it succeeds)",
+            ),
+            audit_refused_callers_suppressed: gauge(
+                "audit_refused_callers_suppressed",
+                "Refused callers (UNAUTHENTICATED) not written to the audit log, over its rate bound",
+            ),
+            idempotency_bytes: gauge(
+                "idempotency_bytes",
+                "Bytes held by idempotency keys and stored results",
+            ),
+            approvals_bytes: gauge("approvals_bytes", "Bytes held by approvals"),
+            revision_log_bytes: gauge(
+                "revision_log_bytes",
+                "Bytes held by recently listed catalog revisions",
+            ),
+            token_cache_bytes: gauge("token_cache_bytes", "Bytes held by verified JWTs"),
+            restart_required: gauge(
+                "config_restart_required",
+                "1 when the catalog file changed settings that only take effect on restart",
+            ),
+        }
+    }
+
+    fn set(&self, snapshot: &Snapshot) {
+        self.audit_write_errors.set(snapshot.audit_write_errors);
+        self.audit_refused_callers_suppressed
+            .set(snapshot.audit_refused_callers_suppressed);
+        self.idempotency_bytes.set(snapshot.idempotency_bytes);
+        self.approvals_bytes.set(snapshot.approvals_bytes);
+        self.revision_log_bytes.set(snapshot.revision_log_bytes);
+        self.token_cache_bytes.set(snapshot.token_cache_bytes);
+        self.restart_required
+            .set(i64::from(snapshot.restart_required));
+    }
 }
 
 /// All of toolgate's metrics.
@@ -81,6 +145,8 @@ pub struct Metrics {
     audit_queue_depth: Gauge,
     audit_written: Gauge,
     audit_dropped: Gauge,
+    /// Gauges read from a [`Snapshot`] at each scrape, by field.
+    snapshot_gauges: SnapshotGauges,
     reloads: Family<ReloadLabels, Counter>,
     revision: Family<RevisionLabels, Gauge>,
     current_revision: Mutex<String>,
@@ -157,10 +223,11 @@ impl Metrics {
             "Audit events lost since start (should stay 0)",
             audit_dropped.clone(),
         );
+        let snapshot_gauges = SnapshotGauges::register(&mut registry);
         let reloads = Family::<ReloadLabels, Counter>::default();
         registry.register(
             "catalog_reloads",
-            "Catalog reloads by result (ok, refused)",
+            "Catalog reloads by result (ok, refused, restart_required)",
             reloads.clone(),
         );
         let revision = Family::<RevisionLabels, Gauge>::default();
@@ -180,6 +247,7 @@ impl Metrics {
             audit_queue_depth,
             audit_written,
             audit_dropped,
+            snapshot_gauges,
             reloads,
             revision,
             current_revision: Mutex::new(String::new()),
@@ -226,9 +294,8 @@ impl Metrics {
         }
     }
 
-    /// Records a reload attempt.
-    pub fn reload(&self, ok: bool) {
-        let result = if ok { "ok" } else { "refused" };
+    /// Records a reload attempt: `ok`, `refused` (invalid) or `restart_required`.
+    pub fn reload(&self, result: &'static str) {
         self.reloads
             .get_or_create(&ReloadLabels {
                 result: result.to_owned(),
@@ -261,6 +328,7 @@ impl Metrics {
         self.audit_queue_depth.set(snapshot.audit_queue_depth);
         self.audit_written.set(snapshot.audit_written);
         self.audit_dropped.set(snapshot.audit_dropped);
+        self.snapshot_gauges.set(&snapshot);
         let mut text = String::new();
         if let Err(err) = encode(&mut text, &self.registry) {
             tracing::error!(error = %err, "cannot encode metrics");

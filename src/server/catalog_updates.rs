@@ -1,26 +1,41 @@
 //! Keeps the served catalog current. One task owns what the catalog is built from and rebuilds it
 //! when:
 //! - MCP servers list (or change) their tools;
-//! - the catalog file's content changes — polled by content hash, so an in-place edit, a rename
-//!   and Kubernetes' ConfigMap symlink swap (`..data`) are all seen;
+//! - the catalog file or a file it references (JWT keys, header values) changes — polled by
+//!   content, so an in-place edit, a rename and Kubernetes' ConfigMap/Secret symlink swaps
+//!   (`..data`) are all seen, and content that was refused is tried again as soon as any of those
+//!   files changes (a Secret often arrives after the ConfigMap that names it);
 //! - a reload is asked for (SIGHUP, or [`super::Running::reload`]).
 //!
 //! A valid new catalog replaces the old one without disturbing calls in flight (they finish on the
-//! definition they started with); rate-limit state carries over for unchanged quotas, and open
-//! approvals of tools whose definition changed become invalid. An invalid file is refused with a
-//! logged error and the old catalog keeps serving. Settings outside the catalog (listen
-//! addresses, identity, limits, audit, the set of MCP servers) take effect on restart.
+//! definition they started with); rate-limit state and concurrency caps carry over where
+//! unchanged, and open approvals of tools whose definition changed become invalid. `identity`
+//! changes apply too (key rotation, audiences): the new verifier starts with an empty token cache,
+//! so no token verified under the old settings is trusted. Changes to sections that need a restart
+//! (server, limits, audit, approvals, telemetry, mcp_servers) refuse the whole reload, loudly,
+//! naming them, and set `toolgate_config_restart_required`: a success is never logged for a
+//! change that did not take effect.
 
-use std::{path::PathBuf, sync::Arc, time::Duration};
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
-use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, oneshot, watch};
 
+use super::services::IdentityHandle;
 use crate::{
     boundary::Boundary,
     catalog::CatalogInputs,
-    config::{Config, Env},
+    clock::SharedClock,
+    config::{Config, Env, Loaded, catalog_dir},
     executor::mcp::Discovered,
+    identity::IdentityResolver,
 };
 
 /// A reload request and where to send its outcome: the new revision, or why it was refused.
@@ -31,19 +46,41 @@ pub struct Source {
     pub path: PathBuf,
     pub env: Env,
     pub poll_interval: Duration,
-    /// Hash of the content the served catalog was built from.
-    pub loaded_sha256: Option<[u8; 32]>,
+    /// What the served config was built from.
+    pub loaded: Loaded,
+}
+
+/// What a reload changes besides the catalog.
+pub struct Updater {
+    pub boundary: Arc<Boundary>,
+    pub identity: IdentityHandle,
+    pub clock: SharedClock,
+    /// Set while the file holds changes that need a restart.
+    pub restart_required: Arc<AtomicBool>,
+    /// The TCP address served, whose exposure dev identity must respect.
+    pub listen: Option<SocketAddr>,
+}
+
+/// What the file watcher last saw and last served.
+struct Watched {
+    /// Fingerprint of the content last tried (served or refused).
+    tried: [u8; 32],
+    /// What the served config was built from.
+    served: Loaded,
 }
 
 /// Runs until the server shuts down.
 pub async fn run(
-    boundary: Arc<Boundary>,
+    updater: Updater,
     mut inputs: CatalogInputs,
     source: Option<Source>,
     mut discovered: watch::Receiver<Discovered>,
     mut requests: mpsc::Receiver<ReloadRequest>,
 ) {
-    let mut last_hash = source.as_ref().and_then(|s| s.loaded_sha256);
+    let mut watched = source.as_ref().map(|s| Watched {
+        tried: s.loaded.fingerprint,
+        served: s.loaded.clone(),
+    });
     let poll_every = source
         .as_ref()
         .map_or(Duration::from_secs(3600), |s| s.poll_interval);
@@ -59,82 +96,149 @@ pub async fn run(
                     continue;
                 }
                 let snapshot = discovered.borrow_and_update().clone();
-                apply(&boundary, &inputs, &snapshot, "MCP servers");
+                apply(&updater.boundary, &inputs, &snapshot, "MCP servers");
             }
             request = requests.recv() => {
                 let Some(reply) = request else { return };
                 let snapshot = discovered.borrow().clone();
-                let outcome = match &source {
-                    Some(source) => reload(&boundary, &mut inputs, source, &snapshot, &mut last_hash, true).await,
-                    None => Err("this sidecar serves the embedded demo catalog; there is no file to reload".to_owned()),
+                let outcome = match (&source, &mut watched) {
+                    (Some(source), Some(watched)) => reload(&updater, &mut inputs, source, &snapshot, watched, true).await,
+                    _ => Err("this sidecar serves the embedded demo catalog; there is no file to reload".to_owned()),
                 };
                 let _ = reply.send(outcome);
             }
             _ = poll.tick(), if source.is_some() => {
-                if let Some(source) = &source {
+                if let (Some(source), Some(watched)) = (&source, &mut watched) {
                     let snapshot = discovered.borrow().clone();
-                    let _ = reload(&boundary, &mut inputs, source, &snapshot, &mut last_hash, false).await;
+                    let _ = reload(&updater, &mut inputs, source, &snapshot, watched, false).await;
                 }
             }
         }
     }
 }
 
-/// Re-reads the file; unless forced, only when its content changed.
+/// Re-reads the file; unless forced, only when it or a file it references changed since the last
+/// attempt.
 async fn reload(
-    boundary: &Boundary,
+    updater: &Updater,
     inputs: &mut CatalogInputs,
     source: &Source,
     discovered: &Discovered,
-    last_hash: &mut Option<[u8; 32]>,
+    watched: &mut Watched,
     forced: bool,
 ) -> Result<String, String> {
-    let hash = file_hash(&source.path).await;
-    if !forced && (hash.is_none() || hash == *last_hash) {
-        return Ok(boundary.catalog().catalog.revision().to_owned());
-    }
-    *last_hash = hash;
+    let boundary = &updater.boundary;
     let path = source.path.clone();
     let env = source.env.clone();
-    // Parsing and compiling schemas is CPU work: keep it off the async workers.
-    let loaded = tokio::task::spawn_blocking(move || Config::load_file(&path, &env))
+    // Reading, parsing and compiling schemas is blocking work: keep it off the async workers.
+    let loaded = tokio::task::spawn_blocking(move || {
+        let now = std::fs::read_to_string(&path)
+            .ok()
+            .map(|text| Loaded::of(&text, &catalog_dir(&path)));
+        (now, move || Config::load_file(&path, &env))
+    })
+    .await
+    .map_err(|err| format!("reload task failed: {err}"))?;
+    let (now, load) = loaded;
+    let Some(now) = now else {
+        // Unreadable for now (mid-swap, or removed): keep serving, look again next time.
+        return if forced {
+            Err(format!("cannot read {}", source.path.display()))
+        } else {
+            Ok(boundary.catalog().catalog.revision().to_owned())
+        };
+    };
+    if !forced && now.fingerprint == watched.tried {
+        return Ok(boundary.catalog().catalog.revision().to_owned());
+    }
+    watched.tried = now.fingerprint;
+    let config = match tokio::task::spawn_blocking(load)
         .await
-        .map_err(|err| format!("reload task failed: {err}"))?;
-    let config = match loaded {
-        Ok(config) => {
-            // What was parsed, which may be newer than what was hashed a moment ago.
-            *last_hash = config.file_sha256;
-            config
-        }
+        .map_err(|err| format!("reload task failed: {err}"))?
+    {
+        Ok(config) => config,
         Err(err) => {
-            tracing::error!(error = %err, "catalog reload refused; the previous catalog keeps serving");
-            boundary.metrics().reload(false);
+            tracing::error!(error = %err, "catalog reload refused; the previous catalog keeps serving (the file and the files it references are watched for a fix)");
+            boundary.metrics().reload("refused");
             return Err(err.to_string());
         }
     };
-    let mut next = config.catalog_inputs;
+    // What was parsed, which may be newer than what was fingerprinted a moment ago.
+    watched.tried = config.loaded.fingerprint;
+    let restart = config.loaded.restart_changes(&watched.served);
+    if !restart.is_empty() {
+        let sections = restart.join(", ");
+        tracing::error!(sections = %sections, "catalog reload refused: these sections changed and take effect only on restart; the previous catalog keeps serving");
+        boundary.metrics().reload("restart_required");
+        updater.restart_required.store(true, Ordering::Relaxed);
+        return Err(format!(
+            "the file changes {sections}, which take effect only on restart; nothing was applied"
+        ));
+    }
+    if let Some(addr) = updater.listen {
+        config.identity.check_listener(addr).map_err(|message| {
+            tracing::error!(error = %message, "catalog reload refused");
+            boundary.metrics().reload("refused");
+            message
+        })?;
+    }
+    let Config {
+        catalog,
+        catalog_inputs: mut next,
+        identity,
+        loaded,
+        limits,
+        ..
+    } = config;
+    // The catalog built at load is rebuilt below with live state carried over; dropping it
+    // leaves the new upstreams unshared, so they can adopt the old ones' concurrency slots.
+    drop(catalog);
+    for (name, upstream) in next.upstreams.iter_mut() {
+        if let (Some(previous), Some(fresh)) = (inputs.upstreams.get(name), Arc::get_mut(upstream))
+        {
+            fresh.adopt_in_flight(previous);
+        }
+    }
     // The MCP servers themselves were started with the process; keep their connection settings.
     next.mcp_servers = inputs.mcp_servers.clone();
     let revision = apply(boundary, &next, discovered, "catalog file");
-    boundary.metrics().reload(revision.is_some());
-    let revision = revision.ok_or_else(|| "catalog rebuild failed".to_owned())?;
+    let Some(revision) = revision else {
+        boundary.metrics().reload("refused");
+        return Err("catalog rebuild failed".to_owned());
+    };
+    if loaded.identity_fingerprint != watched.served.identity_fingerprint {
+        updater.identity.store(Arc::new(IdentityResolver::new(
+            &identity,
+            updater.clock.clone(),
+            limits.token_cache_max_bytes,
+        )));
+        tracing::info!(
+            dev_identity = identity.dev_identity,
+            jwt = identity.jwt.is_some(),
+            "identity settings reloaded; tokens verified under the previous settings are verified again"
+        );
+    }
+    boundary.metrics().reload("ok");
+    updater.restart_required.store(false, Ordering::Relaxed);
+    watched.served = loaded;
     *inputs = next;
     Ok(revision)
 }
 
-/// Builds and swaps in a catalog; returns its revision.
+/// Builds and swaps in a catalog, carrying live concurrency caps over; returns its revision.
 fn apply(
     boundary: &Boundary,
     inputs: &CatalogInputs,
     discovered: &Discovered,
     cause: &'static str,
 ) -> Option<String> {
+    let previous = boundary.catalog();
     match inputs.build(discovered) {
-        Ok(catalog) => {
+        Ok(mut catalog) => {
+            catalog.adopt_concurrency(&previous.catalog);
             let revision = catalog.revision().to_owned();
-            let previous = boundary.catalog().catalog.revision().to_owned();
             let invalidated = boundary.replace_catalog(catalog);
-            tracing::info!(cause, revision = %revision, previous = %previous, approvals_invalidated = invalidated, "catalog updated");
+            tracing::info!(cause, revision = %revision, previous = %previous.catalog.revision(), approvals_invalidated = invalidated, "catalog updated");
             Some(revision)
         }
         Err(err) => {
@@ -142,10 +246,4 @@ fn apply(
             None
         }
     }
-}
-
-async fn file_hash(path: &std::path::Path) -> Option<[u8; 32]> {
-    // Reading through the path follows a swapped symlink to the new content.
-    let bytes = tokio::fs::read(path).await.ok()?;
-    Some(Sha256::digest(&bytes).into())
 }

@@ -192,13 +192,18 @@ pub fn decide_status(err: &DecideError) -> GrpcStatus {
         DecideError::NotFound(_) => Code::NotFound,
         DecideError::NotPending { .. } => Code::FailedPrecondition,
         DecideError::NoDecision | DecideError::InvalidPageToken => Code::InvalidArgument,
+        DecideError::AuditUnavailable => Code::Unavailable,
     };
     GrpcStatus::new(code, err.to_string())
 }
 
-/// Parses the `grpc-timeout` header (e.g. `500m`, `2S`).
+/// Parses the `grpc-timeout` header (e.g. `500m`, `2S`) as the gRPC spec writes it: 1 to 8 ASCII
+/// digits and a unit. Anything else is not a timeout (the call then has no client deadline).
 pub fn grpc_timeout(value: &str) -> Option<Duration> {
     let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
     let amount: u64 = digits.parse().ok()?;
     Some(match unit {
         "H" => Duration::from_secs(amount.saturating_mul(3600)),
@@ -221,5 +226,20 @@ mod tests {
         assert_eq!(grpc_timeout("2S"), Some(Duration::from_secs(2)));
         assert_eq!(grpc_timeout("x"), None);
         assert_eq!(grpc_timeout(""), None);
+        assert_eq!(
+            grpc_timeout("99999999H"),
+            Some(Duration::from_secs(99_999_999 * 3600))
+        );
+        for bad in [
+            "18446744073709551615S",
+            "123456789m",
+            "+5S",
+            "-5S",
+            "5 S",
+            "S",
+            "5s",
+        ] {
+            assert_eq!(grpc_timeout(bad), None, "{bad}");
+        }
     }
 }

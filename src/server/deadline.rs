@@ -57,8 +57,11 @@ where
             .get("grpc-timeout")
             .and_then(|v| v.to_str().ok())
             .and_then(grpc_timeout);
-        if let Some(timeout) = timeout {
-            let deadline = Instant::now() + timeout.saturating_sub(margin(timeout));
+        // A deadline too far away to represent (years) is no deadline at all.
+        if let Some(timeout) = timeout
+            && let Some(deadline) =
+                Instant::now().checked_add(timeout.saturating_sub(margin(timeout)))
+        {
             request.extensions_mut().insert(Deadline(deadline));
         }
         self.inner.call(request)

@@ -6,6 +6,7 @@
 mod catalog_updates;
 pub mod convert;
 mod deadline;
+mod in_flight;
 mod services;
 
 use std::{future::Future, net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
@@ -19,9 +20,11 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tonic::service::Routes;
 use tonic_health::ServingStatus;
 
+use arc_swap::ArcSwap;
+
 use crate::{
     approvals::ApprovalStore,
-    audit::AuditLog,
+    audit::{AuditLog, RefusedCallers},
     boundary::Boundary,
     clock::SharedClock,
     config::Config,
@@ -34,7 +37,8 @@ use crate::{
     telemetry::spans::TraceContextLayer,
 };
 use deadline::DeadlineLayer;
-use services::{ApprovalsService, ToolGateService};
+use in_flight::InFlightLayer;
+use services::{ApprovalsService, IdentityHandle, ToolGateService};
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +54,8 @@ pub enum StartError {
     Reflection(String),
     #[error("cannot install a signal handler: {0}")]
     Signal(String),
+    #[error("refusing to start: {0}")]
+    Insecure(String),
 }
 
 /// Options that are not part of the catalog file.
@@ -176,15 +182,26 @@ impl Running {
 
 /// Starts serving `config`; returns once the listeners are bound and health says SERVING.
 pub async fn start(config: Config, options: StartOptions) -> Result<Running, StartError> {
+    if config.identity.dev_identity {
+        // The first thing an operator reads: nothing below authenticates anyone.
+        tracing::warn!(
+            "dev identity is on: callers are NOT authenticated; x-toolgate-* metadata is trusted as is"
+        );
+    }
+    if let Some(endpoint) = &config.telemetry.endpoint {
+        tracing::info!(endpoint = %endpoint, service = %config.telemetry.service_name, "exporting traces over OTLP");
+    }
+    if let Some(addr) = options.listen.or(config.server.listen) {
+        config
+            .identity
+            .check_listener(addr)
+            .map_err(StartError::Insecure)?;
+    }
     let clock = options.clock.unwrap_or_default();
     let (audit, audit_task) = AuditLog::start(&config.audit)
         .await
         .map_err(StartError::Audit)?;
-    let approvals = ApprovalStore::new(
-        clock.clone(),
-        config.approvals.ttl,
-        config.approvals.max_per_tenant,
-    );
+    let approvals = ApprovalStore::new(clock.clone(), config.approvals.budget);
     let mcp = Arc::new(McpManager::start(&config.catalog_inputs.mcp_servers));
     let discovered = mcp.watch_discovered();
     let executors = Executors {
@@ -192,6 +209,7 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         ..Executors::default()
     };
     let metrics = Arc::new(Metrics::new());
+    let limits = config.limits.clone();
     let boundary = Arc::new(Boundary::new(
         config.catalog,
         config.limits.clone(),
@@ -201,15 +219,32 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         clock.clone(),
         metrics.clone(),
     ));
+    let identity: IdentityHandle = Arc::new(ArcSwap::from_pointee(IdentityResolver::new(
+        &config.identity,
+        clock.clone(),
+        limits.token_cache_max_bytes,
+    )));
+    let refused = Arc::new(RefusedCallers::new(
+        config.audit.authentication_failures,
+        clock.clone(),
+    ));
     let (reload, reload_requests) = mpsc::channel(8);
     let source = config.file.clone().map(|path| catalog_updates::Source {
         path,
         env: config.catalog_inputs.env.clone(),
         poll_interval: config.server.reload_interval,
-        loaded_sha256: config.file_sha256,
+        loaded: config.loaded.clone(),
     });
+    let listen = options.listen.or(config.server.listen);
+    let restart_required = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let catalog_updates = tokio::spawn(catalog_updates::run(
-        boundary.clone(),
+        catalog_updates::Updater {
+            boundary: boundary.clone(),
+            identity: identity.clone(),
+            clock: clock.clone(),
+            restart_required: restart_required.clone(),
+            listen,
+        },
         config.catalog_inputs,
         source,
         discovered,
@@ -219,24 +254,25 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
     if options.reload_on_sighup {
         background.push(reload_on_sighup(reload.clone())?);
     }
-    let identity = Arc::new(IdentityResolver::new(&config.identity, clock));
-    if identity.dev_identity() {
-        tracing::warn!(
-            "dev identity is on: callers are NOT authenticated; x-toolgate-* metadata is trusted as is"
-        );
-    }
+    let gate = services::Gate {
+        boundary: boundary.clone(),
+        identity: identity.clone(),
+        refused: refused.clone(),
+    };
 
-    let max_message = config.limits.max_message_bytes;
-    let toolgate = ToolGateServer::new(ToolGateService::new(
-        boundary.clone(),
-        identity.clone(),
-        config.limits.clone(),
-    ))
-    .max_decoding_message_size(max_message)
-    .max_encoding_message_size(max_message);
-    let approvals = ApprovalsServer::new(ApprovalsService::new(boundary.clone(), identity))
-        .max_decoding_message_size(max_message);
+    // Every service gets explicit message limits both ways: nothing it sends or accepts can be
+    // larger than the configured message size.
+    let max_message = limits.max_message_bytes;
+    let toolgate = ToolGateServer::new(ToolGateService::new(gate.clone(), limits.clone()))
+        .max_decoding_message_size(max_message)
+        .max_encoding_message_size(max_message);
+    let approvals = ApprovalsServer::new(ApprovalsService::new(gate))
+        .max_decoding_message_size(max_message)
+        .max_encoding_message_size(max_message);
     let (health, health_service) = tonic_health::server::health_reporter();
+    let health_service = health_service
+        .max_decoding_message_size(64 * 1024)
+        .max_encoding_message_size(64 * 1024);
     health
         .set_serving::<ToolGateServer<ToolGateService>>()
         .await;
@@ -248,17 +284,22 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
-        .map_err(|e| StartError::Reflection(e.to_string()))?;
+        .map_err(|e| StartError::Reflection(e.to_string()))?
+        .max_decoding_message_size(max_message)
+        .max_encoding_message_size(max_message);
     let reflection_v1alpha = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()
-        .map_err(|e| StartError::Reflection(e.to_string()))?;
+        .map_err(|e| StartError::Reflection(e.to_string()))?
+        .max_decoding_message_size(max_message)
+        .max_encoding_message_size(max_message);
     let routes = Routes::new(toolgate)
         .add_service(approvals)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha);
+    let in_flight = InFlightLayer::new(limits.max_in_flight);
 
     let (shutdown, shutdown_rx) = watch::channel(false);
     let signal = move || {
@@ -297,7 +338,7 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
     let mut tasks = Vec::new();
     let local_addr = tcp.as_ref().map(|(_, bound)| *bound);
     if let Some((listener, bound)) = tcp {
-        let server = builder()
+        let server = builder(&limits, &in_flight)
             .add_routes(routes.clone())
             .serve_with_incoming_shutdown(
                 // Serving an incoming stream bypasses the builder's tcp_nodelay; without it every
@@ -309,7 +350,7 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         tracing::info!(addr = %bound, "serving gRPC over TCP");
     }
     if let (Some(listener), Some(path)) = (unix, &unix_socket) {
-        let server = builder()
+        let server = builder(&limits, &in_flight)
             .add_routes(routes)
             .serve_with_incoming_shutdown(UnixListenerStream::new(listener), signal());
         tasks.push(tokio::spawn(server));
@@ -318,6 +359,9 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
     let admin = AdminBinding::start(
         options.admin_listen.or(config.server.admin_listen),
         &boundary,
+        &identity,
+        &refused,
+        &restart_required,
     )
     .await?;
     // Shed rate-limit keys whose window has passed, so their stores stay small.
@@ -366,19 +410,34 @@ impl AdminBinding {
     async fn start(
         addr: Option<SocketAddr>,
         boundary: &Arc<Boundary>,
+        identity: &IdentityHandle,
+        refused: &Arc<RefusedCallers>,
+        restart_required: &Arc<std::sync::atomic::AtomicBool>,
     ) -> Result<Option<Self>, StartError> {
         let Some(addr) = addr else { return Ok(None) };
         let reader = boundary.clone();
+        let identity = identity.clone();
+        let refused = refused.clone();
+        let restart_required = restart_required.clone();
         let state = Arc::new(AdminState {
             metrics: boundary.metrics().clone(),
             snapshot: Box::new(move || {
                 let audit = reader.audit();
+                let stores = reader.store_bytes();
+                let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+                let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
                 Snapshot {
-                    approvals_pending: i64::try_from(reader.pending_approvals())
-                        .unwrap_or(i64::MAX),
-                    audit_queue_depth: i64::try_from(audit.queued()).unwrap_or(i64::MAX),
-                    audit_written: i64::try_from(audit.written()).unwrap_or(i64::MAX),
-                    audit_dropped: i64::try_from(audit.dropped()).unwrap_or(i64::MAX),
+                    approvals_pending: gauge(reader.pending_approvals()),
+                    audit_queue_depth: gauge(audit.queued()),
+                    audit_written: count(audit.written()),
+                    audit_dropped: count(audit.dropped()),
+                    audit_write_errors: count(audit.write_errors()),
+                    audit_refused_callers_suppressed: count(refused.suppressed()),
+                    idempotency_bytes: gauge(stores.idempotency),
+                    approvals_bytes: gauge(stores.approvals),
+                    revision_log_bytes: gauge(stores.revision_log),
+                    token_cache_bytes: gauge(identity.load().cache_bytes()),
+                    restart_required: restart_required.load(std::sync::atomic::Ordering::Relaxed),
                 }
             }),
             ready: std::sync::atomic::AtomicBool::new(true),
@@ -429,16 +488,26 @@ fn reload_on_sighup(
     }))
 }
 
-/// The transport stack. Layers are transport concerns only: the caller's trace context.
-fn builder() -> tonic::transport::server::Server<
+/// The server with its transport layers.
+type LayeredServer = tonic::transport::server::Server<
     tower::layer::util::Stack<
         DeadlineLayer,
-        tower::layer::util::Stack<TraceContextLayer, tower::layer::util::Identity>,
+        tower::layer::util::Stack<
+            TraceContextLayer,
+            tower::layer::util::Stack<InFlightLayer, tower::layer::util::Identity>,
+        >,
     >,
-> {
+>;
+
+/// The transport stack. Layers are transport concerns only, in this order: the sidecar-wide cap
+/// on calls in flight first (overload is refused before any work), then the caller's trace
+/// context and deadline. Each connection may open only so many streams.
+fn builder(limits: &crate::config::LimitsConfig, in_flight: &InFlightLayer) -> LayeredServer {
     tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .tcp_nodelay(true)
+        .max_concurrent_streams(Some(limits.max_streams_per_connection))
+        .layer(in_flight.clone())
         .layer(TraceContextLayer)
         .layer(DeadlineLayer)
 }

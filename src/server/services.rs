@@ -8,38 +8,80 @@ use tonic::{Request, Response, Status};
 use super::convert;
 use tracing::Instrument;
 
+use arc_swap::ArcSwap;
+
 use crate::{
     approvals,
-    boundary::{Boundary, Turn},
+    audit::RefusedCallers,
+    boundary::{Boundary, ResponseBudget, Turn},
     config::LimitsConfig,
     identity::{Caller, IdentityResolver},
     proto::{self, approvals_server::Approvals, tool_gate_server::ToolGate},
     telemetry::spans,
 };
 
+/// The identity resolver in force; swapped whole when a reload changes `identity` (key rotation),
+/// so tokens verified under old keys are forgotten with it.
+pub type IdentityHandle = Arc<ArcSwap<IdentityResolver>>;
+
+/// What both services need to identify callers and record the ones refused.
+#[derive(Clone)]
+pub struct Gate {
+    pub boundary: Arc<Boundary>,
+    pub identity: IdentityHandle,
+    pub refused: Arc<RefusedCallers>,
+}
+
+impl Gate {
+    /// The caller, from metadata only. A refused caller is logged and audited (bounded in rate),
+    /// without any token material.
+    fn identify<T>(&self, request: &Request<T>, rpc: &str) -> Result<Caller, Status> {
+        self.identity
+            .load()
+            .resolve(request.metadata())
+            .map_err(|err| {
+                tracing::info!(error = %err, rpc, "caller refused");
+                self.refused.record(
+                    self.boundary.audit(),
+                    rpc,
+                    request.remote_addr().map(|a| a.to_string()),
+                    &err.to_string(),
+                );
+                convert::identity_status(&err)
+            })
+    }
+}
+
 pub struct ToolGateService {
-    boundary: Arc<Boundary>,
-    identity: Arc<IdentityResolver>,
+    gate: Gate,
     limits: LimitsConfig,
 }
 
 impl ToolGateService {
-    pub fn new(
-        boundary: Arc<Boundary>,
-        identity: Arc<IdentityResolver>,
-        limits: LimitsConfig,
-    ) -> Self {
-        ToolGateService {
-            boundary,
-            identity,
-            limits,
-        }
+    pub fn new(gate: Gate, limits: LimitsConfig) -> Self {
+        ToolGateService { gate, limits }
+    }
+
+    fn boundary(&self) -> &Boundary {
+        &self.gate.boundary
     }
 
     /// The caller, run, step, shown revision and client deadline common to a request's calls.
-    fn turn<T: TurnFields>(&self, request: &Request<T>) -> Result<Turn, Status> {
-        let caller = identify(&self.identity, request)?;
+    fn turn<T: TurnFields>(&self, request: &Request<T>, rpc: &str) -> Result<Turn, Status> {
+        let caller = self.gate.identify(request, rpc)?;
         let body = request.get_ref();
+        // Request-level identifiers: a bad one refuses the whole request, before any call.
+        for (field, value) in [
+            ("run_id", body.run_id()),
+            ("catalog_revision", body.catalog_revision()),
+        ] {
+            crate::boundary::structure::check_identifier(
+                field,
+                value,
+                self.limits.max_identifier_bytes,
+            )
+            .map_err(|(_, message)| Status::invalid_argument(message))?;
+        }
         // Set by the DeadlineLayer when the request arrived.
         let deadline = request
             .extensions()
@@ -97,22 +139,15 @@ fn remote_context<T>(request: &Request<T>) -> opentelemetry::Context {
         .unwrap_or_default()
 }
 
-fn identify<T>(identity: &IdentityResolver, request: &Request<T>) -> Result<Caller, Status> {
-    identity.resolve(request.metadata()).map_err(|err| {
-        tracing::info!(error = %err, "caller refused");
-        convert::identity_status(&err)
-    })
-}
-
 #[tonic::async_trait]
 impl ToolGate for ToolGateService {
     async fn list_tools(
         &self,
         request: Request<proto::ListToolsRequest>,
     ) -> Result<Response<proto::ListToolsResponse>, Status> {
-        let caller = identify(&self.identity, &request)?;
+        let caller = self.gate.identify(&request, "ListTools")?;
         let span = spans::list_tools(&caller.tenant, &remote_context(&request));
-        let (tools, catalog_revision) = span.in_scope(|| self.boundary.list_tools(&caller));
+        let (tools, catalog_revision) = span.in_scope(|| self.boundary().list_tools(&caller));
         span.record("toolgate.tools", tools.len());
         span.record("toolgate.catalog_revision", catalog_revision.as_str());
         Ok(Response::new(proto::ListToolsResponse {
@@ -125,14 +160,15 @@ impl ToolGate for ToolGateService {
         &self,
         request: Request<proto::ExecuteToolRequest>,
     ) -> Result<Response<proto::ExecuteToolResponse>, Status> {
-        let turn = self.turn(&request)?;
+        let turn = self.turn(&request, "ExecuteTool")?;
         let call = request
             .into_inner()
             .call
             .ok_or_else(|| Status::invalid_argument("ExecuteToolRequest.call is required"))?;
+        let budget = ResponseBudget::new(self.limits.max_message_bytes, 1);
         let outcome = self
-            .boundary
-            .execute(&turn, convert::call_request(call), 0)
+            .boundary()
+            .execute(&turn, convert::call_request(call), 0, &budget)
             .await;
         Ok(Response::new(proto::ExecuteToolResponse {
             result: Some(convert::tool_result(outcome)),
@@ -143,7 +179,7 @@ impl ToolGate for ToolGateService {
         &self,
         request: Request<proto::ExecuteToolsRequest>,
     ) -> Result<Response<proto::ExecuteToolsResponse>, Status> {
-        let mut turn = self.turn(&request)?;
+        let mut turn = self.turn(&request, "ExecuteTools")?;
         let body = request.into_inner();
         if body.calls.len() > self.limits.max_batch_calls {
             return Err(Status::invalid_argument(format!(
@@ -163,7 +199,7 @@ impl ToolGate for ToolGateService {
         let calls = body.calls.into_iter().map(convert::call_request).collect();
         let max_parallel = usize::try_from(body.max_parallel).unwrap_or(usize::MAX);
         let outcomes = self
-            .boundary
+            .boundary()
             .execute_batch(&turn, calls, body.parallel, max_parallel)
             .instrument(span)
             .await;
@@ -179,13 +215,12 @@ pub const DEFAULT_PAGE_SIZE: usize = 50;
 pub const MAX_PAGE_SIZE: usize = 200;
 
 pub struct ApprovalsService {
-    boundary: Arc<Boundary>,
-    identity: Arc<IdentityResolver>,
+    gate: Gate,
 }
 
 impl ApprovalsService {
-    pub fn new(boundary: Arc<Boundary>, identity: Arc<IdentityResolver>) -> Self {
-        ApprovalsService { boundary, identity }
+    pub fn new(gate: Gate) -> Self {
+        ApprovalsService { gate }
     }
 }
 
@@ -195,7 +230,7 @@ impl Approvals for ApprovalsService {
         &self,
         request: Request<proto::ListApprovalsRequest>,
     ) -> Result<Response<proto::ListApprovalsResponse>, Status> {
-        let approver = identify(&self.identity, &request)?;
+        let approver = self.gate.identify(&request, "ListApprovals")?;
         let body = request.into_inner();
         let state = convert::approval_state_filter(body.state)?;
         let page_size = match body.page_size {
@@ -211,6 +246,7 @@ impl Approvals for ApprovalsService {
             })?),
         };
         let page = self
+            .gate
             .boundary
             .list_approvals(&approver, state, page_size, after.as_ref())
             .map_err(|e| convert::decide_status(&e))?;
@@ -228,8 +264,9 @@ impl Approvals for ApprovalsService {
         &self,
         request: Request<proto::GetApprovalRequest>,
     ) -> Result<Response<proto::GetApprovalResponse>, Status> {
-        let approver = identify(&self.identity, &request)?;
+        let approver = self.gate.identify(&request, "GetApproval")?;
         let approval = self
+            .gate
             .boundary
             .get_approval(&approver, &request.get_ref().approval_id)
             .map_err(|e| convert::decide_status(&e))?;
@@ -242,9 +279,10 @@ impl Approvals for ApprovalsService {
         &self,
         request: Request<proto::DecideApprovalRequest>,
     ) -> Result<Response<proto::DecideApprovalResponse>, Status> {
-        let approver = identify(&self.identity, &request)?;
+        let approver = self.gate.identify(&request, "DecideApproval")?;
         let body = request.into_inner();
         let approval = self
+            .gate
             .boundary
             .decide_approval(
                 &approver,

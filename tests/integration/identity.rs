@@ -163,7 +163,13 @@ async fn bad_tokens_are_unauthenticated_and_nothing_runs() {
         .unwrap_err();
     assert_eq!(err.code(), Code::Unauthenticated);
     assert_eq!(server.builtins().executions(), 0);
-    assert!(server.audit_events().await.is_empty());
+    // Nothing ran: the only events are the refused callers'.
+    let events = server.audit_events().await;
+    assert!(!events.is_empty());
+    assert!(
+        events.iter().all(|e| e["kind"] == "authentication_failed"),
+        "{events:?}"
+    );
     server.stop().await;
 }
 

@@ -435,9 +435,12 @@ proptest! {
             );
             let global = reference_list(&None, &lists.policy_deny, name);
             let agent = reference_list(&lists.agent_allow, &[], name);
-            // The whole stage: global, then tenant, then agent (only for a known agent).
+            // The whole stage: global, then tenant, then agent. Agents are configured without a
+            // "*" entry, so an unknown agent, another spelling of a known one, or none gets nothing.
             let expected = global.is_ok() && tenant_expected.is_ok();
-            prop_assert_eq!(access::check(catalog, &caller("other"), name).is_ok(), expected, "{}", name);
+            for unknown in ["other", "Bot", "bot ", ""] {
+                prop_assert!(access::check(catalog, &caller(unknown), name).is_err(), "{:?} {}", unknown, name);
+            }
             prop_assert_eq!(
                 access::check(catalog, &caller("bot"), name).is_ok(),
                 expected && agent.is_ok(),

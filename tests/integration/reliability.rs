@@ -661,7 +661,7 @@ async fn barrage(small: &TestServer, server: &TestServer) {
         r.error_message.chars().take(300).collect::<String>()
     );
 
-    // 10,000 calls in one ExecuteTools: over max_batch_calls (128), refused as a whole.
+    // 10,000 calls in one ExecuteTools: over max_batch_calls (8 here), refused as a whole.
     let calls = (0..10_000)
         .map(|_| call("echo", r#"{"text":"x"}"#))
         .collect();
@@ -721,9 +721,10 @@ async fn hostile_input_gets_clean_errors_and_memory_stays_bounded() {
         );
         return;
     }
-    let small = TestServer::start(
-        &HOSTILE.replace("tenants:", "limits: { max_message_bytes: 65536 }\ntenants:"),
-    )
+    let small = TestServer::start(&HOSTILE.replace(
+        "tenants:",
+        "limits: { max_message_bytes: 65536, max_batch_calls: 8 }\ntenants:",
+    ))
     .await;
     let server = TestServer::start(HOSTILE).await;
     let mut client = server.client().await;
@@ -862,7 +863,8 @@ async fn the_per_call_future_stays_small() {
         arguments_json: r#"{"text":"hi"}"#.into(),
         ..CallRequest::default()
     };
-    let future = server.boundary().execute(&turn, call, 0);
+    let budget = toolgate::boundary::ResponseBudget::new(4 << 20, 1);
+    let future = server.boundary().execute(&turn, call, 0, &budget);
     let size = std::mem::size_of_val(&future);
     assert!(size <= 2048, "Boundary::execute's future is {size} bytes");
     // Still a working call: the future measured is the real one.

@@ -307,6 +307,7 @@ tenants:
   initech: { allow: ["echo", "greet"] }
 agents:
   narrow-bot: { allow: ["echo"] }
+  "*": { allow: ["*"] }
 tools:
   - name: echo
     description: Returns text.

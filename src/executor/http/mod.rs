@@ -196,6 +196,14 @@ impl Upstream {
         })
     }
 
+    /// Takes over `previous`'s slots for requests in flight when the cap is unchanged, so a
+    /// reload in the middle of load cannot let twice the cap through.
+    pub fn adopt_in_flight(&mut self, previous: &Upstream) {
+        if previous.max_concurrency == self.max_concurrency {
+            self.in_flight = previous.in_flight.clone();
+        }
+    }
+
     /// The URL for a tool path under this upstream.
     pub fn url_for(&self, path: &str, at: &str) -> Result<Url, FieldError> {
         if path.is_empty() {

@@ -1,0 +1,101 @@
+//! The generic cell rate algorithm (GCRA), on plain numbers so that the in-memory limiter and the
+//! Redis script (which runs the same arithmetic server-side) decide alike.
+//!
+//! A quota of `count` per `period` with `burst` emits one cell every `period / count`; a key's
+//! state is its theoretical arrival time (TAT). A call at `now` is admitted when
+//! `max(tat, now) - now <= (burst - 1) * emission`, and then moves the TAT one emission later.
+//! Deciding and committing are separate steps, so a caller can check several quotas and commit
+//! only when all of them admit.
+
+use std::time::Duration;
+
+use crate::config::Rate;
+
+/// One quota, in nanoseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gcra {
+    /// Time between two cells.
+    emission: u64,
+    /// How far ahead of `now` the TAT may run: `(burst - 1) * emission`.
+    tolerance: u64,
+}
+
+/// Nanoseconds in a `Duration`, saturating.
+pub fn nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl Gcra {
+    pub fn new(rate: Rate) -> Self {
+        let emission = (nanos(rate.period) / u64::from(rate.count.get())).max(1);
+        Gcra {
+            emission,
+            tolerance: emission.saturating_mul(u64::from(rate.burst.get()) - 1),
+        }
+    }
+
+    /// The new TAT if a call at `now` is admitted, or how long until it would be.
+    pub fn decide(&self, tat: Option<u64>, now: u64) -> Result<u64, Duration> {
+        let tat = tat.unwrap_or(now).max(now);
+        let ahead = tat - now;
+        if ahead > self.tolerance {
+            return Err(Duration::from_nanos(ahead - self.tolerance));
+        }
+        Ok(tat.saturating_add(self.emission))
+    }
+
+    /// Calls that would be admitted at `now` before the quota refuses (for explaining decisions).
+    pub fn remaining(&self, tat: Option<u64>, now: u64) -> u64 {
+        let ahead = tat.unwrap_or(now).max(now) - now;
+        match self.tolerance.checked_sub(ahead) {
+            Some(room) => room / self.emission + 1,
+            None => 0,
+        }
+    }
+
+    /// Whether a TAT says nothing a fresh key would not: the key can be forgotten.
+    pub fn is_idle(tat: u64, now: u64) -> bool {
+        tat <= now
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroU32;
+
+    use super::*;
+
+    fn rate(count: u32, secs: u64, burst: u32) -> Gcra {
+        Gcra::new(Rate {
+            count: NonZeroU32::new(count).unwrap(),
+            period: Duration::from_secs(secs),
+            burst: NonZeroU32::new(burst).unwrap(),
+        })
+    }
+
+    #[test]
+    fn a_burst_then_one_cell_per_emission() {
+        let quota = rate(5, 60, 5);
+        let mut tat = None;
+        for _ in 0..5 {
+            assert!(quota.remaining(tat, 0) > 0);
+            tat = Some(quota.decide(tat, 0).unwrap());
+        }
+        assert_eq!(quota.remaining(tat, 0), 0);
+        // The sixth waits exactly one emission (12 s) from the start.
+        assert_eq!(quota.decide(tat, 0), Err(Duration::from_secs(12)));
+        let later = 12_000_000_000;
+        assert!(quota.decide(tat, later - 1).is_err());
+        assert!(quota.decide(tat, later).is_ok());
+    }
+
+    #[test]
+    fn a_refusal_changes_nothing_and_idle_keys_are_fresh() {
+        let quota = rate(1, 1, 1);
+        let tat = quota.decide(None, 100).unwrap();
+        assert!(quota.decide(Some(tat), 100).is_err());
+        assert!(!Gcra::is_idle(tat, 100));
+        assert!(Gcra::is_idle(tat, tat));
+        assert_eq!(quota.remaining(Some(tat), tat), 1);
+    }
+}
