@@ -9,8 +9,11 @@ take `fresh_toolgate`, a server of their own.
 
 from __future__ import annotations
 
+import json
 import socket
 import sys
+import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -129,3 +132,28 @@ def interval_ms(event: dict) -> tuple[float, float]:
     """When a call ran, from its audit event: `time` is when it started, plus `duration_ms`."""
     start = datetime.fromisoformat(event["time"].replace("Z", "+00:00")).timestamp() * 1000
     return start, start + event["duration_ms"]
+
+
+def admin_address(server: ToolgateServer) -> str:
+    """The admin endpoint's address, from the server's JSON log."""
+    for line in server.stderr_lines:
+        try:
+            fields = json.loads(line).get("fields", {})
+        except ValueError:
+            continue
+        if fields.get("message") == "serving /metrics, /healthz and /readyz":
+            return fields["addr"]
+    raise AssertionError(f"no admin address in the log:\n{server.stderr_text()}")
+
+
+def wait_for_calls_in_flight(server: ToolgateServer, count: int, timeout: float = 10.0) -> None:
+    """Polls /metrics (bounded) until toolgate_calls_in_flight reaches `count`."""
+    url = f"http://{admin_address(server)}/metrics"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            text = response.read().decode()
+        if f"toolgate_calls_in_flight {count}\n" in text:
+            return
+        time.sleep(0.01)  # a poll interval, not synchronisation: the condition is re-checked
+    raise AssertionError(f"toolgate_calls_in_flight never reached {count} within {timeout}s")
