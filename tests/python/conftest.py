@@ -1,8 +1,8 @@
 """Shared support for the black-box tests: start the real toolgate binary, talk to it over gRPC.
 
-The `toolgate` fixture runs `toolgate serve --listen 127.0.0.1:0 --log-format json` on the embedded
-demo catalog, learns the bound address from its JSON log on stderr, and on teardown stops it with
-SIGTERM and checks that it exits 0. Every wait here is bounded; nothing sleeps to synchronize.
+The `toolgate` fixture runs the binary on the embedded demo catalog (toolgate_process.py: it learns
+the bound address from the JSON log), and on teardown stops it with SIGTERM and checks that it
+exits 0. Every wait here is bounded; nothing sleeps to synchronize.
 
 Message types come from the server itself (gRPC server reflection), never from generated stubs or
 the .proto file: the tests check the contract a client without our sources would see.
@@ -11,209 +11,25 @@ the .proto file: the tests check the contract a client without our sources would
 from __future__ import annotations
 
 import collections
-import json
-import os
-import queue
-import signal
-import subprocess
-import threading
-import time
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import grpc
 import pytest
+import toolgate_process
 from google.protobuf import descriptor_pool, message_factory
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
+from toolgate_process import REPO_ROOT, ToolgateServer, _toolgate_bin  # noqa: F401 (test_deploy imports these)
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_BIN = REPO_ROOT / "target" / "debug" / "toolgate"
-
-STARTUP_TIMEOUT_S = 30.0
-# The demo catalog's shutdown_grace is 10s; allow that plus some slack.
-SHUTDOWN_TIMEOUT_S = 20.0
-# Applied to every RPC the tests make that does not set its own deadline (reflection included).
-DEFAULT_RPC_DEADLINE_S = 10.0
-# Audit events are written from a queue, so they can trail the RPC's answer a little.
-AUDIT_TIMEOUT_S = 10.0
-
-SERVING_ADDR_MESSAGE = "serving gRPC over TCP"
-READY_MESSAGE = "catalog loaded; SERVING"
-
-
-@dataclass
-class ToolgateServer:
-    """A running toolgate process and what it has printed so far."""
-
-    process: subprocess.Popen
-    address: str
-    stderr_lines: list[str] = field(default_factory=list)
-    stdout_lines: list[str] = field(default_factory=list)
-    # Notified (with its lock held) each time a stdout line is appended.
-    stdout_changed: threading.Condition = field(default_factory=threading.Condition, repr=False)
-
-    def stderr_text(self) -> str:
-        return "".join(self.stderr_lines)
-
-    def audit_events(self) -> list[dict]:
-        """The audit events printed so far: the JSON-object lines on stdout."""
-        with self.stdout_changed:
-            lines = list(self.stdout_lines)
-        events = []
-        for line in lines:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(event, dict):
-                events.append(event)
-        return events
-
-    def wait_for_audit_events(self, predicate, timeout: float = AUDIT_TIMEOUT_S) -> list[dict]:
-        """Waits (bounded) until `predicate(events)` is truthy for the audit events so far.
-
-        Returns the events; fails the test with what was seen if the wait runs out.
-        """
-        with self.stdout_changed:
-            if self.stdout_changed.wait_for(lambda: predicate(self.audit_events()), timeout=timeout):
-                return self.audit_events()
-        seen = "".join(self.stdout_lines[-20:])
-        pytest.fail(
-            f"no matching audit events within {timeout:.0f}s; last stdout lines:\n{seen}", pytrace=False
-        )
-
-
-def _toolgate_bin() -> Path:
-    configured = os.environ.get("TOOLGATE_BIN")
-    path = Path(configured).resolve() if configured else DEFAULT_BIN
-    if not path.is_file() or not os.access(path, os.X_OK):
-        source = "TOOLGATE_BIN" if configured else "the default path"
-        pytest.fail(
-            f"toolgate binary not found at {path} ({source}); run `cargo build` in {REPO_ROOT} "
-            "first, or set TOOLGATE_BIN to the binary",
-            pytrace=False,
-        )
-    return path
-
-
-def _pump(
-    stream, sink: list[str], lines: queue.Queue | None, changed: threading.Condition | None = None
-) -> None:
-    """Read `stream` to EOF so the child never blocks on a full pipe; forward lines to `lines`."""
-    for line in stream:
-        if changed is None:
-            sink.append(line)
-        else:
-            with changed:
-                sink.append(line)
-                changed.notify_all()
-        if lines is not None:
-            lines.put(line)
-    if lines is not None:
-        lines.put(None)  # EOF
-
-
-def _log_message(line: str) -> dict | None:
-    try:
-        record = json.loads(line)
-    except ValueError:
-        return None
-    fields = record.get("fields") if isinstance(record, dict) else None
-    return fields if isinstance(fields, dict) else None
-
-
-def _wait_until_serving(server: ToolgateServer, lines: queue.Queue) -> str:
-    """Read log lines until the server is bound and SERVING; return the bound address."""
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    address = None
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError(
-                f"toolgate did not report SERVING within {STARTUP_TIMEOUT_S:.0f}s; "
-                f"stderr so far:\n{server.stderr_text()}"
-            )
-        try:
-            line = lines.get(timeout=remaining)
-        except queue.Empty:
-            continue
-        if line is None:
-            code = server.process.wait(timeout=SHUTDOWN_TIMEOUT_S)
-            raise RuntimeError(
-                f"toolgate exited with code {code} before serving; stderr:\n{server.stderr_text()}"
-            )
-        fields = _log_message(line)
-        if fields is None:
-            continue
-        if fields.get("message") == SERVING_ADDR_MESSAGE:
-            address = fields.get("addr")
-        elif fields.get("message") == READY_MESSAGE:
-            if address is None:
-                raise RuntimeError(
-                    f"toolgate reported SERVING before its address; stderr:\n{server.stderr_text()}"
-                )
-            return address
-
-
-def _stop(server: ToolgateServer) -> int:
-    if server.process.poll() is None:
-        server.process.send_signal(signal.SIGTERM)
-    try:
-        return server.process.wait(timeout=SHUTDOWN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        server.process.kill()
-        server.process.wait(timeout=SHUTDOWN_TIMEOUT_S)
-        pytest.fail(
-            f"toolgate did not exit within {SHUTDOWN_TIMEOUT_S:.0f}s of SIGTERM (killed); "
-            f"stderr:\n{server.stderr_text()}",
-            pytrace=False,
-        )
+DEFAULT_RPC_DEADLINE_S = toolgate_process.DEFAULT_RPC_DEADLINE_S
 
 
 @pytest.fixture(scope="session")
 def toolgate() -> ToolgateServer:
     """The real binary serving the embedded demo catalog on an ephemeral loopback port."""
-    binary = _toolgate_bin()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLGATE_") and k != "RUST_LOG"}
-    process = subprocess.Popen(
-        [str(binary), "serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--log-format", "json"],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=REPO_ROOT,
-    )
-    server = ToolgateServer(process=process, address="")
-    lines: queue.Queue = queue.Queue()
-    pumps = [
-        threading.Thread(target=_pump, args=(process.stderr, server.stderr_lines, lines), daemon=True),
-        threading.Thread(
-            target=_pump,
-            args=(process.stdout, server.stdout_lines, None, server.stdout_changed),
-            daemon=True,
-        ),
-    ]
-    for pump in pumps:
-        pump.start()
-    startup_error = None
-    try:
-        server.address = _wait_until_serving(server, lines)
-    except (TimeoutError, RuntimeError) as err:
-        startup_error = str(err)
-    if startup_error is not None:
-        if process.poll() is None:
-            process.kill()
-            process.wait(timeout=SHUTDOWN_TIMEOUT_S)
-        pytest.fail(startup_error, pytrace=False)
-
+    server = toolgate_process.start()
     yield server
-
-    code = _stop(server)
-    for pump in pumps:
-        pump.join(timeout=SHUTDOWN_TIMEOUT_S)
+    code = toolgate_process.stop(server)
     assert code == 0, f"toolgate exited with {code} after SIGTERM; stderr:\n{server.stderr_text()}"
 
 

@@ -1,7 +1,8 @@
 /**
  * Runs the real toolgate binary for the tests: `toolgate serve --listen 127.0.0.1:0 --log-format json`
- * on the embedded demo catalog. The bound address comes from its JSON log on stderr; its audit
- * events (JSON lines on stdout) are kept so tests can wait for them. Every wait here is bounded.
+ * on the embedded demo catalog (or `--config`, given in `args`). The bound address comes from its
+ * JSON log on stderr; its audit events (JSON lines on stdout) are kept so tests can wait for them.
+ * Every wait here is bounded.
  */
 import { type ChildProcess, spawn } from 'node:child_process';
 import { EventEmitter, once } from 'node:events';
@@ -14,6 +15,7 @@ export const REPO_ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url
 
 const SERVING_ADDR_MESSAGE = 'serving gRPC over TCP';
 const READY_MESSAGE = 'catalog loaded; SERVING';
+const ADMIN_MESSAGE = 'serving /metrics, /healthz and /readyz';
 
 /** One audit event as the binary prints it (the fields the tests look at). */
 export interface AuditEvent {
@@ -72,15 +74,18 @@ export class ToolgateProcess {
   }
 
   /** Starts the binary and resolves once it is bound and SERVING. */
-  static async start(timeoutMs = 30_000): Promise<ToolgateProcess> {
+  static async start(
+    options: { args?: string[]; env?: Record<string, string>; timeoutMs?: number } = {},
+  ): Promise<ToolgateProcess> {
+    const timeoutMs = options.timeoutMs ?? 30_000;
     // The server must not pick up a config or log filter from the caller's environment.
     const env = Object.fromEntries(
       Object.entries(process.env).filter(([k]) => !k.startsWith('TOOLGATE_') && k !== 'RUST_LOG'),
     );
     const child = spawn(
       toolgateBinary(),
-      ['serve', '--listen', '127.0.0.1:0', '--admin-listen', '127.0.0.1:0', '--log-format', 'json'],
-      { cwd: REPO_ROOT, env, stdio: ['ignore', 'pipe', 'pipe'] },
+      ['serve', '--listen', '127.0.0.1:0', '--admin-listen', '127.0.0.1:0', '--log-format', 'json', ...(options.args ?? [])],
+      { cwd: REPO_ROOT, env: { ...env, ...options.env }, stdio: ['ignore', 'pipe', 'pipe'] },
     );
     const server = new ToolgateProcess(child);
     try {
@@ -124,6 +129,31 @@ export class ToolgateProcess {
     return within(found, timeoutMs, () =>
       `no matching audit event within ${timeoutMs} ms; stdout so far:\n${this.stdoutLines.join('\n')}`,
     ).finally(() => this.lines.off('stdout', onLine!));
+  }
+
+  /** The admin endpoint's address (/metrics), from the JSON log. */
+  adminAddress(): string {
+    for (const line of this.stderrLines) {
+      try {
+        const fields = JSON.parse(line).fields;
+        if (fields?.message === ADMIN_MESSAGE) return fields.addr as string;
+      } catch {
+        // not a JSON log line
+      }
+    }
+    throw new Error(`no admin address in the log:\n${this.stderrText()}`);
+  }
+
+  /** Polls /metrics (bounded) until toolgate_calls_in_flight is `count`. */
+  async waitForCallsInFlight(count: number, timeoutMs = 10_000): Promise<void> {
+    const url = `http://${this.adminAddress()}/metrics`;
+    const deadline = Date.now() + timeoutMs;
+    while (Date.now() < deadline) {
+      const text = await (await fetch(url, { signal: AbortSignal.timeout(timeoutMs) })).text();
+      if (text.includes(`toolgate_calls_in_flight ${count}\n`)) return;
+      await new Promise((resolve) => setTimeout(resolve, 10)); // a poll interval; the condition is re-checked
+    }
+    throw new Error(`toolgate_calls_in_flight never reached ${count} within ${timeoutMs} ms`);
   }
 
   /** SIGTERM, then wait (bounded) for the exit; SIGKILL and throw if it does not come. */
