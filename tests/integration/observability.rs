@@ -19,7 +19,7 @@ use toolgate::proto::{self, ToolStatus, tool_gate_client::ToolGateClient};
 use crate::{
     otlp_collector::{self, string_attribute},
     process::{sigterm, spawn_with_env, wait_exit},
-    support::{STAGES, TestServer, call, exec, execute_request, who},
+    support::{STAGES, TestServer, admin_get, call, exec, execute_request, who},
 };
 
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
@@ -372,34 +372,6 @@ impl axum::response::IntoResponse for ExportTraceServiceResponseBody {
         )
             .into_response()
     }
-}
-
-/// Fetches a path from the admin endpoint with a bare HTTP/1.1 request.
-async fn admin_get(server: &TestServer, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(server.admin_addr())
-        .await
-        .unwrap();
-    stream
-        .write_all(
-            format!("GET {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n")
-                .as_bytes(),
-        )
-        .await
-        .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    let status = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    // axum answers HTTP/1.1 with chunked bodies only for streams; these are sized.
-    (status, body)
 }
 
 #[tokio::test]

@@ -246,6 +246,44 @@ impl TestServer {
     }
 }
 
+/// Fetches a path from the admin endpoint with a bare HTTP/1.1 request: (status, body).
+pub async fn admin_get(server: &TestServer, path: &str) -> (u16, String) {
+    admin_get_at(server.admin_addr(), path).await
+}
+
+/// Fetches a path from an admin endpoint at `addr` (e.g. a spawned binary's).
+pub async fn admin_get_at(addr: SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    // axum answers HTTP/1.1 with chunked bodies only for streams; these are sized.
+    (status, body)
+}
+
+/// The value of one sample in a Prometheus text page (`name` with its labels, as printed).
+pub fn metric(page: &str, sample: &str) -> Option<f64> {
+    page.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
 pub fn call(name: &str, args: &str) -> proto::ToolCall {
     proto::ToolCall {
         name: name.into(),
