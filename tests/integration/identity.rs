@@ -163,7 +163,27 @@ async fn bad_tokens_are_unauthenticated_and_nothing_runs() {
         .unwrap_err();
     assert_eq!(err.code(), Code::Unauthenticated);
     assert_eq!(server.builtins().executions(), 0);
+    // The audit file is there and live (an empty list would also come from a file never made)...
+    assert!(
+        server.audit_path.is_file(),
+        "no audit file at {}",
+        server.audit_path.display()
+    );
     assert!(server.audit_events().await.is_empty());
+    // ...as a valid token's call shows: it runs and is audited, alone.
+    let ran = exec(
+        &mut client,
+        &Who::token(&hs256(&claims())),
+        call("echo", r#"{"text":"x"}"#),
+    )
+    .await;
+    assert_eq!(ran.status(), proto::ToolStatus::Ok, "{ran:?}");
+    let events = server.audit_events().await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(
+        (events[0]["tool"].as_str(), events[0]["subject"].as_str()),
+        (Some("echo"), Some("alice"))
+    );
     server.stop().await;
 }
 
