@@ -261,17 +261,22 @@ impl JwtVerifier {
             // clock in `verify`, not with jsonwebtoken's system time.
             validation.validate_exp = false;
             validation.validate_nbf = false;
-            validation.set_required_spec_claims(&["exp"]);
+            // A configured issuer or audience must also be present: jsonwebtoken checks them
+            // only when the token has them, so a token without `iss` would otherwise pass.
+            let mut required = vec!["exp"];
             if s.issuer.is_empty() {
                 validation.iss = None;
             } else {
                 validation.set_issuer(&s.issuer);
+                required.push("iss");
             }
             if s.audience.is_empty() {
                 validation.validate_aud = false;
             } else {
                 validation.set_audience(&s.audience);
+                required.push("aud");
             }
+            validation.set_required_spec_claims(&required);
             match jsonwebtoken::decode::<Value>(token, &key.key, &validation) {
                 Ok(data) => {
                     return Ok(Verified {

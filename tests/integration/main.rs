@@ -2,10 +2,12 @@
 
 mod approvals;
 mod boundary;
+mod cli;
 mod config;
 mod execution;
 mod executors;
 mod identity;
+mod identity_jwt;
 mod list_tools;
 mod observability;
 #[path = "../common/otlp_collector.rs"]
@@ -15,4 +17,5 @@ mod properties;
 mod rate_limits;
 mod reliability;
 mod reload;
+mod shutdown;
 mod support;

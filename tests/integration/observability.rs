@@ -374,32 +374,9 @@ impl axum::response::IntoResponse for ExportTraceServiceResponseBody {
     }
 }
 
-/// Fetches a path from the admin endpoint with a bare HTTP/1.1 request.
+/// Fetches a path from the admin endpoint.
 async fn admin_get(server: &TestServer, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(server.admin_addr())
-        .await
-        .unwrap();
-    stream
-        .write_all(
-            format!("GET {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n")
-                .as_bytes(),
-        )
-        .await
-        .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    let status = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    // axum answers HTTP/1.1 with chunked bodies only for streams; these are sized.
-    (status, body)
+    crate::support::http_get(server.admin_addr(), path).await
 }
 
 #[tokio::test]
