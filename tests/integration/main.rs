@@ -1,6 +1,8 @@
 //! Integration tests: the real server on an ephemeral port, driven through the generated client.
 
 mod approvals;
+mod approvals_more;
+mod audit;
 mod boundary;
 mod cli;
 mod config;
@@ -9,6 +11,7 @@ mod executors;
 mod identity;
 mod identity_jwt;
 mod list_tools;
+mod metrics;
 mod observability;
 #[path = "../common/otlp_collector.rs"]
 mod otlp_collector;

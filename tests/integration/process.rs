@@ -72,17 +72,38 @@ pub(crate) fn spawn_with_env(args: &[&str], envs: &[(&str, &str)]) -> Spawned {
 /// Like [`spawn_with_env`], with stdout (where audit events go by default) piped: the caller
 /// takes `child.stdout` and must keep reading it.
 pub(crate) fn spawn_with_stdout(args: &[&str], envs: &[(&str, &str)]) -> Spawned {
-    spawn_full("json", args, envs, Stdio::piped())
+    spawn_full(&[], "json", args, envs, Stdio::piped())
+}
+
+/// Like [`spawn_with_env`], run under `wrapper` (e.g. `strace -o FILE`), which must pass the
+/// program's stderr through.
+pub(crate) fn spawn_wrapped(wrapper: &[&str], args: &[&str], envs: &[(&str, &str)]) -> Spawned {
+    spawn_full(wrapper, "json", args, envs, Stdio::null())
 }
 
 /// Starts the binary with this `--log-format`. JSON lines become their message; other lines are
 /// passed on whole (and give no address).
 fn spawn_logging(log_format: &str, args: &[&str], envs: &[(&str, &str)]) -> Spawned {
-    spawn_full(log_format, args, envs, Stdio::null())
+    spawn_full(&[], log_format, args, envs, Stdio::null())
 }
 
-fn spawn_full(log_format: &str, args: &[&str], envs: &[(&str, &str)], stdout: Stdio) -> Spawned {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+fn spawn_full(
+    wrapper: &[&str],
+    log_format: &str,
+    args: &[&str],
+    envs: &[(&str, &str)],
+    stdout: Stdio,
+) -> Spawned {
+    let binary = env!("CARGO_BIN_EXE_toolgate");
+    let mut command = match wrapper.split_first() {
+        Some((program, rest)) => {
+            let mut command = Command::new(program);
+            command.args(rest).arg(binary);
+            command
+        }
+        None => Command::new(binary),
+    };
+    let mut child = command
         .args([
             "serve",
             "--log-format",
