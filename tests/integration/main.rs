@@ -22,3 +22,4 @@ mod reliability;
 mod reload;
 mod shutdown;
 mod support;
+mod traces;
