@@ -8,6 +8,7 @@ mod cli;
 mod config;
 mod execution;
 mod executors;
+mod executors_dns;
 mod executors_more;
 mod identity;
 mod identity_jwt;
