@@ -13,6 +13,7 @@ mod executors_more;
 mod identity;
 mod identity_jwt;
 mod list_tools;
+mod mcp;
 mod metrics;
 mod observability;
 #[path = "../common/otlp_collector.rs"]
