@@ -6,6 +6,7 @@ mod audit;
 mod boundary;
 mod cli;
 mod config;
+mod examples;
 mod execution;
 mod executors;
 mod executors_dns;
