@@ -139,24 +139,64 @@ def test_the_audit_trail_shows_the_turn_and_the_approval(run, toolgate):
 
 
 def test_a_refused_approval_leaves_the_refusal_in_the_transcript(channel, stubs):
+    pb2, pb2_grpc = stubs
     # Another tenant, so this run does not eat into acme's refund_order quota.
     identity = agent_loop.Identity(tenant="globex", subject="carol", agent="agent-loop-example")
+    approver = agent_loop.Identity(tenant="globex", subject="dave", scopes=("toolgate:approve",))
     model = agent_loop.ScriptedModel(
         [[agent_loop.ProposedCall("call_refund", "refund_order", {"order_id": "G-7", "amount_cents": 100})]]
     )
+    approvals = pb2_grpc.ApprovalsStub(channel)
     asked = []
 
-    def decline(approval_id: str) -> bool:
+    def reject(approval_id: str) -> bool:
+        """A second person says no, through the Approvals service (not only to this loop)."""
         asked.append(approval_id)
-        return False
+        decided = approvals.DecideApproval(
+            pb2.DecideApprovalRequest(
+                approval_id=approval_id,
+                decision=pb2.APPROVAL_DECISION_REJECT,
+                reason="order G-7 was never delivered",
+            ),
+            metadata=approver.metadata(),
+            timeout=agent_loop.RPC_TIMEOUT_S,
+        )
+        return decided.approval.state == pb2.APPROVAL_STATE_APPROVED
 
-    run = agent_loop.run_agent_loop(channel, stubs, decline, model=model, identity=identity)
+    run = agent_loop.run_agent_loop(channel, stubs, reject, model=model, identity=identity)
 
     assert len(asked) == 1 and asked[0].startswith("apr_")
     refund = tool_messages(run)["call_refund"]
     assert refund["status"] == "TOOL_STATUS_APPROVAL_REQUIRED"
     assert refund["content"].startswith('TOOL_ERROR: {"errorType":"approval_required"')
     assert asked[0] in refund["content"]
+    # The server has the decision: listed as rejected with the approver and reason, and a repeat
+    # of the call with that approval is refused with the reason.
+    rejected = approvals.ListApprovals(
+        pb2.ListApprovalsRequest(state=pb2.APPROVAL_STATE_REJECTED),
+        metadata=approver.metadata(),
+        timeout=agent_loop.RPC_TIMEOUT_S,
+    ).approvals
+    mine = [a for a in rejected if a.approval_id == asked[0]]
+    assert len(mine) == 1
+    assert (mine[0].decided_by, mine[0].reason) == ("dave", "order G-7 was never delivered")
+    repeat = pb2_grpc.ToolGateStub(channel).ExecuteTool(
+        pb2.ExecuteToolRequest(
+            call=pb2.ToolCall(
+                call_id="call_refund",
+                name="refund_order",
+                arguments_json=json.dumps({"order_id": "G-7", "amount_cents": 100}),
+                approval_id=asked[0],
+            ),
+            run_id=run.run_id,
+            step=1,
+        ),
+        metadata=identity.metadata(),
+        timeout=agent_loop.RPC_TIMEOUT_S,
+    ).result
+    assert repeat.status == pb2.TOOL_STATUS_DENIED
+    assert repeat.error_type == "approval_rejected"
+    assert "order G-7 was never delivered" in repeat.error_message
 
 
 def test_the_example_runs_as_a_script(toolgate, stubs_dir):

@@ -6,7 +6,6 @@
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import { after, before, describe, it } from 'node:test';
-import { setTimeout as delay } from 'node:timers/promises';
 
 import * as grpc from '@grpc/grpc-js';
 
@@ -108,7 +107,6 @@ describe('toolgate through @grpc/grpc-js and @grpc/proto-loader', () => {
 
   it('a call outliving the client deadline ends at the deadline', { timeout: TEST_TIMEOUT_MS }, async (t) => {
     const callId = `ts-deadline-${randomUUID()}`;
-    const started = performance.now();
 
     const outcome = await settle(
       client.executeTool(
@@ -117,8 +115,8 @@ describe('toolgate through @grpc/grpc-js and @grpc/proto-loader', () => {
       ),
     );
 
-    const elapsedMs = performance.now() - started;
-    assert.ok(elapsedMs < 800, `the 100 ms deadline should end the 900 ms task, took ${elapsedMs} ms`);
+    // No timing is asserted (the machine may be busy): the audit event below says the client's
+    // deadline, not the 900 ms task, ended the call.
     // toolgate stops the tool 5 ms before the client's deadline and answers with a TIMEOUT result
     // so the model still gets one; if that answer does not make it back in time, grpc-js fails the
     // call with DEADLINE_EXCEEDED. A client must handle both; which one comes is a race.
@@ -152,10 +150,8 @@ describe('toolgate through @grpc/grpc-js and @grpc/proto-loader', () => {
         { signal: controller.signal, timeoutMs: 10_000 },
       ),
     );
-    // gRPC has no "the server started it" signal, so give the call 200 ms of its 900 ms to reach the
-    // server before cancelling. The audit event below proves it was running and then cancelled (a
-    // call cancelled before it arrived would leave no event, and the wait would fail).
-    await delay(200);
+    // Cancel once the server has started executing it (its debug log says so), not after a guess.
+    await server.waitForExecuting(callId);
     controller.abort();
 
     const outcome = await call;

@@ -73,10 +73,14 @@ export class ToolgateProcess {
 
   /** Starts the binary and resolves once it is bound and SERVING. */
   static async start(timeoutMs = 30_000): Promise<ToolgateProcess> {
-    // The server must not pick up a config or log filter from the caller's environment.
-    const env = Object.fromEntries(
-      Object.entries(process.env).filter(([k]) => !k.startsWith('TOOLGATE_') && k !== 'RUST_LOG'),
-    );
+    // The server must not pick up a config or log filter from the caller's environment. The
+    // boundary's debug lines say when a call starts executing (see waitForExecuting).
+    const env = {
+      ...Object.fromEntries(
+        Object.entries(process.env).filter(([k]) => !k.startsWith('TOOLGATE_') && k !== 'RUST_LOG'),
+      ),
+      RUST_LOG: 'info,toolgate::boundary=debug',
+    };
     const child = spawn(
       toolgateBinary(),
       ['serve', '--listen', '127.0.0.1:0', '--admin-listen', '127.0.0.1:0', '--log-format', 'json'],
@@ -124,6 +128,29 @@ export class ToolgateProcess {
     return within(found, timeoutMs, () =>
       `no matching audit event within ${timeoutMs} ms; stdout so far:\n${this.stdoutLines.join('\n')}`,
     ).finally(() => this.lines.off('stdout', onLine!));
+  }
+
+  /** Resolves once the server logs that the call `callId` is executing, waiting at most `timeoutMs`. */
+  waitForExecuting(callId: string, timeoutMs = 10_000): Promise<void> {
+    const executing = (line: string) => {
+      try {
+        const fields = JSON.parse(line).fields;
+        return fields?.message === 'executing' && fields?.call_id === callId;
+      } catch {
+        return false;
+      }
+    };
+    let onLine: ((line: string) => void) | undefined;
+    const found = new Promise<void>((resolve) => {
+      onLine = (line: string) => {
+        if (executing(line)) resolve();
+      };
+      this.lines.on('stderr', onLine);
+      if (this.stderrLines.some(executing)) resolve(); // it may already be there
+    });
+    return within(found, timeoutMs, () =>
+      `call ${callId} was not seen executing within ${timeoutMs} ms; stderr:\n${this.stderrText()}`,
+    ).finally(() => this.lines.off('stderr', onLine!));
   }
 
   /** SIGTERM, then wait (bounded) for the exit; SIGKILL and throw if it does not come. */
