@@ -137,6 +137,12 @@ impl Collector {
         *self.store.received.borrow()
     }
 
+    /// Spans received so far from the resource whose `service.name` is `service`.
+    pub fn received_from(&self, service: &str) -> u64 {
+        self.store
+            .with(|inner| inner.by_service.get(service).copied().unwrap_or(0))
+    }
+
     /// Spans dropped to stay within the capacity.
     pub fn dropped(&self) -> u64 {
         self.store.with(|inner| inner.dropped)
@@ -311,6 +317,8 @@ struct Inner {
     dropped: u64,
     exports: u64,
     logs: Vec<LogRecord>,
+    /// Spans received per `service.name` (never trimmed).
+    by_service: std::collections::HashMap<String, u64>,
 }
 
 impl Store {
@@ -340,6 +348,12 @@ impl Store {
                     continue;
                 }
                 added += spans as u64;
+                let service = batch
+                    .resource
+                    .as_ref()
+                    .and_then(|r| string_attribute(&r.attributes, "service.name"))
+                    .unwrap_or_default();
+                *inner.by_service.entry(service).or_default() += spans as u64;
                 inner.kept += spans;
                 inner.batches.push_back(batch);
             }
