@@ -221,6 +221,13 @@ fn fixture(tools: usize) -> &'static Fixture {
     }
 }
 
+/// A stage's answer for a call the fixture means to be allowed. A refusal fails the run loudly:
+/// timing a short-circuited refusal instead of the stage's work would report a number for work
+/// that was never done (a fixture drifting into a refusal, say after a catalog change).
+fn allowed<T, E: std::fmt::Debug>(stage: &str, key: &str, answer: Result<T, E>) -> T {
+    answer.unwrap_or_else(|refusal| panic!("{stage} refused {key}: {refusal:?}"))
+}
+
 /// The next key of the rotation.
 fn next<'f>(fixture: &'f Fixture, i: &mut usize) -> &'f Key {
     *i = (*i + 1) & (KEYS - 1);
@@ -238,8 +245,13 @@ fn load_catalog(bencher: Bencher, tools: usize) {
 #[divan::bench]
 fn structure_check(bencher: Bencher) {
     let limits = LimitsConfig::default();
-    bencher
-        .bench_local(|| structure::check(black_box("tool_00002"), black_box(ARGUMENTS), &limits));
+    bencher.bench_local(|| {
+        allowed(
+            "structure",
+            "tool_00002",
+            structure::check(black_box("tool_00002"), black_box(ARGUMENTS), &limits),
+        )
+    });
 }
 
 /// Stage 3: the tool's version for this tenant (canary buckets included).
@@ -249,10 +261,15 @@ fn resolve(bencher: Bencher, tools: usize) {
     let mut i = 0;
     bencher.bench_local(|| {
         let key = next(f, &mut i);
-        f.config
-            .catalog
-            .resolve(black_box(&key.name), None, &key.caller.tenant)
-            .is_ok()
+        allowed(
+            "resolve",
+            &key.name,
+            f.config
+                .catalog
+                .resolve(black_box(&key.name), None, &key.caller.tenant),
+        )
+        .version
+        .len()
     });
 }
 
@@ -263,7 +280,11 @@ fn access_check(bencher: Bencher, tools: usize) {
     let mut i = 0;
     bencher.bench_local(|| {
         let key = next(f, &mut i);
-        access::check(&f.config.catalog, &key.caller, black_box(&key.name)).is_ok()
+        allowed(
+            "access",
+            &key.name,
+            access::check(&f.config.catalog, &key.caller, black_box(&key.name)),
+        )
     });
 }
 
@@ -274,7 +295,7 @@ fn scopes_check(bencher: Bencher, tools: usize) {
     let mut i = 0;
     bencher.bench_local(|| {
         let key = next(f, &mut i);
-        scopes::check(&key.caller, &key.tool).is_ok()
+        allowed("scopes", &key.name, scopes::check(&key.caller, &key.tool))
     });
 }
 
@@ -285,7 +306,11 @@ fn schema_check(bencher: Bencher, tools: usize) {
     let mut i = 0;
     bencher.bench_local(|| {
         let key = next(f, &mut i);
-        schema::check(&key.tool, black_box(&f.arguments)).is_ok()
+        allowed(
+            "schema",
+            &key.name,
+            schema::check(&key.tool, black_box(&f.arguments)),
+        )
     });
 }
 
@@ -301,7 +326,11 @@ fn bind_apply(bencher: Bencher, tools: usize) {
         })
         .bench_local_values(|(i, arguments)| {
             let key = &f.keys[i];
-            bind::apply(&key.tool, &key.caller, arguments).is_ok()
+            allowed(
+                "bind",
+                &key.name,
+                bind::apply(&key.tool, &key.caller, arguments),
+            )
         });
 }
 
@@ -312,9 +341,12 @@ fn rate_limit_check(bencher: Bencher, tools: usize) {
     let mut i = 0;
     bencher.bench_local(|| {
         let key = next(f, &mut i);
-        f.rate_limits
-            .check(&key.caller.tenant, &key.tool, key.tenant_rate)
-            .is_ok()
+        allowed(
+            "rate limit",
+            &key.name,
+            f.rate_limits
+                .check(&key.caller.tenant, &key.tool, key.tenant_rate),
+        )
     });
 }
 
@@ -326,19 +358,35 @@ fn decision_chain(bencher: Bencher, tools: usize) {
     let mut i = 0;
     bencher.bench_local(|| {
         let key = next(f, &mut i);
-        let arguments = structure::check(&key.name, black_box(ARGUMENTS), f.limits()).ok()?;
+        let name = key.name.as_str();
+        let arguments = allowed(
+            "structure",
+            name,
+            structure::check(name, black_box(ARGUMENTS), f.limits()),
+        );
         let catalog = &f.config.catalog;
-        let tool = catalog.resolve(&key.name, None, &key.caller.tenant).ok()?;
-        access::check(catalog, &key.caller, &tool.name).ok()?;
-        scopes::check(&key.caller, tool).ok()?;
-        schema::check(tool, &arguments).ok()?;
-        let mut bound = bind::apply(tool, &key.caller, arguments).ok()?;
+        let tool = allowed(
+            "resolve",
+            name,
+            catalog.resolve(name, None, &key.caller.tenant),
+        );
+        allowed(
+            "access",
+            name,
+            access::check(catalog, &key.caller, &tool.name),
+        );
+        allowed("scopes", name, scopes::check(&key.caller, tool));
+        allowed("schema", name, schema::check(tool, &arguments));
+        let mut bound = allowed("bind", name, bind::apply(tool, &key.caller, arguments));
         canonical::normalize(&mut bound);
         let sha = canonical::sha256_hex(&bound);
-        f.rate_limits
-            .check(&key.caller.tenant, tool, key.tenant_rate)
-            .ok()?;
-        Some(sha)
+        allowed(
+            "rate limit",
+            name,
+            f.rate_limits
+                .check(&key.caller.tenant, tool, key.tenant_rate),
+        );
+        sha
     });
 }
 
@@ -388,8 +436,14 @@ fn jwt_metadata(run: usize) -> MetadataMap {
 fn identity_jwt_hs256(bencher: Bencher) {
     let resolver = jwt_resolver();
     let metadata = jwt_metadata(0);
-    assert!(resolver.resolve(&metadata).is_ok(), "the token verifies");
-    bencher.bench_local(|| resolver.resolve(black_box(&metadata)).is_ok());
+    allowed("identity", "the token", resolver.resolve(&metadata));
+    bencher.bench_local(|| {
+        allowed(
+            "identity",
+            "the token",
+            resolver.resolve(black_box(&metadata)),
+        )
+    });
 }
 
 /// The same for a token never seen before: full signature and claims verification, plus the
@@ -401,7 +455,11 @@ fn identity_jwt_hs256_first_sight(bencher: Bencher) {
     let mut next = 0;
     bencher.bench_local(|| {
         next = (next + 1) % tokens.len();
-        resolver.resolve(black_box(&tokens[next])).is_ok()
+        allowed(
+            "identity",
+            "a fresh token",
+            resolver.resolve(black_box(&tokens[next])),
+        )
     });
 }
 
@@ -409,5 +467,11 @@ fn identity_jwt_hs256_first_sight(bencher: Bencher) {
 #[divan::bench]
 fn identity_dev_headers(bencher: Bencher) {
     let metadata = dev_metadata("tenant-0001");
-    bencher.bench_local(|| DEV_RESOLVER.resolve(black_box(&metadata)).is_ok());
+    bencher.bench_local(|| {
+        allowed(
+            "identity",
+            "dev headers",
+            DEV_RESOLVER.resolve(black_box(&metadata)),
+        )
+    });
 }

@@ -127,20 +127,36 @@ impl ProcessExecutor {
             let _ = stdin.write_all(&input).await;
             drop(stdin);
         };
-        let (_, out, err) = tokio::join!(
-            feed,
-            read_capped(stdout, max_output, PastCap::Stop),
-            read_capped(stderr, tool.max_stderr_bytes, PastCap::Drain)
-        );
+        // stderr is drained alongside stdout so the program never blocks on it, but an oversized
+        // stdout must not wait for stderr's end: a descendant may hold stderr open for as long
+        // as it lives.
+        let stderr_read = read_capped(stderr, tool.max_stderr_bytes, PastCap::Drain);
+        tokio::pin!(stderr_read);
+        let mut stderr_done = None;
+        let out = {
+            let out_read =
+                async { tokio::join!(feed, read_capped(stdout, max_output, PastCap::Stop)).1 };
+            tokio::pin!(out_read);
+            loop {
+                tokio::select! {
+                    out = &mut out_read => break out,
+                    err = &mut stderr_read, if stderr_done.is_none() => stderr_done = Some(err),
+                }
+            }
+        };
         let (out, out_overflow) =
             out.map_err(|e| ExecError::failed(format!("cannot read the tool's output: {e}")))?;
-        let (err, _) = err.unwrap_or_default();
         if out_overflow {
             // Dropping the guard kills the group, which also stops a writer blocked on the pipe.
             return Err(ExecError::OutputTooLarge(format!(
                 "the tool's output exceeded {max_output} bytes"
             )));
         }
+        let (err, _) = match stderr_done {
+            Some(done) => done,
+            None => stderr_read.await,
+        }
+        .unwrap_or_default();
         let status = child
             .wait()
             .await

@@ -7,6 +7,10 @@
 //! Waiting is event driven: each export bumps a `watch` channel, so [`Collector::wait_for_spans`]
 //! wakes on exports instead of sleeping and polling.
 //!
+//! It also implements the standard `LogsService` on the same address (an OTLP endpoint serves
+//! every signal), keeping up to [`MAX_LOG_RECORDS`] log records: toolgate's `sink: otlp` audit
+//! events arrive there.
+//!
 //! Include it with `#[path = "../common/otlp_collector.rs"] mod otlp_collector;` and point the
 //! code under test at [`Collector::endpoint`] (e.g. `OTEL_EXPORTER_OTLP_ENDPOINT`).
 
@@ -20,11 +24,18 @@ use std::{
 };
 
 use opentelemetry_proto::tonic::{
-    collector::trace::v1::{
-        ExportTraceServiceRequest, ExportTraceServiceResponse,
-        trace_service_server::{TraceService, TraceServiceServer},
+    collector::{
+        logs::v1::{
+            ExportLogsServiceRequest, ExportLogsServiceResponse,
+            logs_service_server::{LogsService, LogsServiceServer},
+        },
+        trace::v1::{
+            ExportTraceServiceRequest, ExportTraceServiceResponse,
+            trace_service_server::{TraceService, TraceServiceServer},
+        },
     },
     common::v1::{KeyValue, any_value},
+    logs::v1::LogRecord,
     trace::v1::{ResourceSpans, Span},
 };
 use tokio::{
@@ -37,6 +48,9 @@ use tonic::{Request, Response, Status};
 
 /// How many spans a collector keeps unless told otherwise.
 pub const DEFAULT_CAPACITY: usize = 100_000;
+
+/// The most log records kept; later ones are counted, not kept.
+pub const MAX_LOG_RECORDS: usize = 100_000;
 
 /// The largest export request accepted (the SDK's batches are far smaller).
 const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
@@ -69,10 +83,15 @@ pub async fn start_on(listener: std::net::TcpListener, capacity: usize) -> Colle
         store: store.clone(),
     })
     .max_decoding_message_size(MAX_MESSAGE_BYTES);
+    let logs = LogsServiceServer::new(Receiver {
+        store: store.clone(),
+    })
+    .max_decoding_message_size(MAX_MESSAGE_BYTES);
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
         let served = tonic::transport::Server::builder()
             .add_service(service)
+            .add_service(logs)
             .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
                 let _ = stopped.await;
             })
@@ -116,6 +135,12 @@ impl Collector {
     /// Spans received since the collector started, including dropped ones.
     pub fn received(&self) -> u64 {
         *self.store.received.borrow()
+    }
+
+    /// Spans received so far from the resource whose `service.name` is `service`.
+    pub fn received_from(&self, service: &str) -> u64 {
+        self.store
+            .with(|inner| inner.by_service.get(service).copied().unwrap_or(0))
     }
 
     /// Spans dropped to stay within the capacity.
@@ -210,6 +235,40 @@ impl Collector {
         }
     }
 
+    /// Log records received (kept up to [`MAX_LOG_RECORDS`]), in arrival order.
+    pub fn log_records(&self) -> Vec<LogRecord> {
+        self.store.with(|inner| inner.logs.clone())
+    }
+
+    /// Waits until `predicate` holds for the log records kept, and returns them; panics with
+    /// what was received if it does not hold within `timeout`.
+    pub async fn wait_for_logs(
+        &self,
+        predicate: impl Fn(&[LogRecord]) -> bool,
+        timeout: Duration,
+    ) -> Vec<LogRecord> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut exported = self.store.logs_received.subscribe();
+        loop {
+            let records = self.log_records();
+            if predicate(&records) {
+                return records;
+            }
+            if tokio::time::timeout_at(deadline, exported.changed())
+                .await
+                .is_err()
+            {
+                let records = self.log_records();
+                assert!(
+                    predicate(&records),
+                    "no matching log records within {timeout:?}; {} kept",
+                    records.len()
+                );
+                return records;
+            }
+        }
+    }
+
     /// Stops the server and waits for it to finish.
     pub async fn shutdown(mut self) {
         if let Some(stop) = self.stop.take() {
@@ -246,6 +305,7 @@ struct Store {
     capacity: usize,
     inner: Mutex<Inner>,
     received: watch::Sender<u64>,
+    logs_received: watch::Sender<u64>,
 }
 
 #[derive(Default)]
@@ -256,6 +316,9 @@ struct Inner {
     kept: usize,
     dropped: u64,
     exports: u64,
+    logs: Vec<LogRecord>,
+    /// Spans received per `service.name` (never trimmed).
+    by_service: std::collections::HashMap<String, u64>,
 }
 
 impl Store {
@@ -264,6 +327,7 @@ impl Store {
             capacity,
             inner: Mutex::default(),
             received: watch::channel(0).0,
+            logs_received: watch::channel(0).0,
         }
     }
 
@@ -284,6 +348,12 @@ impl Store {
                     continue;
                 }
                 added += spans as u64;
+                let service = batch
+                    .resource
+                    .as_ref()
+                    .and_then(|r| string_attribute(&r.attributes, "service.name"))
+                    .unwrap_or_default();
+                *inner.by_service.entry(service).or_default() += spans as u64;
                 inner.kept += spans;
                 inner.batches.push_back(batch);
             }
@@ -333,6 +403,31 @@ impl TraceService for Receiver {
     ) -> Result<Response<ExportTraceServiceResponse>, Status> {
         self.store.add(request.into_inner().resource_spans);
         Ok(Response::new(ExportTraceServiceResponse {
+            partial_success: None,
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl LogsService for Receiver {
+    async fn export(
+        &self,
+        request: Request<ExportLogsServiceRequest>,
+    ) -> Result<Response<ExportLogsServiceResponse>, Status> {
+        let records: Vec<LogRecord> = request
+            .into_inner()
+            .resource_logs
+            .into_iter()
+            .flat_map(|r| r.scope_logs)
+            .flat_map(|s| s.log_records)
+            .collect();
+        let added = records.len() as u64;
+        self.store.with(|inner| {
+            let room = MAX_LOG_RECORDS.saturating_sub(inner.logs.len());
+            inner.logs.extend(records.into_iter().take(room));
+        });
+        self.store.logs_received.send_modify(|n| *n += added);
+        Ok(Response::new(ExportLogsServiceResponse {
             partial_success: None,
         }))
     }

@@ -91,13 +91,25 @@ async fn an_approved_call_runs_once_with_the_same_arguments_in_any_key_order() {
         ),
         ("approve_me", "alice", "run-1")
     );
-    // Listings carry a bounded preview; the full arguments come from GetApproval.
+    // The list shows a bounded preview; GetApproval has the full canonical arguments.
+    assert_eq!(listed[0].arguments_json, "");
     assert_eq!(
         listed[0].arguments_preview,
         r#"{"amount":12,"order":"o-1"}"#
     );
-    assert!(listed[0].arguments_json.is_empty() && !listed[0].arguments_truncated);
+    assert!(!listed[0].arguments_truncated);
     assert_eq!(listed[0].arguments_sha256.len(), 64);
+    let full = approvals
+        .get_approval(bob().request(proto::GetApprovalRequest {
+            approval_id: id.clone(),
+        }))
+        .await
+        .unwrap()
+        .into_inner()
+        .approval
+        .unwrap();
+    assert_eq!(full.arguments_json, r#"{"amount":12,"order":"o-1"}"#);
+    assert_eq!(full.arguments_sha256, listed[0].arguments_sha256);
 
     let decided = decide(
         &server,

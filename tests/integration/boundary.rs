@@ -151,23 +151,50 @@ async fn canary_routing_is_stable_per_tenant_and_pins_work() {
             .version,
         "2"
     );
-    // A percentage canary splits by a stable hash of the tenant: same answer every time.
-    for tenant in ["acme", "globex", "initech"] {
-        let first = version_of(&exec(&mut client, &who(tenant), call("half", "{}")).await);
+    server.stop().await;
+
+    // A percentage canary (`half`: 50 %) splits by a stable hash of the tool and the tenant. The
+    // expected versions were computed outside toolgate, with Python's hashlib:
+    //   int.from_bytes(sha256(b"half\0" + tenant).digest()[:8], "big") % 100 < 50  ->  "2"
+    // (the buckets are in the comments); umbrella and globex sit close to the line on either side.
+    let expected = [
+        ("acme", "2"),      // 21
+        ("globex", "1"),    // 59
+        ("umbrella", "2"),  // 49
+        ("hooli", "1"),     // 88
+        ("stark", "2"),     // 48
+        ("wayne", "1"),     // 75
+        ("tyrell", "1"),    // 89
+        ("cyberdyne", "2"), // 8
+        ("soylent", "2"),   // 29
+        ("wonka", "2"),     // 22
+        ("oscorp", "2"),    // 46
+    ];
+    let tenants: String = expected
+        .iter()
+        .filter(|(t, _)| !matches!(*t, "acme" | "globex"))
+        .map(|(t, _)| format!("  {t}: {{}}\n"))
+        .collect();
+    let yaml = STAGES.replacen("tenants:\n", &format!("tenants:\n{tenants}"), 1);
+    let server = TestServer::start(&yaml).await;
+    let mut client = server.client().await;
+    for (tenant, version) in expected {
+        // The same answer on every call, and ListTools shows the version that runs.
         for _ in 0..3 {
+            let r = exec(&mut client, &who(tenant), call("half", "{}")).await;
             assert_eq!(
-                version_of(&exec(&mut client, &who(tenant), call("half", "{}")).await),
-                first
+                (r.status(), r.tool_version.as_str()),
+                (ToolStatus::Ok, version),
+                "{tenant}: {r:?}"
             );
         }
-        let expected = if toolgate::catalog::stable_bucket("half", tenant) < 50 {
-            "2"
-        } else {
-            "1"
-        };
-        if tenant != "initech" {
-            assert_eq!(first, expected, "{tenant}");
-        }
+        let listed = client
+            .list_tools(who(tenant).request(proto::ListToolsRequest {}))
+            .await
+            .unwrap()
+            .into_inner();
+        let half = listed.tools.iter().find(|t| t.name == "half").unwrap();
+        assert_eq!(half.version, version, "{tenant}");
     }
     server.stop().await;
 }

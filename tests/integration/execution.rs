@@ -82,29 +82,61 @@ async fn a_client_cancel_really_stops_the_tool_and_is_audited_as_cancelled() {
     server.stop().await;
 }
 
+/// A catalog whose `slow` tool allows 30 s, so only the client's deadline can end its calls.
+fn patient() -> String {
+    let yaml = STAGES.replacen("timeout: 300ms", "timeout: 30s", 1);
+    assert_ne!(yaml, STAGES);
+    yaml
+}
+
 #[tokio::test]
 async fn the_client_deadline_bounds_execution() {
-    let server = TestServer::demo().await;
+    let server = TestServer::start(&patient()).await;
     let mut client = server.client().await;
-    let mut request = who("acme").request(execute_request(call("slow_task", r#"{"ms":900}"#)));
-    request.set_timeout(Duration::from_millis(150));
-    // The sidecar answers TIMEOUT a little before the client's deadline (see DeadlineLayer); on
-    // a loaded machine the client's or the transport's own timer may still fire first.
-    match client.execute_tool(request).await {
-        Ok(response) => assert_eq!(
-            response.into_inner().result.unwrap().status(),
-            ToolStatus::Timeout
+    let mut request = who("acme").request(execute_request(call("slow", r#"{"ms":20000}"#)));
+    // The boundary answers a tenth of the deadline early (at most 250 ms, see DeadlineLayer), so
+    // the TIMEOUT result is written before the transport's own timer for the same deadline fires;
+    // 2.5 s gives that answer the full 250 ms.
+    request.set_timeout(Duration::from_millis(2500));
+    let result = client
+        .execute_tool(request)
+        .await
+        .expect("a TIMEOUT result, not a transport error")
+        .into_inner()
+        .result
+        .unwrap();
+    assert_eq!(
+        (
+            result.status(),
+            result.error_type.as_str(),
+            result.refused_by.as_str()
         ),
-        Err(status) => assert!(
-            matches!(status.code(), Code::DeadlineExceeded | Code::Cancelled),
-            "{status:?}"
-        ),
-    }
-    let event = server.wait_for_audit(|e| e["tool"] == "slow_task").await;
+        (ToolStatus::Timeout, "timeout", "execute"),
+        "{result:?}"
+    );
     assert!(
-        matches!(event["status"].as_str(), Some("TIMEOUT" | "CANCELLED")),
+        result.error_message.contains("the client's deadline"),
+        "the client's deadline, not the tool's 30 s timeout, ended it: {}",
+        result.error_message
+    );
+    assert!(result.retryable, "slow is read-only");
+    let event = server.wait_for_audit(|e| e["tool"] == "slow").await;
+    assert_eq!(
+        (
+            event["status"].as_str(),
+            event["error_type"].as_str(),
+            event["refused_by"].as_str()
+        ),
+        (Some("TIMEOUT"), Some("timeout"), Some("execute")),
         "{event}"
     );
+    assert!(
+        event["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("the client's deadline")),
+        "{event}"
+    );
+    // The sleep was dropped at the deadline, not left to run its 20 s.
     wait_until(server.builtins().watch_slow_in_flight(), |n| n == 0).await;
     assert_eq!(server.builtins().slow_tasks_finished(), 0);
     server.stop().await;
@@ -288,16 +320,23 @@ async fn an_idempotent_repeat_replays_the_first_result_without_running_again() {
         .await
         .idempotent_replay
     );
-    // Past the window the key is fresh again.
+    // Past the window the key is fresh again: other arguments under it run (within the window
+    // they were a conflict, above).
     server.clock.advance(Duration::from_secs(601));
-    assert!(
-        !exec(
-            &mut client,
-            &who("acme"),
-            keyed("greet", r#"{"name":"bob"}"#, "k1")
-        )
-        .await
-        .idempotent_replay
+    let fresh = exec(
+        &mut client,
+        &who("acme"),
+        keyed("greet", r#"{"name":"bob"}"#, "k1"),
+    )
+    .await;
+    assert_eq!(
+        (fresh.status(), fresh.idempotent_replay),
+        (ToolStatus::Ok, false),
+        "{fresh:?}"
+    );
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&fresh.model_text).unwrap(),
+        serde_json::json!({"name": "bob"})
     );
     let replays = server
         .audit_events()

@@ -163,12 +163,33 @@ async fn bad_tokens_are_unauthenticated_and_nothing_runs() {
         .unwrap_err();
     assert_eq!(err.code(), Code::Unauthenticated);
     assert_eq!(server.builtins().executions(), 0);
-    // Nothing ran: the only events are the refused callers'.
-    let events = server.audit_events().await;
-    assert!(!events.is_empty());
+    // The audit file is there and live (an empty list would also come from a file never made);
+    // nothing ran, so the only events are the refused callers' (no token material in them).
     assert!(
-        events.iter().all(|e| e["kind"] == "authentication_failed"),
+        server.audit_path.is_file(),
+        "no audit file at {}",
+        server.audit_path.display()
+    );
+    let events = server.audit_events().await;
+    assert!(
+        !events.is_empty() && events.iter().all(|e| e["kind"] == "authentication_failed"),
         "{events:?}"
+    );
+    let refused = events.len();
+    // ...and a valid token's call runs and is audited, alone.
+    let ran = exec(
+        &mut client,
+        &Who::token(&hs256(&claims())),
+        call("echo", r#"{"text":"x"}"#),
+    )
+    .await;
+    assert_eq!(ran.status(), proto::ToolStatus::Ok, "{ran:?}");
+    let events = server.audit_events().await;
+    assert_eq!(events.len(), refused + 1, "{events:?}");
+    let last = &events[refused];
+    assert_eq!(
+        (last["tool"].as_str(), last["subject"].as_str()),
+        (Some("echo"), Some("alice"))
     );
     server.stop().await;
 }

@@ -19,7 +19,7 @@ use toolgate::proto::{self, ToolStatus, tool_gate_client::ToolGateClient};
 use crate::{
     otlp_collector::{self, string_attribute},
     process::{sigterm, spawn_with_env, wait_exit},
-    support::{STAGES, TestServer, admin_get, call, exec, execute_request, who},
+    support::{STAGES, TestServer, call, exec, execute_request, who},
 };
 
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
@@ -372,6 +372,11 @@ impl axum::response::IntoResponse for ExportTraceServiceResponseBody {
         )
             .into_response()
     }
+}
+
+/// Fetches a path from the admin endpoint.
+async fn admin_get(server: &TestServer, path: &str) -> (u16, String) {
+    crate::support::http_get(server.admin_addr(), path).await
 }
 
 #[tokio::test]

@@ -17,6 +17,8 @@ use crate::support::{call, exec, who};
 pub(crate) struct Spawned {
     pub(crate) child: Child,
     pub(crate) addr: String,
+    /// The admin endpoint's address (/metrics, /healthz, /readyz).
+    pub(crate) admin_addr: String,
     messages: std::sync::mpsc::Receiver<String>,
     reader: Option<std::thread::JoinHandle<Vec<String>>>,
 }
@@ -67,10 +69,41 @@ pub(crate) fn spawn_with_env(args: &[&str], envs: &[(&str, &str)]) -> Spawned {
     spawn_logging("json", args, envs)
 }
 
+/// Like [`spawn_with_env`], with stdout (where audit events go by default) piped: the caller
+/// takes `child.stdout` and must keep reading it.
+pub(crate) fn spawn_with_stdout(args: &[&str], envs: &[(&str, &str)]) -> Spawned {
+    spawn_full(&[], "json", args, envs, Stdio::piped())
+}
+
+/// Like [`spawn_with_env`], run under `wrapper` (e.g. `strace -o FILE`), which must pass the
+/// program's stderr through.
+pub(crate) fn spawn_wrapped(wrapper: &[&str], args: &[&str], envs: &[(&str, &str)]) -> Spawned {
+    spawn_full(wrapper, "json", args, envs, Stdio::null())
+}
+
 /// Starts the binary with this `--log-format`. JSON lines become their message; other lines are
 /// passed on whole (and give no address).
 fn spawn_logging(log_format: &str, args: &[&str], envs: &[(&str, &str)]) -> Spawned {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+    spawn_full(&[], log_format, args, envs, Stdio::null())
+}
+
+fn spawn_full(
+    wrapper: &[&str],
+    log_format: &str,
+    args: &[&str],
+    envs: &[(&str, &str)],
+    stdout: Stdio,
+) -> Spawned {
+    let binary = env!("CARGO_BIN_EXE_toolgate");
+    let mut command = match wrapper.split_first() {
+        Some((program, rest)) => {
+            let mut command = Command::new(program);
+            command.args(rest).arg(binary);
+            command
+        }
+        None => Command::new(binary),
+    };
+    let mut child = command
         .args([
             "serve",
             "--log-format",
@@ -83,7 +116,7 @@ fn spawn_logging(log_format: &str, args: &[&str], envs: &[(&str, &str)]) -> Spaw
         .args(args)
         .env("RUST_LOG", "info,toolgate::boundary=debug")
         .envs(envs.iter().copied())
-        .stdout(Stdio::null())
+        .stdout(stdout)
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn toolgate");
@@ -98,6 +131,12 @@ fn spawn_logging(log_format: &str, args: &[&str], envs: &[(&str, &str)]) -> Spaw
                     if json["fields"]["message"] == "serving gRPC over TCP" {
                         let _ = tx.send(format!(
                             "addr {}",
+                            json["fields"]["addr"].as_str().unwrap_or_default()
+                        ));
+                    }
+                    if json["fields"]["message"] == "serving /metrics, /healthz and /readyz" {
+                        let _ = tx.send(format!(
+                            "admin {}",
                             json["fields"]["addr"].as_str().unwrap_or_default()
                         ));
                     }
@@ -117,12 +156,16 @@ fn spawn_logging(log_format: &str, args: &[&str], envs: &[(&str, &str)]) -> Spaw
         lines
     });
     let mut addr = String::new();
+    let mut admin_addr = String::new();
     loop {
         let message = messages
             .recv_timeout(Duration::from_secs(30))
             .expect("toolgate reports SERVING within 30s");
         if let Some(a) = message.strip_prefix("addr ") {
             addr = a.to_owned();
+        }
+        if let Some(a) = message.strip_prefix("admin ") {
+            admin_addr = a.to_owned();
         }
         if message.contains("catalog loaded; SERVING") {
             break;
@@ -131,6 +174,7 @@ fn spawn_logging(log_format: &str, args: &[&str], envs: &[(&str, &str)]) -> Spaw
     Spawned {
         child,
         addr,
+        admin_addr,
         messages,
         reader: Some(reader),
     }

@@ -166,13 +166,11 @@ async fn sixty_four_clients_get_exact_outcomes_quotas_and_one_audit_event_per_ca
         );
     }
     assert_eq!(audited, expected_audit);
+    // How long it took is reported, not asserted: the product promises no throughput here, and
+    // `within` above already fails a load that hangs.
     eprintln!(
         "load: {} calls from {CLIENTS} clients in {elapsed:?}",
         results.len()
-    );
-    assert!(
-        elapsed < Duration::from_secs(20),
-        "the load took {elapsed:?}"
     );
     server.stop().await;
 }
@@ -184,20 +182,42 @@ async fn sixty_four_clients_get_exact_outcomes_quotas_and_one_audit_event_per_ca
 enum Misbehaviour {
     /// Reads the request and never answers.
     Hang,
-    /// Closes with a TCP reset at once.
+    /// Closes with a TCP reset.
     Reset,
-    /// Closes cleanly (FIN) at once, before any response.
+    /// Closes cleanly (FIN), before any response.
     Close,
     /// Answers with bytes that are not HTTP, then closes.
     Garbage,
 }
 
-async fn broken_upstream(how: Misbehaviour) -> SocketAddr {
+/// A misbehaving upstream. Every connection is counted when accepted; all but `Hang` then hold
+/// the request until `release` is sent, so a test can do other things while a faulty call is
+/// known to be in progress.
+struct Broken {
+    addr: SocketAddr,
+    accepted: tokio::sync::watch::Receiver<usize>,
+    release: std::sync::Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+async fn broken_upstream(how: Misbehaviour) -> Broken {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let (accepted_tx, accepted) = tokio::sync::watch::channel(0usize);
+    let release = std::sync::Arc::new(tokio::sync::watch::channel(false).0);
+    let released = release.clone();
     tokio::spawn(async move {
         while let Ok((mut stream, _)) = listener.accept().await {
+            accepted_tx.send_modify(|n| *n += 1);
+            let mut go = released.subscribe();
             tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                // The request has arrived (or at least started) before anything else happens.
+                let _ = stream.read(&mut buf).await;
+                if !matches!(how, Misbehaviour::Hang) {
+                    // Bounded like everything else: a test that never releases fails on its own.
+                    let _ =
+                        tokio::time::timeout(Duration::from_secs(30), go.wait_for(|g| *g)).await;
+                }
                 match how {
                     Misbehaviour::Hang => {
                         // Until the client gives up and closes, bounded all the same.
@@ -214,8 +234,6 @@ async fn broken_upstream(how: Misbehaviour) -> SocketAddr {
                     }
                     Misbehaviour::Close => drop(stream),
                     Misbehaviour::Garbage => {
-                        let mut buf = [0u8; 1024];
-                        let _ = stream.read(&mut buf).await;
                         let _ = stream
                             .write_all(
                                 b"SSH-2.0-OpenSSH_9.0\r\n\x00\xff\xfe garbage \x01\x02\r\n\r\n",
@@ -227,7 +245,11 @@ async fn broken_upstream(how: Misbehaviour) -> SocketAddr {
             });
         }
     });
-    addr
+    Broken {
+        addr,
+        accepted,
+        release,
+    }
 }
 
 fn python() -> String {
@@ -245,64 +267,81 @@ fn pid_gone(pid: i32) -> bool {
     }
 }
 
-/// Runs `fault` and, while it is in progress, an echo on another connection: the echo must be
-/// answered promptly however the fault goes.
+/// Runs `fault` and, once `in_progress` says the faulty call is under way, an echo on another
+/// connection; `after_echo` runs when the echo is answered. The echo must be answered OK, and
+/// before the faulty call ends: the sidecar serves others while one call is stuck. Returns the
+/// faulty call's result and how long it took.
 async fn with_echo_alongside(
     server: &TestServer,
     fault: impl Future<Output = proto::ToolResult>,
+    in_progress: impl Future<Output = ()>,
+    after_echo: impl FnOnce(),
 ) -> (proto::ToolResult, Duration) {
     let mut echo_client = server.client().await;
+    let echo_done = std::sync::atomic::AtomicBool::new(false);
     let started = Instant::now();
-    let (result, echo) = within(Duration::from_secs(10), "a faulty call", async {
-        tokio::join!(
-            async {
-                let r = fault.await;
-                (r, started.elapsed())
-            },
-            async {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                let echo_started = Instant::now();
-                let r = exec(
-                    &mut echo_client,
-                    &who("acme"),
-                    call("echo", r#"{"text":"alive"}"#),
-                )
-                .await;
-                (r, echo_started.elapsed())
-            }
-        )
-    })
-    .await;
-    let (echo, echo_took) = echo;
+    let ((result, took, echo_first), echo) =
+        within(Duration::from_secs(60), "a faulty call", async {
+            tokio::join!(
+                async {
+                    let r = fault.await;
+                    let took = started.elapsed();
+                    (r, took, echo_done.load(std::sync::atomic::Ordering::SeqCst))
+                },
+                async {
+                    within(
+                        Duration::from_secs(10),
+                        "the faulty call to start",
+                        in_progress,
+                    )
+                    .await;
+                    let r = exec(
+                        &mut echo_client,
+                        &who("acme"),
+                        call("echo", r#"{"text":"alive"}"#),
+                    )
+                    .await;
+                    echo_done.store(true, std::sync::atomic::Ordering::SeqCst);
+                    after_echo();
+                    r
+                }
+            )
+        })
+        .await;
     assert_eq!(
         (echo.status(), echo.model_text.as_str()),
         (ToolStatus::Ok, "alive"),
         "{echo:?}"
     );
     assert!(
-        echo_took < Duration::from_secs(2),
-        "an echo next to a fault took {echo_took:?}"
+        echo_first,
+        "the faulty call ended before the echo beside it was answered: {result:?}"
     );
-    result
+    (result, took)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hanging_resetting_and_garbage_upstreams_fail_promptly_while_others_are_served() {
     let mut upstreams = String::new();
     let mut tools = String::new();
+    let mut broken = std::collections::HashMap::new();
+    // The hang is ended by its 2 s timeout; the others have 30 s, so an answer that waited for
+    // the timeout shows up as TIMEOUT instead of the prompt upstream_unavailable expected.
     for (name, how, timeout) in [
-        ("hang", Misbehaviour::Hang, "500ms"),
-        ("reset", Misbehaviour::Reset, "5s"),
-        ("close", Misbehaviour::Close, "5s"),
-        ("garbage", Misbehaviour::Garbage, "5s"),
+        ("hang", Misbehaviour::Hang, "2s"),
+        ("reset", Misbehaviour::Reset, "30s"),
+        ("close", Misbehaviour::Close, "30s"),
+        ("garbage", Misbehaviour::Garbage, "30s"),
     ] {
-        let addr = broken_upstream(how).await;
+        let upstream = broken_upstream(how).await;
         upstreams += &format!(
-            "  {name}:\n    url: http://{addr}\n    allow_schemes: [http]\n    allow_private_addresses: true\n"
+            "  {name}:\n    url: http://{}\n    allow_schemes: [http]\n    allow_private_addresses: true\n",
+            upstream.addr
         );
         tools += &format!(
             "  - {{ name: {name}, description: d, risk_level: read_only, timeout: {timeout}, executor: {{ http: {{ upstream: {name}, path: /call }} }}, input_schema: {{ type: object }} }}\n"
         );
+        broken.insert(name, upstream);
     }
     let yaml = format!(
         "version: 1\nidentity: {{ dev_identity: true }}\ntenants: {{ acme: {{}} }}\nupstreams:\n{upstreams}tools:\n{tools}  - {{ name: echo, description: d, risk_level: read_only, executor: {{ builtin: echo }}, input_schema: {{ type: object }} }}\n"
@@ -313,29 +352,38 @@ async fn hanging_resetting_and_garbage_upstreams_fail_promptly_while_others_are_
         let mut client = client.clone();
         async move { exec(&mut client, &who("acme"), call(tool, "{}")).await }
     };
+    let reached = |upstream: &Broken| {
+        let mut accepted = upstream.accepted.clone();
+        async move {
+            accepted.wait_for(|n| *n >= 1).await.unwrap();
+        }
+    };
 
-    let (r, took) = with_echo_alongside(&server, run("hang")).await;
+    let hang = &broken["hang"];
+    let (r, took) = with_echo_alongside(&server, run("hang"), reached(hang), || {}).await;
     assert_eq!(
         (r.status(), r.error_type.as_str(), r.retryable),
         (ToolStatus::Timeout, "timeout", true),
         "{r:?}"
     );
-    assert!(r.error_message.contains("500 ms"), "{}", r.error_message);
+    assert!(r.error_message.contains("2000 ms"), "{}", r.error_message);
+    // Never before its timeout (a lower bound cannot flake on a slow machine).
     assert!(
-        took >= Duration::from_millis(450) && took < Duration::from_millis(2000),
-        "a hanging upstream answered after {took:?}, not at its 500 ms timeout"
+        took >= Duration::from_secs(2),
+        "a hanging upstream was given up on after {took:?}, before its 2 s timeout"
     );
 
     for tool in ["reset", "close", "garbage"] {
-        let (r, took) = with_echo_alongside(&server, run(tool)).await;
+        let upstream = &broken[tool];
+        let release = upstream.release.clone();
+        let (r, _) = with_echo_alongside(&server, run(tool), reached(upstream), move || {
+            release.send_replace(true);
+        })
+        .await;
         assert_eq!(
             (r.status(), r.error_type.as_str(), r.retryable),
             (ToolStatus::Error, "upstream_unavailable", true),
             "{tool}: {r:?}"
-        );
-        assert!(
-            took < Duration::from_secs(2),
-            "{tool}: answered after {took:?}, not promptly"
         );
         assert!(
             !r.error_message.contains("127.0.0.1"),
@@ -368,7 +416,7 @@ async fn a_process_that_ignores_sigterm_is_killed_at_its_timeout() {
     let script =
         "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)";
     let yaml = format!(
-        "version: 1\nidentity: {{ dev_identity: true }}\ntenants: {{ acme: {{}} }}\ntools:\n  - name: stubborn\n    description: d\n    risk_level: read_only\n    timeout: 300ms\n    input_schema: {{ type: object }}\n    executor:\n      process:\n        command: {}\n        args: [\"-c\", {}, {}]\n        env: [PATH]\n  - {{ name: echo, description: d, risk_level: read_only, executor: {{ builtin: echo }}, input_schema: {{ type: object }} }}\n",
+        "version: 1\nidentity: {{ dev_identity: true }}\ntenants: {{ acme: {{}} }}\ntools:\n  - name: stubborn\n    description: d\n    risk_level: read_only\n    timeout: 2s\n    input_schema: {{ type: object }}\n    executor:\n      process:\n        command: {}\n        args: [\"-c\", {}, {}]\n        env: [PATH]\n  - {{ name: echo, description: d, risk_level: read_only, executor: {{ builtin: echo }}, input_schema: {{ type: object }} }}\n",
         python(),
         serde_json::to_string(script).unwrap(),
         serde_json::to_string(&marker).unwrap()
@@ -376,35 +424,37 @@ async fn a_process_that_ignores_sigterm_is_killed_at_its_timeout() {
     let env = Env::default().with("PATH", &std::env::var("PATH").unwrap_or_default());
     let server = TestServer::start_with_env(&yaml, &env).await;
     let mut client = server.client().await;
-    let call_done = std::sync::atomic::AtomicBool::new(false);
-    let ((r, took), seen) = tokio::join!(
-        async {
-            let answer = with_echo_alongside(&server, async move {
-                exec(&mut client, &who("acme"), call("stubborn", "{}")).await
-            })
-            .await;
-            call_done.store(true, std::sync::atomic::Ordering::SeqCst);
-            answer
-        },
-        // Watch the program run while the call is in flight.
-        async {
-            let mut seen = BTreeSet::new();
-            while !call_done.load(std::sync::atomic::Ordering::SeqCst) {
-                seen.extend(processes_with(&marker));
-                tokio::time::sleep(Duration::from_millis(5)).await;
+    let seen = std::sync::Mutex::new(BTreeSet::new());
+    // The program is running (seen in /proc): the call is in progress.
+    let running = async {
+        loop {
+            let pids = processes_with(&marker);
+            if !pids.is_empty() {
+                seen.lock().unwrap().extend(pids);
+                return;
             }
-            seen
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
-    );
+    };
+    let (r, took) = with_echo_alongside(
+        &server,
+        async move { exec(&mut client, &who("acme"), call("stubborn", "{}")).await },
+        running,
+        || {},
+    )
+    .await;
     assert_eq!(
         (r.status(), r.error_type.as_str()),
         (ToolStatus::Timeout, "timeout"),
         "{r:?}"
     );
+    // Waiting for the program to give in would take its 60 s; the answer comes at the 2 s
+    // timeout. 20 s is far from both, so this cannot flake on a busy machine.
     assert!(
-        took < Duration::from_millis(1500),
-        "answered after {took:?}, not at the 300 ms timeout"
+        took < Duration::from_secs(20),
+        "answered after {took:?}: the sidecar waited for the program instead of killing it"
     );
+    let seen = seen.into_inner().unwrap();
     assert!(!seen.is_empty(), "the program was never seen running");
     // SIGKILL, which it cannot ignore, took the whole group down.
     within(Duration::from_secs(5), "the program to die", async {
@@ -425,11 +475,15 @@ async fn sigterm_under_load_finishes_or_cleanly_refuses_every_call_and_audits_ea
     let dir = tempfile::tempdir().unwrap();
     let audit_path = dir.path().join("audit.jsonl");
     let config = dir.path().join("catalog.yaml");
-    let catalog = toolgate::config::DEMO_CATALOG.replace(
-        "audit:\n  sink: stdout\n",
-        &format!("audit:\n  sink: file\n  path: {}\n", audit_path.display()),
-    );
-    assert_ne!(catalog, toolgate::config::DEMO_CATALOG);
+    // slow_task may run 20 s here, so the calls are still running while the test sends more.
+    let catalog = toolgate::config::DEMO_CATALOG
+        .replace(
+            "audit:\n  sink: stdout\n",
+            &format!("audit:\n  sink: file\n  path: {}\n", audit_path.display()),
+        )
+        .replace("timeout: 1000ms", "timeout: 20s");
+    assert_eq!(catalog.matches("timeout: 20s").count(), 1);
+    assert!(catalog.contains("sink: file"));
     std::fs::write(&config, catalog).unwrap();
     let spawned = crate::process::spawn(&["--config", config.to_str().unwrap()]);
     let mut channels = Vec::new();
@@ -446,7 +500,7 @@ async fn sigterm_under_load_finishes_or_cleanly_refuses_every_call_and_audits_ea
         .map(|i| {
             let mut client = ToolGateClient::new(channels[i % CHANNELS].clone());
             tokio::spawn(async move {
-                let mut c = call("slow_task", r#"{"ms":300}"#);
+                let mut c = call("slow_task", r#"{"ms":3000}"#);
                 c.call_id = format!("shutdown-{i}");
                 let answer = client
                     .execute_tool(who("acme").request(execute_request(c)))
@@ -467,6 +521,45 @@ async fn sigterm_under_load_finishes_or_cleanly_refuses_every_call_and_audits_ea
     .await
     .unwrap();
     crate::process::sigterm(&spawned.child);
+    // Draining has begun once the listener is closed: a new connection is refused.
+    let addr: SocketAddr = spawned.addr.parse().unwrap();
+    within(Duration::from_secs(10), "the listener to close", async {
+        while tokio::net::TcpStream::connect(addr).await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    // Calls sent now are refused with UNAVAILABLE while the 100 above are still running. (On a
+    // connection opened before the signal a tonic client sees CANCELLED instead:
+    // shutdown::a_call_on_a_draining_connection_is_unavailable.)
+    let late_channel = Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_lazy();
+    let mut late = Vec::new();
+    for j in 0..10 {
+        let mut client = ToolGateClient::new(late_channel.clone());
+        let mut c = call("echo", r#"{"text":"too late"}"#);
+        c.call_id = format!("late-{j}");
+        let answer = within(
+            Duration::from_secs(10),
+            "a call after SIGTERM",
+            client.execute_tool(who("acme").request(execute_request(c))),
+        )
+        .await;
+        late.push(answer.map(|r| r.into_inner().result));
+    }
+    for answer in &late {
+        match answer {
+            Err(status) => assert_eq!(status.code(), Code::Unavailable, "{status:?}"),
+            Ok(result) => panic!("a call sent while draining was answered: {result:?}"),
+        }
+    }
+    // They were refused while the server drained, not after it had gone: calls sent before the
+    // signal were still running.
+    assert!(
+        calls.iter().any(|c| !c.is_finished()),
+        "every call had finished before the late calls were sent"
+    );
     let mut ok = BTreeSet::new();
     let mut unavailable = 0;
     for handle in calls {
@@ -491,7 +584,8 @@ async fn sigterm_under_load_finishes_or_cleanly_refuses_every_call_and_audits_ea
     .await
     .unwrap();
     assert_eq!(status.code(), Some(0), "{logs}");
-    // Every call reached the boundary, so each has exactly one event; those that finished say OK.
+    // Every call sent before the signal reached the boundary, so each has exactly one event
+    // (those that finished say OK); the refused late calls have none.
     let text = std::fs::read_to_string(&audit_path).unwrap();
     let events: Vec<Value> = text
         .lines()
@@ -511,9 +605,11 @@ async fn sigterm_under_load_finishes_or_cleanly_refuses_every_call_and_audits_ea
             "{event} vs what the client saw"
         );
     }
+    assert!(ids.iter().all(|id| id.starts_with("shutdown-")), "{ids:?}");
     eprintln!(
-        "shutdown under load: {} OK, {unavailable} UNAVAILABLE",
-        ok.len()
+        "shutdown under load: {} OK, {unavailable} UNAVAILABLE; {} sent after the signal, all UNAVAILABLE",
+        ok.len(),
+        late.len()
     );
 }
 
@@ -588,8 +684,12 @@ async fn barrage(small: &TestServer, server: &TestServer) {
     ] {
         let r = exec(&mut client, &who("acme"), call("any", &deep)).await;
         assert_eq!(
-            (r.status(), r.error_type.as_str()),
-            (ToolStatus::InvalidArguments, "arguments_too_deep"),
+            (r.status(), r.error_type.as_str(), r.refused_by.as_str()),
+            (
+                ToolStatus::InvalidArguments,
+                "arguments_too_deep",
+                "structure"
+            ),
             "{r:?}"
         );
     }
@@ -642,8 +742,12 @@ async fn barrage(small: &TestServer, server: &TestServer) {
     // 100k keys (1.2 MB) is over max_arguments_bytes; 60k keys (720 KB) is within it and runs.
     let r = exec(&mut client, &who("acme"), call("any", &many_keys(100_000))).await;
     assert_eq!(
-        (r.status(), r.error_type.as_str()),
-        (ToolStatus::InvalidArguments, "arguments_too_large"),
+        (r.status(), r.error_type.as_str(), r.refused_by.as_str()),
+        (
+            ToolStatus::InvalidArguments,
+            "arguments_too_large",
+            "structure"
+        ),
         "{}",
         r.error_message
     );
@@ -655,8 +759,8 @@ async fn barrage(small: &TestServer, server: &TestServer) {
     // `a_schema_refusal_of_a_huge_object_has_bounded_text`).
     let r = exec(&mut client, &who("acme"), call("echo", &many_keys(60_000))).await;
     assert_eq!(
-        (r.status(), r.error_type.as_str()),
-        (ToolStatus::InvalidArguments, "schema_violation"),
+        (r.status(), r.error_type.as_str(), r.refused_by.as_str()),
+        (ToolStatus::InvalidArguments, "schema_violation", "schema"),
         "{}",
         r.error_message.chars().take(300).collect::<String>()
     );
@@ -781,7 +885,10 @@ async fn a_schema_refusal_of_a_huge_object_has_bounded_text() {
     let server = TestServer::start(HOSTILE).await;
     let mut client = server.client().await;
     let r = exec(&mut client, &who("acme"), call("echo", &many_keys(60_000))).await;
-    assert_eq!(r.error_type, "schema_violation");
+    assert_eq!(
+        (r.status(), r.error_type.as_str(), r.refused_by.as_str()),
+        (ToolStatus::InvalidArguments, "schema_violation", "schema")
+    );
     assert!(
         r.model_text.len() < 16 * 1024,
         "a schema refusal of a 60k-key object is {} bytes of model text: {}…",
@@ -826,12 +933,23 @@ tools:
         call("search", r#"{"query":"q","filter":{"tenant_id":"globex"}}"#),
     )
     .await;
-    assert_ne!(
-        r.status(),
-        ToolStatus::Ok,
-        "the backend received {} although the tool's schema allows only filter.tenant",
+    // Refused where the fix put the check — the bind stage validates the arguments again once the
+    // bound values are in — naming the key: not just any refusal, which a refusal for another
+    // reason would also satisfy.
+    assert_eq!(
+        (r.status(), r.error_type.as_str(), r.refused_by.as_str()),
+        (ToolStatus::InvalidArguments, "schema_violation", "bind"),
+        "the backend received {} although the tool's schema allows only filter.tenant: {r:?}",
         r.model_text
     );
+    assert!(
+        r.error_message
+            .contains("once server-bound values are added: /filter:")
+            && r.error_message.contains("'tenant_id' was unexpected"),
+        "{}",
+        r.error_message
+    );
+    assert_eq!(server.builtins().executions(), 0);
     server.stop().await;
 }
 

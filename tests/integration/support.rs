@@ -246,13 +246,9 @@ impl TestServer {
     }
 }
 
-/// Fetches a path from the admin endpoint with a bare HTTP/1.1 request: (status, body).
-pub async fn admin_get(server: &TestServer, path: &str) -> (u16, String) {
-    admin_get_at(server.admin_addr(), path).await
-}
-
-/// Fetches a path from an admin endpoint at `addr` (e.g. a spawned binary's).
-pub async fn admin_get_at(addr: SocketAddr, path: &str) -> (u16, String) {
+/// GET `path` with a bare HTTP/1.1 request (the admin endpoint: /metrics, /healthz, /readyz):
+/// the status code and the body.
+pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     stream
@@ -269,19 +265,29 @@ pub async fn admin_get_at(addr: SocketAddr, path: &str) -> (u16, String) {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
+    // axum answers HTTP/1.1 with chunked bodies only for streams; these are sized.
     let body = response
         .split_once("\r\n\r\n")
         .map(|(_, b)| b.to_owned())
         .unwrap_or_default();
-    // axum answers HTTP/1.1 with chunked bodies only for streams; these are sized.
     (status, body)
 }
 
-/// The value of one sample in a Prometheus text page (`name` with its labels, as printed).
-pub fn metric(page: &str, sample: &str) -> Option<f64> {
-    page.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' ')?.trim().parse().ok())
+/// Parses Prometheus text and sums the samples of `name` whose labels include `labels`.
+pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let lines = text.lines().map(|l| Ok(l.to_owned()));
+    let scrape = prometheus_parse::Scrape::parse(lines).expect("valid Prometheus text");
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            _ => 0.0,
+        })
+        .sum()
 }
 
 pub fn call(name: &str, args: &str) -> proto::ToolCall {

@@ -1,0 +1,317 @@
+//! Trace promises of the README ("Traces") beyond observability.rs, from the real binary to the
+//! in-process OTLP collector: the sampler samples, `tracestate` is kept, OTEL_RESOURCE_ATTRIBUTES
+//! reaches the resource, process and MCP calls are CLIENT spans whose context reaches the MCP
+//! server, and the `execute_tools` and `list_tools` spans carry their attributes.
+
+use std::time::Duration;
+
+use opentelemetry_proto::tonic::{common::v1::any_value, trace::v1::Span};
+use tonic::transport::Endpoint;
+use toolgate::proto::{self, ToolStatus, tool_gate_client::ToolGateClient};
+
+use crate::{
+    otlp_collector::{self, string_attribute},
+    process::{Spawned, sigterm, spawn_with_env, wait_exit},
+    support::{call, execute_request, who},
+};
+
+const TRACE_ID: &str = "0af7651916cd43dd8448eb211c80319c";
+const CALLER_SPAN: &str = "b7ad6b7169203331";
+const TRACESTATE: &str = "vendor=opaque-1,other=x";
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn python() -> String {
+    std::env::var("TOOLGATE_TEST_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+/// An attribute of any type, as text (`true`, `3`, `acme`).
+fn attribute(span: &Span, key: &str) -> Option<String> {
+    span.attributes
+        .iter()
+        .find(|kv| kv.key == key)
+        .and_then(|kv| kv.value.as_ref()?.value.as_ref())
+        .map(|value| match value {
+            any_value::Value::StringValue(s) => s.clone(),
+            any_value::Value::BoolValue(b) => b.to_string(),
+            any_value::Value::IntValue(i) => i.to_string(),
+            other => format!("{other:?}"),
+        })
+}
+
+async fn client(addr: &str) -> ToolGateClient<tonic::transport::Channel> {
+    ToolGateClient::new(
+        Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    )
+}
+
+/// A request within the caller's span, with its tracestate.
+fn traced<T>(body: T) -> tonic::Request<T> {
+    let mut request = who("acme").request(body);
+    let md = request.metadata_mut();
+    md.insert(
+        "traceparent",
+        format!("00-{TRACE_ID}-{CALLER_SPAN}-01").parse().unwrap(),
+    );
+    md.insert("tracestate", TRACESTATE.parse().unwrap());
+    request
+}
+
+async fn stop(spawned: Spawned) {
+    sigterm(&spawned.child);
+    let status = tokio::task::spawn_blocking(move || {
+        let mut spawned = spawned;
+        wait_exit(&mut spawned.child)
+    })
+    .await
+    .unwrap();
+    assert_eq!(status.code(), Some(0));
+}
+
+fn catalog(dir: &std::path::Path) -> std::path::PathBuf {
+    let yaml = format!(
+        r#"version: 1
+identity: {{ dev_identity: true }}
+telemetry: {{ batch_delay: 20ms }}
+tenants: {{ acme: {{}} }}
+mcp_servers:
+  dyn:
+    command: ["{py}", "{root}/tests/fixtures/mcp_dynamic_server.py"]
+    env: [PATH, HOME]
+    tools:
+      trace_context: {{ risk_level: read_only }}
+tools:
+  - {{ name: echo, description: Echoes., risk_level: read_only, executor: {{ builtin: echo }}, input_schema: {{ type: object }} }}
+  - name: count
+    description: Counts its arguments.
+    risk_level: read_only
+    input_schema: {{ type: object }}
+    executor:
+      process:
+        command: {py}
+        args: ["-c", "import json,sys; print(len(json.load(sys.stdin)))"]
+        env: [PATH, HOME]
+"#,
+        py = python(),
+        root = env!("CARGO_MANIFEST_DIR")
+    );
+    let path = dir.join("catalog.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    path
+}
+
+/// PATH and HOME for the MCP and process children, and the OTLP settings.
+fn env_for(endpoint: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.to_owned()),
+        (
+            "OTEL_RESOURCE_ATTRIBUTES",
+            "deployment.environment=ci,team=agents".into(),
+        ),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_spans_tracestate_resource_and_server_span_attributes() {
+    let collector = otlp_collector::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = catalog(dir.path());
+    let env = env_for(&collector.endpoint());
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let spawned = spawn_with_env(&["--config", config.to_str().unwrap()], &env);
+    let mut grpc = client(&spawned.addr).await;
+    // The MCP tool appears once its server has listed it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let listed = loop {
+        let listed = grpc
+            .list_tools(traced(proto::ListToolsRequest {}))
+            .await
+            .unwrap()
+            .into_inner();
+        if listed.tools.iter().any(|t| t.name == "dyn.trace_context") {
+            break listed;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the MCP tool never appeared"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mcp = grpc
+        .execute_tool(traced(execute_request(call("dyn.trace_context", "{}"))))
+        .await
+        .unwrap()
+        .into_inner()
+        .result
+        .unwrap();
+    assert_eq!(mcp.status(), ToolStatus::Ok, "{mcp:?}");
+    let process = grpc
+        .execute_tool(traced(execute_request(call("count", r#"{"a":1,"b":2}"#))))
+        .await
+        .unwrap()
+        .into_inner()
+        .result
+        .unwrap();
+    assert_eq!(
+        (process.status(), process.model_text.trim()),
+        (ToolStatus::Ok, "2")
+    );
+    let batch = grpc
+        .execute_tools(traced(proto::ExecuteToolsRequest {
+            calls: vec![
+                call("echo", r#"{"text":"a"}"#),
+                call("echo", r#"{"text":"b"}"#),
+                call("echo", r#"{"text":"c"}"#),
+            ],
+            run_id: "run-1".into(),
+            parallel: true,
+            ..Default::default()
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(batch.results.len(), 3);
+    drop(grpc);
+    stop(spawned).await;
+
+    let spans: Vec<Span> = collector
+        .spans()
+        .into_iter()
+        .filter(|s| hex(&s.trace_id) == TRACE_ID)
+        .collect();
+    let named = |name: &str| -> Vec<&Span> { spans.iter().filter(|s| s.name == name).collect() };
+    let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
+
+    // The caller's tracestate is kept on every span of its trace.
+    assert!(!spans.is_empty());
+    for span in &spans {
+        assert_eq!(span.trace_state, TRACESTATE, "{}", span.name);
+    }
+
+    // process and MCP calls leave the sidecar: CLIENT spans under their execute_tool span.
+    for (client_span, tool, executor) in [
+        ("mcp dyn.trace_context", "dyn.trace_context", "mcp"),
+        ("process count", "count", "process"),
+    ] {
+        let parent = named(&format!("execute_tool {tool}"));
+        let backend = named(client_span);
+        assert_eq!((parent.len(), backend.len()), (1, 1), "{names:?}");
+        assert_eq!(backend[0].kind, 3, "CLIENT");
+        assert_eq!(backend[0].parent_span_id, parent[0].span_id);
+        assert_eq!(
+            attribute(backend[0], "toolgate.executor").as_deref(),
+            Some(executor)
+        );
+        assert_eq!(
+            attribute(backend[0], "gen_ai.tool.name").as_deref(),
+            Some(tool)
+        );
+        assert_eq!(
+            attribute(parent[0], "toolgate.executor").as_deref(),
+            Some(executor)
+        );
+    }
+    // The MCP server got the CLIENT span's context.
+    let mcp_span = named("mcp dyn.trace_context")[0];
+    assert_eq!(
+        mcp.model_text,
+        format!("00-{TRACE_ID}-{}-01", hex(&mcp_span.span_id))
+    );
+
+    // execute_tools: SERVER, under the caller, with tenant, call count and parallel.
+    let turn = named("execute_tools");
+    assert_eq!(turn.len(), 1, "{names:?}");
+    assert_eq!(
+        (turn[0].kind, hex(&turn[0].parent_span_id)),
+        (2, CALLER_SPAN.to_owned())
+    );
+    for (key, value) in [
+        ("toolgate.tenant", "acme"),
+        ("toolgate.calls", "3"),
+        ("toolgate.parallel", "true"),
+    ] {
+        assert_eq!(attribute(turn[0], key).as_deref(), Some(value), "{key}");
+    }
+    // list_tools: SERVER, with tenant, the number of tools shown and the revision answered.
+    let list = named("list_tools");
+    let last = list
+        .iter()
+        .find(|s| attribute(s, "toolgate.tools").as_deref() == Some("3"))
+        .expect("the list_tools span that saw the MCP tool");
+    assert_eq!(last.kind, 2, "SERVER");
+    assert_eq!(hex(&last.parent_span_id), CALLER_SPAN);
+    assert_eq!(attribute(last, "toolgate.tenant").as_deref(), Some("acme"));
+    assert_eq!(
+        attribute(last, "toolgate.catalog_revision").as_deref(),
+        Some(listed.catalog_revision.as_str())
+    );
+
+    // The resource: OTEL_RESOURCE_ATTRIBUTES, beside the service name.
+    let resource = collector
+        .resource_spans()
+        .into_iter()
+        .find_map(|r| r.resource)
+        .expect("a resource");
+    for (key, value) in [
+        ("deployment.environment", "ci"),
+        ("team", "agents"),
+        ("service.name", "toolgate"),
+    ] {
+        assert_eq!(
+            string_attribute(&resource.attributes, key).as_deref(),
+            Some(value),
+            "{key}"
+        );
+    }
+}
+
+/// Runs 20 untraced echo calls against a binary with this sampler ratio and returns the spans
+/// exported (the binary's shutdown flushes every pending span, so nothing is still on its way).
+async fn exported_with_ratio(ratio: &str) -> usize {
+    let collector = otlp_collector::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("catalog.yaml");
+    std::fs::write(
+        &config,
+        "version: 1\nidentity: { dev_identity: true }\ntenants: { acme: {} }\ntools:\n  - { name: echo, description: Echoes., risk_level: read_only, executor: { builtin: echo }, input_schema: { type: object } }\n",
+    )
+    .unwrap();
+    let endpoint = collector.endpoint();
+    let spawned = spawn_with_env(
+        &["--config", config.to_str().unwrap()],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_TRACES_SAMPLER", "traceidratio"),
+            ("OTEL_TRACES_SAMPLER_ARG", ratio),
+        ],
+    );
+    let mut grpc = client(&spawned.addr).await;
+    for i in 0..20 {
+        let r = crate::support::exec(
+            &mut grpc,
+            &who("acme"),
+            call("echo", &format!(r#"{{"text":"{i}"}}"#)),
+        )
+        .await;
+        assert_eq!(r.status(), ToolStatus::Ok);
+    }
+    drop(grpc);
+    stop(spawned).await;
+    collector
+        .spans()
+        .iter()
+        .filter(|s| s.name == "execute_tool echo")
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_traceidratio_sampler_exports_none_at_0_and_all_at_1() {
+    assert_eq!(exported_with_ratio("1").await, 20);
+    assert_eq!(exported_with_ratio("0").await, 0);
+}
