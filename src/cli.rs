@@ -243,10 +243,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::FAILURE);
         }
     };
-    let telemetry = telemetry::init(args.log_format, &config.telemetry)?;
-    if let Some(endpoint) = &config.telemetry.endpoint {
-        tracing::info!(endpoint = %endpoint, service = %config.telemetry.service_name, "exporting traces over OTLP");
+    // A file-size limit (RLIMIT_FSIZE) must make an audit write fail, to be retried from the
+    // first byte not written, not kill the sidecar with SIGXFSZ.
+    // SAFETY: setting a signal's disposition to ignore, before any thread writes files.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
     }
+    let telemetry = telemetry::init(args.log_format, &config.telemetry)?;
     let options = StartOptions {
         listen: args.listen,
         clock: None,

@@ -10,12 +10,13 @@ use std::{
 };
 
 use serde_json::{Value, json};
-use tonic::transport::Endpoint;
-use toolgate::proto::{self, ToolStatus, tool_gate_client::ToolGateClient};
+use toolgate::proto::{self, ToolStatus};
 
 use crate::{
     otlp_collector,
-    process::{Spawned, sigterm, spawn_with_env, spawn_with_stdout, spawn_wrapped, wait_exit},
+    process::{
+        Spawned, client, sigterm, spawn_with_env, spawn_with_stdout, spawn_wrapped, wait_exit,
+    },
     support::{STAGES, TestServer, call, exec, execute_request, who},
 };
 
@@ -24,16 +25,6 @@ const CALLER_SPAN: &str = "00f067aa0ba902b7";
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-async fn client(addr: &str) -> ToolGateClient<tonic::transport::Channel> {
-    ToolGateClient::new(
-        Endpoint::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap(),
-    )
 }
 
 /// SIGTERM to the process and a wait (bounded) for exit 0; returns its logs.

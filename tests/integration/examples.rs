@@ -14,7 +14,6 @@ use std::{
 
 use axum::{Router, body::Bytes, http::HeaderMap, routing::post};
 use serde_json::{Value, json};
-use tonic::transport::Endpoint;
 use toolgate::proto::{self, ToolStatus, tool_gate_client::ToolGateClient};
 
 use crate::{
@@ -44,13 +43,7 @@ fn serve(dir: &Path, yaml: &str, envs: &[(&str, &str)]) -> Spawned {
 }
 
 async fn client(spawned: &Spawned) -> ToolGateClient<tonic::transport::Channel> {
-    ToolGateClient::new(
-        Endpoint::from_shared(format!("http://{}", spawned.addr))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap(),
-    )
+    crate::process::client(&spawned.addr).await
 }
 
 async fn stop(spawned: Spawned) {

@@ -13,12 +13,11 @@ use opentelemetry_proto::tonic::{
     collector::trace::v1::ExportTraceServiceRequest, trace::v1::Span,
 };
 use prost::Message;
-use tonic::transport::Endpoint;
-use toolgate::proto::{self, ToolStatus, tool_gate_client::ToolGateClient};
+use toolgate::proto::{self, ToolStatus};
 
 use crate::{
     otlp_collector::{self, string_attribute},
-    process::{sigterm, spawn_with_env, wait_exit},
+    process::{client, sigterm, spawn_with_env, wait_exit},
     support::{STAGES, TestServer, call, exec, execute_request, who},
 };
 
@@ -85,16 +84,6 @@ fn traced<T>(body: T) -> tonic::Request<T> {
         format!("00-{TRACE_ID}-{CALLER_SPAN}-01").parse().unwrap(),
     );
     request
-}
-
-async fn client(addr: &str) -> ToolGateClient<tonic::transport::Channel> {
-    ToolGateClient::new(
-        Endpoint::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap(),
-    )
 }
 
 #[tokio::test]

@@ -180,6 +180,17 @@ fn spawn_full(
     }
 }
 
+/// A client of a spawned binary at `addr` (host:port).
+pub(crate) async fn client(addr: &str) -> ToolGateClient<tonic::transport::Channel> {
+    ToolGateClient::new(
+        Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    )
+}
+
 pub(crate) fn sigterm(child: &Child) {
     let status = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])

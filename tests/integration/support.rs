@@ -112,7 +112,11 @@ impl TestServer {
     pub async fn start_with_env(yaml: &str, env: &Env) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let audit_path = dir.path().join("audit.jsonl");
-        let text = with_audit_file(yaml, &audit_path);
+        // A catalog with its own audit section names the file `AUDIT_PATH`.
+        let text = match yaml.contains("AUDIT_PATH") {
+            true => yaml.replace("AUDIT_PATH", &audit_path.display().to_string()),
+            false => with_audit_file(yaml, &audit_path),
+        };
         let base = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
         let config = Config::from_yaml(&text, "test.yaml", &base, env)
             .unwrap_or_else(|e| panic!("test catalog: {e}"));

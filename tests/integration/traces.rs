@@ -6,12 +6,11 @@
 use std::time::Duration;
 
 use opentelemetry_proto::tonic::{common::v1::any_value, trace::v1::Span};
-use tonic::transport::Endpoint;
-use toolgate::proto::{self, ToolStatus, tool_gate_client::ToolGateClient};
+use toolgate::proto::{self, ToolStatus};
 
 use crate::{
     otlp_collector::{self, string_attribute},
-    process::{Spawned, sigterm, spawn_with_env, wait_exit},
+    process::{Spawned, client, sigterm, spawn_with_env, wait_exit},
     support::{call, execute_request, who},
 };
 
@@ -39,16 +38,6 @@ fn attribute(span: &Span, key: &str) -> Option<String> {
             any_value::Value::IntValue(i) => i.to_string(),
             other => format!("{other:?}"),
         })
-}
-
-async fn client(addr: &str) -> ToolGateClient<tonic::transport::Channel> {
-    ToolGateClient::new(
-        Endpoint::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap(),
-    )
 }
 
 /// A request within the caller's span, with its tracestate.
