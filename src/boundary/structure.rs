@@ -84,14 +84,31 @@ pub fn check(name: &str, arguments_json: &str, limits: &LimitsConfig) -> Result<
             "arguments are empty; send a JSON object such as {}".into(),
         );
     }
-    if let Some(depth) = exceeds_depth(arguments_json, limits.max_arguments_depth) {
-        return refuse(
-            Reason::ArgumentsTooDeep,
-            format!(
-                "arguments nest deeper than {} levels (at least {depth})",
-                limits.max_arguments_depth
-            ),
-        );
+    match scan(
+        arguments_json,
+        limits.max_arguments_depth,
+        limits.max_arguments_values,
+    ) {
+        Some(Exceeded::Depth(depth)) => {
+            return refuse(
+                Reason::ArgumentsTooDeep,
+                format!(
+                    "arguments nest deeper than {} levels (at least {depth})",
+                    limits.max_arguments_depth
+                ),
+            );
+        }
+        // Each parsed value takes ~72 bytes: a megabyte of `1,1,1,…` would take 40 MiB.
+        Some(Exceeded::Values) => {
+            return refuse(
+                Reason::ArgumentsTooLarge,
+                format!(
+                    "arguments hold more than {} JSON values",
+                    limits.max_arguments_values
+                ),
+            );
+        }
+        None => {}
     }
     match serde_json::from_str::<Value>(arguments_json) {
         Ok(object @ Value::Object(_)) => Ok(object),
@@ -106,9 +123,21 @@ pub fn check(name: &str, arguments_json: &str, limits: &LimitsConfig) -> Result<
     }
 }
 
-/// Returns the depth reached once it passes `max`, scanning brackets outside strings.
-fn exceeds_depth(text: &str, max: usize) -> Option<usize> {
+/// What the raw text is over, found before parsing.
+#[derive(Debug, PartialEq, Eq)]
+enum Exceeded {
+    /// Nesting passed the limit, at this depth.
+    Depth(usize),
+    /// More values than the limit (counted as separators and openings, an upper bound).
+    Values,
+}
+
+/// Scans brackets and separators outside strings: the depth reached once it passes `max_depth`,
+/// or whether the text can hold more than `max_values` values (each value after the first
+/// follows a `,` or opens a container, so their count bounds it).
+fn scan(text: &str, max_depth: usize, max_values: usize) -> Option<Exceeded> {
     let mut depth = 0usize;
+    let mut values = 1usize;
     let mut in_string = false;
     let mut escaped = false;
     for byte in text.bytes() {
@@ -125,12 +154,17 @@ fn exceeds_depth(text: &str, max: usize) -> Option<usize> {
             b'"' => in_string = true,
             b'{' | b'[' => {
                 depth += 1;
-                if depth > max {
-                    return Some(depth);
+                values += 1;
+                if depth > max_depth {
+                    return Some(Exceeded::Depth(depth));
                 }
             }
             b'}' | b']' => depth = depth.saturating_sub(1),
+            b',' => values += 1,
             _ => {}
+        }
+        if values > max_values {
+            return Some(Exceeded::Values);
         }
     }
     None
@@ -155,6 +189,7 @@ mod tests {
         LimitsConfig {
             max_arguments_bytes: 64,
             max_arguments_depth: 3,
+            max_arguments_values: 8,
             ..LimitsConfig::default()
         }
     }
@@ -181,6 +216,11 @@ mod tests {
             Reason::ArgumentsTooDeep
         );
         assert_eq!(check("t", "{}", &limits()).unwrap(), serde_json::json!({}));
+        assert_eq!(
+            reason("t", r#"{"a":[1,2,3,4,5,6,7,8]}"#),
+            Reason::ArgumentsTooLarge
+        );
+        assert!(check("t", r#"{"a":[1,2,3],"b":"x,y,z,w,v,u,t,s"}"#, &limits()).is_ok());
         let too_long = "x".repeat(257);
         let bad = [
             ("call_id", Some("a\u{1b}[2J")),

@@ -140,6 +140,8 @@ impl IdentityConfig {
 pub struct LimitsConfig {
     pub max_arguments_bytes: usize,
     pub max_arguments_depth: usize,
+    /// Most JSON values in one call's arguments: each costs ~72 bytes once parsed.
+    pub max_arguments_values: usize,
     pub max_output_bytes: usize,
     pub max_parallel: usize,
     pub max_batch_calls: usize,
@@ -154,6 +156,8 @@ pub struct LimitsConfig {
     pub max_identity_bytes: usize,
     /// ToolGate RPCs in flight in the whole sidecar; beyond it, RESOURCE_EXHAUSTED at once.
     pub max_in_flight: usize,
+    /// Bytes of requests held at once (read and not yet answered); beyond it, RESOURCE_EXHAUSTED.
+    pub max_request_bytes_in_flight: usize,
     /// HTTP/2 streams one connection may have open; beyond it the stream is refused.
     pub max_streams_per_connection: u32,
     /// Bytes of recently handed-out catalog revisions remembered (for `catalog_revision`).
@@ -167,6 +171,7 @@ impl Default for LimitsConfig {
         LimitsConfig {
             max_arguments_bytes: 1024 * 1024,
             max_arguments_depth: 64,
+            max_arguments_values: 100_000,
             max_output_bytes: 1024 * 1024,
             max_parallel: 8,
             max_batch_calls: 128,
@@ -178,6 +183,7 @@ impl Default for LimitsConfig {
             max_identifier_bytes: 256,
             max_identity_bytes: 256,
             max_in_flight: 1024,
+            max_request_bytes_in_flight: 32 * 1024 * 1024,
             max_streams_per_connection: 256,
             revision_log_max_bytes: 8 * 1024 * 1024,
             token_cache_max_bytes: 4 * 1024 * 1024,
@@ -376,6 +382,15 @@ fn build(raw: RawConfig, source: &str, base_dir: &Path, env: &Env) -> Result<Con
     };
     let telemetry = crate::telemetry::TelemetryConfig::build(raw.telemetry.as_ref(), env)?;
     let audit = build_audit(&raw.audit, base_dir, &telemetry)?;
+    if limits.max_request_bytes_in_flight < limits.max_message_bytes {
+        return Err(FieldError::new(
+            "limits.max_request_bytes_in_flight",
+            format!(
+                "{} is less than limits.max_message_bytes ({}): a request of the largest size could never be read",
+                limits.max_request_bytes_in_flight, limits.max_message_bytes
+            ),
+        ));
+    }
     let reserved = crate::boundary::RESULT_RESERVE_BYTES
         .saturating_mul(limits.max_batch_calls)
         .saturating_add(crate::boundary::RESPONSE_MARGIN_BYTES);
@@ -489,6 +504,11 @@ fn build_limits(raw: &raw::RawLimits) -> Result<LimitsConfig, FieldError> {
         )?
         // serde_json refuses deeper input on its own; keep our check the one that speaks.
         .min(120),
+        max_arguments_values: positive(
+            raw.max_arguments_values,
+            "limits.max_arguments_values",
+            d.max_arguments_values,
+        )?,
         max_output_bytes: positive(
             raw.max_output_bytes,
             "limits.max_output_bytes",
@@ -545,6 +565,11 @@ fn build_limits(raw: &raw::RawLimits) -> Result<LimitsConfig, FieldError> {
             d.max_identity_bytes,
         )?,
         max_in_flight: positive(raw.max_in_flight, "limits.max_in_flight", d.max_in_flight)?,
+        max_request_bytes_in_flight: positive(
+            raw.max_request_bytes_in_flight,
+            "limits.max_request_bytes_in_flight",
+            d.max_request_bytes_in_flight,
+        )?,
         max_streams_per_connection: u32::try_from(positive(
             raw.max_streams_per_connection,
             "limits.max_streams_per_connection",

@@ -227,6 +227,9 @@ pub struct RawLimits {
     pub max_arguments_bytes: Option<usize>,
     /// Deepest nesting of arrays and objects accepted in arguments (default 64).
     pub max_arguments_depth: Option<usize>,
+    /// Most JSON values accepted in one call's arguments, counted before parsing: each costs
+    /// about 72 bytes parsed (default 100000, about 7 MiB).
+    pub max_arguments_values: Option<usize>,
     /// Largest tool output returned, in bytes, unless a tool sets its own (default 1048576).
     pub max_output_bytes: Option<usize>,
     /// Most calls of one ExecuteTools request run at once (default 8).
@@ -253,6 +256,9 @@ pub struct RawLimits {
     /// ToolGate and Approvals RPCs in flight in the whole sidecar; beyond it calls get
     /// RESOURCE_EXHAUSTED at once (default 1024).
     pub max_in_flight: Option<usize>,
+    /// Bytes of requests the sidecar holds at once (read and not yet answered); beyond it calls
+    /// get RESOURCE_EXHAUSTED at once. At least max_message_bytes (default 33554432, 32 MiB).
+    pub max_request_bytes_in_flight: Option<usize>,
     /// HTTP/2 streams one client connection may have open at once (default 256).
     pub max_streams_per_connection: Option<usize>,
     /// Bytes of recently listed catalog revisions remembered for `catalog_revision` checks

@@ -1,31 +1,45 @@
-//! The sidecar-wide cap on RPCs in flight, as a tower layer: beyond `limits.max_in_flight`, a
-//! toolgate RPC is refused at once with RESOURCE_EXHAUSTED (retryable) instead of queueing without
-//! bound. Health checks and reflection are never refused: a busy sidecar must still answer its
-//! probes.
+//! The sidecar-wide caps on RPCs in flight, as a tower layer: beyond `limits.max_in_flight`
+//! calls, or `limits.max_request_bytes_in_flight` bytes of requests held (read and not yet
+//! answered), a toolgate RPC is refused at once with RESOURCE_EXHAUSTED (retryable) instead of
+//! queueing or buffering without bound. Health checks and reflection are never refused: a busy
+//! sidecar must still answer its probes.
 
 use std::{
-    sync::Arc,
+    pin::Pin,
+    sync::{Arc, Mutex},
     task::{Context, Poll},
 };
 
+use bytes::Bytes;
 use futures::future::BoxFuture;
-use tokio::sync::Semaphore;
+use http_body::Frame;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// The paths the cap applies to: the toolgate services.
 const LIMITED_PREFIX: &str = "/toolgate.v1.";
+
+/// Request bytes are counted in units of this many bytes.
+const UNIT: usize = 1024;
 
 /// See the module docs.
 #[derive(Clone, Debug)]
 pub struct InFlightLayer {
     slots: Arc<Semaphore>,
     max: usize,
+    /// Units of request bytes that may be held at once.
+    bytes: Arc<Semaphore>,
+    max_bytes: usize,
 }
 
 impl InFlightLayer {
-    pub fn new(max: usize) -> Self {
+    pub fn new(max: usize, max_bytes: usize) -> Self {
         InFlightLayer {
             slots: Arc::new(Semaphore::new(max)),
             max,
+            bytes: Arc::new(Semaphore::new(
+                (max_bytes / UNIT).min(Semaphore::MAX_PERMITS),
+            )),
+            max_bytes,
         }
     }
 }
@@ -36,8 +50,7 @@ impl<S> tower::Layer<S> for InFlightLayer {
     fn layer(&self, inner: S) -> Self::Service {
         InFlightService {
             inner,
-            slots: self.slots.clone(),
-            max: self.max,
+            layer: self.clone(),
         }
     }
 }
@@ -46,13 +59,15 @@ impl<S> tower::Layer<S> for InFlightLayer {
 #[derive(Clone, Debug)]
 pub struct InFlightService<S> {
     inner: S,
-    slots: Arc<Semaphore>,
-    max: usize,
+    layer: InFlightLayer,
 }
 
-impl<S, B> tower::Service<http::Request<B>> for InFlightService<S>
+impl<S> tower::Service<http::Request<tonic::body::Body>> for InFlightService<S>
 where
-    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+    S: tower::Service<
+            http::Request<tonic::body::Body>,
+            Response = http::Response<tonic::body::Body>,
+        >,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
 {
@@ -64,26 +79,85 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
         if !request.uri().path().starts_with(LIMITED_PREFIX) {
             return Box::pin(self.inner.call(request));
         }
-        match self.slots.clone().try_acquire_owned() {
-            Ok(slot) => {
-                let response = self.inner.call(request);
-                Box::pin(async move {
-                    let response = response.await;
-                    drop(slot);
-                    response
-                })
-            }
-            Err(_) => {
-                let status = tonic::Status::resource_exhausted(format!(
-                    "the sidecar has {} calls in flight (limits.max_in_flight); retry shortly",
-                    self.max
-                ));
-                Box::pin(std::future::ready(Ok(status.into_http())))
+        let Ok(slot) = self.layer.slots.clone().try_acquire_owned() else {
+            let status = tonic::Status::resource_exhausted(format!(
+                "the sidecar has {} calls in flight (limits.max_in_flight); retry shortly",
+                self.layer.max
+            ));
+            return Box::pin(std::future::ready(Ok(status.into_http())));
+        };
+        // The request's bytes are held until its answer is sent (its decoded copy lives that long).
+        let held = Arc::new(Mutex::new(None));
+        let request = request.map(|body| {
+            tonic::body::Body::new(Metered {
+                inner: body,
+                bytes: self.layer.bytes.clone(),
+                max_bytes: self.layer.max_bytes,
+                held: held.clone(),
+            })
+        });
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            let response = response.await;
+            drop((slot, held));
+            response
+        })
+    }
+}
+
+/// A request body that takes a share of the sidecar's request-byte budget for each frame it
+/// reads, and fails with RESOURCE_EXHAUSTED when the budget has none left.
+struct Metered {
+    inner: tonic::body::Body,
+    bytes: Arc<Semaphore>,
+    max_bytes: usize,
+    held: Arc<Mutex<Option<OwnedSemaphorePermit>>>,
+}
+
+impl http_body::Body for Metered {
+    type Data = Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
+        let frame = match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => frame,
+            Poll::Ready(Some(Err(status))) => return Poll::Ready(Some(Err(status))),
+            Poll::Ready(None) => return Poll::Ready(None),
+            Poll::Pending => return Poll::Pending,
+        };
+        if let Some(data) = frame.data_ref() {
+            let units = u32::try_from(data.len().div_ceil(UNIT)).unwrap_or(u32::MAX);
+            match self.bytes.clone().try_acquire_many_owned(units) {
+                Ok(permit) => {
+                    let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+                    match held.as_mut() {
+                        Some(all) => all.merge(permit),
+                        None => *held = Some(permit),
+                    }
+                }
+                Err(_) => {
+                    return Poll::Ready(Some(Err(tonic::Status::resource_exhausted(format!(
+                        "the sidecar holds {} bytes of requests (limits.max_request_bytes_in_flight); retry shortly",
+                        self.max_bytes
+                    )))));
+                }
             }
         }
+        Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }

@@ -299,7 +299,7 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha);
-    let in_flight = InFlightLayer::new(limits.max_in_flight);
+    let in_flight = InFlightLayer::new(limits.max_in_flight, limits.max_request_bytes_in_flight);
 
     let (shutdown, shutdown_rx) = watch::channel(false);
     let signal = move || {

@@ -6,14 +6,7 @@ use futures::future::join_all;
 use tonic::Code;
 use toolgate::proto::{self, ToolStatus};
 
-use crate::support::{STAGES, TestServer, call, exec, execute_request, who};
-
-async fn wait_until(mut rx: tokio::sync::watch::Receiver<u64>, what: impl Fn(u64) -> bool) {
-    tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|n| what(*n)))
-        .await
-        .expect("condition within 10s")
-        .expect("watch open");
-}
+use crate::support::{STAGES, TestServer, call, exec, execute_request, wait_until, who};
 
 #[tokio::test]
 async fn a_timeout_stops_the_tool_and_says_whether_a_retry_is_safe() {

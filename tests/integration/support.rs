@@ -294,6 +294,14 @@ pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
         .sum()
 }
 
+/// Waits (bounded) until a watched counter (e.g. the builtins' calls in flight) satisfies `what`.
+pub async fn wait_until(mut rx: tokio::sync::watch::Receiver<u64>, what: impl Fn(u64) -> bool) {
+    tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|n| what(*n)))
+        .await
+        .expect("condition within 10s")
+        .expect("watch open");
+}
+
 pub fn call(name: &str, args: &str) -> proto::ToolCall {
     proto::ToolCall {
         name: name.into(),
