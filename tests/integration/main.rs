@@ -5,6 +5,7 @@ mod boundary;
 mod config;
 mod execution;
 mod executors;
+mod http_hardening;
 mod identity;
 mod list_tools;
 mod observability;
