@@ -8,10 +8,12 @@ mod executors;
 mod http_hardening;
 mod identity;
 mod list_tools;
+mod mcp_hardening;
 mod observability;
 #[path = "../common/otlp_collector.rs"]
 mod otlp_collector;
 mod process;
+mod process_hardening;
 mod properties;
 mod rate_limits;
 mod reliability;

@@ -67,10 +67,28 @@ pub(crate) fn spawn_with_env(args: &[&str], envs: &[(&str, &str)]) -> Spawned {
     spawn_logging("json", args, envs)
 }
 
+/// Like [`spawn_with_env`], started in `dir` (so relative paths are relative to it).
+pub(crate) fn spawn_in(dir: &std::path::Path, args: &[&str], envs: &[(&str, &str)]) -> Spawned {
+    spawn_full("json", args, envs, Some(dir))
+}
+
 /// Starts the binary with this `--log-format`. JSON lines become their message; other lines are
-/// passed on whole (and give no address).
-fn spawn_logging(log_format: &str, args: &[&str], envs: &[(&str, &str)]) -> Spawned {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+/// passed on whole (a human "serving gRPC over TCP" line gives the address too).
+pub(crate) fn spawn_logging(log_format: &str, args: &[&str], envs: &[(&str, &str)]) -> Spawned {
+    spawn_full(log_format, args, envs, None)
+}
+
+fn spawn_full(
+    log_format: &str,
+    args: &[&str],
+    envs: &[(&str, &str)],
+    dir: Option<&std::path::Path>,
+) -> Spawned {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_toolgate"));
+    if let Some(dir) = dir {
+        command.current_dir(dir);
+    }
+    let mut child = command
         .args([
             "serve",
             "--log-format",
@@ -109,6 +127,12 @@ fn spawn_logging(log_format: &str, args: &[&str], envs: &[(&str, &str)]) -> Spaw
                     );
                 }
                 Err(_) => {
+                    if line.contains("serving gRPC over TCP")
+                        && let Some(addr) = line.split("addr=").nth(1)
+                    {
+                        let addr = addr.split_whitespace().next().unwrap_or_default();
+                        let _ = tx.send(format!("addr {}", addr.trim_matches('"')));
+                    }
                     let _ = tx.send(line.clone());
                 }
             }
