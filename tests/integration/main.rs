@@ -2,6 +2,7 @@
 
 mod approvals;
 mod boundary;
+mod cli_and_logs;
 mod config;
 mod execution;
 mod executors;
