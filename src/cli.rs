@@ -41,6 +41,11 @@ enum Command {
         /// The catalog file; without it, the embedded demo is checked.
         #[arg(long, env = "TOOLGATE_CONFIG")]
         config: Option<PathBuf>,
+        /// Skip what depends on this machine (that process tools' and stdio MCP servers'
+        /// programs exist and are executable, that working directories exist), for checking a
+        /// catalog somewhere other than where it is served.
+        #[arg(long)]
+        portable: bool,
     },
     /// Print the JSON Schema of the catalog file format.
     Schema,
@@ -158,7 +163,7 @@ pub fn main() -> ExitCode {
         match cli.command {
             None => serve(cli.serve).await,
             Some(Command::Serve(args)) => serve(args).await,
-            Some(Command::Check { config }) => check(config),
+            Some(Command::Check { config, portable }) => check(config, portable),
             Some(Command::Schema) => {
                 println!(
                     "{}",
@@ -203,22 +208,70 @@ pub fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", chain(err.as_ref()));
             ExitCode::FAILURE
         }
     }
 }
 
+/// An error and its causes, each said once: many errors already include their source's text.
+fn chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text = format!("{text}: {cause_text}");
+        }
+        source = cause.source();
+    }
+    text
+}
+
 fn load(config: Option<&PathBuf>) -> Result<Config, crate::config::ConfigError> {
+    let env = Env::from_process();
     match config {
-        Some(path) => Config::load_file(path, &Env::from_process()),
-        None => Config::demo(),
+        Some(path) => Config::load_file(path, &env),
+        None => Config::demo(&env),
     }
 }
 
-fn check(config: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+/// What in a loaded catalog cannot work on this machine (missing programs, working
+/// directories): not load errors, since a catalog may be checked elsewhere than it is served.
+fn host_problems(config: &Config) -> Vec<crate::config::FieldError> {
+    let tools = config
+        .catalog
+        .versions()
+        .filter_map(|tool| match &tool.executor {
+            crate::executor::ExecutorSpec::Process(process) => Some(process.host_problems()),
+            _ => None,
+        })
+        .flatten();
+    let servers = config
+        .catalog_inputs
+        .mcp_servers
+        .iter()
+        .flat_map(|server| server.host_problems());
+    tools.chain(servers).collect()
+}
+
+fn check(config: Option<PathBuf>, portable: bool) -> anyhow::Result<ExitCode> {
     match load(config.as_ref()) {
         Ok(loaded) => {
+            let problems = if portable {
+                Vec::new()
+            } else {
+                host_problems(&loaded)
+            };
+            for problem in &problems {
+                eprintln!(
+                    "error: {}: {}: {} (on this machine; --portable skips this check)",
+                    loaded.source, problem.path, problem.message
+                );
+            }
+            if !problems.is_empty() {
+                return Ok(ExitCode::FAILURE);
+            }
             println!(
                 "{}: ok ({} tools, revision {})",
                 loaded.source,
@@ -250,6 +303,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
     }
     let telemetry = telemetry::init(args.log_format, &config.telemetry)?;
+    // Served anyway: the other tools work, and these answer backend_misconfigured.
+    for problem in host_problems(&config) {
+        tracing::error!(at = %problem.path, problem = %problem.message, "this tool cannot run on this machine");
+    }
+    // Descendants of process tools and MCP servers that detach are re-parented to the sidecar
+    // (as they would be to it as PID 1 in a container): collect the ones that exit.
+    crate::executor::process::descendants::adopt_orphans();
+    tokio::spawn(crate::executor::process::descendants::collect_orphans());
     let options = StartOptions {
         listen: args.listen,
         clock: None,
@@ -288,13 +349,26 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
 }
 
 async fn channel(client: &ClientArgs) -> anyhow::Result<Channel> {
-    let endpoint = Channel::from_shared(client.addr.clone())
+    let addr = endpoint_url(&client.addr)?;
+    let endpoint = Channel::from_shared(addr.clone())
         .map_err(|err| anyhow::anyhow!("invalid --addr {}: {err}", client.addr))?
         .connect_timeout(Duration::from_secs(5));
     endpoint
         .connect()
         .await
-        .map_err(|err| anyhow::anyhow!("cannot connect to {}: {err}", client.addr))
+        .map_err(|err| anyhow::anyhow!("cannot connect to {addr}: {}", chain(&err)))
+}
+
+/// `--addr` as a URL: `host:port` means `http://host:port`; other schemes than http(s) are
+/// refused with a clear message.
+fn endpoint_url(addr: &str) -> anyhow::Result<String> {
+    match addr.split_once("://") {
+        None => Ok(format!("http://{addr}")),
+        Some(("http" | "https", _)) => Ok(addr.to_owned()),
+        Some((scheme, _)) => Err(anyhow::anyhow!(
+            "--addr {addr}: the scheme {scheme:?} is not supported; use host:port or http://host:port"
+        )),
+    }
 }
 
 fn request<T>(client: &ClientArgs, body: T) -> anyhow::Result<Request<T>> {

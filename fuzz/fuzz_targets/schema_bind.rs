@@ -86,7 +86,7 @@ struct Fixture {
 fn fixture() -> &'static Fixture {
     static FIXTURE: OnceLock<Fixture> = OnceLock::new();
     FIXTURE.get_or_init(|| {
-        let demo = Config::demo().expect("demo catalog loads");
+        let demo = Config::demo(&Env::default()).expect("demo catalog loads");
         let extra = Config::from_yaml(EXTRA, "extra", Path::new("."), &Env::default())
             .expect("extra catalog loads");
         let tools = demo

@@ -456,7 +456,7 @@ impl Boundary {
         // context is what the backend receives as `traceparent`.
         let call_backend = |arguments: serde_json::Value| {
             let span = spans::backend_call(tool);
-            let traceparent = spans::traceparent(&span).or_else(|| turn.traceparent.clone());
+            let traceparent = spans::outbound_traceparent(&span, tool, turn.traceparent.as_deref());
             let permit = Permit::new(
                 call_id.to_owned(),
                 turn.run_id.clone(),

@@ -380,7 +380,9 @@ impl CatalogInputs {
             for (tool_name, settings) in &raw_server.tools {
                 let name = format!("{}.{tool_name}", server.prefix);
                 let path = format!("mcp_servers.{}.tools.{tool_name}", server.name);
-                if tools.contains_key(&name) {
+                // Checked against the configuration, not what servers listed, so the answer is
+                // the same at load and at every rebuild.
+                if raw.tools.iter().any(|t| t.name == name) {
                     return Err(FieldError::new(
                         path,
                         format!("tool {name:?} is also defined in tools"),
@@ -422,6 +424,13 @@ impl CatalogInputs {
                 match listed {
                     None => {
                         unavailable.insert(name, format!("tool {tool_name} of MCP server {} is not available: the server is not connected or does not offer it", server.name));
+                    }
+                    // Names are unique by construction (tools are checked against MCP names
+                    // above, prefixes are unique); should one still be taken when a server lists
+                    // a tool, only that tool is left out — never the rebuild of the catalog.
+                    Some(_) if tools.contains_key(&name) => {
+                        tracing::error!(tool = %name, server = %server.name, "MCP tool clashes with a tool already in the catalog; left out");
+                        unavailable.insert(name, format!("tool {tool_name} of MCP server {} clashes with another tool of the same name", server.name));
                     }
                     Some(found) => match build_tool(
                         &mcp_raw_tool(&name, settings, found),
@@ -835,5 +844,40 @@ mod tests {
             .map(|i| stable_bucket("t", &format!("tenant{i}")))
             .collect();
         assert!(buckets.len() > 90, "poor spread: {}", buckets.len());
+    }
+
+    #[test]
+    fn a_clash_among_listed_mcp_tools_leaves_out_only_the_clashing_tool() {
+        let yaml = "version: 1\nidentity: { dev_identity: true }\ntenants: { acme: {} }\nmcp_servers:\n  a: { command: [\"true\"], tools: { t: { risk_level: read_only } } }\n  b: { command: [\"true\"], tools: { t: { risk_level: read_only }, u: { risk_level: read_only } } }\n";
+        let mut config = crate::config::Config::from_yaml(
+            yaml,
+            "t.yaml",
+            std::path::Path::new("."),
+            &Env::default(),
+        )
+        .unwrap();
+        // Prefixes are unique at load; force the clash the catalog must survive anyway.
+        config.catalog_inputs.mcp_servers[1].prefix = "a".into();
+        let tool = |name: &str| DiscoveredTool {
+            name: name.into(),
+            description: "d".into(),
+            input_schema: json!({"type": "object"}),
+        };
+        let discovered = Discovered::from([
+            ("a".to_owned(), vec![tool("t")]),
+            ("b".to_owned(), vec![tool("t"), tool("u")]),
+        ]);
+        let catalog = config.catalog_inputs.build(&discovered).unwrap();
+        let server_of = |name: &str| match &catalog.resolve(name, None, "acme").unwrap().executor {
+            ExecutorSpec::Mcp(tool) => tool.server.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(server_of("a.t"), "a", "the first server keeps its tool");
+        assert_eq!(
+            server_of("a.u"),
+            "b",
+            "the other server's other tools are served"
+        );
+        assert_eq!(catalog.names().collect::<Vec<_>>(), ["a.t", "a.u"]);
     }
 }

@@ -254,6 +254,13 @@ impl Config {
     /// Loads and validates a catalog file.
     pub fn load_file(path: &Path, env: &Env) -> Result<Config, ConfigError> {
         let source = path.display().to_string();
+        // Relative paths inside are relative to the file's directory, which for a bare file name
+        // (`--config catalog.yaml`) would be "": anchor it to the current directory now.
+        let path = &std::path::absolute(path).map_err(|err| ConfigError {
+            file: source.clone(),
+            path: ".".into(),
+            message: format!("cannot resolve the path: {err}"),
+        })?;
         let text = std::fs::read_to_string(path).map_err(|err| ConfigError {
             file: source.clone(),
             path: ".".into(),
@@ -267,9 +274,9 @@ impl Config {
         Ok(config)
     }
 
-    /// The embedded demo catalog.
-    pub fn demo() -> Result<Config, ConfigError> {
-        Self::from_yaml(DEMO_CATALOG, DEMO_SOURCE, Path::new("."), &Env::default())
+    /// The embedded demo catalog, with the environment (`OTEL_*`, …) like any catalog.
+    pub fn demo(env: &Env) -> Result<Config, ConfigError> {
+        Self::from_yaml(DEMO_CATALOG, DEMO_SOURCE, Path::new("."), env)
     }
 
     /// Parses and validates YAML text; `base_dir` resolves relative file paths inside it.
@@ -415,11 +422,7 @@ fn build(raw: RawConfig, source: &str, base_dir: &Path, env: &Env) -> Result<Con
             ))
         })
         .collect::<Result<BTreeMap<_, _>, FieldError>>()?;
-    let mcp_servers = raw
-        .mcp_servers
-        .iter()
-        .map(|(name, server)| McpServerConfig::build(name, server, env))
-        .collect::<Result<Vec<_>, _>>()?;
+    let mcp_servers = McpServerConfig::build_all(&raw.mcp_servers, base_dir, env)?;
     let catalog_inputs = CatalogInputs {
         raw,
         approvals: approvals.clone(),

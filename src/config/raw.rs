@@ -60,6 +60,7 @@ pub struct RawUpstream {
     /// URL schemes this upstream may use, for its URL and any redirect (default `[https]`).
     pub allow_schemes: Option<Vec<String>>,
     /// Allow loopback, private, link-local and other non-public addresses (default false).
+    /// Cloud metadata addresses stay refused unless `allow_private_cidrs` names one exactly.
     #[serde(default)]
     pub allow_private_addresses: bool,
     /// Static name resolution, like curl's --resolve: host -> addresses. Checked like DNS answers.
@@ -74,6 +75,10 @@ pub struct RawUpstream {
     pub max_concurrency: Option<usize>,
     /// Connection timeout (default 5s).
     pub connect_timeout: Option<String>,
+    /// Non-public ranges this upstream may reach without `allow_private_addresses`, e.g.
+    /// `["10.1.2.0/24"]`. Cloud metadata addresses stay refused unless an entry is exactly one.
+    #[serde(default)]
+    pub allow_private_cidrs: Vec<String>,
 }
 
 /// A header value: a literal, or read from an environment variable or a file.
@@ -112,6 +117,19 @@ pub struct RawMcpServer {
     /// server offers that are not listed here are not exposed: a server's own description is
     /// never taken as authorization.
     pub tools: BTreeMap<String, RawMcpTool>,
+    /// For `url`: allow loopback, private, link-local and other non-public addresses (default
+    /// false). Cloud metadata addresses stay refused.
+    #[serde(default)]
+    pub allow_private_addresses: bool,
+    /// For `url`: non-public ranges this server may be reached at, e.g. `["10.1.2.0/24"]`.
+    #[serde(default)]
+    pub allow_private_cidrs: Vec<String>,
+    /// For `url`: static name resolution (host -> addresses), checked like DNS answers.
+    #[serde(default)]
+    pub resolve: BTreeMap<String, Vec<String>>,
+    /// Largest single message accepted from the server, in bytes (default 4194304); a response
+    /// over it ends its call as `output_too_large`.
+    pub max_message_bytes: Option<usize>,
 }
 
 /// Catalog-side settings of one MCP tool.

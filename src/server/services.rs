@@ -95,11 +95,12 @@ impl ToolGateService {
                 .filter(|r| !r.trim().is_empty())
                 .map(str::to_owned),
             deadline,
-            traceparent: request
-                .metadata()
-                .get("traceparent")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned),
+            traceparent: spans::caller_traceparent(
+                request
+                    .metadata()
+                    .get("traceparent")
+                    .and_then(|v| v.to_str().ok()),
+            ),
             trace_parent: remote_context(request),
         })
     }

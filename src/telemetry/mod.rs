@@ -289,6 +289,7 @@ pub fn init(
             .boxed(),
         // Colours only for a terminal: escape codes in a log file or `kubectl logs` are noise.
         LogFormat::Human => fmt::layer()
+            .fmt_fields(EscapedFields)
             .with_writer(std::io::stderr)
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .boxed(),
@@ -325,6 +326,80 @@ pub fn init(
         .with(traces)
         .try_init();
     Ok(TelemetryGuard { provider })
+}
+
+/// Human log fields with every control character escaped (`\n`, `\u{1b}`, …): field values
+/// carry text from callers and backends (a JWT header's `alg`, an error message), and a raw line
+/// break or terminal escape in one could forge a log line or rewrite the terminal. The `message`
+/// is written bare, string fields quoted, other values as they format themselves.
+struct EscapedFields;
+
+impl<'writer> fmt::FormatFields<'writer> for EscapedFields {
+    fn format_fields<R: tracing_subscriber::field::RecordFields>(
+        &self,
+        mut writer: fmt::format::Writer<'writer>,
+        fields: R,
+    ) -> std::fmt::Result {
+        let mut visitor = EscapingVisitor {
+            writer: &mut writer,
+            first: true,
+            result: Ok(()),
+        };
+        fields.record(&mut visitor);
+        visitor.result
+    }
+}
+
+struct EscapingVisitor<'a, 'writer> {
+    writer: &'a mut fmt::format::Writer<'writer>,
+    first: bool,
+    result: std::fmt::Result,
+}
+
+impl EscapingVisitor<'_, '_> {
+    fn write(&mut self, field: &tracing::field::Field, text: &str) {
+        if self.result.is_err() {
+            return;
+        }
+        let mut line = String::with_capacity(text.len() + field.name().len() + 2);
+        if !self.first {
+            line.push(' ');
+        }
+        self.first = false;
+        if field.name() != "message" {
+            line.push_str(field.name());
+            line.push('=');
+        }
+        escape_controls(text, &mut line);
+        self.result = self.writer.write_str(&line);
+    }
+}
+
+impl tracing::field::Visit for EscapingVisitor<'_, '_> {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        if field.name() == "message" {
+            self.write(field, value);
+        } else {
+            self.write(field, &format!("{value:?}"));
+        }
+    }
+
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.write(field, &format!("{value:?}"));
+    }
+}
+
+/// Appends `text` with control characters (C0, DEL, C1) written as escapes.
+fn escape_controls(text: &str, out: &mut String) {
+    for c in text.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
 }
 
 /// The tracer provider for the configured exporter, if export is on.
@@ -430,6 +505,14 @@ impl SpanExporter for OwnRuntimeExporter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn control_characters_are_escaped() {
+        let mut out = String::new();
+        escape_controls("a\u{1b}[31mb\nINFO forged\r\t\u{9b}\u{7f}ok é", &mut out);
+        assert_eq!(out, "a\\u{1b}[31mb\\nINFO forged\\r\\t\\u{9b}\\u{7f}ok é");
+        assert!(!out.chars().any(char::is_control));
+    }
 
     #[test]
     fn export_is_off_without_an_endpoint_and_follows_the_standard_variables() {

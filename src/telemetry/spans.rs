@@ -217,14 +217,52 @@ fn traced_context(span: &Span) -> Option<opentelemetry::trace::SpanContext> {
 
 /// The W3C `traceparent` for an outbound request made within `span`, when it is traced.
 pub fn traceparent(span: &Span) -> Option<String> {
-    traced_context(span).map(|c| {
-        format!(
-            "00-{}-{}-{:02x}",
-            c.trace_id(),
-            c.span_id(),
-            c.trace_flags().to_u8()
-        )
-    })
+    traced_context(span).map(|c| format_traceparent(&c))
+}
+
+/// The caller's `traceparent` metadata, when it is a valid W3C trace context; anything else is
+/// dropped rather than passed on to backends. Normalized (version 00, lowercase).
+pub fn caller_traceparent(value: Option<&str>) -> Option<String> {
+    let carrier = std::collections::HashMap::from([("traceparent".to_owned(), value?.to_owned())]);
+    let context = TraceContextPropagator::new().extract(&carrier);
+    let span_context = context.span().span_context().clone();
+    span_context
+        .is_valid()
+        .then(|| format_traceparent(&span_context))
+}
+
+/// The `traceparent` a backend call made within `span` sends: the span's own when it is traced,
+/// else the caller's (already validated), else a fresh one, so every upstream request can be
+/// correlated. Builtins run in the sidecar and get none.
+pub fn outbound_traceparent(
+    span: &Span,
+    tool: &ToolVersion,
+    caller: Option<&str>,
+) -> Option<String> {
+    if !tool.executor.leaves_process() {
+        return None;
+    }
+    traceparent(span)
+        .or_else(|| caller.map(str::to_owned))
+        .or_else(|| {
+            use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator};
+            let ids = RandomIdGenerator::default();
+            // Sampled: no sampler upstream of the sidecar decided otherwise.
+            Some(format!(
+                "00-{}-{}-01",
+                ids.new_trace_id(),
+                ids.new_span_id()
+            ))
+        })
+}
+
+fn format_traceparent(c: &opentelemetry::trace::SpanContext) -> String {
+    format!(
+        "00-{}-{}-{:02x}",
+        c.trace_id(),
+        c.span_id(),
+        c.trace_flags().to_u8()
+    )
 }
 
 /// Trace and span ids (hex) for the audit event, when the span is traced.

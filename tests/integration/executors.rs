@@ -26,8 +26,8 @@ use crate::support::{TestServer, call, exec, execute_request, who};
 
 /// Requests an upstream saw.
 #[derive(Clone, Default)]
-struct Seen {
-    headers: Arc<Mutex<Vec<HeaderMap>>>,
+pub(crate) struct Seen {
+    pub(crate) headers: Arc<Mutex<Vec<HeaderMap>>>,
     bodies: Arc<Mutex<Vec<Value>>>,
     /// Slow handlers started.
     slow_started: Arc<watch::Sender<usize>>,
@@ -46,7 +46,7 @@ impl Drop for DropSignal {
     }
 }
 
-async fn upstream() -> (SocketAddr, Seen) {
+pub(crate) async fn upstream() -> (SocketAddr, Seen) {
     let seen = Seen::default();
     let s = seen.clone();
     let record = move |headers: HeaderMap, body: Bytes| {
@@ -109,7 +109,7 @@ async fn upstream() -> (SocketAddr, Seen) {
 }
 
 /// A listener that only counts connections: proof that a refusal happened before connecting.
-async fn counting_listener() -> (SocketAddr, Arc<AtomicUsize>) {
+pub(crate) async fn counting_listener() -> (SocketAddr, Arc<AtomicUsize>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let accepted = Arc::new(AtomicUsize::new(0));
@@ -122,7 +122,7 @@ async fn counting_listener() -> (SocketAddr, Arc<AtomicUsize>) {
     (addr, accepted)
 }
 
-fn http_catalog(upstreams: &str, tools: &[(&str, &str, &str)]) -> String {
+pub(crate) fn http_catalog(upstreams: &str, tools: &[(&str, &str, &str)]) -> String {
     let mut yaml = format!(
         "version: 1\nidentity: {{ dev_identity: true }}\ntenants: {{ acme: {{}} }}\nupstreams:\n{upstreams}tools:\n"
     );
@@ -164,7 +164,8 @@ async fn http_posts_bound_arguments_with_request_id_trace_context_and_secret_hea
         json!({"id": "o-1", "tenant": "acme"})
     );
     let headers = seen.headers.lock().unwrap()[0].clone();
-    assert_eq!(headers["x-request-id"], result.call_id.as_str());
+    assert_eq!(headers["x-toolgate-call-id"], result.call_id.as_str());
+    assert_ne!(headers["x-request-id"], result.call_id.as_str());
     assert_eq!(headers["traceparent"], traceparent);
     assert_eq!(headers["authorization"], "Bearer s3cret-token");
     assert_eq!(headers["x-team"], "support");
@@ -401,17 +402,17 @@ async fn concurrency_caps_refuse_at_once_and_unreachable_upstreams_are_retryable
     server.stop().await;
 }
 
-fn python() -> String {
+pub(crate) fn python() -> String {
     std::env::var("TOOLGATE_TEST_PYTHON").unwrap_or_else(|_| "python3".into())
 }
 
-fn process_catalog(tool_lines: &str) -> String {
+pub(crate) fn process_catalog(tool_lines: &str) -> String {
     format!(
         "version: 1\nidentity: {{ dev_identity: true }}\ntenants: {{ acme: {{}} }}\ntools:\n{tool_lines}"
     )
 }
 
-fn process_tool(name: &str, script: &str, extra: &str) -> String {
+pub(crate) fn process_tool(name: &str, script: &str, extra: &str) -> String {
     let script = serde_json::to_string(script).unwrap();
     format!(
         "  - name: {name}\n    description: d\n    risk_level: read_only\n    timeout: 2s\n    input_schema: {{ type: object }}\n{extra}    executor:\n      process:\n        command: {}\n        args: [\"-c\", {script}]\n        env: [PATH, HOME, ALLOWED_VAR]\n        set_env: {{ SET_BY_CATALOG: \"yes\" }}\n",
@@ -419,7 +420,7 @@ fn process_tool(name: &str, script: &str, extra: &str) -> String {
     )
 }
 
-fn env_with_path() -> Env {
+pub(crate) fn env_with_path() -> Env {
     let mut env = Env::default()
         .with("ALLOWED_VAR", "fine")
         .with("SIDECAR_SECRET", "do-not-leak");
@@ -466,7 +467,7 @@ async fn process_tools_read_stdin_write_stdout_and_see_a_clean_environment() {
     server.stop().await;
 }
 
-fn pid_gone(pid: i32) -> bool {
+pub(crate) fn pid_gone(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Err(_) => true,
         // A zombie has exited; only its parent has not collected it yet.
@@ -526,7 +527,7 @@ async fn a_timeout_kills_the_whole_process_group_and_huge_output_is_capped() {
     server.stop().await;
 }
 
-fn everything_server() -> String {
+pub(crate) fn everything_server() -> String {
     format!(
         "{}/tests/tools/node_modules/@modelcontextprotocol/server-everything/dist/index.js",
         env!("CARGO_MANIFEST_DIR")
@@ -534,7 +535,7 @@ fn everything_server() -> String {
 }
 
 /// Waits (bounded) until the tool appears in ListTools for this caller.
-async fn wait_for_tool(server: &TestServer, caller: &crate::support::Who, tool: &str) {
+pub(crate) async fn wait_for_tool(server: &TestServer, caller: &crate::support::Who, tool: &str) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     let mut client = server.client().await;
     loop {
@@ -686,7 +687,7 @@ async fn mcp_streamable_http_server() {
         .spawn()
         .expect("node runs server-everything");
     let yaml = format!(
-        "version: 1\nidentity: {{ dev_identity: true }}\ntenants: {{ acme: {{}} }}\nmcp_servers:\n  remote:\n    url: http://127.0.0.1:{port}/mcp\n    tools:\n      get-sum: {{ risk_level: read_only }}\ntools: []\n"
+        "version: 1\nidentity: {{ dev_identity: true }}\ntenants: {{ acme: {{}} }}\nmcp_servers:\n  remote:\n    url: http://127.0.0.1:{port}/mcp\n    allow_private_addresses: true\n    tools:\n      get-sum: {{ risk_level: read_only }}\ntools: []\n"
     );
     // The supervisor retries with backoff until the HTTP server is up.
     let server = TestServer::start(&yaml).await;

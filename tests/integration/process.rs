@@ -72,19 +72,24 @@ pub(crate) fn spawn_with_env(args: &[&str], envs: &[(&str, &str)]) -> Spawned {
 /// Like [`spawn_with_env`], with stdout (where audit events go by default) piped: the caller
 /// takes `child.stdout` and must keep reading it.
 pub(crate) fn spawn_with_stdout(args: &[&str], envs: &[(&str, &str)]) -> Spawned {
-    spawn_full(&[], "json", args, envs, Stdio::piped())
+    spawn_full(&[], "json", args, envs, Stdio::piped(), None)
 }
 
 /// Like [`spawn_with_env`], run under `wrapper` (e.g. `strace -o FILE`), which must pass the
 /// program's stderr through.
 pub(crate) fn spawn_wrapped(wrapper: &[&str], args: &[&str], envs: &[(&str, &str)]) -> Spawned {
-    spawn_full(wrapper, "json", args, envs, Stdio::null())
+    spawn_full(wrapper, "json", args, envs, Stdio::null(), None)
+}
+
+/// Like [`spawn_with_env`], started in `dir` (so relative paths are relative to it).
+pub(crate) fn spawn_in(dir: &std::path::Path, args: &[&str], envs: &[(&str, &str)]) -> Spawned {
+    spawn_full(&[], "json", args, envs, Stdio::null(), Some(dir))
 }
 
 /// Starts the binary with this `--log-format`. JSON lines become their message; other lines are
-/// passed on whole (and give no address).
-fn spawn_logging(log_format: &str, args: &[&str], envs: &[(&str, &str)]) -> Spawned {
-    spawn_full(&[], log_format, args, envs, Stdio::null())
+/// passed on whole (a human "serving gRPC over TCP" line gives the address too).
+pub(crate) fn spawn_logging(log_format: &str, args: &[&str], envs: &[(&str, &str)]) -> Spawned {
+    spawn_full(&[], log_format, args, envs, Stdio::null(), None)
 }
 
 fn spawn_full(
@@ -93,6 +98,7 @@ fn spawn_full(
     args: &[&str],
     envs: &[(&str, &str)],
     stdout: Stdio,
+    dir: Option<&std::path::Path>,
 ) -> Spawned {
     let binary = env!("CARGO_BIN_EXE_toolgate");
     let mut command = match wrapper.split_first() {
@@ -103,6 +109,9 @@ fn spawn_full(
         }
         None => Command::new(binary),
     };
+    if let Some(dir) = dir {
+        command.current_dir(dir);
+    }
     let mut child = command
         .args([
             "serve",
@@ -148,6 +157,12 @@ fn spawn_full(
                     );
                 }
                 Err(_) => {
+                    if line.contains("serving gRPC over TCP")
+                        && let Some(addr) = line.split("addr=").nth(1)
+                    {
+                        let addr = addr.split_whitespace().next().unwrap_or_default();
+                        let _ = tx.send(format!("addr {}", addr.trim_matches('"')));
+                    }
                     let _ = tx.send(line.clone());
                 }
             }

@@ -1,12 +1,13 @@
 //! The `http` backend: POST a permitted call's bound arguments as JSON to an upstream named in the
 //! server's config. The model never supplies a URL, host or port.
 //!
-//! Before any connection: the scheme must be one the upstream allows, and every address the host
-//! resolves to must be public unless the upstream allows private targets. The check runs in the
-//! client's resolver, so the addresses checked are the addresses connected to (no DNS-rebinding
-//! gap); IP-literal hosts, which skip resolvers, are checked before the request. Redirects to
-//! another host are refused, proxies from the environment are ignored, and the response body is
-//! capped.
+//! Every outbound HTTP request toolgate makes — to upstreams here, and to MCP servers over
+//! Streamable HTTP — goes through a [`guarded_client`]: environment proxies are ignored, every
+//! address a host resolves to must pass the destination's [`AddressPolicy`] (the check runs in
+//! the client's resolver, so the addresses checked are the addresses connected to; IP-literal
+//! hosts, which skip resolvers, are checked with [`check_literal`] before the request), and
+//! redirects are followed only within the request's origin (scheme, host and port), so headers
+//! configured for an upstream never reach anyone else. The response body is capped.
 
 mod ssrf;
 
@@ -27,7 +28,7 @@ use reqwest::{
 use tokio::sync::Semaphore;
 use url::Url;
 
-pub use ssrf::non_public_reason;
+pub use ssrf::{AddressPolicy, non_public_reason};
 
 use super::{ExecError, Executor};
 use crate::{
@@ -39,12 +40,147 @@ use crate::{
     },
 };
 
+/// Where a guarded client may go: its name in messages and logs, the addresses it may reach,
+/// and static name resolution.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Destination {
+    /// How messages name it, e.g. `upstream billing` or `MCP server docs`.
+    pub label: String,
+    pub policy: AddressPolicy,
+    /// Host (lowercase) -> addresses, like curl's `--resolve`; checked like DNS answers.
+    pub overrides: HashMap<String, Vec<IpAddr>>,
+}
+
+impl Destination {
+    /// Validates the address settings shared by upstreams and MCP servers; `at` names a field.
+    pub fn build(
+        label: String,
+        allow_private: bool,
+        allow_private_cidrs: &[String],
+        resolve: &BTreeMap<String, Vec<String>>,
+        at: impl Fn(&str) -> String,
+    ) -> Result<Self, FieldError> {
+        let policy = AddressPolicy::build(
+            allow_private,
+            allow_private_cidrs,
+            &at("allow_private_cidrs"),
+        )?;
+        let mut overrides = HashMap::new();
+        for (host, addresses) in resolve {
+            let ips = addresses
+                .iter()
+                .map(|a| {
+                    a.parse::<IpAddr>().map_err(|_| {
+                        FieldError::new(
+                            at(&format!("resolve.{host}")),
+                            format!("{a:?} is not an IP address"),
+                        )
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            overrides.insert(host.to_ascii_lowercase(), ips);
+        }
+        Ok(Destination {
+            label,
+            policy,
+            overrides,
+        })
+    }
+
+    /// Refuses an IP-literal host that the policy does not allow. Resolvers never see such hosts,
+    /// so this runs before every request to one.
+    pub fn check_literal(&self, url: &Url) -> Result<(), String> {
+        let ip = match url.host() {
+            Some(url::Host::Ipv4(ip)) => IpAddr::V4(ip),
+            Some(url::Host::Ipv6(ip)) => IpAddr::V6(ip),
+            _ => return Ok(()),
+        };
+        match self.policy.refusal(ip) {
+            Some(why) => {
+                tracing::warn!(destination = %self.label, address = %ip, reason = why, "refused a non-public address");
+                Err(format!("{} is a non-public address ({why})", self.label))
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+/// Checks a configured URL once, at load: http or https, a host, no credentials, a port other
+/// than 0, and text an HTTP request can carry (some hosts the URL parser accepts, such as
+/// `ex{ample.com`, no request can).
+pub fn check_url(url: &Url, at: &str) -> Result<(), FieldError> {
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(FieldError::new(at, "must be an http or https URL"));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(FieldError::new(at, "the URL has no host"));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(FieldError::new(
+            at,
+            "credentials in the URL are not allowed; use headers from a secret",
+        ));
+    }
+    if url.port() == Some(0) {
+        return Err(FieldError::new(at, "port 0 cannot be connected to"));
+    }
+    url.as_str().parse::<http::Uri>().map_err(|err| {
+        FieldError::new(
+            at,
+            format!(
+                "{:?} cannot be sent in an HTTP request ({err})",
+                url.as_str()
+            ),
+        )
+    })?;
+    Ok(())
+}
+
+/// The HTTP client for one destination. Proxies from the environment are ignored, names resolve
+/// through the destination's address policy, and redirects stay within the origin of the
+/// request (at most 5), so nothing configured for one origin is ever sent to another.
+pub fn guarded_client(
+    destination: &Destination,
+    connect_timeout: Duration,
+) -> Result<reqwest::Client, reqwest::Error> {
+    reqwest::Client::builder()
+        .no_proxy()
+        .connect_timeout(connect_timeout)
+        .dns_resolver(CheckedResolver {
+            destination: Arc::new(destination.clone()),
+        })
+        .redirect(reqwest::redirect::Policy::custom(|attempt| {
+            let to = attempt.url();
+            let elsewhere = match attempt.previous().first() {
+                None => Some("another origin"),
+                Some(from) if from.scheme() != to.scheme() => {
+                    Some("another origin (another scheme)")
+                }
+                Some(from) if from.host_str() != to.host_str() => {
+                    Some("another origin (another host)")
+                }
+                Some(from) if from.port_or_known_default() != to.port_or_known_default() => {
+                    Some("another origin (another port)")
+                }
+                Some(_) => None,
+            };
+            if let Some(elsewhere) = elsewhere {
+                attempt.error(RedirectRefused(elsewhere))
+            } else if attempt.previous().len() > 5 {
+                attempt.error(RedirectRefused("too many places"))
+            } else {
+                attempt.follow()
+            }
+        }))
+        .build()
+}
+
 /// A configured upstream and its client.
 pub struct Upstream {
     pub name: String,
     base: Url,
     client: reqwest::Client,
-    allow_private: bool,
+    destination: Destination,
     allow_schemes: Vec<String>,
     headers: HeaderMap,
     max_response_bytes: usize,
@@ -99,31 +235,14 @@ impl Upstream {
                 ),
             ));
         }
-        let host = base
-            .host_str()
-            .ok_or_else(|| FieldError::new(at("url"), "the URL has no host"))?
-            .to_owned();
-        if !base.username().is_empty() || base.password().is_some() {
-            return Err(FieldError::new(
-                at("url"),
-                "credentials in the URL are not allowed; use headers from a secret",
-            ));
-        }
-        let mut overrides = HashMap::new();
-        for (override_host, addresses) in &raw.resolve {
-            let ips = addresses
-                .iter()
-                .map(|a| {
-                    a.parse::<IpAddr>().map_err(|_| {
-                        FieldError::new(
-                            at(&format!("resolve.{override_host}")),
-                            format!("{a:?} is not an IP address"),
-                        )
-                    })
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            overrides.insert(override_host.to_ascii_lowercase(), ips);
-        }
+        check_url(&base, &at("url"))?;
+        let destination = Destination::build(
+            format!("upstream {name}"),
+            raw.allow_private_addresses,
+            &raw.allow_private_cidrs,
+            &raw.resolve,
+            at,
+        )?;
         let mut headers = HeaderMap::new();
         for (header, value) in &raw.headers {
             let path = at(&format!("headers.{header}"));
@@ -149,45 +268,17 @@ impl Upstream {
                 "must be greater than 0",
             ));
         }
-        let resolver = CheckedResolver {
-            upstream: name.to_owned(),
-            overrides,
-            allow_private: raw.allow_private_addresses,
-        };
-        let redirect_host = host.clone();
-        let redirect_schemes = allow_schemes.clone();
-        let client = reqwest::Client::builder()
-            .no_proxy()
-            .connect_timeout(connect_timeout)
-            .dns_resolver(resolver)
-            .redirect(reqwest::redirect::Policy::custom(move |attempt| {
-                let same_host = attempt
-                    .url()
-                    .host_str()
-                    .is_some_and(|h| h.eq_ignore_ascii_case(&redirect_host));
-                let allowed_scheme = redirect_schemes.iter().any(|s| s == attempt.url().scheme());
-                if !same_host {
-                    attempt.error("the upstream redirected to another host")
-                } else if !allowed_scheme {
-                    attempt.error("the upstream redirected to a scheme it may not use")
-                } else if attempt.previous().len() >= 5 {
-                    attempt.error("too many redirects")
-                } else {
-                    attempt.follow()
-                }
-            }))
-            .build()
-            .map_err(|err| {
-                FieldError::new(
-                    format!("upstreams.{name}"),
-                    format!("cannot build the HTTP client: {err}"),
-                )
-            })?;
+        let client = guarded_client(&destination, connect_timeout).map_err(|err| {
+            FieldError::new(
+                format!("upstreams.{name}"),
+                format!("cannot build the HTTP client: {err}"),
+            )
+        })?;
         Ok(Upstream {
             name: name.to_owned(),
             base,
             client,
-            allow_private: raw.allow_private_addresses,
+            destination,
             allow_schemes,
             headers,
             max_response_bytes: raw.max_response_bytes.unwrap_or(1024 * 1024),
@@ -216,14 +307,13 @@ impl Upstream {
         );
         let url = Url::parse(&joined)
             .map_err(|err| FieldError::new(at, format!("invalid path {path:?}: {err}")))?;
-        if url.host_str() != self.base.host_str()
-            || url.port_or_known_default() != self.base.port_or_known_default()
-        {
+        if url.origin() != self.base.origin() {
             return Err(FieldError::new(
                 at,
                 "the path must stay on the upstream's host",
             ));
         }
+        check_url(&url, at)?;
         Ok(url)
     }
 }
@@ -260,36 +350,32 @@ fn header_value(
     Ok(format!("{}{text}", value.prefix.as_deref().unwrap_or("")))
 }
 
-/// Resolves names (or takes them from the upstream's static table) and refuses the lookup if any
-/// address is not public, unless the upstream allows private targets.
+/// Resolves names (or takes them from the destination's static table) and refuses the lookup if
+/// any address is one the destination may not reach.
 struct CheckedResolver {
-    upstream: String,
-    overrides: HashMap<String, Vec<IpAddr>>,
-    allow_private: bool,
+    destination: Arc<Destination>,
 }
 
 impl Resolve for CheckedResolver {
     fn resolve(&self, name: Name) -> Resolving {
         let host = name.as_str().to_ascii_lowercase();
-        let fixed = self.overrides.get(&host).cloned();
-        let allow_private = self.allow_private;
-        let upstream = self.upstream.clone();
+        let destination = self.destination.clone();
         Box::pin(async move {
-            let addresses: Vec<SocketAddr> = match fixed {
-                Some(ips) => ips.into_iter().map(|ip| SocketAddr::new(ip, 0)).collect(),
+            let addresses: Vec<SocketAddr> = match destination.overrides.get(&host) {
+                Some(ips) => ips.iter().map(|ip| SocketAddr::new(*ip, 0)).collect(),
                 None => tokio::net::lookup_host((host.as_str(), 0)).await?.collect(),
             };
             if addresses.is_empty() {
-                return Err(format!("upstream {upstream}: {host} has no addresses").into());
+                return Err(format!("{}: {host} has no addresses", destination.label).into());
             }
-            if !allow_private
-                && let Some((ip, why)) = addresses
-                    .iter()
-                    .find_map(|a| non_public_reason(a.ip()).map(|w| (a.ip(), w)))
+            if let Some((ip, why)) = addresses
+                .iter()
+                .find_map(|a| destination.policy.refusal(a.ip()).map(|w| (a.ip(), w)))
             {
-                tracing::warn!(upstream = %upstream, host = %host, address = %ip, reason = why, "refused a non-public upstream address");
+                tracing::warn!(destination = %destination.label, host = %host, address = %ip, reason = why, "refused a non-public address");
                 return Err(Box::new(Refused(format!(
-                    "upstream {upstream} resolves to a non-public address ({why})"
+                    "{} resolves to a non-public address ({why})",
+                    destination.label
                 ))) as _);
             }
             Ok(Box::new(addresses.into_iter()) as Addrs)
@@ -299,7 +385,7 @@ impl Resolve for CheckedResolver {
 
 /// An SSRF refusal, recognised in the error chain so it is reported as a refusal, not an outage.
 #[derive(Debug)]
-struct Refused(String);
+pub struct Refused(pub String);
 
 impl std::fmt::Display for Refused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -308,6 +394,33 @@ impl std::fmt::Display for Refused {
 }
 
 impl std::error::Error for Refused {}
+
+/// A redirect the guarded client would not follow, and where it pointed (in words).
+#[derive(Debug)]
+struct RedirectRefused(&'static str);
+
+impl std::fmt::Display for RedirectRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "redirected to {}", self.0)
+    }
+}
+
+impl std::error::Error for RedirectRefused {}
+
+/// The SSRF refusal somewhere in an error's chain, if any: in the resolver, or a redirect.
+pub fn refusal_in(err: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = source {
+        if let Some(refused) = e.downcast_ref::<Refused>() {
+            return Some(refused.0.clone());
+        }
+        if let Some(redirect) = e.downcast_ref::<RedirectRefused>() {
+            return Some(redirect.to_string());
+        }
+        source = e.source();
+    }
+    None
+}
 
 /// An HTTP tool: which upstream, and the URL under it.
 #[derive(Clone)]
@@ -383,33 +496,28 @@ impl HttpExecutor {
                 tool.url.scheme()
             )));
         }
-        // IP-literal hosts never reach the resolver: check them here, before connecting.
-        if !upstream.allow_private
-            && let Some(url::Host::Ipv4(_) | url::Host::Ipv6(_)) = tool.url.host()
-            && let Some(ip) = tool
-                .url
-                .host_str()
-                .and_then(|h| h.trim_matches(['[', ']']).parse::<IpAddr>().ok())
-            && let Some(why) = non_public_reason(ip)
-        {
-            return Err(ExecError::Refused(format!(
-                "upstream {} is a non-public address ({why})",
-                upstream.name
-            )));
-        }
+        upstream
+            .destination
+            .check_literal(&tool.url)
+            .map_err(ExecError::Refused)?;
         let body = serde_json::to_vec(permit.arguments())
             .map_err(|err| ExecError::failed(format!("cannot encode arguments: {err}")))?;
+        // A fresh id per request: call ids repeat (every first call of a turn without one is
+        // tool_step_0_0), so the call id travels in a header of its own.
         let mut request = upstream
             .client
             .post(tool.url.clone())
             .headers(upstream.headers.clone())
             .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .header("x-request-id", permit.call_id())
-            .body(body);
+            .header("x-request-id", uuid::Uuid::new_v4().to_string());
+        if let Ok(call_id) = HeaderValue::from_str(permit.call_id()) {
+            request = request.header("x-toolgate-call-id", call_id);
+        }
         if let Some(traceparent) = permit.traceparent() {
             request = request.header("traceparent", traceparent);
         }
         let mut response = request
+            .body(body)
             .send()
             .await
             .map_err(|err| classify(&upstream.name, &err))?;
@@ -481,20 +589,23 @@ fn summary(text: &str) -> String {
     }
 }
 
-/// Maps a client error to a refusal (SSRF), or a retryable outage; never leaks addresses.
+/// Maps a client error to a refusal (SSRF), a configuration mistake, or a retryable outage;
+/// never leaks addresses.
 fn classify(upstream: &str, err: &reqwest::Error) -> ExecError {
-    let mut source: Option<&dyn std::error::Error> = Some(err);
-    while let Some(e) = source {
-        if let Some(refused) = e.downcast_ref::<Refused>() {
-            return ExecError::Refused(refused.0.clone());
-        }
-        source = e.source();
+    if let Some(refused) = refusal_in(err) {
+        return ExecError::Refused(if err.is_redirect() {
+            format!("upstream {upstream}: {refused}")
+        } else {
+            refused
+        });
     }
-    if err.is_redirect() {
-        let why = std::error::Error::source(err)
-            .map(|e| e.to_string())
-            .unwrap_or_else(|| "redirect refused".into());
-        return ExecError::Refused(format!("upstream {upstream}: {why}"));
+    if err.is_builder() {
+        // Checked at load, so this means a URL or header the client cannot send: retrying it
+        // changes nothing.
+        tracing::error!(upstream = %upstream, error = %err, "cannot build the upstream request");
+        return ExecError::Misconfigured(format!(
+            "upstream {upstream} is misconfigured: its request cannot be built"
+        ));
     }
     if err.is_timeout() {
         return ExecError::Unavailable(format!("upstream {upstream} timed out"));

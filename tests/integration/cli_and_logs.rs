@@ -1,0 +1,187 @@
+//! The real binary's edges: log lines a caller cannot forge, the demo's telemetry settings from
+//! the environment, and the command line's error messages and addresses.
+
+use std::{process::Command, time::Duration};
+
+use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
+use toolgate::proto::{self, tool_gate_client::ToolGateClient};
+
+use crate::{
+    otlp_collector,
+    process::{sigterm, spawn_logging, spawn_with_env, wait_exit},
+    support::{call, exec, who},
+};
+
+fn stop(spawned: crate::process::Spawned) -> String {
+    sigterm(&spawned.child);
+    let mut spawned = spawned;
+    assert!(wait_exit(&mut spawned.child).success());
+    spawned.logs()
+}
+
+#[tokio::test]
+async fn human_logs_escape_control_characters_from_callers() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("catalog.yaml");
+    std::fs::write(
+        &file,
+        toolgate::config::DEMO_CATALOG.replace(
+            "  dev_identity: true\n",
+            "  dev_identity: false\n  jwt:\n    hs256_secret_env: TEST_JWT_SECRET\n",
+        ),
+    )
+    .unwrap();
+    let spawned = tokio::task::spawn_blocking(move || {
+        spawn_logging(
+            "human",
+            &["--config", file.to_str().unwrap()],
+            &[(
+                "TEST_JWT_SECRET",
+                "an-hs256-test-secret-that-is-long-enough",
+            )],
+        )
+    })
+    .await
+    .unwrap();
+    // The JWT header's `alg` is echoed in the refusal that is logged; this one carries a
+    // terminal escape and a line break followed by a forged log line.
+    let forged =
+        "FORGED 2030-01-01T00:00:00Z  INFO toolgate::server: tenant=globex admin access granted";
+    let header = serde_json::json!({"alg": format!("\u{1b}[2K\r\n{forged}"), "typ": "JWT"});
+    let token = format!(
+        "{}.{}.c2ln",
+        URL_SAFE_NO_PAD.encode(header.to_string()),
+        URL_SAFE_NO_PAD.encode(r#"{"tenant":"acme","exp":4102444800}"#)
+    );
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", spawned.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = ToolGateClient::new(channel);
+    let mut request = tonic::Request::new(proto::ListToolsRequest {});
+    request
+        .metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    let status = client.list_tools(request).await.expect_err("refused");
+    assert_eq!(status.code(), tonic::Code::Unauthenticated);
+    let logs = tokio::task::spawn_blocking(move || stop(spawned))
+        .await
+        .unwrap();
+    let refusal = logs
+        .lines()
+        .find(|l| l.contains("caller refused"))
+        .unwrap_or_else(|| panic!("no refusal logged: {logs}"));
+    assert!(
+        refusal.contains("FORGED"),
+        "the value is kept, escaped: {refusal}"
+    );
+    assert!(
+        !logs.lines().any(|l| l.starts_with("FORGED")),
+        "a caller forged a log line: {logs}"
+    );
+    assert!(
+        !logs.chars().any(|c| c.is_control() && c != '\n'),
+        "raw control characters in the logs: {logs:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_demo_reads_the_otel_environment() {
+    let collector = otlp_collector::start().await;
+    let endpoint = collector.endpoint();
+    let spawned = tokio::task::spawn_blocking(move || {
+        spawn_with_env(
+            &[],
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+                ("OTEL_SERVICE_NAME", "demo-from-env"),
+            ],
+        )
+    })
+    .await
+    .unwrap();
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", spawned.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = ToolGateClient::new(channel);
+    let r = exec(
+        &mut client,
+        &who("acme"),
+        call("echo", r#"{"text":"traced"}"#),
+    )
+    .await;
+    assert_eq!(r.model_text, "traced");
+    let spans = collector
+        .wait_for_spans(
+            |s| s.iter().any(|s| s.name == "execute_tool echo"),
+            Duration::from_secs(20),
+        )
+        .await;
+    assert!(!spans.is_empty());
+    let resources = collector.resource_spans();
+    assert!(
+        format!("{resources:?}").contains("demo-from-env"),
+        "OTEL_SERVICE_NAME was not used"
+    );
+    tokio::task::spawn_blocking(move || stop(spawned))
+        .await
+        .unwrap();
+}
+
+#[test]
+fn a_busy_listen_address_is_reported_once() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args(["serve", "--listen", &addr, "--admin-listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(
+        stderr.matches("Address already in use").count(),
+        1,
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("cannot listen on {addr}")),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn client_verbs_take_an_address_without_a_scheme() {
+    let spawned = tokio::task::spawn_blocking(|| spawn_with_env(&[], &[]))
+        .await
+        .unwrap();
+    let addr = spawned.addr.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_toolgate"))
+            .args(["tools", "--addr", &addr, "--tenant", "acme"])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("echo"), "{stdout}");
+    // An address that cannot work says why, rather than "transport error".
+    let out = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args(["tools", "--addr", "ftp://127.0.0.1:1", "--tenant", "acme"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("http://"), "{stderr}");
+    tokio::task::spawn_blocking(move || stop(spawned))
+        .await
+        .unwrap();
+}
