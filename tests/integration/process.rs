@@ -206,6 +206,22 @@ pub(crate) async fn client(addr: &str) -> ToolGateClient<tonic::transport::Chann
     )
 }
 
+/// SIGTERM, then a bounded wait for exit 0; returns the logs. Blocks: from an async test use
+/// [`stop`], so the test's clients can still answer the server's GOAWAY meanwhile.
+pub(crate) fn stop_blocking(spawned: Spawned) -> String {
+    sigterm(&spawned.child);
+    let mut spawned = spawned;
+    assert_eq!(wait_exit(&mut spawned.child).code(), Some(0));
+    spawned.logs()
+}
+
+/// [`stop_blocking`] off the test's runtime.
+pub(crate) async fn stop(spawned: Spawned) -> String {
+    tokio::task::spawn_blocking(move || stop_blocking(spawned))
+        .await
+        .unwrap()
+}
+
 pub(crate) fn sigterm(child: &Child) {
     let status = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
