@@ -800,6 +800,20 @@ impl ToolGate for BareEcho {
             results: request.into_inner().calls.into_iter().map(echo).collect(),
         }))
     }
+
+    async fn explain_tool(
+        &self,
+        _request: Request<proto::ExplainToolRequest>,
+    ) -> Result<Response<proto::ExplainToolResponse>, Status> {
+        Err(Status::unimplemented("the bare echo explains nothing"))
+    }
+
+    async fn explain_list_tools(
+        &self,
+        _request: Request<proto::ExplainListToolsRequest>,
+    ) -> Result<Response<proto::ExplainListToolsResponse>, Status> {
+        Err(Status::unimplemented("the bare echo explains nothing"))
+    }
 }
 
 /// Serves the bare echo on `listener` with the transport settings toolgate's server uses

@@ -1,8 +1,14 @@
-//! The command line: `serve` (default), `check`, `schema`, and operator client verbs (`tools`,
-//! `call`, `approvals`, `approve`, `reject`) that talk to a running sidecar.
+//! The command line: `serve` (default), `check`, `schema`, `test` (a catalog's test cases,
+//! `cli/test_runner.rs`), `shadow-report` (`cli/shadow_report.rs`), and operator client verbs
+//! (`tools`, `call`, `explain` — `cli/explain.rs` —, `approvals`, `approve`, `reject`) that talk
+//! to a running sidecar.
 //!
 //! Exit codes: 0 success; 1 failure (bad config, cannot start, transport error); 2 usage error;
-//! 4 the tool call returned a status other than OK.
+//! 4 the tool call returned (or, for `explain`, would return) a status other than OK.
+
+mod explain;
+pub mod shadow_report;
+pub mod test_runner;
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
@@ -47,8 +53,33 @@ enum Command {
         #[arg(long)]
         portable: bool,
     },
-    /// Print the JSON Schema of the catalog file format.
-    Schema,
+    /// Print the JSON Schema of the catalog file format (with --tests, of the test file format).
+    Schema {
+        /// The format of `toolgate test` files instead.
+        #[arg(long)]
+        tests: bool,
+    },
+    /// Run a catalog's test cases through the real chain in explain mode (no backend is called,
+    /// no state changes); a diff for each failure, exit 1 if any fails.
+    Test {
+        /// The catalog file; without it, the embedded demo.
+        #[arg(long, env = "TOOLGATE_CONFIG")]
+        config: Option<PathBuf>,
+        /// The test file (YAML; `toolgate schema --tests` prints its format).
+        tests: PathBuf,
+        /// Also fail unless every tool has a case and every deny rule decides one.
+        #[arg(long)]
+        coverage: bool,
+    },
+    /// Summarise the shadow catalog's differing decisions (`shadow_decision` events) in an audit
+    /// file.
+    ShadowReport {
+        /// The audit file (JSON lines; other events are skipped).
+        audit: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// List the tools a caller's model may see (ListTools).
     Tools(ClientArgs),
     /// Execute one tool call (ExecuteTool).
@@ -73,6 +104,34 @@ enum Command {
         /// Client deadline, e.g. 2s.
         #[arg(long)]
         timeout: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Explain what ExecuteTool would decide for a call, stage by stage, changing nothing
+    /// (ExplainTool; needs scope toolgate:explain or dev identity). With --list: which tools
+    /// the caller sees, and which stage hides each of the others.
+    Explain {
+        /// The tool's name.
+        #[arg(required_unless_present = "list")]
+        name: Option<String>,
+        /// List every tool, visible or not, instead (ExplainListTools).
+        #[arg(long, conflicts_with = "name")]
+        list: bool,
+        /// The arguments as a JSON object.
+        #[arg(long, default_value = "{}")]
+        args: String,
+        /// Pin a tool version.
+        #[arg(long)]
+        version: Option<String>,
+        /// The idempotency key the call would carry.
+        #[arg(long)]
+        idempotency_key: Option<String>,
+        /// The approval the call would redeem.
+        #[arg(long)]
+        approval_id: Option<String>,
+        /// The run the call would belong to.
+        #[arg(long, default_value = "cli")]
+        run_id: String,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -164,13 +223,46 @@ pub fn main() -> ExitCode {
             None => serve(cli.serve).await,
             Some(Command::Serve(args)) => serve(args).await,
             Some(Command::Check { config, portable }) => check(config, portable),
-            Some(Command::Schema) => {
+            Some(Command::Schema { tests }) => {
+                let schema = match tests {
+                    true => test_runner::json_schema(),
+                    false => crate::config::json_schema(),
+                };
                 println!(
                     "{}",
-                    serde_json::to_string_pretty(&crate::config::json_schema()).unwrap_or_default()
+                    serde_json::to_string_pretty(&schema).unwrap_or_default()
                 );
                 Ok(ExitCode::SUCCESS)
             }
+            Some(Command::Test {
+                config,
+                tests,
+                coverage,
+            }) => test_runner::run(config.as_deref(), &tests, coverage).await,
+            Some(Command::ShadowReport { audit, json }) => shadow_report::run(&audit, json),
+            Some(Command::Explain {
+                name,
+                list,
+                args,
+                version,
+                idempotency_key,
+                approval_id,
+                run_id,
+                client,
+            }) => match (list, name) {
+                (true, _) | (false, None) => explain::list(client).await,
+                (false, Some(name)) => {
+                    let call = proto::ToolCall {
+                        call_id: String::new(),
+                        name,
+                        arguments_json: args,
+                        version: version.unwrap_or_default(),
+                        idempotency_key: idempotency_key.unwrap_or_default(),
+                        approval_id: approval_id.unwrap_or_default(),
+                    };
+                    explain::explain(client, call, run_id).await
+                }
+            },
             Some(Command::Tools(client)) => tools(client).await,
             Some(Command::Call {
                 name,
@@ -278,6 +370,20 @@ fn check(config: Option<PathBuf>, portable: bool) -> anyhow::Result<ExitCode> {
                 loaded.catalog.versions().count(),
                 loaded.catalog.revision()
             );
+            // The shadow candidate is checked too: served, a broken one is only refused (logged).
+            if let Some(candidate) = &loaded.shadow_catalog {
+                match Config::load_file(candidate, &Env::from_process()) {
+                    Ok(shadow) => println!(
+                        "{}: ok as the shadow catalog ({} tools)",
+                        shadow.source,
+                        shadow.catalog.versions().count()
+                    ),
+                    Err(err) => {
+                        eprintln!("error: shadow catalog: {err}");
+                        return Ok(ExitCode::FAILURE);
+                    }
+                }
+            }
             Ok(ExitCode::SUCCESS)
         }
         Err(err) => {

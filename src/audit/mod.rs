@@ -33,6 +33,8 @@ pub enum EventKind {
     ApprovalDecision,
     /// A caller refused before the chain (UNAUTHENTICATED): no token material is recorded.
     AuthenticationFailed,
+    /// The shadow catalog would have decided a call differently (`crate::shadow`).
+    ShadowDecision,
 }
 
 /// One audit event. Raw arguments are never recorded, only their canonical SHA-256.
@@ -86,6 +88,9 @@ pub struct AuditEvent {
     /// For refused callers: events of this kind left out since the previous one (rate bound).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub suppressed: Option<u64>,
+    /// For shadow decisions: what differs, and the candidate catalog's decision.
+    #[serde(flatten)]
+    pub shadow: Option<Box<crate::shadow::ShadowRecord>>,
 }
 
 /// Audit events for callers refused before the chain (UNAUTHENTICATED), bounded in rate: a flood

@@ -163,6 +163,19 @@ impl Inner {
     }
 }
 
+/// What claiming a key would find, as [`IdempotencyStore::peek`] reports it.
+#[derive(Debug, Clone)]
+pub enum Peek {
+    /// No live entry: the call would run, and its final result be kept.
+    Fresh,
+    /// A final result within the window: it would be replayed.
+    Replay(Stored),
+    /// A call with this key is running: a duplicate would wait for its result.
+    InFlight,
+    /// The key was used with other arguments: refused as `idempotency_conflict`.
+    Conflict,
+}
+
 /// The outcome of claiming a key.
 pub enum Claim<'a> {
     /// Run the call, then [`Slot::finish`] it.
@@ -458,6 +471,30 @@ impl IdempotencyStore {
             inner.remove(&victim);
         }
         Ok(())
+    }
+
+    /// What claiming `key` with these arguments would find now, changing nothing: the same
+    /// rules as [`Self::claim`], for explanations.
+    pub fn peek(&self, key: &Key, arguments_sha256: &str) -> Peek {
+        let now = self.clock.monotonic();
+        let inner = self.lock();
+        let Some(entry) = inner.entries.get(key) else {
+            return Peek::Fresh;
+        };
+        let live = match &entry.state {
+            State::Done { at, .. } => now.saturating_sub(*at) < self.budget.window,
+            State::InFlight { .. } => true,
+        };
+        if !live {
+            return Peek::Fresh;
+        }
+        if entry.arguments_sha256 != arguments_sha256 {
+            return Peek::Conflict;
+        }
+        match &entry.state {
+            State::Done { stored, .. } => Peek::Replay(stored.clone()),
+            State::InFlight { .. } => Peek::InFlight,
+        }
     }
 
     /// Keys held (running and finished).

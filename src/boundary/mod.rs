@@ -8,9 +8,11 @@
 
 pub mod access;
 pub mod bind;
+pub mod explain;
 pub mod idempotency;
 pub mod outcome;
 mod permit;
+mod policy;
 pub mod resolve;
 pub mod schema;
 pub mod scopes;
@@ -143,6 +145,8 @@ pub struct Boundary {
     metrics: Arc<Metrics>,
     /// Set when the shutdown grace period is over: running calls end as CANCELLED.
     hard_stop: tokio::sync::watch::Sender<bool>,
+    /// The shadow candidate catalog, compared with every call off the response path.
+    shadow: crate::shadow::Shadow,
 }
 
 /// What a successful chain produced.
@@ -177,7 +181,13 @@ impl Boundary {
             clock,
             metrics,
             hard_stop: tokio::sync::watch::channel(false).0,
+            shadow: crate::shadow::Shadow::new(),
         }
+    }
+
+    /// The shadow candidate catalog and its queue.
+    pub fn shadow(&self) -> &crate::shadow::Shadow {
+        &self.shadow
     }
 
     /// The catalog in force now.
@@ -367,6 +377,17 @@ impl Boundary {
         if let Some(arguments) = &event.arguments {
             spans::record_content(&span, &arguments.to_string(), &outcome);
         }
+        // The shadow candidate, if any, decides the same call later, off the response path.
+        let request = || CallRequest {
+            call_id: call.call_id,
+            name: outcome.tool.clone(),
+            arguments_json: call.arguments_json,
+            version: call.version,
+            idempotency_key: call.idempotency_key,
+            approval_id: call.approval_id,
+        };
+        self.shadow
+            .offer(self, turn, index, request, &outcome, guard.event());
         guard.finish(&outcome);
         outcome
     }
@@ -380,50 +401,29 @@ impl Boundary {
         trail: &mut AuditEvent,
     ) -> Result<Success, Refusal> {
         let caller = &turn.caller;
-        // 1-2. Structure: identifiers within limits and printable; a tool name; one JSON object
-        // within the size and depth limits.
-        structure::check_identifiers(
-            &[
-                // The client's own, before a blank one is numbered or a long one is cut.
-                ("call_id", Some(call.call_id.trim())),
-                ("name", Some(&call.name)),
-                ("idempotency_key", call.idempotency_key.as_deref()),
-                ("approval_id", call.approval_id.as_deref()),
-                ("version", call.version.as_deref()),
-            ],
-            &self.limits,
-        )?;
-        let arguments = structure::check(&call.name, &call.arguments_json, &self.limits)?;
         // The catalog is pinned for the rest of this call, even if a reload happens meanwhile.
         let state = self.state.load_full();
         let catalog = &state.catalog;
-        // 3. Tool and version, and whether the model was shown this definition.
-        let tool = resolve::resolve(catalog, &call.name, call.version.as_deref(), caller)?;
-        trail.tool_version = tool.version.clone();
-        trail.risk_level = Some(tool.risk_level.as_str());
-        spans::record_tool(&tracing::Span::current(), tool);
-        if let Some(shown) = &turn.catalog_revision {
-            resolve::check_revision(&self.revisions, shown, tool, || {
-                current_revision(catalog, caller)
-            })?;
+        // 1-7. Structure, tool and version, allow/deny lists, scopes, schema, bound arguments
+        // and the canonical form: decided from the call, the caller and the catalog alone, by
+        // the same function ExplainTool runs (`policy.rs`).
+        let mut seen = policy::Seen::default();
+        let shown = turn
+            .catalog_revision
+            .as_deref()
+            .map(|shown| (&self.revisions, shown));
+        let decided = policy::decide(&self.limits, catalog, shown, caller, call, &mut seen);
+        if let Some(tool) = seen.tool {
+            trail.tool_version = tool.version.clone();
+            trail.risk_level = Some(tool.risk_level.as_str());
+            spans::record_tool(&tracing::Span::current(), tool);
         }
-        // 4. Allow/deny lists: global, tenant, agent.
-        access::check(catalog, caller, &tool.name)?;
-        // 5. Scopes.
-        scopes::check(caller, tool)?;
-        // The model's attempts to set server-bound arguments are recorded whatever refuses the
-        // call next: detecting an attack must not depend on the attacker sending valid arguments.
-        if let Some(map) = arguments.as_object() {
-            trail.bound_override_attempts = bind::attempted(tool, map);
-        }
-        // 6. Arguments against the visible JSON Schema.
-        schema::check(tool, &arguments)?;
-        // 7. Server-bound arguments; then the canonical form, which is what is hashed, approved
-        // and handed to the backend, byte for byte.
-        let mut arguments = bind::apply(tool, caller, arguments)?;
-        schema::check_bound(tool, &arguments)?;
-        canonical::normalize(&mut arguments);
-        let arguments_sha256 = canonical::sha256_hex(&arguments);
+        trail.bound_override_attempts = seen.override_attempts;
+        let policy::Decided {
+            tool,
+            arguments,
+            arguments_sha256,
+        } = decided?;
         trail.arguments_sha256 = Some(arguments_sha256.clone());
         if tool.record_arguments {
             trail.arguments = Some(redact(&arguments, &tool.redact));
@@ -480,13 +480,7 @@ impl Boundary {
             None => call_backend(arguments).await,
             Some(key) => {
                 Box::pin(async {
-                    let key = idempotency::Key {
-                        tenant: caller.tenant.clone(),
-                        subject: caller.subject.clone(),
-                        agent: caller.agent.clone(),
-                        tool: tool.name.clone(),
-                        key: key.to_owned(),
-                    };
+                    let key = policy::idempotency_key(caller, tool, key);
                     match self
                         .idempotency
                         .claim(
@@ -531,16 +525,7 @@ impl Boundary {
         if !tool.requires_approval {
             return Ok(None);
         }
-        let binding = approvals::Binding {
-            tenant: turn.caller.tenant.clone(),
-            subject: turn.caller.subject.clone(),
-            agent: turn.caller.agent.clone(),
-            run_id: turn.run_id.clone(),
-            tool: tool.name.clone(),
-            tool_version: tool.version.clone(),
-            definition_hash: tool.definition_hash.clone(),
-            arguments_sha256: arguments_sha256.to_owned(),
-        };
+        let binding = policy::approval_binding(&turn.caller, &turn.run_id, tool, arguments_sha256);
         let refuse =
             |(reason, message): (Reason, String)| Refusal::new(Stage::Approval, reason, message);
         match call
@@ -856,13 +841,23 @@ fn timeout_refusal(tool: &ToolVersion, tool_timeout_hit: bool) -> Refusal {
 fn visible_tools(catalog: &Catalog, caller: &Caller) -> Vec<Arc<ToolVersion>> {
     catalog
         .names()
-        .filter_map(|name| resolve::resolve(catalog, name, None, caller).ok())
-        .filter(|tool| {
-            access::check(catalog, caller, &tool.name).is_ok()
-                && scopes::check(caller, tool).is_ok()
-        })
+        .filter_map(|name| visibility(catalog, caller, name).ok())
         .cloned()
         .collect()
+}
+
+/// Whether a caller's model sees `name` (the version it would see), or the refusal of the first
+/// of resolve, access and scopes that hides it. The one definition of visibility: ListTools and
+/// `toolgate explain --list` both use it.
+pub(crate) fn visibility<'c>(
+    catalog: &'c Catalog,
+    caller: &Caller,
+    name: &str,
+) -> Result<&'c Arc<ToolVersion>, Refusal> {
+    let tool = resolve::resolve(catalog, name, None, caller)?;
+    access::check(catalog, caller, &tool.name)?;
+    scopes::check(caller, tool)?;
+    Ok(tool)
 }
 
 fn definitions(visible: &[Arc<ToolVersion>]) -> Definitions {

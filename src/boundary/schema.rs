@@ -16,6 +16,15 @@ const MAX_LISTED: usize = 20;
 const MAX_VIOLATION_CHARS: usize = 300;
 
 pub fn check(tool: &ToolVersion, arguments: &Value) -> Result<(), Refusal> {
+    check_listing(tool, arguments, &mut Vec::new())
+}
+
+/// [`check`], leaving the violations it lists in `found` (for explanations).
+pub fn check_listing(
+    tool: &ToolVersion,
+    arguments: &Value,
+    found: &mut Vec<String>,
+) -> Result<(), Refusal> {
     let without_bound;
     let instance = match arguments.as_object() {
         // Copy only in the rare case the model sent bound keys.
@@ -29,19 +38,16 @@ pub fn check(tool: &ToolVersion, arguments: &Value) -> Result<(), Refusal> {
     if tool.validator.is_valid(instance) {
         return Ok(());
     }
-    let violations = violations(&tool.validator, instance);
+    let mut violations = violations(&tool.validator, instance);
     let more = violations.len() > MAX_LISTED;
-    let listed = violations
-        .iter()
-        .take(MAX_LISTED)
-        .cloned()
-        .collect::<Vec<_>>()
-        .join("; ");
+    violations.truncate(MAX_LISTED);
+    let listed = violations.join("; ");
     let message = if more {
         format!("more than {MAX_LISTED} schema violations; the first {MAX_LISTED}: {listed}")
     } else {
         format!("arguments do not match the schema: {listed}")
     };
+    found.extend(violations);
     Err(Refusal::new(
         Stage::Schema,
         Reason::SchemaViolation,
@@ -119,6 +125,15 @@ fn shorten(text: String) -> String {
 /// receives what the catalog does not allow — e.g. model-chosen keys inside an object the server
 /// binds (that object is hidden from the model, so the visible schema cannot speak for it).
 pub fn check_bound(tool: &ToolVersion, arguments: &Value) -> Result<(), Refusal> {
+    check_bound_listing(tool, arguments, &mut Vec::new())
+}
+
+/// [`check_bound`], leaving the violations it lists in `found` (for explanations).
+pub fn check_bound_listing(
+    tool: &ToolVersion,
+    arguments: &Value,
+    found: &mut Vec<String>,
+) -> Result<(), Refusal> {
     let Some(full) = &tool.full_validator else {
         return Ok(());
     };
@@ -130,12 +145,14 @@ pub fn check_bound(tool: &ToolVersion, arguments: &Value) -> Result<(), Refusal>
     if violations.is_empty() {
         return Ok(());
     }
-    Err(Refusal::new(
+    let refusal = Refusal::new(
         Stage::Bind,
         Reason::SchemaViolation,
         format!(
             "the arguments do not fit the tool's schema once server-bound values are added: {}",
             violations.join("; ")
         ),
-    ))
+    );
+    found.extend(violations);
+    Err(refusal)
 }

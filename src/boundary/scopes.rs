@@ -7,7 +7,7 @@ use crate::{
 };
 
 pub fn check(caller: &Caller, tool: &ToolVersion) -> Result<(), Refusal> {
-    match tool.required_scopes.iter().find(|s| !caller.has_scope(s)) {
+    match missing(caller, tool) {
         None => Ok(()),
         Some(scope) => Err(Refusal::new(
             Stage::Scopes,
@@ -15,4 +15,12 @@ pub fn check(caller: &Caller, tool: &ToolVersion) -> Result<(), Refusal> {
             format!("missing scope {scope:?} required by {}", tool.name),
         )),
     }
+}
+
+/// The first required scope the caller lacks (required scopes are sorted at load).
+pub fn missing<'t>(caller: &Caller, tool: &'t ToolVersion) -> Option<&'t str> {
+    tool.required_scopes
+        .iter()
+        .find(|s| !caller.has_scope(s))
+        .map(String::as_str)
 }

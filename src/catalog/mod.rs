@@ -153,10 +153,12 @@ impl fmt::Debug for ToolVersion {
     }
 }
 
-/// A glob over tool names, kept with its text so refusals can name it.
+/// A glob over tool names, kept with its text so refusals can name it, and where the catalog
+/// defines it (e.g. `tenants.globex.deny[0]`) so explanations can point at it.
 #[derive(Debug, Clone)]
 pub struct Pattern {
     pub text: String,
+    pub location: String,
     matcher: GlobMatcher,
 }
 
@@ -166,6 +168,7 @@ impl Pattern {
             .map_err(|err| FieldError::new(path, format!("invalid glob {text:?}: {err}")))?;
         Ok(Pattern {
             text: text.to_owned(),
+            location: path.to_owned(),
             matcher: glob.compile_matcher(),
         })
     }
@@ -180,6 +183,19 @@ impl Pattern {
 pub struct AccessList {
     pub allow: Option<Vec<Pattern>>,
     pub deny: Vec<Pattern>,
+    /// Where the catalog defines the list, e.g. `tenants.globex` or `policy`.
+    pub location: String,
+}
+
+/// What decided an access list's answer for one tool.
+#[derive(Debug, Clone, Copy)]
+pub enum Verdict<'a> {
+    /// Admitted: by this allow pattern, or with no allow list set (`None`).
+    Allowed(Option<&'a Pattern>),
+    /// This deny pattern matched.
+    Denied(&'a Pattern),
+    /// An allow list is set and nothing in it matched.
+    NotAllowed,
 }
 
 /// Why an access list refused a tool.
@@ -193,12 +209,24 @@ pub enum AccessDenial {
 
 impl AccessList {
     pub fn check(&self, tool: &str) -> Result<(), AccessDenial> {
+        match self.decide(tool) {
+            Verdict::Allowed(_) => Ok(()),
+            Verdict::Denied(hit) => Err(AccessDenial::Denied(hit.text.clone())),
+            Verdict::NotAllowed => Err(AccessDenial::NotAllowed),
+        }
+    }
+
+    /// The list's answer for `tool` and the pattern that gave it: deny first, then allow.
+    pub fn decide(&self, tool: &str) -> Verdict<'_> {
         if let Some(hit) = self.deny.iter().find(|p| p.matches(tool)) {
-            return Err(AccessDenial::Denied(hit.text.clone()));
+            return Verdict::Denied(hit);
         }
         match &self.allow {
-            Some(allow) if !allow.iter().any(|p| p.matches(tool)) => Err(AccessDenial::NotAllowed),
-            _ => Ok(()),
+            Some(allow) => match allow.iter().find(|p| p.matches(tool)) {
+                Some(hit) => Verdict::Allowed(Some(hit)),
+                None => Verdict::NotAllowed,
+            },
+            None => Verdict::Allowed(None),
         }
     }
 
@@ -233,6 +261,7 @@ impl AccessList {
                 .map(|a| compile_all(a, "allow"))
                 .transpose()?,
             deny: compile_all(deny, "deny")?,
+            location: path.to_owned(),
         })
     }
 }
@@ -547,6 +576,11 @@ impl Catalog {
     /// Tool names, sorted.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.tools.keys().map(String::as_str)
+    }
+
+    /// Configured tools that cannot be offered now (e.g. their MCP server is down), sorted.
+    pub fn unavailable_names(&self) -> impl Iterator<Item = &str> {
+        self.unavailable.keys().map(String::as_str)
     }
 
     /// Every version of every tool.

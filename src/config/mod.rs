@@ -97,6 +97,9 @@ pub struct Config {
     pub catalog: Catalog,
     /// What the catalog is built from, for rebuilding it as MCP servers list their tools.
     pub catalog_inputs: CatalogInputs,
+    /// The shadow candidate catalog file (`shadow_catalog`), resolved against this file's
+    /// directory; loaded and checked on its own, so a broken one never fails this config.
+    pub shadow_catalog: Option<PathBuf>,
 }
 
 /// Listen addresses and shutdown behaviour.
@@ -423,6 +426,11 @@ fn build(raw: RawConfig, source: &str, base_dir: &Path, env: &Env) -> Result<Con
         })
         .collect::<Result<BTreeMap<_, _>, FieldError>>()?;
     let mcp_servers = McpServerConfig::build_all(&raw.mcp_servers, base_dir, env)?;
+    let shadow_catalog = match raw.shadow_catalog.as_deref().map(str::trim) {
+        Some("") => return Err(FieldError::new("shadow_catalog", "must not be blank")),
+        Some(path) => Some(resolve_path(base_dir, path)),
+        None => None,
+    };
     let catalog_inputs = CatalogInputs {
         raw,
         approvals: approvals.clone(),
@@ -444,6 +452,7 @@ fn build(raw: RawConfig, source: &str, base_dir: &Path, env: &Env) -> Result<Con
         telemetry,
         catalog,
         catalog_inputs,
+        shadow_catalog,
         loaded: Loaded::default(),
     })
 }

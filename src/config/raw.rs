@@ -49,6 +49,11 @@ pub struct RawConfig {
     /// The tools, one entry per (name, version).
     #[serde(default)]
     pub tools: Vec<RawTool>,
+    /// A candidate catalog file (relative to this one) that every call is also explained
+    /// against, off the response path: decisions that differ are audited as `shadow_decision`
+    /// events. Reloaded like this file; a broken candidate is refused without affecting this
+    /// catalog. A candidate's own `shadow_catalog` is ignored.
+    pub shadow_catalog: Option<String>,
 }
 
 /// An HTTP upstream.

@@ -316,7 +316,20 @@ impl JwtVerifier {
     }
 
     fn caller_from(&self, claims: &Value) -> Result<Caller, IdentityError> {
-        let s = &self.settings;
+        self.settings
+            .caller_from_claims(claims, self.max_identity_bytes)
+    }
+}
+
+impl JwtSettings {
+    /// The caller a verified token's claims name, through the configured claim names (also used
+    /// by `toolgate test` for cases written as claims).
+    pub fn caller_from_claims(
+        &self,
+        claims: &Value,
+        max_identity_bytes: usize,
+    ) -> Result<Caller, IdentityError> {
+        let s = self;
         let string = |name: &str| claims.get(name).and_then(Value::as_str).map(str::to_owned);
         let tenant = string(&s.tenant_claim)
             .filter(|t| !t.trim().is_empty())
@@ -337,7 +350,7 @@ impl JwtVerifier {
             scopes,
             method: AuthMethod::Jwt,
         };
-        super::check_lengths(&caller, self.max_identity_bytes)?;
+        super::check_lengths(&caller, max_identity_bytes)?;
         Ok(caller)
     }
 }

@@ -50,6 +50,66 @@ struct RevisionLabels {
     revision: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DifferenceLabels {
+    tool: String,
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: String,
+}
+
+/// The shadow catalog's metrics (`crate::shadow`).
+struct ShadowMetrics {
+    compared: Counter,
+    differences: Family<DifferenceLabels, Counter>,
+    skipped: Family<ReasonLabels, Counter>,
+    loads: Family<ReloadLabels, Counter>,
+    revision: Family<RevisionLabels, Gauge>,
+    current_revision: Mutex<Option<String>>,
+}
+
+impl ShadowMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let metrics = ShadowMetrics {
+            compared: Counter::default(),
+            differences: Family::default(),
+            skipped: Family::default(),
+            loads: Family::default(),
+            revision: Family::default(),
+            current_revision: Mutex::new(None),
+        };
+        registry.register(
+            "shadow_compared",
+            "Calls explained against the shadow catalog and compared",
+            metrics.compared.clone(),
+        );
+        registry.register(
+            "shadow_differences",
+            "Calls the shadow catalog would decide differently, by tool and what differs (status, refused_by, tool_version, bound_arguments)",
+            metrics.differences.clone(),
+        );
+        registry.register(
+            "shadow_skipped",
+            "Calls not compared with the shadow catalog (queue_full) or whose difference was not audited (audit_full)",
+            metrics.skipped.clone(),
+        );
+        registry.register(
+            "shadow_catalog_loads",
+            "Loads of the shadow catalog file by result (ok, refused)",
+            metrics.loads.clone(),
+        );
+        registry.register(
+            "shadow_catalog_revision_info",
+            "1 for the shadow catalog revision being compared",
+            metrics.revision.clone(),
+        );
+        metrics
+    }
+}
+
 /// The label for tools not in the catalog.
 pub const UNKNOWN_TOOL: &str = "(unknown)";
 
@@ -150,6 +210,7 @@ pub struct Metrics {
     reloads: Family<ReloadLabels, Counter>,
     revision: Family<RevisionLabels, Gauge>,
     current_revision: Mutex<String>,
+    shadow: ShadowMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -236,7 +297,9 @@ impl Metrics {
             "1 for the catalog revision being served",
             revision.clone(),
         );
+        let shadow = ShadowMetrics::register(&mut registry);
         Metrics {
+            shadow,
             registry,
             calls,
             durations,
@@ -319,6 +382,65 @@ impl Metrics {
                 })
                 .set(1);
             *current = revision.to_owned();
+        }
+    }
+
+    /// A call compared with the shadow catalog.
+    pub fn shadow_compared(&self) {
+        self.shadow.compared.inc();
+    }
+
+    /// One way the shadow catalog would have decided a call differently.
+    pub fn shadow_difference(&self, tool: &str, kind: &str) {
+        self.shadow
+            .differences
+            .get_or_create(&DifferenceLabels {
+                tool: tool.to_owned(),
+                kind: kind.to_owned(),
+            })
+            .inc();
+    }
+
+    /// A call not compared (`queue_full`), or a difference not audited (`audit_full`).
+    pub fn shadow_skipped(&self, reason: &'static str) {
+        self.shadow
+            .skipped
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    /// A load of the shadow catalog file: `ok` or `refused`.
+    pub fn shadow_load(&self, result: &'static str) {
+        self.shadow
+            .loads
+            .get_or_create(&ReloadLabels {
+                result: result.to_owned(),
+            })
+            .inc();
+    }
+
+    /// The shadow catalog revision now compared, if any.
+    pub fn shadow_revision(&self, revision: Option<&str>) {
+        let mut current = self
+            .shadow
+            .current_revision
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(old) = current.take() {
+            self.shadow
+                .revision
+                .remove(&RevisionLabels { revision: old });
+        }
+        if let Some(revision) = revision {
+            self.shadow
+                .revision
+                .get_or_create(&RevisionLabels {
+                    revision: revision.to_owned(),
+                })
+                .set(1);
+            *current = Some(revision.to_owned());
         }
     }
 

@@ -188,6 +188,7 @@ async fn reload(
         identity,
         loaded,
         limits,
+        shadow_catalog,
         ..
     } = config;
     // The catalog built at load is rebuilt below with live state carried over; dropping it
@@ -218,6 +219,8 @@ async fn reload(
             "identity settings reloaded; tokens verified under the previous settings are verified again"
         );
     }
+    // The shadow candidate is read again too (its path may have changed).
+    boundary.shadow().configure(shadow_catalog);
     boundary.metrics().reload("ok");
     updater.restart_required.store(false, Ordering::Relaxed);
     watched.served = loaded;

@@ -6,6 +6,7 @@
 mod catalog_updates;
 pub mod convert;
 mod deadline;
+pub mod explain;
 mod in_flight;
 mod services;
 
@@ -235,6 +236,12 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         poll_interval: config.server.reload_interval,
         loaded: config.loaded.clone(),
     });
+    let shadow_loader = crate::shadow::candidate::Loader {
+        env: config.catalog_inputs.env.clone(),
+        poll_interval: config.server.reload_interval,
+        mcp_servers: config.catalog_inputs.mcp_servers.clone(),
+        discovered: boundary.executors().mcp.watch_discovered(),
+    };
     let listen = options.listen.or(config.server.listen);
     let restart_required = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let catalog_updates = tokio::spawn(catalog_updates::run(
@@ -251,6 +258,13 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         reload_requests,
     ));
     let mut background = vec![catalog_updates];
+    // The shadow candidate (`shadow_catalog`): its loader and the worker comparing calls.
+    boundary.shadow().configure(config.shadow_catalog.clone());
+    background.push(tokio::spawn(crate::shadow::run(boundary.clone())));
+    background.push(tokio::spawn(crate::shadow::candidate::watch(
+        boundary.clone(),
+        shadow_loader,
+    )));
     if options.reload_on_sighup {
         background.push(reload_on_sighup(reload.clone())?);
     }

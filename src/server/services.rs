@@ -129,7 +129,11 @@ macro_rules! turn_fields {
     )*};
 }
 
-turn_fields!(proto::ExecuteToolRequest, proto::ExecuteToolsRequest);
+turn_fields!(
+    proto::ExecuteToolRequest,
+    proto::ExecuteToolsRequest,
+    proto::ExplainToolRequest
+);
 
 /// The caller's trace context, put there by the `TraceContextLayer`.
 fn remote_context<T>(request: &Request<T>) -> opentelemetry::Context {
@@ -207,6 +211,32 @@ impl ToolGate for ToolGateService {
         Ok(Response::new(proto::ExecuteToolsResponse {
             results: outcomes.into_iter().map(convert::tool_result).collect(),
         }))
+    }
+
+    async fn explain_tool(
+        &self,
+        request: Request<proto::ExplainToolRequest>,
+    ) -> Result<Response<proto::ExplainToolResponse>, Status> {
+        let turn = self.turn(&request, "ExplainTool")?;
+        super::explain::authorize(&turn.caller)?;
+        let call = request
+            .into_inner()
+            .call
+            .ok_or_else(|| Status::invalid_argument("ExplainToolRequest.call is required"))?;
+        let explained = self
+            .boundary()
+            .explain(&turn, &convert::call_request(call), 0);
+        Ok(Response::new(super::explain::explanation(explained)))
+    }
+
+    async fn explain_list_tools(
+        &self,
+        request: Request<proto::ExplainListToolsRequest>,
+    ) -> Result<Response<proto::ExplainListToolsResponse>, Status> {
+        let caller = self.gate.identify(&request, "ExplainListTools")?;
+        super::explain::authorize(&caller)?;
+        let explained = self.boundary().explain_visibility(&caller);
+        Ok(Response::new(super::explain::visibility(explained)))
     }
 }
 

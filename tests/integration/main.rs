@@ -13,6 +13,7 @@ mod execution;
 mod executors;
 mod executors_dns;
 mod executors_more;
+mod explain;
 mod hardening_audit;
 mod hardening_identity;
 mod hardening_policy;

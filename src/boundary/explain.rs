@@ -1,0 +1,787 @@
+//! Explaining a decision without making it: ExplainTool, `toolgate test` and the shadow catalog.
+//!
+//! Stages 1–7 run through [`super::policy::decide`], the very function the chain runs. Stages
+//! 8–10 read the state the chain would change, and change none of it: the quota's remaining
+//! calls ([`crate::limits::RateLimits::view`]), the approval the call redeems
+//! ([`crate::approvals::ApprovalStore::check`]) and what its idempotency key would find
+//! ([`super::idempotency::IdempotencyStore::peek`]). Nothing is audited, no approval is created,
+//! and no backend is called. The trail says, stage by stage, what passed or refused and why.
+
+use serde_json::Value;
+
+use super::{
+    Boundary, CallOutcome, CallRequest, Turn, access,
+    idempotency::Peek,
+    policy::{self, Decided, Seen},
+    redact, scopes, structure, visibility,
+};
+use crate::{
+    catalog::{BindValue, Catalog, ToolVersion, VersionStatus, revision_of},
+    error::{Reason, Refusal, Stage},
+    identity::Caller,
+    limits::{RateLimits, describe},
+};
+
+/// The scope a JWT caller needs to call ExplainTool (dev identity callers need none).
+pub const EXPLAIN_SCOPE: &str = "toolgate:explain";
+
+/// The stages an explanation reports, in chain order (`execute` is never run).
+pub const STAGES: [Stage; 10] = [
+    Stage::Structure,
+    Stage::Resolve,
+    Stage::Access,
+    Stage::Scopes,
+    Stage::Schema,
+    Stage::Bind,
+    Stage::RateLimit,
+    Stage::Approval,
+    Stage::Idempotency,
+    Stage::Execute,
+];
+
+/// How far a stage got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StageResult {
+    Passed,
+    Refused,
+    /// An earlier stage refused (or, for `execute`, explain never runs it).
+    NotReached,
+    /// The stage has nothing to decide for this call (no approval needed, no idempotency key).
+    NotApplicable,
+}
+
+/// One stage of an explanation.
+#[derive(Debug, Clone)]
+pub struct StageTrail {
+    pub stage: Stage,
+    pub result: StageResult,
+    /// One readable sentence: what was checked and what decided.
+    pub detail: String,
+    /// The catalog rules that decided (access): the deny or allow rule that refused, or the allow
+    /// rules that admitted.
+    pub rules: Vec<access::Rule>,
+    /// The scope the caller lacks (scopes).
+    pub missing_scope: Option<String>,
+    /// Every schema violation found (schema, bind).
+    pub violations: Vec<String>,
+    /// The values the server binds, as the backend would receive them (bind).
+    pub bound: Vec<BoundValue>,
+    /// The call's quotas and what they leave (rate_limit).
+    pub quotas: Vec<QuotaTrail>,
+}
+
+impl StageTrail {
+    fn new(stage: Stage, result: StageResult, detail: impl Into<String>) -> Self {
+        StageTrail {
+            stage,
+            result,
+            detail: detail.into(),
+            rules: Vec::new(),
+            missing_scope: None,
+            violations: Vec::new(),
+            bound: Vec::new(),
+            quotas: Vec::new(),
+        }
+    }
+}
+
+/// A server-bound argument as it would be written.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BoundValue {
+    /// Dotted path, as the catalog writes it (`filter.tenant`).
+    pub path: String,
+    /// The value (redacted when the tool's `redact` covers it).
+    pub value: Value,
+    /// Where it comes from: `${caller.tenant}`, `${caller.subject}`, `${caller.agent}` or
+    /// `constant`.
+    pub source: &'static str,
+}
+
+/// One quota of a call and what it leaves now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuotaTrail {
+    /// `tool` or `tenant`.
+    pub scope: &'static str,
+    /// As catalogs write it, e.g. `5/min`.
+    pub rate: String,
+    pub burst: u32,
+    /// Calls that would be admitted now; `None` when no state is kept for this quota (a shadow
+    /// catalog's quota that the served catalog does not have).
+    pub remaining: Option<u64>,
+}
+
+/// What execution would do with a call, and why.
+#[derive(Debug, Clone)]
+pub struct Explanation {
+    /// The result execution would return now. On OK the backend would be called (or a stored
+    /// result replayed); `model_text` is then empty, as nothing ran.
+    pub outcome: CallOutcome,
+    /// Whether execution would call the backend.
+    pub would_execute: bool,
+    /// Every stage in chain order.
+    pub stages: Vec<StageTrail>,
+    /// The final arguments the backend would receive: bound values written, canonical, with the
+    /// tool's `redact` pointers replaced. `None` when a stage before `bind` refused.
+    pub arguments: Option<Value>,
+    /// SHA-256 of the canonical final arguments (unredacted), as audit events record it.
+    pub arguments_sha256: Option<String>,
+    /// Which bound paths the model tried to set itself.
+    pub override_attempts: Vec<String>,
+    /// The revision of the whole catalog explained against.
+    pub catalog_revision: String,
+}
+
+impl Explanation {
+    /// The stage that refused, if one did.
+    pub fn refused_by(&self) -> Option<Stage> {
+        self.outcome.refusal.as_ref().map(|r| r.stage)
+    }
+
+    /// The access rule that refused the call, when one did.
+    pub fn deciding_rule(&self) -> Option<&access::Rule> {
+        self.stages
+            .iter()
+            .find(|s| s.result == StageResult::Refused)
+            .and_then(|s| s.rules.first())
+    }
+}
+
+/// State changes the call being shadowed made itself before its explanation was made, which the
+/// explanation must not count against the call (see `crate::shadow`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OwnEffects {
+    /// The call passed the rate limit, taking one cell of each shared quota.
+    pub quota: bool,
+    /// The call used up the approval it redeems.
+    pub approval: bool,
+    /// The call claimed its idempotency key and stored its result under it.
+    pub idempotency_key: bool,
+}
+
+/// Whether a tool is visible to a caller, and if not, what hid it.
+#[derive(Debug, Clone)]
+pub struct Visibility {
+    pub name: String,
+    /// The version the caller would see, or would get if it called the tool anyway.
+    pub version: String,
+    /// Why the tool is hidden; `None` when visible.
+    pub hidden_by: Option<Refusal>,
+    /// The access rule that hid it.
+    pub rule: Option<access::Rule>,
+    /// The scope whose absence hid it.
+    pub missing_scope: Option<String>,
+}
+
+impl Boundary {
+    /// Explains `call` (the `index`-th of its turn) against the catalog in force: what
+    /// ExecuteTool would decide now, changing nothing.
+    pub fn explain(&self, turn: &Turn, call: &CallRequest, index: usize) -> Explanation {
+        let state = self.state.load_full();
+        let explainer = Explainer {
+            boundary: self,
+            catalog: &state.catalog,
+            rate_limits: &state.rate_limits,
+            check_revision: true,
+            own: OwnEffects::default(),
+        };
+        explainer.explain(turn, call, index)
+    }
+
+    /// Explains `call` against another catalog (a shadow candidate), with the state of the one
+    /// in force: quotas are the served catalog's where the candidate's are the same.
+    pub(crate) fn explain_against(
+        &self,
+        catalog: &Catalog,
+        turn: &Turn,
+        call: &CallRequest,
+        index: usize,
+        own: OwnEffects,
+    ) -> Explanation {
+        let state = self.state.load_full();
+        let explainer = Explainer {
+            boundary: self,
+            catalog,
+            rate_limits: &state.rate_limits,
+            // The model was shown the served catalog's revisions, not the candidate's.
+            check_revision: false,
+            own,
+        };
+        explainer.explain(turn, call, index)
+    }
+
+    /// Every tool of the catalog in force, visible to `caller` or not, with what hid it; and the
+    /// revision ListTools would report. Nothing is recorded.
+    pub fn explain_visibility(&self, caller: &Caller) -> (Vec<Visibility>, String) {
+        let state = self.state.load_full();
+        explain_visibility(&state.catalog, caller)
+    }
+}
+
+/// See [`Boundary::explain_visibility`].
+pub fn explain_visibility(catalog: &Catalog, caller: &Caller) -> (Vec<Visibility>, String) {
+    let mut names: Vec<&str> = catalog.names().chain(catalog.unavailable_names()).collect();
+    names.sort_unstable();
+    let mut visible = Vec::new();
+    let tools = names
+        .into_iter()
+        .map(|name| match visibility(catalog, caller, name) {
+            Ok(tool) => {
+                visible.push(tool.clone());
+                Visibility {
+                    name: name.to_owned(),
+                    version: tool.version.clone(),
+                    hidden_by: None,
+                    rule: None,
+                    missing_scope: None,
+                }
+            }
+            Err(refusal) => {
+                let tool = super::resolve::resolve(catalog, name, None, caller).ok();
+                let rule = match refusal.stage {
+                    Stage::Access => access::explain(catalog, caller, name).rules.pop(),
+                    _ => None,
+                };
+                let missing_scope = match (refusal.stage, tool) {
+                    (Stage::Scopes, Some(tool)) => scopes::missing(caller, tool).map(str::to_owned),
+                    _ => None,
+                };
+                Visibility {
+                    name: name.to_owned(),
+                    version: tool.map(|t| t.version.clone()).unwrap_or_default(),
+                    hidden_by: Some(refusal),
+                    rule,
+                    missing_scope,
+                }
+            }
+        })
+        .collect();
+    let revision = revision_of(visible.iter().map(|t| t.as_ref()));
+    (tools, revision)
+}
+
+/// One explanation's inputs.
+struct Explainer<'a> {
+    boundary: &'a Boundary,
+    catalog: &'a Catalog,
+    rate_limits: &'a RateLimits,
+    check_revision: bool,
+    own: OwnEffects,
+}
+
+/// How stages 8–10 ended.
+enum Ending {
+    /// Every stage passed: the backend would be called.
+    Execute {
+        approval_id: Option<String>,
+    },
+    /// A stored result would be replayed (or awaited from the running first call).
+    Replay {
+        result: Result<(), Refusal>,
+        tool_version: String,
+    },
+    Refused(Refusal),
+}
+
+impl Explainer<'_> {
+    fn explain(&self, turn: &Turn, call: &CallRequest, index: usize) -> Explanation {
+        let limits = &self.boundary.limits;
+        let caller = &turn.caller;
+        let call_id = structure::reported_call_id(
+            structure::normalize_call_id(&call.call_id, turn.step, index),
+            limits.max_identifier_bytes,
+        );
+        let mut seen = Seen::default();
+        let shown = turn
+            .catalog_revision
+            .as_deref()
+            .filter(|_| self.check_revision)
+            .map(|shown| (&self.boundary.revisions, shown));
+        let decided = policy::decide(limits, self.catalog, shown, caller, call, &mut seen);
+        let mut stages = self.policy_trail(turn, call, &seen, &decided);
+        let tool = seen.tool;
+        let mut explanation = Explanation {
+            outcome: CallOutcome::ok(
+                call_id.clone(),
+                call.name.clone(),
+                String::new(),
+                String::new(),
+            ),
+            would_execute: false,
+            stages: Vec::new(),
+            arguments: None,
+            arguments_sha256: None,
+            override_attempts: seen.override_attempts,
+            catalog_revision: self.catalog.revision().to_owned(),
+        };
+        let version = tool.map(|t| t.version.clone()).unwrap_or_default();
+        let ending = match decided {
+            Err(refusal) => Ending::Refused(refusal),
+            Ok(decided) => {
+                explanation.arguments = Some(redact(&decided.arguments, &decided.tool.redact));
+                explanation.arguments_sha256 = Some(decided.arguments_sha256.clone());
+                self.stateful(turn, call, &decided, &mut stages)
+            }
+        };
+        for stage in STAGES {
+            if !stages.iter().any(|s| s.stage == stage) {
+                let detail = match stage {
+                    Stage::Execute => "not run: explain never calls the backend",
+                    _ => "",
+                };
+                stages.push(StageTrail::new(stage, StageResult::NotReached, detail));
+            }
+        }
+        if let Ending::Execute { .. } = &ending
+            && let Some(execute) = stages.iter_mut().find(|s| s.stage == Stage::Execute)
+            && let Some(tool) = tool
+        {
+            execute.detail = format!(
+                "not run: execution would now hand the final arguments to the {} backend",
+                tool.executor.kind()
+            );
+        }
+        explanation.outcome = match ending {
+            Ending::Execute { approval_id } => {
+                explanation.would_execute = true;
+                let mut outcome =
+                    CallOutcome::ok(call_id, call.name.clone(), version, String::new());
+                outcome.approval_id = approval_id;
+                outcome
+            }
+            Ending::Replay {
+                result,
+                tool_version,
+            } => {
+                let mut outcome = match result {
+                    Ok(()) => {
+                        CallOutcome::ok(call_id, call.name.clone(), tool_version, String::new())
+                    }
+                    Err(refusal) => {
+                        CallOutcome::refused(call_id, call.name.clone(), tool_version, refusal)
+                    }
+                };
+                outcome.idempotent_replay = true;
+                outcome
+            }
+            Ending::Refused(refusal) => {
+                CallOutcome::refused(call_id, call.name.clone(), version, refusal)
+            }
+        };
+        explanation.stages = stages;
+        explanation
+    }
+
+    /// The trail of stages 1–7 from what [`policy::decide`] found.
+    fn policy_trail(
+        &self,
+        turn: &Turn,
+        call: &CallRequest,
+        seen: &Seen<'_>,
+        decided: &Result<Decided<'_>, Refusal>,
+    ) -> Vec<StageTrail> {
+        let caller = &turn.caller;
+        let refused_at = decided.as_ref().err().map(|refusal| refusal.stage);
+        let mut trail = Vec::new();
+        for stage in &STAGES[..6] {
+            let stage = *stage;
+            if refused_at == Some(stage) {
+                let Err(refusal) = decided else { break };
+                let mut refused =
+                    StageTrail::new(stage, StageResult::Refused, refusal.message.clone());
+                refused.violations = seen.violations.clone();
+                match (stage, seen.tool) {
+                    (Stage::Access, Some(tool)) => {
+                        refused.rules = access::explain(self.catalog, caller, &tool.name).rules;
+                    }
+                    (Stage::Scopes, Some(tool)) => {
+                        refused.missing_scope = scopes::missing(caller, tool).map(str::to_owned);
+                    }
+                    _ => {}
+                }
+                trail.push(refused);
+                break;
+            }
+            let Some(passed) = self.passed(stage, turn, call, seen, decided) else {
+                break;
+            };
+            trail.push(passed);
+        }
+        trail
+    }
+
+    /// What a passed stage among 1–7 checked; `None` for a stage that cannot have passed.
+    fn passed(
+        &self,
+        stage: Stage,
+        turn: &Turn,
+        call: &CallRequest,
+        seen: &Seen<'_>,
+        decided: &Result<Decided<'_>, Refusal>,
+    ) -> Option<StageTrail> {
+        let caller = &turn.caller;
+        let pass = |detail: String| StageTrail::new(stage, StageResult::Passed, detail);
+        if stage == Stage::Structure {
+            return Some(pass(
+                "identifiers are printable and within their limits; the arguments are one JSON object within the size, depth and value limits".to_owned(),
+            ));
+        }
+        let tool = seen.tool?;
+        Some(match stage {
+            Stage::Resolve => {
+                let why = resolved_why(tool, call, &caller.tenant);
+                let revision = match (&turn.catalog_revision, self.check_revision) {
+                    (Some(shown), true) => {
+                        format!("; the shown revision {shown} has this definition")
+                    }
+                    _ => String::new(),
+                };
+                pass(format!(
+                    "{} version {} ({why}){revision}",
+                    tool.name, tool.version
+                ))
+            }
+            Stage::Access => {
+                let explained = access::explain(self.catalog, caller, &tool.name);
+                if explained.refusal.is_some() {
+                    return None;
+                }
+                let rules = explained.rules;
+                let detail = if rules.is_empty() {
+                    format!(
+                        "no deny rule matches {} and no allow list applies",
+                        tool.name
+                    )
+                } else {
+                    let listed: Vec<String> = rules
+                        .iter()
+                        .map(|r| format!("{} {:?}", r.location, r.pattern.as_deref().unwrap_or("")))
+                        .collect();
+                    format!(
+                        "no deny rule matches {}; allowed by {}",
+                        tool.name,
+                        listed.join(", ")
+                    )
+                };
+                let mut trail = pass(detail);
+                trail.rules = rules;
+                trail
+            }
+            Stage::Scopes => pass(if tool.required_scopes.is_empty() {
+                "the tool requires no scope".to_owned()
+            } else {
+                format!(
+                    "the caller holds every required scope: {}",
+                    tool.required_scopes.join(", ")
+                )
+            }),
+            Stage::Schema => pass("the arguments match the tool's input schema".to_owned()),
+            Stage::Bind => {
+                let Ok(decided) = decided else { return None };
+                let redacted = redact(&decided.arguments, &tool.redact);
+                let bound = bound_values(tool, &redacted);
+                let mut detail = if bound.is_empty() {
+                    "the tool binds no argument".to_owned()
+                } else {
+                    let listed: Vec<String> = bound
+                        .iter()
+                        .map(|b| format!("{} = {} (from {})", b.path, b.value, b.source))
+                        .collect();
+                    format!("the server writes {}", listed.join(", "))
+                };
+                if !seen.override_attempts.is_empty() {
+                    detail.push_str(&format!(
+                        "; the model's own {} was overwritten (audited)",
+                        seen.override_attempts.join(", ")
+                    ));
+                }
+                let mut trail = pass(detail);
+                trail.bound = bound;
+                trail
+            }
+            _ => return None,
+        })
+    }
+
+    /// Stages 8–10 against the live state, which they only read.
+    fn stateful(
+        &self,
+        turn: &Turn,
+        call: &CallRequest,
+        decided: &Decided<'_>,
+        stages: &mut Vec<StageTrail>,
+    ) -> Ending {
+        let caller = &turn.caller;
+        let tool = decided.tool;
+        // 8. Rate limits: what each quota leaves; a quota with none left would refuse.
+        let tenant_rate = self
+            .catalog
+            .tenants
+            .get(&caller.tenant)
+            .and_then(|t| t.rate_limit);
+        let views = self.rate_limits.view(&caller.tenant, tool, tenant_rate);
+        let quotas: Vec<QuotaTrail> = [("tool", tool.rate_limit), ("tenant", tenant_rate)]
+            .into_iter()
+            .filter_map(|(scope, rate)| {
+                let rate = rate?;
+                let remaining = views
+                    .iter()
+                    .find(|v| v.scope == scope && v.rate == rate)
+                    .map(|v| v.remaining);
+                Some(QuotaTrail {
+                    scope,
+                    rate: describe(rate),
+                    burst: rate.burst.get(),
+                    remaining,
+                })
+            })
+            .collect();
+        let exhausted = quotas
+            .iter()
+            .find(|q| q.remaining == Some(0))
+            .filter(|_| !self.own.quota);
+        let mut rate_trail = match exhausted {
+            Some(quota) => {
+                let message = match quota.scope {
+                    "tool" => format!(
+                        "rate limit {} for {} reached for tenant {}",
+                        quota.rate, tool.name, caller.tenant
+                    ),
+                    _ => format!(
+                        "tenant {} reached its overall rate limit {}",
+                        caller.tenant, quota.rate
+                    ),
+                };
+                stages.push(StageTrail {
+                    quotas: quotas.clone(),
+                    ..StageTrail::new(Stage::RateLimit, StageResult::Refused, message.clone())
+                });
+                return Ending::Refused(Refusal::new(
+                    Stage::RateLimit,
+                    Reason::RateLimited,
+                    message,
+                ));
+            }
+            None if quotas.is_empty() => StageTrail::new(
+                Stage::RateLimit,
+                StageResult::NotApplicable,
+                "no quota applies to this call",
+            ),
+            None => StageTrail::new(
+                Stage::RateLimit,
+                StageResult::Passed,
+                format!(
+                    "would take one call of {} (nothing was consumed)",
+                    quotas
+                        .iter()
+                        .map(describe_quota)
+                        .collect::<Vec<_>>()
+                        .join(" and ")
+                ),
+            ),
+        };
+        rate_trail.quotas = quotas;
+        stages.push(rate_trail);
+        // 9. Approval: checked, never created.
+        let (trail, approval) = self.approval(turn, call, decided);
+        stages.push(trail);
+        let approval_id = match approval {
+            Ok(id) => id,
+            Err(refusal) => return Ending::Refused(refusal),
+        };
+        // 10. Idempotency: what the key would find, claimed by no one.
+        let Some(key) = call.idempotency_key.as_deref() else {
+            stages.push(StageTrail::new(
+                Stage::Idempotency,
+                StageResult::NotApplicable,
+                "no idempotency key: the call would run every time it is sent",
+            ));
+            return Ending::Execute { approval_id };
+        };
+        let window = humantime::format_duration(self.boundary.limits.idempotency_window);
+        let peek = match self.own.idempotency_key {
+            true => Peek::Fresh,
+            false => self.boundary.idempotency.peek(
+                &policy::idempotency_key(caller, tool, key),
+                &decided.arguments_sha256,
+            ),
+        };
+        let passed =
+            |detail: String| StageTrail::new(Stage::Idempotency, StageResult::Passed, detail);
+        match peek {
+            Peek::Fresh => {
+                stages.push(passed(format!(
+                    "key {key:?} is new for this caller and tool: the call would run, and its final result be kept for replays for {window}"
+                )));
+                Ending::Execute { approval_id }
+            }
+            Peek::InFlight => {
+                stages.push(passed(format!(
+                    "a call with key {key:?} and these arguments is running: this one would wait for it and return its result"
+                )));
+                Ending::Replay {
+                    result: Ok(()),
+                    tool_version: tool.version.clone(),
+                }
+            }
+            Peek::Replay(stored) => {
+                let status = match &stored.result {
+                    Ok(_) => "OK".to_owned(),
+                    Err(refusal) => {
+                        format!("{} ({})", refusal.status().as_str(), refusal.reason.code())
+                    }
+                };
+                stages.push(passed(format!(
+                    "key {key:?} was used with these arguments within {window}: the stored result of the first call ({status}, version {}) would be replayed without running the tool",
+                    stored.tool_version
+                )));
+                Ending::Replay {
+                    result: stored.result.map(|_| ()),
+                    tool_version: stored.tool_version,
+                }
+            }
+            Peek::Conflict => {
+                let message =
+                    format!("idempotency key {key:?} was already used with different arguments");
+                stages.push(StageTrail::new(
+                    Stage::Idempotency,
+                    StageResult::Refused,
+                    message.clone(),
+                ));
+                Ending::Refused(Refusal::new(
+                    Stage::Idempotency,
+                    Reason::IdempotencyConflict,
+                    message,
+                ))
+            }
+        }
+    }
+
+    /// Stage 9, checked without creating anything: the trail, and the approval the call would
+    /// redeem or the refusal.
+    fn approval(
+        &self,
+        turn: &Turn,
+        call: &CallRequest,
+        decided: &Decided<'_>,
+    ) -> (StageTrail, Result<Option<String>, Refusal>) {
+        let tool = decided.tool;
+        if !tool.requires_approval {
+            let detail = format!(
+                "no approval needed (risk level {})",
+                tool.risk_level.as_str()
+            );
+            return (
+                StageTrail::new(Stage::Approval, StageResult::NotApplicable, detail),
+                Ok(None),
+            );
+        }
+        let refused = |refusal: Refusal| {
+            (
+                StageTrail::new(
+                    Stage::Approval,
+                    StageResult::Refused,
+                    refusal.message.clone(),
+                ),
+                Err(refusal),
+            )
+        };
+        let Some(id) = call
+            .approval_id
+            .as_deref()
+            .filter(|id| !id.trim().is_empty())
+        else {
+            return refused(Refusal::new(
+                Stage::Approval,
+                Reason::ApprovalRequired,
+                format!(
+                    "{} needs approval: execution would create an approval bound to this caller, run, tool version and these arguments, and return its approval_id (explain created none)",
+                    tool.name
+                ),
+            ));
+        };
+        let binding =
+            policy::approval_binding(&turn.caller, &turn.run_id, tool, &decided.arguments_sha256);
+        let checked = match self.boundary.approvals.check(id, &binding) {
+            Ok(checked) => checked,
+            Err((reason, message)) => {
+                return refused(
+                    Refusal::new(Stage::Approval, reason, message).with_approval_id(id),
+                );
+            }
+        };
+        let used_by_another = checked.already_used && !self.own.approval;
+        if used_by_another && call.idempotency_key.is_none() {
+            return refused(
+                Refusal::new(
+                    Stage::Approval,
+                    Reason::ApprovalAlreadyUsed,
+                    format!("approval {id} was already used"),
+                )
+                .with_approval_id(id),
+            );
+        }
+        let detail = if used_by_another {
+            format!(
+                "approval {id} was already used: only a replay of its call under the same idempotency key would pass"
+            )
+        } else {
+            format!(
+                "approval {id} would be accepted: approved, unexpired, and bound to this caller, run, tool version, definition and these arguments (nothing was used up)"
+            )
+        };
+        (
+            StageTrail::new(Stage::Approval, StageResult::Passed, detail),
+            Ok(Some(id.to_owned())),
+        )
+    }
+}
+
+/// Why the caller gets this version.
+fn resolved_why(tool: &ToolVersion, call: &CallRequest, tenant: &str) -> String {
+    if call.version.is_some() {
+        return "the pinned version".to_owned();
+    }
+    match (&tool.status, &tool.canary) {
+        (VersionStatus::Canary, Some(canary)) if canary.tenants.contains(tenant) => {
+            format!("a canary; tenant {tenant} is listed")
+        }
+        (VersionStatus::Canary, Some(canary)) => format!(
+            "a canary; tenant {tenant} falls in its {}% of tenants",
+            canary.percent
+        ),
+        _ => "the active version".to_owned(),
+    }
+}
+
+/// The bound values as written into (redacted) final arguments.
+fn bound_values(tool: &ToolVersion, arguments: &Value) -> Vec<BoundValue> {
+    tool.bindings
+        .iter()
+        .map(|binding| {
+            let mut at = Some(arguments);
+            for segment in &binding.path {
+                at = at.and_then(|v| v.get(segment));
+            }
+            BoundValue {
+                path: binding.dotted.clone(),
+                value: at.cloned().unwrap_or(Value::Null),
+                source: match binding.value {
+                    BindValue::CallerTenant => "${caller.tenant}",
+                    BindValue::CallerSubject => "${caller.subject}",
+                    BindValue::CallerAgent => "${caller.agent}",
+                    BindValue::Constant(_) => "constant",
+                },
+            }
+        })
+        .collect()
+}
+
+fn describe_quota(quota: &QuotaTrail) -> String {
+    match quota.remaining {
+        Some(left) => format!("the {} quota {} ({left} left now)", quota.scope, quota.rate),
+        None => format!(
+            "the {} quota {} (not kept by the served catalog: counted as full)",
+            quota.scope, quota.rate
+        ),
+    }
+}

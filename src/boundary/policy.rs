@@ -1,0 +1,128 @@
+//! Stages 1–7, the part of the chain decided from the call, the caller and the catalog alone:
+//! structure, resolve (and the shown revision), access, scopes, schema, bind and the canonical
+//! form. Execution ([`super::Boundary::execute`]) and explanation ([`super::explain`], the shadow
+//! catalog) both run exactly this function, so what ExplainTool says cannot drift from what
+//! ExecuteTool does. Nothing here reads or writes state kept between calls, except that a shown
+//! revision equal to the current one is remembered (as ListTools does).
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::{CallRequest, bind, resolve, schema, scopes, structure};
+use crate::{
+    approvals, canonical,
+    catalog::{Catalog, ToolVersion},
+    config::LimitsConfig,
+    error::Refusal,
+    identity::Caller,
+};
+
+/// What stages 1–7 let through: the tool and the final arguments the backend would receive.
+pub(crate) struct Decided<'c> {
+    pub tool: &'c Arc<ToolVersion>,
+    /// Bound values written, in canonical form: exactly what is hashed, approved and executed.
+    pub arguments: Value,
+    pub arguments_sha256: String,
+}
+
+/// What the stages saw on the way, kept for records also when a later stage refuses.
+#[derive(Default)]
+pub(crate) struct Seen<'c> {
+    /// The resolved tool, once stage 3 passed.
+    pub tool: Option<&'c Arc<ToolVersion>>,
+    /// Bound argument paths the model tried to set itself.
+    pub override_attempts: Vec<String>,
+    /// Every violation listed when a schema refused the call.
+    pub violations: Vec<String>,
+}
+
+/// Runs stages 1–7 for `call`. `shown` is the revision log and the revision the model was shown,
+/// when the client says.
+pub(crate) fn decide<'c>(
+    limits: &LimitsConfig,
+    catalog: &'c Catalog,
+    shown: Option<(&resolve::RevisionLog, &str)>,
+    caller: &Caller,
+    call: &CallRequest,
+    seen: &mut Seen<'c>,
+) -> Result<Decided<'c>, Refusal> {
+    // 1-2. Structure: identifiers within limits and printable; a tool name; one JSON object
+    // within the size and depth limits.
+    structure::check_identifiers(
+        &[
+            // The client's own, before a blank one is numbered or a long one is cut.
+            ("call_id", Some(call.call_id.trim())),
+            ("name", Some(&call.name)),
+            ("idempotency_key", call.idempotency_key.as_deref()),
+            ("approval_id", call.approval_id.as_deref()),
+            ("version", call.version.as_deref()),
+        ],
+        limits,
+    )?;
+    let arguments = structure::check(&call.name, &call.arguments_json, limits)?;
+    // 3. Tool and version, and whether the model was shown this definition.
+    let tool = resolve::resolve(catalog, &call.name, call.version.as_deref(), caller)?;
+    seen.tool = Some(tool);
+    if let Some((revisions, shown)) = shown {
+        resolve::check_revision(revisions, shown, tool, || {
+            super::current_revision(catalog, caller)
+        })?;
+    }
+    // 4. Allow/deny lists: global, tenant, agent.
+    super::access::check(catalog, caller, &tool.name)?;
+    // 5. Scopes.
+    scopes::check(caller, tool)?;
+    // The model's attempts to set server-bound arguments are recorded whatever refuses the
+    // call next: detecting an attack must not depend on the attacker sending valid arguments.
+    if let Some(map) = arguments.as_object() {
+        seen.override_attempts = bind::attempted(tool, map);
+    }
+    // 6. Arguments against the visible JSON Schema.
+    schema::check_listing(tool, &arguments, &mut seen.violations)?;
+    // 7. Server-bound arguments; then the canonical form, which is what is hashed, approved
+    // and handed to the backend, byte for byte.
+    let mut arguments = bind::apply(tool, caller, arguments)?;
+    schema::check_bound_listing(tool, &arguments, &mut seen.violations)?;
+    canonical::normalize(&mut arguments);
+    let arguments_sha256 = canonical::sha256_hex(&arguments);
+    Ok(Decided {
+        tool,
+        arguments,
+        arguments_sha256,
+    })
+}
+
+/// What an approval of this call is bound to (stage 9).
+pub(crate) fn approval_binding(
+    caller: &Caller,
+    run_id: &str,
+    tool: &ToolVersion,
+    arguments_sha256: &str,
+) -> approvals::Binding {
+    approvals::Binding {
+        tenant: caller.tenant.clone(),
+        subject: caller.subject.clone(),
+        agent: caller.agent.clone(),
+        run_id: run_id.to_owned(),
+        tool: tool.name.clone(),
+        tool_version: tool.version.clone(),
+        definition_hash: tool.definition_hash.clone(),
+        arguments_sha256: arguments_sha256.to_owned(),
+    }
+}
+
+/// Whose an idempotency key is (stage 10): the caller's, for this tool.
+pub(crate) fn idempotency_key(
+    caller: &Caller,
+    tool: &ToolVersion,
+    key: &str,
+) -> super::idempotency::Key {
+    super::idempotency::Key {
+        tenant: caller.tenant.clone(),
+        subject: caller.subject.clone(),
+        agent: caller.agent.clone(),
+        tool: tool.name.clone(),
+        key: key.to_owned(),
+    }
+}

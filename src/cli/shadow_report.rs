@@ -1,0 +1,230 @@
+//! `toolgate shadow-report AUDIT_FILE [--json]`: what the shadow candidate would have decided
+//! differently, summarised from the `shadow_decision` events of an audit file, e.g. "12 calls of
+//! delete_ticket that were OK would be DENIED by access [denied_by_policy], rule
+//! tenants.globex.deny[1]". Other events are skipped; so are lines that are not JSON (counted).
+
+use std::{
+    collections::BTreeMap,
+    io::{BufRead, BufReader},
+    path::Path,
+    process::ExitCode,
+};
+
+use serde_json::{Value, json};
+
+/// One line of the summary: what the served catalog did and what the candidate would do.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Group {
+    Decision {
+        tool: String,
+        was: String,
+        status: String,
+        refused_by: String,
+        error_type: String,
+        rule: String,
+        pattern: String,
+    },
+    Version {
+        tool: String,
+        was: String,
+        would: String,
+    },
+    Bound {
+        tool: String,
+        paths: String,
+    },
+}
+
+impl Group {
+    fn text(&self, count: u64) -> String {
+        let calls = if count == 1 { "call" } else { "calls" };
+        match self {
+            Group::Decision {
+                tool,
+                was,
+                status,
+                refused_by,
+                error_type,
+                rule,
+                pattern,
+            } => {
+                let would = match (status.as_str(), refused_by.as_str()) {
+                    ("OK", _) => "would be OK (the backend would be called)".to_owned(),
+                    (_, "") => format!("would be {status}"),
+                    _ => format!("would be {status} by {refused_by} [{error_type}]"),
+                };
+                let rule = match (rule.as_str(), pattern.as_str()) {
+                    ("", _) => String::new(),
+                    (rule, "") => format!(", rule {rule}"),
+                    (rule, pattern) => format!(", rule {rule} ({pattern:?})"),
+                };
+                format!("{count} {calls} of {tool} that were {was} {would}{rule}")
+            }
+            Group::Version { tool, was, would } => format!(
+                "{count} {calls} of {tool} would resolve to version {would} instead of {was}"
+            ),
+            Group::Bound { tool, paths } => {
+                let paths = match paths.as_str() {
+                    "" => String::new(),
+                    paths => format!(" ({paths})"),
+                };
+                format!("{count} {calls} of {tool} would send other bound arguments{paths}")
+            }
+        }
+    }
+
+    fn json(&self, count: u64) -> Value {
+        match self {
+            Group::Decision {
+                tool,
+                was,
+                status,
+                refused_by,
+                error_type,
+                rule,
+                pattern,
+            } => json!({
+                "count": count, "kind": "decision", "tool": tool, "was": was,
+                "status": status, "refused_by": refused_by, "error_type": error_type,
+                "rule": rule, "rule_pattern": pattern,
+            }),
+            Group::Version { tool, was, would } => json!({
+                "count": count, "kind": "tool_version", "tool": tool, "was": was, "would": would,
+            }),
+            Group::Bound { tool, paths } => json!({
+                "count": count, "kind": "bound_arguments", "tool": tool, "paths": paths,
+            }),
+        }
+    }
+}
+
+/// Reads the file and prints the summary, most frequent first.
+pub fn run(audit: &Path, json_output: bool) -> anyhow::Result<ExitCode> {
+    let file = match std::fs::File::open(audit) {
+        Ok(file) => file,
+        Err(err) => {
+            eprintln!("error: cannot read {}: {err}", audit.display());
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    let mut groups: BTreeMap<Group, u64> = BTreeMap::new();
+    let (mut events, mut unreadable) = (0u64, 0u64);
+    let mut revisions: BTreeMap<String, u64> = BTreeMap::new();
+    for line in BufReader::new(file).lines() {
+        let Ok(line) = line else {
+            unreadable += 1;
+            continue;
+        };
+        // Cheap filter first: most lines are tool calls.
+        if !line.contains("\"shadow_decision\"") {
+            continue;
+        }
+        let Ok(event) = serde_json::from_str::<Value>(&line) else {
+            unreadable += 1;
+            continue;
+        };
+        if event.get("kind").and_then(Value::as_str) != Some("shadow_decision") {
+            continue;
+        }
+        events += 1;
+        let candidate = event.get("candidate").cloned().unwrap_or(Value::Null);
+        let revision = text(&candidate, "revision");
+        *revisions.entry(revision).or_default() += 1;
+        for group in groups_of(&event, &candidate) {
+            *groups.entry(group).or_default() += 1;
+        }
+    }
+    let mut ranked: Vec<(&Group, u64)> = groups.iter().map(|(g, n)| (g, *n)).collect();
+    ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    if json_output {
+        println!(
+            "{}",
+            json!({
+                "events": events,
+                "unreadable_lines": unreadable,
+                "candidate_revisions": revisions,
+                "differences": ranked.iter().map(|(g, n)| g.json(*n)).collect::<Vec<_>>(),
+            })
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let revisions: Vec<String> = revisions
+        .iter()
+        .map(|(revision, n)| format!("{revision} ({n})"))
+        .collect();
+    println!(
+        "{}: {events} shadow_decision events; candidate revisions: {}",
+        audit.display(),
+        if revisions.is_empty() {
+            "none".to_owned()
+        } else {
+            revisions.join(", ")
+        }
+    );
+    for (group, count) in &ranked {
+        println!("  {}", group.text(*count));
+    }
+    if unreadable > 0 {
+        println!("  ({unreadable} lines were not JSON and were skipped)");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn text(value: &Value, key: &str) -> String {
+    value
+        .get(key)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// The summary lines one event counts towards: its decision, version and bound arguments
+/// differences.
+fn groups_of(event: &Value, candidate: &Value) -> Vec<Group> {
+    let differences: Vec<&str> = event
+        .get("differences")
+        .and_then(Value::as_array)
+        .map(|d| d.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let tool = text(event, "tool");
+    let mut groups = Vec::new();
+    if differences.contains(&"status") || differences.contains(&"refused_by") {
+        let status = text(event, "status");
+        let reached = event.get("reached_backend").and_then(Value::as_bool) == Some(true);
+        let was = match (reached, status.as_str()) {
+            (true, "OK") | (false, _) => match text(event, "refused_by").as_str() {
+                "" => status.clone(),
+                stage => format!("{status} by {stage}"),
+            },
+            (true, _) => format!("run ({status} at the backend)"),
+        };
+        groups.push(Group::Decision {
+            tool: tool.clone(),
+            was,
+            status: text(candidate, "status"),
+            refused_by: text(candidate, "refused_by"),
+            error_type: text(candidate, "error_type"),
+            rule: text(candidate, "rule"),
+            pattern: text(candidate, "rule_pattern"),
+        });
+    }
+    if differences.contains(&"tool_version") {
+        groups.push(Group::Version {
+            tool: tool.clone(),
+            was: text(event, "tool_version"),
+            would: text(candidate, "tool_version"),
+        });
+    }
+    if differences.contains(&"bound_arguments") {
+        let paths: Vec<&str> = candidate
+            .get("bound_arguments")
+            .and_then(Value::as_array)
+            .map(|p| p.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        groups.push(Group::Bound {
+            tool,
+            paths: paths.join(", "),
+        });
+    }
+    groups
+}

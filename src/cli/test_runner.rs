@@ -1,0 +1,642 @@
+//! `toolgate test --config catalog.yaml tests.yaml [--coverage]`: a catalog's test cases, each run
+//! through the real chain in explain mode — no backend, no state changed, nothing audited — with
+//! a readable diff for every case that fails and a non-zero exit, so catalog changes can be gated
+//! in CI. With `--coverage`, every tool must have a case and every deny rule must decide one.
+//!
+//! The file format is [`TestFile`]; `toolgate schema --tests` prints its JSON Schema
+//! (`docs/catalog-tests.schema.json`).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt::Write as _,
+    path::Path,
+    process::ExitCode,
+    sync::Arc,
+};
+
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::{
+    approvals::ApprovalStore,
+    audit::AuditLog,
+    boundary::{
+        Boundary, CallRequest, Turn,
+        explain::{self, Explanation, Visibility},
+    },
+    catalog::Catalog,
+    clock::SharedClock,
+    config::{AuditConfig, AuditSinkConfig, Config, Env, raw::RawFsync},
+    error::{Reason, Status},
+    executor::Executors,
+    identity::{AuthMethod, Caller, split_scopes},
+    metrics::Metrics,
+};
+
+/// A file of test cases for one catalog.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TestFile {
+    /// Format version of this file; must be 1.
+    pub version: u32,
+    /// The cases, run in order, each on its own (explaining changes no state).
+    pub cases: Vec<TestCase>,
+}
+
+/// One case: who calls, what, and what the catalog must decide.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TestCase {
+    /// What the case shows, e.g. `globex cannot delete tickets`.
+    pub name: String,
+    /// The caller.
+    pub identity: TestIdentity,
+    /// The call to explain; leave it out for a case about the visible tools only.
+    pub call: Option<TestCall>,
+    /// What must come out.
+    pub expect: Expectation,
+}
+
+/// A caller: tenant, subject, agent and scopes as dev identity gives them, or the claims of a
+/// JWT, mapped through the catalog's `identity.jwt.claims` (signature and lifetime are not
+/// checked here).
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TestIdentity {
+    pub tenant: Option<String>,
+    pub subject: Option<String>,
+    pub agent: Option<String>,
+    /// A list, or one string separated by commas or spaces.
+    pub scopes: Option<Scopes>,
+    /// JWT claims, e.g. `{ tenant: acme, sub: alice, scope: "tickets:read" }`.
+    pub claims: Option<serde_json::Map<String, Value>>,
+}
+
+/// Scopes as a list or as one string.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum Scopes {
+    List(Vec<String>),
+    Text(String),
+}
+
+/// A call as the model would propose it.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TestCall {
+    /// The tool's name.
+    pub name: String,
+    /// The arguments as an object (default `{}`).
+    pub arguments: Option<serde_json::Map<String, Value>>,
+    /// Or the raw JSON text the model produced (for malformed arguments).
+    pub arguments_json: Option<String>,
+    /// A version pin.
+    pub version: Option<String>,
+    pub idempotency_key: Option<String>,
+    pub approval_id: Option<String>,
+    /// The run (approvals are bound to it); default `toolgate-test`.
+    pub run_id: Option<String>,
+}
+
+/// What the case must decide. Only the fields given are checked.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Expectation {
+    /// The status ExecuteTool would return: `OK` (every stage passes: the backend would be
+    /// called), `DENIED`, `INVALID_ARGUMENTS`, `APPROVAL_REQUIRED`, …
+    pub status: Option<String>,
+    /// The `error_type`, e.g. `denied_by_policy`.
+    pub error_type: Option<String>,
+    /// The stage that refuses, e.g. `access`.
+    pub refused_by: Option<String>,
+    /// Where the access rule that refuses is defined, e.g. `tenants.globex.deny[0]`.
+    pub rule: Option<String>,
+    /// The version the call resolves to.
+    pub tool_version: Option<String>,
+    /// Values the server binds, by dotted path, e.g. `{ filter.tenant: acme }`.
+    pub bound_arguments: Option<BTreeMap<String, Value>>,
+    /// The final arguments the backend would receive, exactly (canonical, redacted).
+    pub arguments: Option<Value>,
+    /// The tools the caller's ListTools shows.
+    pub tools: Option<ToolsExpectation>,
+}
+
+/// What the caller's ListTools must show.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ToolsExpectation {
+    /// Tools that must be listed.
+    #[serde(default)]
+    pub visible: Vec<String>,
+    /// Tools that must not be listed.
+    #[serde(default)]
+    pub hidden: Vec<String>,
+    /// The complete list, in any order.
+    pub exactly: Option<Vec<String>>,
+}
+
+/// The JSON Schema of the test file format.
+pub fn json_schema() -> Value {
+    serde_json::to_value(schemars::schema_for!(TestFile)).unwrap_or_default()
+}
+
+/// Why a test file cannot be run.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}: {message}")]
+pub struct TestFileError {
+    file: String,
+    message: String,
+}
+
+/// Reads and checks a test file against the catalog's vocabulary (statuses, stages, codes).
+pub fn load(path: &Path, catalog: &Catalog) -> Result<TestFile, TestFileError> {
+    let file = path.display().to_string();
+    let error = |message: String| TestFileError {
+        file: file.clone(),
+        message,
+    };
+    let text = std::fs::read_to_string(path).map_err(|err| error(format!("cannot read: {err}")))?;
+    let deserializer = serde_yaml_ng::Deserializer::from_str(&text);
+    let tests: TestFile = serde_path_to_error::deserialize(deserializer).map_err(|err| {
+        let path = err.path().to_string();
+        error(format!("{path}: {}", err.into_inner()))
+    })?;
+    if tests.version != 1 {
+        return Err(error(format!(
+            "version: unsupported test file version {}; this toolgate reads version 1",
+            tests.version
+        )));
+    }
+    for (i, case) in tests.cases.iter().enumerate() {
+        check_case(case, catalog).map_err(|m| error(format!("cases[{i}] ({}): {m}", case.name)))?;
+    }
+    Ok(tests)
+}
+
+fn check_case(case: &TestCase, catalog: &Catalog) -> Result<(), String> {
+    let expect = &case.expect;
+    let about_call = expect.status.is_some()
+        || expect.error_type.is_some()
+        || expect.refused_by.is_some()
+        || expect.rule.is_some()
+        || expect.tool_version.is_some()
+        || expect.bound_arguments.is_some()
+        || expect.arguments.is_some();
+    match (&case.call, about_call, &expect.tools) {
+        (None, true, _) => return Err("expects a call's outcome but has no call".into()),
+        (None, false, None) | (Some(_), false, None) => {
+            return Err("expects nothing: give expect.status, expect.tools, …".into());
+        }
+        _ => {}
+    }
+    if let Some(call) = &case.call
+        && call.arguments.is_some()
+        && call.arguments_json.is_some()
+    {
+        return Err("give call.arguments or call.arguments_json, not both".into());
+    }
+    let identity = &case.identity;
+    let direct = identity.tenant.is_some()
+        || identity.subject.is_some()
+        || identity.agent.is_some()
+        || identity.scopes.is_some();
+    match (&identity.claims, direct) {
+        (Some(_), true) => {
+            return Err("identity: give claims, or tenant/subject/agent/scopes, not both".into());
+        }
+        (None, false) => return Err("identity: a tenant is required".into()),
+        _ => {}
+    }
+    let statuses = statuses();
+    if let Some(status) = &expect.status
+        && !statuses.contains(status.as_str())
+    {
+        return Err(format!(
+            "expect.status: unknown status {status:?}; one of {}",
+            statuses.into_iter().collect::<Vec<_>>().join(", ")
+        ));
+    }
+    if let Some(code) = &expect.error_type
+        && !Reason::ALL.iter().any(|r| r.code() == code)
+    {
+        return Err(format!("expect.error_type: unknown error_type {code:?}"));
+    }
+    if let Some(stage) = &expect.refused_by
+        && !explain::STAGES.iter().any(|s| s.as_str() == stage)
+    {
+        return Err(format!("expect.refused_by: unknown stage {stage:?}"));
+    }
+    if let Some(tools) = &expect.tools {
+        for name in tools
+            .visible
+            .iter()
+            .chain(&tools.hidden)
+            .chain(tools.exactly.iter().flatten())
+        {
+            if !catalog.contains(name) {
+                return Err(format!("expect.tools: no tool {name:?} in the catalog"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every status a call can end with: OK and the status of each refusal reason.
+fn statuses() -> BTreeSet<&'static str> {
+    std::iter::once(Status::Ok)
+        .chain(Reason::ALL.iter().map(|r| r.status()))
+        .map(Status::as_str)
+        .collect()
+}
+
+/// Runs `tests` against the catalog file (or the embedded demo); prints a line per case, a diff
+/// per failure and, with `coverage`, what is not covered. Exit 0 only when all pass.
+pub async fn run(config: Option<&Path>, tests: &Path, coverage: bool) -> anyhow::Result<ExitCode> {
+    let env = Env::from_process();
+    let config = match config {
+        Some(path) => Config::load_file(path, &env),
+        None => Config::demo(&env),
+    };
+    let config = match config {
+        Ok(config) => config,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    let file = match load(tests, &config.catalog) {
+        Ok(file) => file,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    let source = config.source.clone();
+    let jwt = config.identity.jwt.clone();
+    let max_identity_bytes = config.identity.max_identity_bytes;
+    let boundary = explaining_boundary(config).await?;
+    let mut report = Report::default();
+    for (i, case) in file.cases.iter().enumerate() {
+        let caller = match caller(&case.identity, jwt.as_ref(), max_identity_bytes) {
+            Ok(caller) => caller,
+            Err(message) => {
+                report.fail(i, case, format!("  identity: {message}\n"));
+                continue;
+            }
+        };
+        let mut diff = String::new();
+        if let Some(call) = &case.call {
+            let explained = boundary.explain(&turn(&caller, call), &call_request(call), 0);
+            report.seen_call(&call.name, &explained);
+            diff.push_str(&compare_call(&case.expect, &explained));
+            if !diff.is_empty() {
+                let response = crate::server::explain::explanation(explained);
+                let _ = writeln!(
+                    diff,
+                    "  call: {} {} as {}\n  trail:",
+                    call.name,
+                    arguments_text(call),
+                    describe(&caller)
+                );
+                for line in super::explain::render(&response, &call.name).lines() {
+                    let _ = writeln!(diff, "    {line}");
+                }
+            }
+        }
+        if let Some(tools) = &case.expect.tools {
+            let (listing, _) = boundary.explain_visibility(&caller);
+            report.seen_listing(&listing);
+            diff.push_str(&compare_tools(tools, &listing, &caller));
+        }
+        if diff.is_empty() {
+            println!("ok    {}", case.name);
+            report.passed += 1;
+        } else {
+            report.fail(i, case, diff);
+        }
+    }
+    let tests_name = tests.display();
+    println!(
+        "{tests_name} against {source}: {} passed, {} failed",
+        report.passed,
+        report.failed.len()
+    );
+    let mut ok = report.failed.is_empty();
+    if coverage {
+        let catalog = boundary.catalog();
+        ok &= print_coverage(&catalog.catalog, &report);
+    }
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// A boundary on the catalog with fresh, empty state, whose backends are never called (cases
+/// are only explained) and whose audit goes nowhere.
+async fn explaining_boundary(config: Config) -> anyhow::Result<Arc<Boundary>> {
+    let clock = SharedClock::system();
+    let (audit, _writer) = AuditLog::start(&AuditConfig {
+        sink: AuditSinkConfig::None,
+        queue_capacity: 1,
+        authentication_failures: config.audit.authentication_failures,
+        fail_closed: false,
+        fsync: RawFsync::Never,
+    })
+    .await?;
+    Ok(Arc::new(Boundary::new(
+        config.catalog,
+        config.limits,
+        ApprovalStore::new(clock.clone(), config.approvals.budget),
+        Executors::default(),
+        audit,
+        clock,
+        Arc::new(Metrics::new()),
+    )))
+}
+
+fn caller(
+    identity: &TestIdentity,
+    jwt: Option<&crate::identity::JwtSettings>,
+    max_identity_bytes: usize,
+) -> Result<Caller, String> {
+    if let Some(claims) = &identity.claims {
+        let jwt = jwt.ok_or("claims given, but the catalog has no identity.jwt to map them")?;
+        return jwt
+            .caller_from_claims(&Value::Object(claims.clone()), max_identity_bytes)
+            .map_err(|err| err.to_string());
+    }
+    Ok(Caller {
+        tenant: identity.tenant.clone().unwrap_or_default(),
+        subject: identity.subject.clone().unwrap_or_default(),
+        agent: identity.agent.clone().unwrap_or_default(),
+        scopes: match &identity.scopes {
+            Some(Scopes::List(list)) => list.iter().cloned().collect(),
+            Some(Scopes::Text(text)) => split_scopes(text),
+            None => BTreeSet::new(),
+        },
+        method: AuthMethod::Dev,
+    })
+}
+
+fn turn(caller: &Caller, call: &TestCall) -> Turn {
+    Turn {
+        caller: caller.clone(),
+        run_id: call
+            .run_id
+            .clone()
+            .unwrap_or_else(|| "toolgate-test".to_owned()),
+        step: 0,
+        catalog_revision: None,
+        deadline: None,
+        traceparent: None,
+        trace_parent: opentelemetry::Context::new(),
+    }
+}
+
+fn call_request(call: &TestCall) -> CallRequest {
+    CallRequest {
+        call_id: String::new(),
+        name: call.name.clone(),
+        arguments_json: arguments_text(call),
+        version: call.version.clone(),
+        idempotency_key: call.idempotency_key.clone(),
+        approval_id: call.approval_id.clone(),
+    }
+}
+
+fn arguments_text(call: &TestCall) -> String {
+    match (&call.arguments_json, &call.arguments) {
+        (Some(text), _) => text.clone(),
+        (None, Some(map)) => Value::Object(map.clone()).to_string(),
+        (None, None) => "{}".to_owned(),
+    }
+}
+
+fn describe(caller: &Caller) -> String {
+    let scopes: Vec<&str> = caller.scopes.iter().map(String::as_str).collect();
+    format!(
+        "tenant {:?}, subject {:?}, agent {:?}, scopes [{}]",
+        caller.tenant,
+        caller.subject,
+        caller.agent,
+        scopes.join(", ")
+    )
+}
+
+/// Every expected field that differs, one line each: `field: expected X, got Y`.
+fn compare_call(expect: &Expectation, explained: &Explanation) -> String {
+    let mut diff = String::new();
+    let outcome = &explained.outcome;
+    let refusal = outcome.refusal.as_ref();
+    let mut check = |field: &str, expected: Option<String>, got: String| {
+        if let Some(expected) = expected
+            && expected != got
+        {
+            let got = if got.is_empty() { "(none)".into() } else { got };
+            let _ = writeln!(diff, "  {field}: expected {expected}, got {got}");
+        }
+    };
+    check(
+        "status",
+        expect.status.clone(),
+        outcome.status.as_str().to_owned(),
+    );
+    check(
+        "error_type",
+        expect.error_type.clone(),
+        refusal
+            .map(|r| r.reason.code().to_owned())
+            .unwrap_or_default(),
+    );
+    check(
+        "refused_by",
+        expect.refused_by.clone(),
+        refusal
+            .map(|r| r.stage.as_str().to_owned())
+            .unwrap_or_default(),
+    );
+    check(
+        "rule",
+        expect.rule.clone(),
+        explained
+            .deciding_rule()
+            .map(|r| r.location.clone())
+            .unwrap_or_default(),
+    );
+    check(
+        "tool_version",
+        expect.tool_version.clone(),
+        outcome.tool_version.clone(),
+    );
+    if let Some(expected) = &expect.bound_arguments {
+        let bound: BTreeMap<String, Value> = explained
+            .stages
+            .iter()
+            .flat_map(|s| &s.bound)
+            .map(|b| (b.path.clone(), b.value.clone()))
+            .collect();
+        for (path, value) in expected {
+            match bound.get(path) {
+                Some(got) if got == value => {}
+                Some(got) => {
+                    let _ = writeln!(
+                        diff,
+                        "  bound_arguments.{path}: expected {value}, got {got}"
+                    );
+                }
+                None => {
+                    let _ = writeln!(
+                        diff,
+                        "  bound_arguments.{path}: expected {value}, got nothing bound (the call did not reach bind, or the tool binds no {path})"
+                    );
+                }
+            }
+        }
+    }
+    if let Some(expected) = &expect.arguments {
+        let mut expected = expected.clone();
+        crate::canonical::normalize(&mut expected);
+        match &explained.arguments {
+            Some(got) if *got == expected => {}
+            Some(got) => {
+                let _ = writeln!(
+                    diff,
+                    "  arguments: expected {}, got {}",
+                    crate::canonical::to_string(&expected),
+                    crate::canonical::to_string(got)
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    diff,
+                    "  arguments: expected {}, got none (refused before bind)",
+                    crate::canonical::to_string(&expected)
+                );
+            }
+        }
+    }
+    diff
+}
+
+fn compare_tools(expect: &ToolsExpectation, listing: &[Visibility], caller: &Caller) -> String {
+    let mut diff = String::new();
+    let visible: BTreeSet<&str> = listing
+        .iter()
+        .filter(|t| t.hidden_by.is_none())
+        .map(|t| t.name.as_str())
+        .collect();
+    let why_hidden = |name: &str| {
+        listing
+            .iter()
+            .find(|t| t.name == name)
+            .and_then(|t| t.hidden_by.as_ref())
+            .map(|r| format!("hidden by {} [{}]: {}", r.stage, r.reason.code(), r.message))
+            .unwrap_or_else(|| "not in the catalog".to_owned())
+    };
+    for name in &expect.visible {
+        if !visible.contains(name.as_str()) {
+            let _ = writeln!(
+                diff,
+                "  tools: expected {name} visible, got {}",
+                why_hidden(name)
+            );
+        }
+    }
+    for name in &expect.hidden {
+        if visible.contains(name.as_str()) {
+            let _ = writeln!(diff, "  tools: expected {name} hidden, got visible");
+        }
+    }
+    if let Some(exactly) = &expect.exactly {
+        let expected: BTreeSet<&str> = exactly.iter().map(String::as_str).collect();
+        if expected != visible {
+            let missing: Vec<_> = expected.difference(&visible).collect();
+            let extra: Vec<_> = visible.difference(&expected).collect();
+            let _ = writeln!(
+                diff,
+                "  tools: expected exactly {expected:?}, got {visible:?} (missing {missing:?}, extra {extra:?})"
+            );
+        }
+    }
+    if !diff.is_empty() {
+        let _ = writeln!(diff, "  as {}", describe(caller));
+    }
+    diff
+}
+
+/// What the cases covered, and the failures.
+#[derive(Default)]
+struct Report {
+    passed: usize,
+    failed: Vec<String>,
+    called: BTreeSet<String>,
+    deny_rules_matched: BTreeSet<String>,
+}
+
+impl Report {
+    fn fail(&mut self, index: usize, case: &TestCase, diff: String) {
+        println!("FAIL  {} (cases[{index}])\n{diff}", case.name);
+        self.failed.push(case.name.clone());
+    }
+
+    fn seen_call(&mut self, name: &str, explained: &Explanation) {
+        self.called.insert(name.to_owned());
+        if let Some(rule) = explained.deciding_rule()
+            && rule.effect == "deny"
+        {
+            self.deny_rules_matched.insert(rule.location.clone());
+        }
+    }
+
+    fn seen_listing(&mut self, listing: &[Visibility]) {
+        for rule in listing.iter().filter_map(|t| t.rule.as_ref()) {
+            if rule.effect == "deny" {
+                self.deny_rules_matched.insert(rule.location.clone());
+            }
+        }
+    }
+}
+
+/// Every deny rule of the catalog, by location.
+fn deny_rules(catalog: &Catalog) -> Vec<(String, String)> {
+    let lists = std::iter::once(&catalog.policy)
+        .chain(catalog.tenants.values().map(|t| &t.access))
+        .chain(catalog.agents.named.values())
+        .chain(catalog.agents.default.iter());
+    lists
+        .flat_map(|list| &list.deny)
+        .map(|p| (p.location.clone(), p.text.clone()))
+        .collect()
+}
+
+/// Prints coverage; true when every tool has a case and every deny rule decided one.
+fn print_coverage(catalog: &Catalog, report: &Report) -> bool {
+    let tools: BTreeSet<&str> = catalog.names().chain(catalog.unavailable_names()).collect();
+    let uncovered: Vec<&str> = tools
+        .iter()
+        .filter(|t| !report.called.contains(**t))
+        .copied()
+        .collect();
+    let rules = deny_rules(catalog);
+    let unmatched: Vec<&(String, String)> = rules
+        .iter()
+        .filter(|(location, _)| !report.deny_rules_matched.contains(location))
+        .collect();
+    println!(
+        "coverage: {}/{} tools have a case; {}/{} deny rules decided a case",
+        tools.len() - uncovered.len(),
+        tools.len(),
+        rules.len() - unmatched.len(),
+        rules.len()
+    );
+    for tool in &uncovered {
+        println!("  no case calls tool {tool}");
+    }
+    for (location, pattern) in &unmatched {
+        println!("  deny rule {location} ({pattern:?}) decided no case");
+    }
+    uncovered.is_empty() && unmatched.is_empty()
+}

@@ -1,0 +1,163 @@
+//! Loading the shadow candidate and keeping it current: the file named by the served catalog's
+//! `shadow_catalog` is read at start, whenever the served catalog is reloaded, when MCP servers
+//! list their tools, and every `server.reload_interval` when its content (or a file it
+//! references) changed. A candidate that does not load is refused loudly — an error log, the
+//! `toolgate_shadow_catalog_loads_total{result="refused"}` counter, the loader's status — and the
+//! previous candidate, if any, keeps being compared; the served catalog is never affected.
+//!
+//! The candidate is a complete catalog file, validated like one. Only what decides calls is
+//! compared (tools, tenants, agents, policy, approvals' risk levels, bindings); the served
+//! catalog's limits, identity, audit and MCP servers stay in force, and MCP tools resolve against
+//! the servers the sidecar runs.
+
+use std::{path::PathBuf, sync::Arc, time::Duration};
+
+use tokio::sync::watch;
+
+use super::{Candidate, LoadStatus};
+use crate::{
+    boundary::Boundary,
+    catalog::Catalog,
+    config::{Config, Env, Loaded, catalog_dir},
+    executor::mcp::{Discovered, McpServerConfig},
+};
+
+/// What the loader needs besides the boundary.
+pub struct Loader {
+    pub env: Env,
+    pub poll_interval: Duration,
+    /// The MCP servers the sidecar runs (the candidate's MCP tools resolve against them).
+    pub mcp_servers: Vec<McpServerConfig>,
+    pub discovered: watch::Receiver<Discovered>,
+}
+
+/// Runs until the server stops.
+pub async fn watch(boundary: Arc<Boundary>, mut loader: Loader) {
+    let mut path = boundary.shadow().path.subscribe();
+    let mut poll = tokio::time::interval(loader.poll_interval);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    poll.tick().await;
+    let mut discoveries_open = true;
+    // The fingerprint of the last content tried, good or bad.
+    let mut tried: Option<(PathBuf, [u8; 32])> = None;
+    let mut forced = true;
+    loop {
+        let current = path.borrow_and_update().clone();
+        match current {
+            None => {
+                if boundary.shadow().candidate.swap(None).is_some() {
+                    tracing::info!("shadow catalog off");
+                    boundary.metrics().shadow_revision(None);
+                    boundary.shadow().status.send_modify(|s| {
+                        s.revision = None;
+                        s.error = None;
+                    });
+                }
+                tried = None;
+            }
+            Some(file) => {
+                let discovered = loader.discovered.borrow().clone();
+                load(&boundary, &loader, file, &discovered, &mut tried, forced).await;
+            }
+        }
+        forced = tokio::select! {
+            changed = path.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                true
+            }
+            changed = loader.discovered.changed(), if discoveries_open => {
+                discoveries_open = changed.is_ok();
+                true
+            }
+            _ = poll.tick() => false,
+        };
+    }
+}
+
+/// Loads the candidate if it changed since it was last tried (always when `forced`).
+async fn load(
+    boundary: &Boundary,
+    loader: &Loader,
+    file: PathBuf,
+    discovered: &Discovered,
+    tried: &mut Option<(PathBuf, [u8; 32])>,
+    forced: bool,
+) {
+    let read = {
+        let file = file.clone();
+        tokio::task::spawn_blocking(move || {
+            std::fs::read_to_string(&file)
+                .ok()
+                .map(|text| Loaded::of(&text, &catalog_dir(&file)).fingerprint)
+        })
+        .await
+        .ok()
+        .flatten()
+    };
+    let fingerprint = read.unwrap_or([0; 32]);
+    if !forced && tried.as_ref() == Some(&(file.clone(), fingerprint)) {
+        return;
+    }
+    *tried = Some((file.clone(), fingerprint));
+    let built = {
+        let file = file.clone();
+        let env = loader.env.clone();
+        let servers = loader.mcp_servers.clone();
+        let discovered = discovered.clone();
+        tokio::task::spawn_blocking(move || build(&file, &env, servers, &discovered))
+            .await
+            .unwrap_or_else(|err| Err(format!("loading the shadow catalog failed: {err}")))
+    };
+    let shadow = boundary.shadow();
+    match built {
+        Ok(catalog) => {
+            let revision = hex::encode(&fingerprint[..16]);
+            tracing::info!(file = %file.display(), revision = %revision, "shadow catalog loaded: calls are also explained against it");
+            shadow.candidate.store(Some(Arc::new(Candidate {
+                catalog,
+                path: file,
+                revision: revision.clone(),
+            })));
+            boundary.metrics().shadow_load("ok");
+            boundary.metrics().shadow_revision(Some(&revision));
+            shadow.status.send_modify(|s| {
+                s.attempts += 1;
+                s.revision = Some(revision);
+                s.error = None;
+            });
+        }
+        Err(error) => {
+            let keeping = shadow.candidate().map(|c| c.revision.clone());
+            tracing::error!(file = %file.display(), error = %error, keeping = keeping.as_deref().unwrap_or("none"), "shadow catalog refused; the served catalog is not affected, and the previous candidate (if any) is still compared");
+            boundary.metrics().shadow_load("refused");
+            shadow.status.send_modify(|s| {
+                s.attempts += 1;
+                s.error = Some(error);
+            });
+        }
+    }
+}
+
+/// Reads and validates a candidate file, its MCP tools resolved against the running servers.
+pub fn build(
+    file: &std::path::Path,
+    env: &Env,
+    mcp_servers: Vec<McpServerConfig>,
+    discovered: &Discovered,
+) -> Result<Catalog, String> {
+    let config = Config::load_file(file, env).map_err(|err| err.to_string())?;
+    let mut inputs = config.catalog_inputs;
+    inputs.mcp_servers = mcp_servers;
+    inputs
+        .build(discovered)
+        .map_err(|err| format!("{}: {}: {}", file.display(), err.path, err.message))
+}
+
+impl LoadStatus {
+    /// Whether a load has been tried since `attempts`.
+    pub fn since(&self, attempts: u64) -> bool {
+        self.attempts > attempts
+    }
+}

@@ -1,0 +1,398 @@
+//! Shadow rollout of a candidate catalog (`shadow_catalog: PATH`). Every call is decided by the
+//! catalog in force, as always; afterwards, off the response path, a single worker explains the
+//! same call against the candidate (`Boundary::explain_against`: stages 1–7 of the candidate,
+//! the live state of stages 8–10 only read) and compares the two decisions. A difference in
+//! status, refusing stage, resolved version or bound arguments becomes an audit event of kind
+//! `shadow_decision` and is counted in `toolgate_shadow_differences_total{tool, kind}`.
+//!
+//! The candidate never changes a result, never consumes quota, creates or uses no approval,
+//! claims no idempotency key and runs no backend. Its work is bounded: calls wait for it in a
+//! queue of at most [`MAX_QUEUED`] calls and [`MAX_QUEUED_BYTES`] bytes of arguments; a call
+//! that finds it full is not shadowed and is counted (`toolgate_shadow_skipped_total`).
+//!
+//! Loading and hot reload of the candidate live in [`candidate`].
+
+pub mod candidate;
+
+use std::{
+    path::PathBuf,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+};
+
+use arc_swap::ArcSwapOption;
+use serde::Serialize;
+use tokio::sync::{mpsc, watch};
+
+use crate::{
+    audit::{AuditEvent, EventKind, rfc3339},
+    boundary::{
+        Boundary, CallOutcome, CallRequest, Turn,
+        explain::{Explanation, OwnEffects},
+    },
+    catalog::Catalog,
+    error::{Stage, Status},
+    identity::Caller,
+};
+
+/// Calls waiting to be shadowed, at most.
+pub const MAX_QUEUED: usize = 1024;
+/// Bytes of arguments held by calls waiting to be shadowed, at most.
+pub const MAX_QUEUED_BYTES: usize = 16 * 1024 * 1024;
+
+/// A loaded candidate catalog.
+#[derive(Debug)]
+pub struct Candidate {
+    pub catalog: Catalog,
+    pub path: PathBuf,
+    /// A hash of the file's content (and the files it references): which candidate decided.
+    /// (The catalog revision hashes tool definitions only, so a policy-only change keeps it.)
+    pub revision: String,
+}
+
+/// What the candidate's loader did last, for operators and tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoadStatus {
+    /// Load attempts so far (each reload of the file, good or bad).
+    pub attempts: u64,
+    /// The revision of the candidate in use, if any.
+    pub revision: Option<String>,
+    /// Why the last attempt was refused (the previous candidate, if any, stays in use).
+    pub error: Option<String>,
+}
+
+/// The candidate and the queue of calls waiting to be explained against it.
+pub struct Shadow {
+    candidate: ArcSwapOption<Candidate>,
+    /// Where the candidate is read from; `None` turns shadowing off.
+    path: watch::Sender<Option<PathBuf>>,
+    status: watch::Sender<LoadStatus>,
+    queue: mpsc::Sender<Job>,
+    receiver: Mutex<Option<mpsc::Receiver<Job>>>,
+    queued_bytes: AtomicUsize,
+}
+
+impl Default for Shadow {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Shadow {
+    pub fn new() -> Self {
+        let (queue, receiver) = mpsc::channel(MAX_QUEUED);
+        Shadow {
+            candidate: ArcSwapOption::empty(),
+            path: watch::channel(None).0,
+            status: watch::channel(LoadStatus::default()).0,
+            queue,
+            receiver: Mutex::new(Some(receiver)),
+            queued_bytes: AtomicUsize::new(0),
+        }
+    }
+
+    /// Sets where the candidate is read from (the served catalog's `shadow_catalog`), and has
+    /// the loader read it now.
+    pub fn configure(&self, path: Option<PathBuf>) {
+        self.path.send_replace(path);
+    }
+
+    /// The candidate in use.
+    pub fn candidate(&self) -> Option<Arc<Candidate>> {
+        self.candidate.load_full()
+    }
+
+    /// Watches what the loader does (attempts, revision, last error).
+    pub fn watch_status(&self) -> watch::Receiver<LoadStatus> {
+        self.status.subscribe()
+    }
+
+    /// Queues a finished call for comparison, if a candidate is loaded and there is room.
+    /// `call` is the request as the client sent it.
+    pub(crate) fn offer(
+        &self,
+        boundary: &Boundary,
+        turn: &Turn,
+        index: usize,
+        call: impl FnOnce() -> CallRequest,
+        outcome: &CallOutcome,
+        trail: &AuditEvent,
+    ) {
+        if self.candidate.load().is_none() {
+            return;
+        }
+        let call = call();
+        let bytes = call.arguments_json.len() + JOB_OVERHEAD;
+        let taken = self.queued_bytes.fetch_add(bytes, Ordering::AcqRel);
+        let had_key = call.idempotency_key.is_some();
+        let job = Job {
+            caller: turn.caller.clone(),
+            run_id: turn.run_id.clone(),
+            step: turn.step,
+            index,
+            call,
+            bytes,
+            active: Active {
+                had_key,
+                ..Active::of(outcome, trail)
+            },
+        };
+        if taken + bytes > MAX_QUEUED_BYTES || self.queue.try_send(job).is_err() {
+            self.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
+            boundary.metrics().shadow_skipped("queue_full");
+        }
+    }
+}
+
+/// What a queued call costs beyond its arguments.
+const JOB_OVERHEAD: usize = 512;
+
+/// A call waiting to be explained against the candidate.
+struct Job {
+    caller: Caller,
+    run_id: String,
+    step: u32,
+    index: usize,
+    call: CallRequest,
+    bytes: usize,
+    active: Active,
+}
+
+/// What the catalog in force decided for a call.
+#[derive(Debug, Clone)]
+struct Active {
+    call_id: String,
+    status: Status,
+    error_type: Option<&'static str>,
+    refused_by: Option<Stage>,
+    tool_version: String,
+    arguments_sha256: Option<String>,
+    idempotent_replay: bool,
+    had_approval: bool,
+    had_key: bool,
+}
+
+impl Active {
+    fn of(outcome: &CallOutcome, trail: &AuditEvent) -> Self {
+        let refusal = outcome.refusal.as_ref();
+        Active {
+            call_id: outcome.call_id.clone(),
+            status: outcome.status,
+            error_type: refusal.map(|r| r.reason.code()),
+            refused_by: refusal.map(|r| r.stage),
+            tool_version: outcome.tool_version.clone(),
+            arguments_sha256: trail.arguments_sha256.clone(),
+            idempotent_replay: outcome.idempotent_replay,
+            had_approval: trail.approval_id.is_some() || outcome.approval_id.is_some(),
+            had_key: false,
+        }
+    }
+
+    /// Whether the call got past `stage`.
+    fn passed(&self, stage: Stage) -> bool {
+        self.refused_by
+            .is_none_or(|refused| order(refused) > order(stage))
+    }
+
+    /// Whether the backend was reached (or would have been: what the candidate can predict).
+    fn reached_backend(&self) -> bool {
+        !self.idempotent_replay && self.passed(Stage::Idempotency)
+    }
+
+    /// What this call did to the state the candidate reads after it.
+    fn own_effects(&self) -> OwnEffects {
+        OwnEffects {
+            quota: self.passed(Stage::RateLimit),
+            approval: self.had_approval && self.reached_backend(),
+            idempotency_key: self.had_key && self.reached_backend(),
+        }
+    }
+
+    /// The decision as the candidate's explanation can state it: a call that reached its
+    /// backend counts as OK, whatever the backend then did.
+    fn decision(&self) -> (&'static str, Option<Stage>) {
+        if self.reached_backend() {
+            ("OK", None)
+        } else {
+            (self.status.as_str(), self.refused_by)
+        }
+    }
+}
+
+/// Stages in chain order; `result` comes last.
+fn order(stage: Stage) -> usize {
+    crate::boundary::explain::STAGES
+        .iter()
+        .position(|s| *s == stage)
+        .unwrap_or(crate::boundary::explain::STAGES.len())
+}
+
+/// What differs and what the candidate would have decided, in a `shadow_decision` event.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ShadowRecord {
+    /// `status`, `refused_by`, `tool_version`, `bound_arguments`: what differs.
+    pub differences: Vec<&'static str>,
+    /// True when the served catalog's call reached its backend (its status is then the
+    /// backend's outcome; the candidate is compared with "would call the backend").
+    pub reached_backend: bool,
+    /// The served catalog's revision.
+    pub catalog_revision: String,
+    /// The candidate's decision.
+    pub candidate: CandidateDecision,
+}
+
+/// The candidate's decision of one call.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CandidateDecision {
+    /// The status ExecuteTool would return under the candidate (`OK`: the backend would be
+    /// called).
+    pub status: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_type: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refused_by: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Where the access rule that decided is defined, e.g. `tenants.globex.deny[1]`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rule_pattern: Option<String>,
+    pub tool_version: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arguments_sha256: Option<String>,
+    /// The paths the candidate binds (values are not recorded).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub bound_arguments: Vec<String>,
+    /// Which candidate file decided: a hash of its content.
+    pub revision: String,
+}
+
+/// The worker: explains queued calls against the candidate, one at a time, until the server
+/// stops.
+pub async fn run(boundary: Arc<Boundary>) {
+    let receiver = boundary
+        .shadow()
+        .receiver
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take();
+    let Some(mut receiver) = receiver else {
+        return;
+    };
+    while let Some(job) = receiver.recv().await {
+        let shadow = boundary.shadow();
+        shadow.queued_bytes.fetch_sub(job.bytes, Ordering::AcqRel);
+        let Some(candidate) = shadow.candidate() else {
+            continue;
+        };
+        compare(&boundary, &candidate, job);
+    }
+}
+
+fn compare(boundary: &Boundary, candidate: &Candidate, job: Job) {
+    let revision = &candidate.revision;
+    let candidate = &candidate.catalog;
+    let turn = Turn {
+        caller: job.caller,
+        run_id: job.run_id,
+        step: job.step,
+        catalog_revision: None,
+        deadline: None,
+        traceparent: None,
+        trace_parent: opentelemetry::Context::new(),
+    };
+    let active = job.active;
+    let explained =
+        boundary.explain_against(candidate, &turn, &job.call, job.index, active.own_effects());
+    boundary.metrics().shadow_compared();
+    let differences = differences(&active, &explained);
+    if differences.is_empty() {
+        return;
+    }
+    let served = boundary.catalog();
+    let tool = &job.call.name;
+    let label = if served.catalog.contains(tool) || candidate.contains(tool) {
+        tool.as_str()
+    } else {
+        crate::metrics::UNKNOWN_TOOL
+    };
+    for kind in &differences {
+        boundary.metrics().shadow_difference(label, kind);
+    }
+    let Some(slot) = boundary.audit().try_reserve() else {
+        boundary.metrics().shadow_skipped("audit_full");
+        return;
+    };
+    let refusal = explained.outcome.refusal.as_ref();
+    let rule = explained.deciding_rule();
+    let record = ShadowRecord {
+        reached_backend: active.reached_backend(),
+        differences,
+        catalog_revision: served.catalog.revision().to_owned(),
+        candidate: CandidateDecision {
+            status: explained.outcome.status.as_str(),
+            error_type: refusal.map(|r| r.reason.code()),
+            refused_by: refusal.map(|r| r.stage.as_str()),
+            reason: refusal.map(|r| r.message.clone()),
+            rule: rule.map(|r| r.location.clone()),
+            rule_pattern: rule.and_then(|r| r.pattern.clone()),
+            tool_version: explained.outcome.tool_version.clone(),
+            arguments_sha256: explained.arguments_sha256.clone(),
+            bound_arguments: explained
+                .stages
+                .iter()
+                .flat_map(|s| &s.bound)
+                .map(|b| b.path.clone())
+                .collect(),
+            revision: revision.clone(),
+        },
+    };
+    slot.send(Box::new(AuditEvent {
+        time: rfc3339(boundary.clock().unix_ms()),
+        kind: Some(EventKind::ShadowDecision),
+        call_id: active.call_id,
+        run_id: turn.run_id,
+        step: turn.step,
+        tenant: turn.caller.tenant,
+        subject: turn.caller.subject,
+        agent: turn.caller.agent,
+        tool: crate::boundary::structure::reported_call_id(
+            job.call.name,
+            boundary.limits().max_identifier_bytes,
+        ),
+        tool_version: active.tool_version,
+        arguments_sha256: active.arguments_sha256,
+        status: active.status.as_str(),
+        error_type: active.error_type,
+        refused_by: active.refused_by.map(Stage::as_str),
+        idempotent_replay: active.idempotent_replay,
+        shadow: Some(Box::new(record)),
+        ..AuditEvent::default()
+    }));
+}
+
+/// What differs between the served decision and the candidate's: `status`, `refused_by`,
+/// `tool_version` (when both resolved one) and `bound_arguments` (when both bound).
+fn differences(active: &Active, candidate: &Explanation) -> Vec<&'static str> {
+    let (status, refused_by) = active.decision();
+    let mut differences = Vec::new();
+    if status != candidate.outcome.status.as_str() {
+        differences.push("status");
+    }
+    if refused_by != candidate.refused_by() {
+        differences.push("refused_by");
+    }
+    let version = &candidate.outcome.tool_version;
+    if !active.tool_version.is_empty() && !version.is_empty() && active.tool_version != *version {
+        differences.push("tool_version");
+    }
+    if let (Some(served), Some(shadow)) = (&active.arguments_sha256, &candidate.arguments_sha256)
+        && served != shadow
+    {
+        differences.push("bound_arguments");
+    }
+    differences
+}
