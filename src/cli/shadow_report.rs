@@ -37,7 +37,11 @@ enum Group {
 
 impl Group {
     fn text(&self, count: u64) -> String {
-        let calls = if count == 1 { "call" } else { "calls" };
+        let (calls, were) = if count == 1 {
+            ("call", "was")
+        } else {
+            ("calls", "were")
+        };
         match self {
             Group::Decision {
                 tool,
@@ -58,7 +62,7 @@ impl Group {
                     (rule, "") => format!(", rule {rule}"),
                     (rule, pattern) => format!(", rule {rule} ({pattern:?})"),
                 };
-                format!("{count} {calls} of {tool} that were {was} {would}{rule}")
+                format!("{count} {calls} of {tool} that {were} {was} {would}{rule}")
             }
             Group::Version { tool, was, would } => format!(
                 "{count} {calls} of {tool} would resolve to version {would} instead of {was}"

@@ -205,7 +205,14 @@ fn check_case(case: &TestCase, catalog: &Catalog) -> Result<(), String> {
         (Some(_), true) => {
             return Err("identity: give claims, or tenant/subject/agent/scopes, not both".into());
         }
-        (None, false) => return Err("identity: a tenant is required".into()),
+        (None, _)
+            if identity
+                .tenant
+                .as_deref()
+                .is_none_or(|t| t.trim().is_empty()) =>
+        {
+            return Err("identity: a tenant is required".into());
+        }
         _ => {}
     }
     let statuses = statuses();
@@ -336,7 +343,7 @@ pub async fn run(config: Option<&Path>, tests: &Path, coverage: bool) -> anyhow:
 
 /// A boundary on the catalog with fresh, empty state, whose backends are never called (cases
 /// are only explained) and whose audit goes nowhere.
-async fn explaining_boundary(config: Config) -> anyhow::Result<Arc<Boundary>> {
+pub(crate) async fn explaining_boundary(config: Config) -> anyhow::Result<Arc<Boundary>> {
     let clock = SharedClock::system();
     let (audit, _writer) = AuditLog::start(&AuditConfig {
         sink: AuditSinkConfig::None,

@@ -396,3 +396,86 @@ fn differences(active: &Active, candidate: &Explanation) -> Vec<&'static str> {
     }
     differences
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, Env};
+
+    fn turn() -> Turn {
+        Turn {
+            caller: Caller {
+                tenant: "acme".into(),
+                subject: String::new(),
+                agent: String::new(),
+                scopes: Default::default(),
+                method: crate::identity::AuthMethod::Dev,
+            },
+            run_id: "r".into(),
+            step: 0,
+            catalog_revision: None,
+            deadline: None,
+            traceparent: None,
+            trace_parent: opentelemetry::Context::new(),
+        }
+    }
+
+    /// With no worker draining it, the queue takes MAX_QUEUED calls (or MAX_QUEUED_BYTES of
+    /// arguments); every call beyond is not shadowed, and counted.
+    #[tokio::test]
+    async fn a_full_queue_skips_and_counts_instead_of_growing() {
+        let boundary =
+            crate::cli::test_runner::explaining_boundary(Config::demo(&Env::default()).unwrap())
+                .await
+                .unwrap();
+        let catalog = Config::demo(&Env::default()).unwrap().catalog;
+        boundary.shadow().candidate.store(Some(Arc::new(Candidate {
+            catalog,
+            path: PathBuf::new(),
+            revision: "r".into(),
+        })));
+        let outcome = CallOutcome::ok("c".into(), "echo".into(), "1".into(), "x".into());
+        let offer = |arguments: &str| {
+            let arguments = arguments.to_owned();
+            boundary.shadow().offer(
+                &boundary,
+                &turn(),
+                0,
+                || CallRequest {
+                    name: "echo".into(),
+                    arguments_json: arguments,
+                    ..CallRequest::default()
+                },
+                &outcome,
+                &AuditEvent::default(),
+            )
+        };
+        let skipped = |boundary: &Boundary| {
+            let text = boundary.metrics().render(Default::default());
+            text.lines()
+                .find(|l| l.starts_with("toolgate_shadow_skipped_total{reason=\"queue_full\"}"))
+                .and_then(|l| l.rsplit(' ').next())
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        // Bytes first: three calls of 6 MiB fit in 16 MiB only twice.
+        let big = "x".repeat(6 * 1024 * 1024);
+        for _ in 0..3 {
+            offer(&big);
+        }
+        assert_eq!(skipped(&boundary), 1);
+        assert_eq!(
+            boundary.shadow().queued_bytes.load(Ordering::Acquire),
+            2 * (big.len() + JOB_OVERHEAD)
+        );
+        // Then the count: MAX_QUEUED in all.
+        for _ in 0..MAX_QUEUED {
+            offer("{}");
+        }
+        assert_eq!(skipped(&boundary), 1 + 2);
+        // Without a candidate nothing is queued or counted.
+        boundary.shadow().candidate.store(None);
+        offer("{}");
+        assert_eq!(skipped(&boundary), 3);
+    }
+}

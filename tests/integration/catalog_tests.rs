@@ -1,0 +1,265 @@
+//! `toolgate test`, the real binary: the shipped demo cases pass with full coverage; a wrong
+//! expectation fails with a readable diff and exit 1; coverage gaps are named; a malformed test
+//! file is refused naming the case; JWT claims go through the catalog's claim mapping; and the
+//! published JSON Schema of the format is current and accepts the shipped file.
+
+use std::{path::Path, process::Command};
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `toolgate test ARGS` with these environment variables: (exit code, stdout, stderr).
+fn toolgate_test(args: &[&str], envs: &[(&str, &str)]) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .arg("test")
+        .args(args)
+        .envs(envs.iter().copied())
+        .current_dir(root())
+        .output()
+        .expect("toolgate runs");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn the_shipped_demo_cases_pass_and_cover_every_tool_and_deny_rule() {
+    let (code, stdout, stderr) = toolgate_test(
+        &[
+            "--config",
+            "examples/demo.yaml",
+            "examples/demo.tests.yaml",
+            "--coverage",
+        ],
+        &[],
+    );
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(stdout.contains(" 0 failed"), "{stdout}");
+    assert!(!stdout.contains("FAIL"), "{stdout}");
+    assert!(
+        stdout.contains("coverage: 7/7 tools have a case; 1/1 deny rules decided a case"),
+        "{stdout}"
+    );
+    // Without --config, the embedded demo is the catalog.
+    let (code, stdout, _) = toolgate_test(&["examples/demo.tests.yaml"], &[]);
+    assert_eq!(code, Some(0), "{stdout}");
+}
+
+#[test]
+fn a_wrong_expectation_fails_with_a_readable_diff() {
+    let dir = tempfile::tempdir().unwrap();
+    let tests = write(
+        dir.path(),
+        "wrong.yaml",
+        r#"version: 1
+cases:
+  - name: globex may delete tickets
+    identity: { tenant: globex, subject: bob, scopes: [tickets:write] }
+    call: { name: delete_ticket, arguments: { ticket_id: T-1 } }
+    expect: { status: APPROVAL_REQUIRED, refused_by: approval }
+  - name: echo runs
+    identity: { tenant: acme }
+    call: { name: echo, arguments: { text: hi } }
+    expect: { status: OK }
+  - name: rag_search is bound to globex
+    identity: { tenant: acme }
+    call: { name: rag_search, arguments: { query: q } }
+    expect: { bound_arguments: { filter.tenant: globex } }
+  - name: support-bot sees refund_order
+    identity: { tenant: acme, agent: support-bot }
+    expect: { tools: { visible: [refund_order, echo] } }
+"#,
+    );
+    let (code, stdout, stderr) = toolgate_test(&["--config", "examples/demo.yaml", &tests], &[]);
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    for line in [
+        "FAIL  globex may delete tickets (cases[0])",
+        "  status: expected APPROVAL_REQUIRED, got DENIED",
+        "  refused_by: expected approval, got access",
+        r#"  call: delete_ticket {"ticket_id":"T-1"} as tenant "globex", subject "bob", agent "", scopes [tickets:write]"#,
+        "rule tenants.globex.deny[0] (deny \"delete_ticket\")",
+        "ok    echo runs",
+        "FAIL  rag_search is bound to globex (cases[2])",
+        r#"  bound_arguments.filter.tenant: expected "globex", got "acme""#,
+        "FAIL  support-bot sees refund_order (cases[3])",
+        "  tools: expected refund_order visible, got hidden by access [denied_by_policy]: refund_order is not in agent support-bot's allow list",
+        ": 1 passed, 3 failed",
+    ] {
+        assert!(stdout.contains(line), "no {line:?} in:\n{stdout}");
+    }
+    // A field that matches is not reported.
+    assert!(
+        !stdout.contains("expected refund_order visible, got visible"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("echo visible"), "{stdout}");
+}
+
+#[test]
+fn coverage_names_tools_without_a_case_and_deny_rules_that_decided_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let tests = write(
+        dir.path(),
+        "thin.yaml",
+        r#"version: 1
+cases:
+  - name: acme echoes
+    identity: { tenant: acme }
+    call: { name: echo, arguments: { text: hi } }
+    expect: { status: OK }
+"#,
+    );
+    let (code, stdout, _) = toolgate_test(&["--config", "examples/demo.yaml", &tests], &[]);
+    assert_eq!(code, Some(0), "passing cases without --coverage: {stdout}");
+    let (code, stdout, _) = toolgate_test(
+        &["--config", "examples/demo.yaml", &tests, "--coverage"],
+        &[],
+    );
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(
+        stdout.contains("coverage: 1/7 tools have a case; 0/1 deny rules decided a case"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("  no case calls tool refund_order"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(r#"  deny rule tenants.globex.deny[0] ("delete_ticket") decided no case"#),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn a_malformed_test_file_is_refused_naming_the_case() {
+    let dir = tempfile::tempdir().unwrap();
+    for (text, expected) in [
+        (
+            "version: 1\ncases:\n  - name: typo\n    identity: { tenant: acme }\n    call: { name: echo }\n    expect: { stauts: OK }\n",
+            "unknown field `stauts`",
+        ),
+        (
+            "version: 1\ncases:\n  - name: bad status\n    identity: { tenant: acme }\n    call: { name: echo }\n    expect: { status: FINE }\n",
+            "cases[0] (bad status): expect.status: unknown status \"FINE\"",
+        ),
+        (
+            "version: 1\ncases:\n  - name: no tenant\n    identity: { subject: bob }\n    call: { name: echo }\n    expect: { status: OK }\n",
+            "cases[0] (no tenant): identity: a tenant is required",
+        ),
+        (
+            "version: 1\ncases:\n  - name: nothing expected\n    identity: { tenant: acme }\n    call: { name: echo }\n    expect: {}\n",
+            "expects nothing",
+        ),
+        ("version: 2\ncases: []\n", "unsupported test file version 2"),
+    ] {
+        let tests = write(dir.path(), "bad.yaml", text);
+        let (code, stdout, stderr) =
+            toolgate_test(&["--config", "examples/demo.yaml", &tests], &[]);
+        assert_eq!(code, Some(1), "{stdout}{stderr}");
+        assert!(stderr.contains(expected), "no {expected:?} in {stderr}");
+    }
+}
+
+#[test]
+fn jwt_claims_go_through_the_catalogs_claim_mapping() {
+    let dir = tempfile::tempdir().unwrap();
+    let catalog = write(
+        dir.path(),
+        "catalog.yaml",
+        r#"version: 1
+identity:
+  jwt:
+    hs256_secret_env: CATALOG_TESTS_SECRET
+    claims: { tenant: org, subject: email, scopes: permissions }
+tenants: { acme: {} }
+tools:
+  - name: whoami
+    description: Says who calls.
+    risk_level: read_only
+    required_scopes: ["me:read"]
+    executor: { builtin: echo_arguments }
+    input_schema: { type: object, properties: { tenant: { type: string }, subject: { type: string } } }
+    bind: { tenant: "${caller.tenant}", subject: "${caller.subject}" }
+"#,
+    );
+    let tests = write(
+        dir.path(),
+        "tests.yaml",
+        r#"version: 1
+cases:
+  - name: the mapped claims are the caller
+    identity: { claims: { org: acme, email: ada@acme.test, permissions: ["me:read"] } }
+    call: { name: whoami }
+    expect: { status: OK, arguments: { tenant: acme, subject: ada@acme.test } }
+  - name: without the scope claim
+    identity: { claims: { org: acme, email: ada@acme.test } }
+    call: { name: whoami }
+    expect: { status: DENIED, error_type: scope_missing }
+  - name: a token without the tenant claim identifies no one
+    identity: { claims: { tenant: acme } }
+    call: { name: whoami }
+    expect: { status: OK }
+"#,
+    );
+    let (code, stdout, stderr) = toolgate_test(
+        &["--config", &catalog, &tests],
+        &[(
+            "CATALOG_TESTS_SECRET",
+            "a-secret-for-catalog-tests-0123456789",
+        )],
+    );
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("ok    the mapped claims are the caller"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("ok    without the scope claim"), "{stdout}");
+    assert!(
+        stdout.contains(r#"  identity: token has no tenant claim "org""#),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn the_published_test_file_schema_is_current_and_accepts_the_demo_cases() {
+    let path = root().join("docs/catalog-tests.schema.json");
+    let generated =
+        serde_json::to_string_pretty(&toolgate::cli::test_runner::json_schema()).unwrap() + "\n";
+    if std::env::var_os("UPDATE_SCHEMA").is_some() {
+        std::fs::write(&path, &generated).unwrap();
+    }
+    let published = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        published == generated,
+        "docs/catalog-tests.schema.json is stale: run `UPDATE_SCHEMA=1 cargo test the_published_test_file_schema`"
+    );
+    // `toolgate schema --tests` prints the same.
+    let out = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args(["schema", "--tests"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), generated);
+    let schema: serde_json::Value = serde_json::from_str(&published).unwrap();
+    let demo: serde_json::Value = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(root().join("examples/demo.tests.yaml")).unwrap(),
+    )
+    .unwrap();
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    let errors: Vec<String> = validator
+        .iter_errors(&demo)
+        .map(|e| e.to_string())
+        .collect();
+    assert!(errors.is_empty(), "{errors:?}");
+    // And it refuses what the runner refuses.
+    let typo: serde_json::Value = serde_json::json!({"version": 1, "cases": [{"name": "x", "identity": {"tenant": "a"}, "expect": {"stauts": "OK"}}]});
+    assert!(!validator.is_valid(&typo));
+}

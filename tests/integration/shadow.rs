@@ -1,0 +1,527 @@
+//! The shadow catalog (`shadow_catalog`) through the real server: differences recorded exactly
+//! (one `shadow_decision` event per differing call, none for calls decided alike — including
+//! calls whose quota, approval or idempotency key the served call itself used), the served
+//! decisions unchanged and no backend run for the candidate, `toolgate shadow-report` over the
+//! audit file, hot reload, and a broken candidate refused loudly without touching the served
+//! catalog.
+
+use std::{path::Path, process::Command, time::Duration};
+
+use serde_json::Value;
+use toolgate::{
+    proto::{self, ToolStatus},
+    shadow::LoadStatus,
+};
+
+use crate::support::{TestServer, Who, exec, http_get, metric, who};
+
+/// The served catalog; `CANDIDATE` is replaced by the candidate file's path.
+const SERVED: &str = r#"version: 1
+identity: { dev_identity: true }
+shadow_catalog: CANDIDATE
+tenants:
+  acme: {}
+  globex: { deny: ["limited"] }
+tools:
+  - name: echo
+    description: Returns text.
+    risk_level: read_only
+    executor: { builtin: echo }
+    input_schema: { type: object, properties: { text: { type: string } }, required: [text] }
+  - name: create_ticket
+    description: Writes a draft ticket.
+    risk_level: write_draft
+    executor: { builtin: create_ticket }
+    input_schema: { type: object, properties: { title: { type: string }, tenant: { type: string } }, required: [title] }
+    bind: { tenant: "${caller.tenant}" }
+  - name: search
+    description: Searches the caller's documents.
+    risk_level: read_only
+    executor: { builtin: echo_arguments }
+    input_schema:
+      type: object
+      properties:
+        query: { type: string }
+        filter: { type: object, properties: { owner: { type: string } } }
+      required: [query]
+    bind: { filter.owner: "${caller.tenant}" }
+  - name: lookup
+    version: "1"
+    description: Looks a record up.
+    risk_level: read_only
+    executor: { builtin: echo }
+    input_schema: { type: object, properties: { text: { type: string } }, required: [text] }
+  - name: lookup
+    version: "2"
+    status: inactive
+    description: Looks a record up, faster.
+    risk_level: read_only
+    executor: { builtin: echo }
+    input_schema: { type: object, properties: { text: { type: string } }, required: [text] }
+  - name: limited
+    description: Returns text; two calls a minute per tenant.
+    risk_level: read_only
+    rate_limit: 2/min
+    executor: { builtin: echo }
+    input_schema: { type: object, properties: { text: { type: string } }, required: [text] }
+  - name: refund
+    description: Refunds an order once a second person approves.
+    risk_level: write_confirmed
+    executor: { builtin: refund_order }
+    input_schema:
+      type: object
+      properties: { order_id: { type: string }, amount_cents: { type: integer } }
+      required: [order_id, amount_cents]
+"#;
+
+/// The candidate: globex may no longer create tickets (its second deny rule), search binds the
+/// owner from the subject, and lookup's version 2 replaces version 1. The rest is the same.
+fn candidate() -> String {
+    SERVED
+        .replace(
+            r#"globex: { deny: ["limited"] }"#,
+            r#"globex: { deny: ["limited", "create_*"] }"#,
+        )
+        .replace(
+            r#"bind: { filter.owner: "${caller.tenant}" }"#,
+            r#"bind: { filter.owner: "${caller.subject}" }"#,
+        )
+        .replace(
+            "    version: \"1\"\n    description: Looks a record up.\n",
+            "    version: \"1\"\n    status: inactive\n    description: Looks a record up.\n",
+        )
+        .replace(
+            "    version: \"2\"\n    status: inactive\n",
+            "    version: \"2\"\n",
+        )
+}
+
+fn served(candidate: &Path) -> String {
+    SERVED.replace("CANDIDATE", &candidate.display().to_string())
+}
+
+/// Waits (bounded) until the loader has made `attempts` attempts; returns its status.
+async fn loaded(server: &TestServer, attempts: u64) -> LoadStatus {
+    let mut status = server.boundary().shadow().watch_status();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        status.wait_for(|s| s.attempts >= attempts),
+    )
+    .await
+    .expect("the shadow loader within 10s")
+    .expect("loader running")
+    .clone()
+}
+
+async fn metrics(server: &TestServer) -> String {
+    http_get(server.admin_addr(), "/metrics").await.1
+}
+
+/// Waits (bounded) until `n` calls have been compared with the candidate.
+async fn compared(server: &TestServer, n: f64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let count = metric(
+            &metrics(server).await,
+            "toolgate_shadow_compared_total",
+            &[],
+        );
+        if count >= n {
+            assert_eq!(count, n, "more calls compared than made");
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "only {count} of {n} calls compared within 10s"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Replaces a file at once (a rename), so the loader never reads half of it.
+fn write_atomically(path: &Path, text: &str) {
+    let partial = path.with_extension("partial");
+    std::fs::write(&partial, text).unwrap();
+    std::fs::rename(&partial, path).unwrap();
+}
+
+fn with_id(id: &str, name: &str, args: &str) -> proto::ToolCall {
+    proto::ToolCall {
+        call_id: id.into(),
+        ..crate::support::call(name, args)
+    }
+}
+
+#[tokio::test]
+async fn differences_are_recorded_exactly_and_the_served_decisions_are_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let candidate_file = dir.path().join("candidate.yaml");
+    std::fs::write(&candidate_file, candidate()).unwrap();
+    let server = TestServer::start(&served(&candidate_file)).await;
+    let status = loaded(&server, 1).await;
+    assert!(
+        status.revision.is_some() && status.error.is_none(),
+        "{status:?}"
+    );
+    let mut client = server.client().await;
+    let acme = who("acme");
+    let globex = who("globex");
+    let executions = server.builtins().executions();
+
+    // (call id, caller, call, the served status): what the served catalog must decide, as if
+    // there were no candidate.
+    let keyed = |id: &str| proto::ToolCall {
+        idempotency_key: "k".into(),
+        ..with_id(id, "create_ticket", r#"{"title":"t"}"#)
+    };
+    let calls: Vec<(&Who, proto::ToolCall, ToolStatus)> = vec![
+        (
+            &acme,
+            with_id("same-echo", "echo", r#"{"text":"hi"}"#),
+            ToolStatus::Ok,
+        ),
+        (
+            &globex,
+            with_id("denied-create", "create_ticket", r#"{"title":"t"}"#),
+            ToolStatus::Ok,
+        ),
+        (&acme, keyed("key-first"), ToolStatus::Ok),
+        (&acme, keyed("key-replay"), ToolStatus::Ok),
+        (
+            &acme,
+            with_id("rebound-search", "search", r#"{"query":"q"}"#),
+            ToolStatus::Ok,
+        ),
+        (
+            &acme,
+            with_id("new-lookup", "lookup", r#"{"text":"x"}"#),
+            ToolStatus::Ok,
+        ),
+        (
+            &acme,
+            with_id("quota-1", "limited", r#"{"text":"x"}"#),
+            ToolStatus::Ok,
+        ),
+        (
+            &acme,
+            with_id("quota-2", "limited", r#"{"text":"x"}"#),
+            ToolStatus::Ok,
+        ),
+        (
+            &acme,
+            with_id("quota-3", "limited", r#"{"text":"x"}"#),
+            ToolStatus::RateLimited,
+        ),
+        (
+            &globex,
+            with_id("made-up", "made_up", "{}"),
+            ToolStatus::NotFound,
+        ),
+        (
+            &acme,
+            with_id(
+                "refund-ask",
+                "refund",
+                r#"{"order_id":"A-1","amount_cents":100}"#,
+            ),
+            ToolStatus::ApprovalRequired,
+        ),
+    ];
+    let mut approval_id = String::new();
+    for (caller, call, expected) in calls {
+        let result = exec(&mut client, caller, call).await;
+        assert_eq!(result.status(), expected, "{result:?}");
+        if !result.approval_id.is_empty() {
+            approval_id = result.approval_id;
+        }
+    }
+    // The approved refund runs, using up its approval: the candidate must not count that
+    // against the call.
+    let mut approvals = server.approvals().await;
+    approvals
+        .decide_approval(
+            who("acme")
+                .subject("bob")
+                .scopes("toolgate:approve")
+                .request(proto::DecideApprovalRequest {
+                    approval_id: approval_id.clone(),
+                    decision: proto::ApprovalDecision::Approve as i32,
+                    reason: "ok".into(),
+                }),
+        )
+        .await
+        .unwrap();
+    let refund = proto::ToolCall {
+        approval_id: approval_id.clone(),
+        ..with_id(
+            "refund-run",
+            "refund",
+            r#"{"order_id":"A-1","amount_cents":100}"#,
+        )
+    };
+    let result = exec(&mut client, &acme, refund).await;
+    assert_eq!(result.status(), ToolStatus::Ok, "{result:?}");
+
+    compared(&server, 12.0).await;
+    // The candidate ran no backend: only the served calls did (echo, two creates, search,
+    // lookup, limited twice, refund).
+    assert_eq!(server.builtins().executions(), executions + 8);
+
+    // Exactly the three calls decided differently, each with what differs.
+    let events = server.audit_events().await;
+    let shadow: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["kind"] == "shadow_decision")
+        .collect();
+    let found: Vec<(&str, Vec<&str>)> = shadow
+        .iter()
+        .map(|e| {
+            let differences = e["differences"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| d.as_str().unwrap())
+                .collect();
+            (e["call_id"].as_str().unwrap(), differences)
+        })
+        .collect();
+    assert_eq!(
+        found,
+        [
+            ("denied-create", vec!["status", "refused_by"]),
+            ("rebound-search", vec!["bound_arguments"]),
+            ("new-lookup", vec!["tool_version"]),
+        ]
+    );
+    // Both decisions and who called.
+    let denied = shadow[0];
+    assert_eq!(
+        (
+            denied["tenant"].as_str(),
+            denied["tool"].as_str(),
+            denied["status"].as_str()
+        ),
+        (Some("globex"), Some("create_ticket"), Some("OK"))
+    );
+    assert_eq!(denied["reached_backend"], true);
+    let candidate_decision = &denied["candidate"];
+    assert_eq!(candidate_decision["status"], "DENIED");
+    assert_eq!(candidate_decision["refused_by"], "access");
+    assert_eq!(candidate_decision["error_type"], "denied_by_policy");
+    assert_eq!(candidate_decision["rule"], "tenants.globex.deny[1]");
+    assert_eq!(candidate_decision["rule_pattern"], "create_*");
+    assert_eq!(
+        candidate_decision["revision"].as_str(),
+        status.revision.as_deref()
+    );
+    assert_eq!(
+        shadow[1]["candidate"]["bound_arguments"],
+        serde_json::json!(["filter.owner"])
+    );
+    assert_ne!(
+        shadow[1]["arguments_sha256"],
+        shadow[1]["candidate"]["arguments_sha256"]
+    );
+    assert_eq!(
+        (
+            shadow[2]["tool_version"].as_str(),
+            shadow[2]["candidate"]["tool_version"].as_str()
+        ),
+        (Some("1"), Some("2"))
+    );
+
+    // Counted by tool and kind.
+    let text = metrics(&server).await;
+    let differences = |tool: &str, kind: &str| {
+        metric(
+            &text,
+            "toolgate_shadow_differences_total",
+            &[("tool", tool), ("kind", kind)],
+        )
+    };
+    assert_eq!(differences("create_ticket", "status"), 1.0);
+    assert_eq!(differences("create_ticket", "refused_by"), 1.0);
+    assert_eq!(differences("search", "bound_arguments"), 1.0);
+    assert_eq!(differences("lookup", "tool_version"), 1.0);
+    assert_eq!(metric(&text, "toolgate_shadow_differences_total", &[]), 4.0);
+    assert_eq!(metric(&text, "toolgate_shadow_skipped_total", &[]), 0.0);
+
+    // The report over the audit file, from the real binary.
+    let out = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args(["shadow-report", &server.audit_path.display().to_string()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let report = String::from_utf8_lossy(&out.stdout);
+    for line in [
+        "3 shadow_decision events",
+        r#"1 call of create_ticket that was OK would be DENIED by access [denied_by_policy], rule tenants.globex.deny[1] ("create_*")"#,
+        "1 call of lookup would resolve to version 2 instead of 1",
+        "1 call of search would send other bound arguments (filter.owner)",
+    ] {
+        assert!(report.contains(line), "no {line:?} in:\n{report}");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn the_candidate_is_hot_reloaded_and_a_broken_one_is_refused_without_touching_the_served_catalog()
+ {
+    // The served catalog names a candidate that does not exist yet: refused, and served anyway.
+    let served_yaml = SERVED.replace("CANDIDATE", "candidate.yaml").replace(
+        "version: 1\n",
+        "version: 1\nserver: { reload_interval: 50ms }\n",
+    );
+    let server = TestServer::start_file(&served_yaml).await;
+    let candidate_file = server.dir().join("candidate.yaml");
+    let status = loaded(&server, 1).await;
+    assert!(status.revision.is_none(), "{status:?}");
+    let error = status.error.expect("a missing candidate is refused");
+    assert!(
+        error.contains("candidate.yaml") && error.contains("cannot read"),
+        "{error}"
+    );
+    let mut client = server.client().await;
+    let globex = who("globex");
+    let create = || crate::support::call("create_ticket", r#"{"title":"t"}"#);
+    assert_eq!(
+        exec(&mut client, &globex, create()).await.status(),
+        ToolStatus::Ok
+    );
+
+    // Written, it is picked up by the file watch alone (no reload asked for).
+    write_atomically(&candidate_file, &candidate());
+    let status = loaded(&server, 2).await;
+    let first = status.revision.clone().expect("loaded");
+    assert!(status.error.is_none(), "{status:?}");
+    let served_revision = server.boundary().catalog().catalog.revision().to_owned();
+
+    // Broken (a deny rule that matches no tool): refused loudly; the served catalog is the same
+    // and keeps deciding; the previous candidate keeps being compared.
+    write_atomically(
+        &candidate_file,
+        &candidate().replace(r#""create_*""#, r#""creat_*""#),
+    );
+    let status = loaded(&server, 3).await;
+    let error = status.error.clone().expect("refused");
+    assert!(
+        error.contains("tenants.globex.deny[1]") && error.contains("matches no tool"),
+        "{error}"
+    );
+    assert_eq!(
+        status.revision.as_deref(),
+        Some(first.as_str()),
+        "the previous candidate stays"
+    );
+    assert_eq!(
+        server.boundary().catalog().catalog.revision(),
+        served_revision
+    );
+    let text = metrics(&server).await;
+    assert_eq!(
+        metric(
+            &text,
+            "toolgate_shadow_catalog_loads_total",
+            &[("result", "refused")]
+        ),
+        2.0
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "toolgate_shadow_catalog_loads_total",
+            &[("result", "ok")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "toolgate_catalog_reloads_total",
+            &[("result", "refused")]
+        ),
+        0.0
+    );
+    let result = exec(&mut client, &globex, create()).await;
+    assert_eq!(
+        result.status(),
+        ToolStatus::Ok,
+        "the served decision is the served catalog's"
+    );
+    let event = server
+        .wait_for_audit(|e| e["kind"] == "shadow_decision")
+        .await;
+    assert_eq!(
+        event["candidate"]["revision"].as_str(),
+        Some(first.as_str())
+    );
+    assert_eq!(event["candidate"]["rule"], "tenants.globex.deny[1]");
+
+    // Fixed: picked up, a new candidate.
+    write_atomically(
+        &candidate_file,
+        &candidate().replace("create_*", "create_ticket"),
+    );
+    let status = loaded(&server, 4).await;
+    assert!(status.error.is_none(), "{status:?}");
+    assert_ne!(status.revision.as_deref(), Some(first.as_str()));
+    // A reload of the served catalog (as SIGHUP asks for) reads the candidate again, even
+    // unchanged (the file watch alone would not).
+    server.reload().await.expect("served catalog reloads");
+    let again = loaded(&server, status.attempts + 1).await;
+    assert_eq!(again.revision, status.revision);
+    server.stop().await;
+}
+
+/// The real binary says so in its log, and `toolgate check` fails on the broken candidate.
+#[tokio::test]
+async fn the_binary_logs_a_broken_candidate_and_check_fails_on_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let served_file = dir.path().join("served.yaml");
+    std::fs::write(&served_file, SERVED.replace("CANDIDATE", "candidate.yaml")).unwrap();
+    std::fs::write(
+        dir.path().join("candidate.yaml"),
+        "version: 1\nunknown_section: {}\n",
+    )
+    .unwrap();
+    let served_path = served_file.display().to_string();
+    let spawned = crate::process::spawn(&["--config", &served_path]);
+    // The refusal may be logged before SERVING: wait for its counter, then read the whole log.
+    let admin = spawned.admin_addr.parse().unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, text) = http_get(admin, "/metrics").await;
+        if metric(
+            &text,
+            "toolgate_shadow_catalog_loads_total",
+            &[("result", "refused")],
+        ) >= 1.0
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no refused load within 10s"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let logs = crate::process::stop(spawned).await;
+    let refused = logs
+        .lines()
+        .find(|line| line.contains("shadow catalog refused"))
+        .unwrap_or_else(|| panic!("no refusal in the log:\n{logs}"));
+    assert!(
+        refused.contains("\"level\":\"ERROR\"") && refused.contains("unknown_section"),
+        "{refused}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args(["check", "--config", &served_path])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("shadow catalog") && stderr.contains("unknown_section"),
+        "{stderr}"
+    );
+}
