@@ -30,6 +30,14 @@ class ToolStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TOOL_STATUS_STALE_CATALOG: _ClassVar[ToolStatus]
     TOOL_STATUS_UNAVAILABLE: _ClassVar[ToolStatus]
 
+class StageResult(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STAGE_RESULT_UNSPECIFIED: _ClassVar[StageResult]
+    STAGE_RESULT_PASSED: _ClassVar[StageResult]
+    STAGE_RESULT_REFUSED: _ClassVar[StageResult]
+    STAGE_RESULT_NOT_REACHED: _ClassVar[StageResult]
+    STAGE_RESULT_NOT_APPLICABLE: _ClassVar[StageResult]
+
 class ApprovalState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     APPROVAL_STATE_UNSPECIFIED: _ClassVar[ApprovalState]
@@ -62,6 +70,11 @@ TOOL_STATUS_TIMEOUT: ToolStatus
 TOOL_STATUS_CANCELLED: ToolStatus
 TOOL_STATUS_STALE_CATALOG: ToolStatus
 TOOL_STATUS_UNAVAILABLE: ToolStatus
+STAGE_RESULT_UNSPECIFIED: StageResult
+STAGE_RESULT_PASSED: StageResult
+STAGE_RESULT_REFUSED: StageResult
+STAGE_RESULT_NOT_REACHED: StageResult
+STAGE_RESULT_NOT_APPLICABLE: StageResult
 APPROVAL_STATE_UNSPECIFIED: ApprovalState
 APPROVAL_STATE_PENDING: ApprovalState
 APPROVAL_STATE_APPROVED: ApprovalState
@@ -201,6 +214,122 @@ class ToolResult(_message.Message):
     refused_by: str
     idempotent_replay: bool
     def __init__(self, call_id: _Optional[str] = ..., status: _Optional[_Union[ToolStatus, str]] = ..., output: _Optional[str] = ..., model_text: _Optional[str] = ..., error_type: _Optional[str] = ..., error_message: _Optional[str] = ..., retryable: _Optional[bool] = ..., user_visible: _Optional[bool] = ..., tool_version: _Optional[str] = ..., approval_id: _Optional[str] = ..., retry_after_ms: _Optional[int] = ..., duration_ms: _Optional[int] = ..., refused_by: _Optional[str] = ..., idempotent_replay: _Optional[bool] = ...) -> None: ...
+
+class ExplainToolRequest(_message.Message):
+    __slots__ = ("call", "run_id", "step", "catalog_revision")
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    CATALOG_REVISION_FIELD_NUMBER: _ClassVar[int]
+    call: ToolCall
+    run_id: str
+    step: int
+    catalog_revision: str
+    def __init__(self, call: _Optional[_Union[ToolCall, _Mapping]] = ..., run_id: _Optional[str] = ..., step: _Optional[int] = ..., catalog_revision: _Optional[str] = ...) -> None: ...
+
+class CatalogRule(_message.Message):
+    __slots__ = ("location", "pattern", "effect")
+    LOCATION_FIELD_NUMBER: _ClassVar[int]
+    PATTERN_FIELD_NUMBER: _ClassVar[int]
+    EFFECT_FIELD_NUMBER: _ClassVar[int]
+    location: str
+    pattern: str
+    effect: str
+    def __init__(self, location: _Optional[str] = ..., pattern: _Optional[str] = ..., effect: _Optional[str] = ...) -> None: ...
+
+class BoundArgument(_message.Message):
+    __slots__ = ("path", "value_json", "source")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    VALUE_JSON_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    value_json: str
+    source: str
+    def __init__(self, path: _Optional[str] = ..., value_json: _Optional[str] = ..., source: _Optional[str] = ...) -> None: ...
+
+class QuotaExplanation(_message.Message):
+    __slots__ = ("scope", "rate", "burst", "remaining", "tracked")
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    RATE_FIELD_NUMBER: _ClassVar[int]
+    BURST_FIELD_NUMBER: _ClassVar[int]
+    REMAINING_FIELD_NUMBER: _ClassVar[int]
+    TRACKED_FIELD_NUMBER: _ClassVar[int]
+    scope: str
+    rate: str
+    burst: int
+    remaining: int
+    tracked: bool
+    def __init__(self, scope: _Optional[str] = ..., rate: _Optional[str] = ..., burst: _Optional[int] = ..., remaining: _Optional[int] = ..., tracked: _Optional[bool] = ...) -> None: ...
+
+class StageExplanation(_message.Message):
+    __slots__ = ("stage", "result", "detail", "rules", "missing_scope", "schema_violations", "bound_arguments", "quotas")
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    RULES_FIELD_NUMBER: _ClassVar[int]
+    MISSING_SCOPE_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_VIOLATIONS_FIELD_NUMBER: _ClassVar[int]
+    BOUND_ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
+    QUOTAS_FIELD_NUMBER: _ClassVar[int]
+    stage: str
+    result: StageResult
+    detail: str
+    rules: _containers.RepeatedCompositeFieldContainer[CatalogRule]
+    missing_scope: str
+    schema_violations: _containers.RepeatedScalarFieldContainer[str]
+    bound_arguments: _containers.RepeatedCompositeFieldContainer[BoundArgument]
+    quotas: _containers.RepeatedCompositeFieldContainer[QuotaExplanation]
+    def __init__(self, stage: _Optional[str] = ..., result: _Optional[_Union[StageResult, str]] = ..., detail: _Optional[str] = ..., rules: _Optional[_Iterable[_Union[CatalogRule, _Mapping]]] = ..., missing_scope: _Optional[str] = ..., schema_violations: _Optional[_Iterable[str]] = ..., bound_arguments: _Optional[_Iterable[_Union[BoundArgument, _Mapping]]] = ..., quotas: _Optional[_Iterable[_Union[QuotaExplanation, _Mapping]]] = ...) -> None: ...
+
+class ExplainToolResponse(_message.Message):
+    __slots__ = ("decision", "would_execute", "stages", "final_arguments_json", "arguments_sha256", "bound_override_attempts", "catalog_revision")
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    WOULD_EXECUTE_FIELD_NUMBER: _ClassVar[int]
+    STAGES_FIELD_NUMBER: _ClassVar[int]
+    FINAL_ARGUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_SHA256_FIELD_NUMBER: _ClassVar[int]
+    BOUND_OVERRIDE_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    CATALOG_REVISION_FIELD_NUMBER: _ClassVar[int]
+    decision: ToolResult
+    would_execute: bool
+    stages: _containers.RepeatedCompositeFieldContainer[StageExplanation]
+    final_arguments_json: str
+    arguments_sha256: str
+    bound_override_attempts: _containers.RepeatedScalarFieldContainer[str]
+    catalog_revision: str
+    def __init__(self, decision: _Optional[_Union[ToolResult, _Mapping]] = ..., would_execute: _Optional[bool] = ..., stages: _Optional[_Iterable[_Union[StageExplanation, _Mapping]]] = ..., final_arguments_json: _Optional[str] = ..., arguments_sha256: _Optional[str] = ..., bound_override_attempts: _Optional[_Iterable[str]] = ..., catalog_revision: _Optional[str] = ...) -> None: ...
+
+class ExplainListToolsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ToolVisibility(_message.Message):
+    __slots__ = ("name", "version", "visible", "hidden_by", "error_type", "reason", "rule", "missing_scope")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    VISIBLE_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_BY_FIELD_NUMBER: _ClassVar[int]
+    ERROR_TYPE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    MISSING_SCOPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    visible: bool
+    hidden_by: str
+    error_type: str
+    reason: str
+    rule: CatalogRule
+    missing_scope: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., visible: _Optional[bool] = ..., hidden_by: _Optional[str] = ..., error_type: _Optional[str] = ..., reason: _Optional[str] = ..., rule: _Optional[_Union[CatalogRule, _Mapping]] = ..., missing_scope: _Optional[str] = ...) -> None: ...
+
+class ExplainListToolsResponse(_message.Message):
+    __slots__ = ("tools", "catalog_revision")
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    CATALOG_REVISION_FIELD_NUMBER: _ClassVar[int]
+    tools: _containers.RepeatedCompositeFieldContainer[ToolVisibility]
+    catalog_revision: str
+    def __init__(self, tools: _Optional[_Iterable[_Union[ToolVisibility, _Mapping]]] = ..., catalog_revision: _Optional[str] = ...) -> None: ...
 
 class Approval(_message.Message):
     __slots__ = ("approval_id", "tenant", "subject", "agent", "run_id", "tool", "tool_version", "arguments_sha256", "arguments_json", "state", "created_at_unix_ms", "expires_at_unix_ms", "decided_by", "reason", "risk_level", "arguments_preview", "arguments_truncated")

@@ -50,6 +50,16 @@ class ToolGateStub:
                 request_serializer=toolgate_dot_v1_dot_toolgate__pb2.ExecuteToolsRequest.SerializeToString,
                 response_deserializer=toolgate_dot_v1_dot_toolgate__pb2.ExecuteToolsResponse.FromString,
                 _registered_method=True)
+        self.ExplainTool = channel.unary_unary(
+                '/toolgate.v1.ToolGate/ExplainTool',
+                request_serializer=toolgate_dot_v1_dot_toolgate__pb2.ExplainToolRequest.SerializeToString,
+                response_deserializer=toolgate_dot_v1_dot_toolgate__pb2.ExplainToolResponse.FromString,
+                _registered_method=True)
+        self.ExplainListTools = channel.unary_unary(
+                '/toolgate.v1.ToolGate/ExplainListTools',
+                request_serializer=toolgate_dot_v1_dot_toolgate__pb2.ExplainListToolsRequest.SerializeToString,
+                response_deserializer=toolgate_dot_v1_dot_toolgate__pb2.ExplainListToolsResponse.FromString,
+                _registered_method=True)
 
 
 class ToolGateServicer:
@@ -77,6 +87,24 @@ class ToolGateServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExplainTool(self, request, context):
+        """ExplainTool says what ExecuteTool would decide for the same call now, stage by stage, without
+        doing any of it: no quota is consumed, no approval created or used, no idempotency key
+        claimed, no backend called, nothing audited. Needs the scope `toolgate:explain`, or dev
+        identity.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExplainListTools(self, request, context):
+        """ExplainListTools says, for every tool of the catalog, whether ListTools shows it to this
+        caller and, if not, which stage hides it. Same authorization as ExplainTool.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ToolGateServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -94,6 +122,16 @@ def add_ToolGateServicer_to_server(servicer, server):
                     servicer.ExecuteTools,
                     request_deserializer=toolgate_dot_v1_dot_toolgate__pb2.ExecuteToolsRequest.FromString,
                     response_serializer=toolgate_dot_v1_dot_toolgate__pb2.ExecuteToolsResponse.SerializeToString,
+            ),
+            'ExplainTool': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExplainTool,
+                    request_deserializer=toolgate_dot_v1_dot_toolgate__pb2.ExplainToolRequest.FromString,
+                    response_serializer=toolgate_dot_v1_dot_toolgate__pb2.ExplainToolResponse.SerializeToString,
+            ),
+            'ExplainListTools': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExplainListTools,
+                    request_deserializer=toolgate_dot_v1_dot_toolgate__pb2.ExplainListToolsRequest.FromString,
+                    response_serializer=toolgate_dot_v1_dot_toolgate__pb2.ExplainListToolsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -178,6 +216,60 @@ class ToolGate:
             '/toolgate.v1.ToolGate/ExecuteTools',
             toolgate_dot_v1_dot_toolgate__pb2.ExecuteToolsRequest.SerializeToString,
             toolgate_dot_v1_dot_toolgate__pb2.ExecuteToolsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExplainTool(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/toolgate.v1.ToolGate/ExplainTool',
+            toolgate_dot_v1_dot_toolgate__pb2.ExplainToolRequest.SerializeToString,
+            toolgate_dot_v1_dot_toolgate__pb2.ExplainToolResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExplainListTools(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/toolgate.v1.ToolGate/ExplainListTools',
+            toolgate_dot_v1_dot_toolgate__pb2.ExplainListToolsRequest.SerializeToString,
+            toolgate_dot_v1_dot_toolgate__pb2.ExplainListToolsResponse.FromString,
             options,
             channel_credentials,
             insecure,

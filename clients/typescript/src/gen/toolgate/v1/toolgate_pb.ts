@@ -19,7 +19,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file toolgate/v1/toolgate.proto.
  */
 export const file_toolgate_v1_toolgate: GenFile = /*@__PURE__*/
-  fileDesc("Chp0b29sZ2F0ZS92MS90b29sZ2F0ZS5wcm90bxILdG9vbGdhdGUudjEiuwIKDlRvb2xEZWZpbml0aW9uEgwKBG5hbWUYASABKAkSDwoHdmVyc2lvbhgCIAEoCRITCgtkZXNjcmlwdGlvbhgDIAEoCRIZChFpbnB1dF9zY2hlbWFfanNvbhgEIAEoCRIqCgpyaXNrX2xldmVsGAUgASgOMhYudG9vbGdhdGUudjEuUmlza0xldmVsEhcKD3JlcXVpcmVkX3Njb3BlcxgGIAMoCRISCgp0aW1lb3V0X21zGAcgASgNEjcKBmxhYmVscxgIIAMoCzInLnRvb2xnYXRlLnYxLlRvb2xEZWZpbml0aW9uLkxhYmVsc0VudHJ5EhkKEXJlcXVpcmVzX2FwcHJvdmFsGAkgASgIGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiEgoQTGlzdFRvb2xzUmVxdWVzdCJZChFMaXN0VG9vbHNSZXNwb25zZRIqCgV0b29scxgBIAMoCzIbLnRvb2xnYXRlLnYxLlRvb2xEZWZpbml0aW9uEhgKEGNhdGFsb2dfcmV2aXNpb24YAiABKAkigAEKCFRvb2xDYWxsEg8KB2NhbGxfaWQYASABKAkSDAoEbmFtZRgCIAEoCRIWCg5hcmd1bWVudHNfanNvbhgDIAEoCRIPCgd2ZXJzaW9uGAQgASgJEhcKD2lkZW1wb3RlbmN5X2tleRgFIAEoCRITCgthcHByb3ZhbF9pZBgGIAEoCSJxChJFeGVjdXRlVG9vbFJlcXVlc3QSIwoEY2FsbBgBIAEoCzIVLnRvb2xnYXRlLnYxLlRvb2xDYWxsEg4KBnJ1bl9pZBgCIAEoCRIMCgRzdGVwGAMgASgNEhgKEGNhdGFsb2dfcmV2aXNpb24YBCABKAkiPgoTRXhlY3V0ZVRvb2xSZXNwb25zZRInCgZyZXN1bHQYASABKAsyFy50b29sZ2F0ZS52MS5Ub29sUmVzdWx0IpsBChNFeGVjdXRlVG9vbHNSZXF1ZXN0EiQKBWNhbGxzGAEgAygLMhUudG9vbGdhdGUudjEuVG9vbENhbGwSDgoGcnVuX2lkGAIgASgJEgwKBHN0ZXAYAyABKA0SEAoIcGFyYWxsZWwYBCABKAgSFAoMbWF4X3BhcmFsbGVsGAUgASgNEhgKEGNhdGFsb2dfcmV2aXNpb24YBiABKAkiQAoURXhlY3V0ZVRvb2xzUmVzcG9uc2USKAoHcmVzdWx0cxgBIAMoCzIXLnRvb2xnYXRlLnYxLlRvb2xSZXN1bHQiyQIKClRvb2xSZXN1bHQSDwoHY2FsbF9pZBgBIAEoCRInCgZzdGF0dXMYAiABKA4yFy50b29sZ2F0ZS52MS5Ub29sU3RhdHVzEhIKBm91dHB1dBgDIAEoCUICGAESEgoKbW9kZWxfdGV4dBgEIAEoCRISCgplcnJvcl90eXBlGAUgASgJEhUKDWVycm9yX21lc3NhZ2UYBiABKAkSEQoJcmV0cnlhYmxlGAcgASgIEhQKDHVzZXJfdmlzaWJsZRgIIAEoCBIUCgx0b29sX3ZlcnNpb24YCSABKAkSEwoLYXBwcm92YWxfaWQYCiABKAkSFgoOcmV0cnlfYWZ0ZXJfbXMYCyABKAQSEwoLZHVyYXRpb25fbXMYDCABKAQSEgoKcmVmdXNlZF9ieRgNIAEoCRIZChFpZGVtcG90ZW50X3JlcGxheRgOIAEoCCKgAwoIQXBwcm92YWwSEwoLYXBwcm92YWxfaWQYASABKAkSDgoGdGVuYW50GAIgASgJEg8KB3N1YmplY3QYAyABKAkSDQoFYWdlbnQYBCABKAkSDgoGcnVuX2lkGAUgASgJEgwKBHRvb2wYBiABKAkSFAoMdG9vbF92ZXJzaW9uGAcgASgJEhgKEGFyZ3VtZW50c19zaGEyNTYYCCABKAkSFgoOYXJndW1lbnRzX2pzb24YCSABKAkSKQoFc3RhdGUYCiABKA4yGi50b29sZ2F0ZS52MS5BcHByb3ZhbFN0YXRlEhoKEmNyZWF0ZWRfYXRfdW5peF9tcxgLIAEoAxIaChJleHBpcmVzX2F0X3VuaXhfbXMYDCABKAMSEgoKZGVjaWRlZF9ieRgNIAEoCRIOCgZyZWFzb24YDiABKAkSKgoKcmlza19sZXZlbBgPIAEoDjIWLnRvb2xnYXRlLnYxLlJpc2tMZXZlbBIZChFhcmd1bWVudHNfcHJldmlldxgQIAEoCRIbChNhcmd1bWVudHNfdHJ1bmNhdGVkGBEgASgIImgKFExpc3RBcHByb3ZhbHNSZXF1ZXN0EikKBXN0YXRlGAEgASgOMhoudG9vbGdhdGUudjEuQXBwcm92YWxTdGF0ZRIRCglwYWdlX3NpemUYAiABKA0SEgoKcGFnZV90b2tlbhgDIAEoCSJaChVMaXN0QXBwcm92YWxzUmVzcG9uc2USKAoJYXBwcm92YWxzGAEgAygLMhUudG9vbGdhdGUudjEuQXBwcm92YWwSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIikKEkdldEFwcHJvdmFsUmVxdWVzdBITCgthcHByb3ZhbF9pZBgBIAEoCSI+ChNHZXRBcHByb3ZhbFJlc3BvbnNlEicKCGFwcHJvdmFsGAEgASgLMhUudG9vbGdhdGUudjEuQXBwcm92YWwibQoVRGVjaWRlQXBwcm92YWxSZXF1ZXN0EhMKC2FwcHJvdmFsX2lkGAEgASgJEi8KCGRlY2lzaW9uGAIgASgOMh0udG9vbGdhdGUudjEuQXBwcm92YWxEZWNpc2lvbhIOCgZyZWFzb24YAyABKAkiQQoWRGVjaWRlQXBwcm92YWxSZXNwb25zZRInCghhcHByb3ZhbBgBIAEoCzIVLnRvb2xnYXRlLnYxLkFwcHJvdmFsKpkBCglSaXNrTGV2ZWwSGgoWUklTS19MRVZFTF9VTlNQRUNJRklFRBAAEhgKFFJJU0tfTEVWRUxfUkVBRF9PTkxZEAESGgoWUklTS19MRVZFTF9XUklURV9EUkFGVBACEh4KGlJJU0tfTEVWRUxfV1JJVEVfQ09ORklSTUVEEAMSGgoWUklTS19MRVZFTF9ERVNUUlVDVElWRRAEKtsCCgpUb29sU3RhdHVzEhsKF1RPT0xfU1RBVFVTX1VOU1BFQ0lGSUVEEAASEgoOVE9PTF9TVEFUVVNfT0sQARIVChFUT09MX1NUQVRVU19FUlJPUhACEiEKHVRPT0xfU1RBVFVTX0lOVkFMSURfQVJHVU1FTlRTEAMSGQoVVE9PTF9TVEFUVVNfTk9UX0ZPVU5EEAQSFgoSVE9PTF9TVEFUVVNfREVOSUVEEAUSHAoYVE9PTF9TVEFUVVNfUkFURV9MSU1JVEVEEAYSIQodVE9PTF9TVEFUVVNfQVBQUk9WQUxfUkVRVUlSRUQQBxIXChNUT09MX1NUQVRVU19USU1FT1VUEAgSGQoVVE9PTF9TVEFUVVNfQ0FOQ0VMTEVEEAkSHQoZVE9PTF9TVEFUVVNfU1RBTEVfQ0FUQUxPRxAKEhsKF1RPT0xfU1RBVFVTX1VOQVZBSUxBQkxFEAsq2gEKDUFwcHJvdmFsU3RhdGUSHgoaQVBQUk9WQUxfU1RBVEVfVU5TUEVDSUZJRUQQABIaChZBUFBST1ZBTF9TVEFURV9QRU5ESU5HEAESGwoXQVBQUk9WQUxfU1RBVEVfQVBQUk9WRUQQAhIbChdBUFBST1ZBTF9TVEFURV9SRUpFQ1RFRBADEhcKE0FQUFJPVkFMX1NUQVRFX1VTRUQQBBIaChZBUFBST1ZBTF9TVEFURV9FWFBJUkVEEAUSHgoaQVBQUk9WQUxfU1RBVEVfSU5WQUxJREFURUQQBipyChBBcHByb3ZhbERlY2lzaW9uEiEKHUFQUFJPVkFMX0RFQ0lTSU9OX1VOU1BFQ0lGSUVEEAASHQoZQVBQUk9WQUxfREVDSVNJT05fQVBQUk9WRRABEhwKGEFQUFJPVkFMX0RFQ0lTSU9OX1JFSkVDVBACMv0BCghUb29sR2F0ZRJKCglMaXN0VG9vbHMSHS50b29sZ2F0ZS52MS5MaXN0VG9vbHNSZXF1ZXN0Gh4udG9vbGdhdGUudjEuTGlzdFRvb2xzUmVzcG9uc2USUAoLRXhlY3V0ZVRvb2wSHy50b29sZ2F0ZS52MS5FeGVjdXRlVG9vbFJlcXVlc3QaIC50b29sZ2F0ZS52MS5FeGVjdXRlVG9vbFJlc3BvbnNlElMKDEV4ZWN1dGVUb29scxIgLnRvb2xnYXRlLnYxLkV4ZWN1dGVUb29sc1JlcXVlc3QaIS50b29sZ2F0ZS52MS5FeGVjdXRlVG9vbHNSZXNwb25zZTKQAgoJQXBwcm92YWxzElYKDUxpc3RBcHByb3ZhbHMSIS50b29sZ2F0ZS52MS5MaXN0QXBwcm92YWxzUmVxdWVzdBoiLnRvb2xnYXRlLnYxLkxpc3RBcHByb3ZhbHNSZXNwb25zZRJQCgtHZXRBcHByb3ZhbBIfLnRvb2xnYXRlLnYxLkdldEFwcHJvdmFsUmVxdWVzdBogLnRvb2xnYXRlLnYxLkdldEFwcHJvdmFsUmVzcG9uc2USWQoORGVjaWRlQXBwcm92YWwSIi50b29sZ2F0ZS52MS5EZWNpZGVBcHByb3ZhbFJlcXVlc3QaIy50b29sZ2F0ZS52MS5EZWNpZGVBcHByb3ZhbFJlc3BvbnNlQl4KD2Rldi50b29sZ2F0ZS52MUINVG9vbGdhdGVQcm90b1ABWjpnaXRodWIuY29tL3Rvb2xnYXRlL3Rvb2xnYXRlL2dlbi9nby90b29sZ2F0ZS92MTt0b29sZ2F0ZXYxYgZwcm90bzM");
+  fileDesc("Chp0b29sZ2F0ZS92MS90b29sZ2F0ZS5wcm90bxILdG9vbGdhdGUudjEiuwIKDlRvb2xEZWZpbml0aW9uEgwKBG5hbWUYASABKAkSDwoHdmVyc2lvbhgCIAEoCRITCgtkZXNjcmlwdGlvbhgDIAEoCRIZChFpbnB1dF9zY2hlbWFfanNvbhgEIAEoCRIqCgpyaXNrX2xldmVsGAUgASgOMhYudG9vbGdhdGUudjEuUmlza0xldmVsEhcKD3JlcXVpcmVkX3Njb3BlcxgGIAMoCRISCgp0aW1lb3V0X21zGAcgASgNEjcKBmxhYmVscxgIIAMoCzInLnRvb2xnYXRlLnYxLlRvb2xEZWZpbml0aW9uLkxhYmVsc0VudHJ5EhkKEXJlcXVpcmVzX2FwcHJvdmFsGAkgASgIGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiEgoQTGlzdFRvb2xzUmVxdWVzdCJZChFMaXN0VG9vbHNSZXNwb25zZRIqCgV0b29scxgBIAMoCzIbLnRvb2xnYXRlLnYxLlRvb2xEZWZpbml0aW9uEhgKEGNhdGFsb2dfcmV2aXNpb24YAiABKAkigAEKCFRvb2xDYWxsEg8KB2NhbGxfaWQYASABKAkSDAoEbmFtZRgCIAEoCRIWCg5hcmd1bWVudHNfanNvbhgDIAEoCRIPCgd2ZXJzaW9uGAQgASgJEhcKD2lkZW1wb3RlbmN5X2tleRgFIAEoCRITCgthcHByb3ZhbF9pZBgGIAEoCSJxChJFeGVjdXRlVG9vbFJlcXVlc3QSIwoEY2FsbBgBIAEoCzIVLnRvb2xnYXRlLnYxLlRvb2xDYWxsEg4KBnJ1bl9pZBgCIAEoCRIMCgRzdGVwGAMgASgNEhgKEGNhdGFsb2dfcmV2aXNpb24YBCABKAkiPgoTRXhlY3V0ZVRvb2xSZXNwb25zZRInCgZyZXN1bHQYASABKAsyFy50b29sZ2F0ZS52MS5Ub29sUmVzdWx0IpsBChNFeGVjdXRlVG9vbHNSZXF1ZXN0EiQKBWNhbGxzGAEgAygLMhUudG9vbGdhdGUudjEuVG9vbENhbGwSDgoGcnVuX2lkGAIgASgJEgwKBHN0ZXAYAyABKA0SEAoIcGFyYWxsZWwYBCABKAgSFAoMbWF4X3BhcmFsbGVsGAUgASgNEhgKEGNhdGFsb2dfcmV2aXNpb24YBiABKAkiQAoURXhlY3V0ZVRvb2xzUmVzcG9uc2USKAoHcmVzdWx0cxgBIAMoCzIXLnRvb2xnYXRlLnYxLlRvb2xSZXN1bHQiyQIKClRvb2xSZXN1bHQSDwoHY2FsbF9pZBgBIAEoCRInCgZzdGF0dXMYAiABKA4yFy50b29sZ2F0ZS52MS5Ub29sU3RhdHVzEhIKBm91dHB1dBgDIAEoCUICGAESEgoKbW9kZWxfdGV4dBgEIAEoCRISCgplcnJvcl90eXBlGAUgASgJEhUKDWVycm9yX21lc3NhZ2UYBiABKAkSEQoJcmV0cnlhYmxlGAcgASgIEhQKDHVzZXJfdmlzaWJsZRgIIAEoCBIUCgx0b29sX3ZlcnNpb24YCSABKAkSEwoLYXBwcm92YWxfaWQYCiABKAkSFgoOcmV0cnlfYWZ0ZXJfbXMYCyABKAQSEwoLZHVyYXRpb25fbXMYDCABKAQSEgoKcmVmdXNlZF9ieRgNIAEoCRIZChFpZGVtcG90ZW50X3JlcGxheRgOIAEoCCJxChJFeHBsYWluVG9vbFJlcXVlc3QSIwoEY2FsbBgBIAEoCzIVLnRvb2xnYXRlLnYxLlRvb2xDYWxsEg4KBnJ1bl9pZBgCIAEoCRIMCgRzdGVwGAMgASgNEhgKEGNhdGFsb2dfcmV2aXNpb24YBCABKAkiQAoLQ2F0YWxvZ1J1bGUSEAoIbG9jYXRpb24YASABKAkSDwoHcGF0dGVybhgCIAEoCRIOCgZlZmZlY3QYAyABKAkiQQoNQm91bmRBcmd1bWVudBIMCgRwYXRoGAEgASgJEhIKCnZhbHVlX2pzb24YAiABKAkSDgoGc291cmNlGAMgASgJImIKEFF1b3RhRXhwbGFuYXRpb24SDQoFc2NvcGUYASABKAkSDAoEcmF0ZRgCIAEoCRINCgVidXJzdBgDIAEoDRIRCglyZW1haW5pbmcYBCABKAQSDwoHdHJhY2tlZBgFIAEoCCKaAgoQU3RhZ2VFeHBsYW5hdGlvbhINCgVzdGFnZRgBIAEoCRIoCgZyZXN1bHQYAiABKA4yGC50b29sZ2F0ZS52MS5TdGFnZVJlc3VsdBIOCgZkZXRhaWwYAyABKAkSJwoFcnVsZXMYBCADKAsyGC50b29sZ2F0ZS52MS5DYXRhbG9nUnVsZRIVCg1taXNzaW5nX3Njb3BlGAUgASgJEhkKEXNjaGVtYV92aW9sYXRpb25zGAYgAygJEjMKD2JvdW5kX2FyZ3VtZW50cxgHIAMoCzIaLnRvb2xnYXRlLnYxLkJvdW5kQXJndW1lbnQSLQoGcXVvdGFzGAggAygLMh0udG9vbGdhdGUudjEuUXVvdGFFeHBsYW5hdGlvbiL5AQoTRXhwbGFpblRvb2xSZXNwb25zZRIpCghkZWNpc2lvbhgBIAEoCzIXLnRvb2xnYXRlLnYxLlRvb2xSZXN1bHQSFQoNd291bGRfZXhlY3V0ZRgCIAEoCBItCgZzdGFnZXMYAyADKAsyHS50b29sZ2F0ZS52MS5TdGFnZUV4cGxhbmF0aW9uEhwKFGZpbmFsX2FyZ3VtZW50c19qc29uGAQgASgJEhgKEGFyZ3VtZW50c19zaGEyNTYYBSABKAkSHwoXYm91bmRfb3ZlcnJpZGVfYXR0ZW1wdHMYBiADKAkSGAoQY2F0YWxvZ19yZXZpc2lvbhgHIAEoCSIZChdFeHBsYWluTGlzdFRvb2xzUmVxdWVzdCK2AQoOVG9vbFZpc2liaWxpdHkSDAoEbmFtZRgBIAEoCRIPCgd2ZXJzaW9uGAIgASgJEg8KB3Zpc2libGUYAyABKAgSEQoJaGlkZGVuX2J5GAQgASgJEhIKCmVycm9yX3R5cGUYBSABKAkSDgoGcmVhc29uGAYgASgJEiYKBHJ1bGUYByABKAsyGC50b29sZ2F0ZS52MS5DYXRhbG9nUnVsZRIVCg1taXNzaW5nX3Njb3BlGAggASgJImAKGEV4cGxhaW5MaXN0VG9vbHNSZXNwb25zZRIqCgV0b29scxgBIAMoCzIbLnRvb2xnYXRlLnYxLlRvb2xWaXNpYmlsaXR5EhgKEGNhdGFsb2dfcmV2aXNpb24YAiABKAkioAMKCEFwcHJvdmFsEhMKC2FwcHJvdmFsX2lkGAEgASgJEg4KBnRlbmFudBgCIAEoCRIPCgdzdWJqZWN0GAMgASgJEg0KBWFnZW50GAQgASgJEg4KBnJ1bl9pZBgFIAEoCRIMCgR0b29sGAYgASgJEhQKDHRvb2xfdmVyc2lvbhgHIAEoCRIYChBhcmd1bWVudHNfc2hhMjU2GAggASgJEhYKDmFyZ3VtZW50c19qc29uGAkgASgJEikKBXN0YXRlGAogASgOMhoudG9vbGdhdGUudjEuQXBwcm92YWxTdGF0ZRIaChJjcmVhdGVkX2F0X3VuaXhfbXMYCyABKAMSGgoSZXhwaXJlc19hdF91bml4X21zGAwgASgDEhIKCmRlY2lkZWRfYnkYDSABKAkSDgoGcmVhc29uGA4gASgJEioKCnJpc2tfbGV2ZWwYDyABKA4yFi50b29sZ2F0ZS52MS5SaXNrTGV2ZWwSGQoRYXJndW1lbnRzX3ByZXZpZXcYECABKAkSGwoTYXJndW1lbnRzX3RydW5jYXRlZBgRIAEoCCJoChRMaXN0QXBwcm92YWxzUmVxdWVzdBIpCgVzdGF0ZRgBIAEoDjIaLnRvb2xnYXRlLnYxLkFwcHJvdmFsU3RhdGUSEQoJcGFnZV9zaXplGAIgASgNEhIKCnBhZ2VfdG9rZW4YAyABKAkiWgoVTGlzdEFwcHJvdmFsc1Jlc3BvbnNlEigKCWFwcHJvdmFscxgBIAMoCzIVLnRvb2xnYXRlLnYxLkFwcHJvdmFsEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIpChJHZXRBcHByb3ZhbFJlcXVlc3QSEwoLYXBwcm92YWxfaWQYASABKAkiPgoTR2V0QXBwcm92YWxSZXNwb25zZRInCghhcHByb3ZhbBgBIAEoCzIVLnRvb2xnYXRlLnYxLkFwcHJvdmFsIm0KFURlY2lkZUFwcHJvdmFsUmVxdWVzdBITCgthcHByb3ZhbF9pZBgBIAEoCRIvCghkZWNpc2lvbhgCIAEoDjIdLnRvb2xnYXRlLnYxLkFwcHJvdmFsRGVjaXNpb24SDgoGcmVhc29uGAMgASgJIkEKFkRlY2lkZUFwcHJvdmFsUmVzcG9uc2USJwoIYXBwcm92YWwYASABKAsyFS50b29sZ2F0ZS52MS5BcHByb3ZhbCqZAQoJUmlza0xldmVsEhoKFlJJU0tfTEVWRUxfVU5TUEVDSUZJRUQQABIYChRSSVNLX0xFVkVMX1JFQURfT05MWRABEhoKFlJJU0tfTEVWRUxfV1JJVEVfRFJBRlQQAhIeChpSSVNLX0xFVkVMX1dSSVRFX0NPTkZJUk1FRBADEhoKFlJJU0tfTEVWRUxfREVTVFJVQ1RJVkUQBCrbAgoKVG9vbFN0YXR1cxIbChdUT09MX1NUQVRVU19VTlNQRUNJRklFRBAAEhIKDlRPT0xfU1RBVFVTX09LEAESFQoRVE9PTF9TVEFUVVNfRVJST1IQAhIhCh1UT09MX1NUQVRVU19JTlZBTElEX0FSR1VNRU5UUxADEhkKFVRPT0xfU1RBVFVTX05PVF9GT1VORBAEEhYKElRPT0xfU1RBVFVTX0RFTklFRBAFEhwKGFRPT0xfU1RBVFVTX1JBVEVfTElNSVRFRBAGEiEKHVRPT0xfU1RBVFVTX0FQUFJPVkFMX1JFUVVJUkVEEAcSFwoTVE9PTF9TVEFUVVNfVElNRU9VVBAIEhkKFVRPT0xfU1RBVFVTX0NBTkNFTExFRBAJEh0KGVRPT0xfU1RBVFVTX1NUQUxFX0NBVEFMT0cQChIbChdUT09MX1NUQVRVU19VTkFWQUlMQUJMRRALKp0BCgtTdGFnZVJlc3VsdBIcChhTVEFHRV9SRVNVTFRfVU5TUEVDSUZJRUQQABIXChNTVEFHRV9SRVNVTFRfUEFTU0VEEAESGAoUU1RBR0VfUkVTVUxUX1JFRlVTRUQQAhIcChhTVEFHRV9SRVNVTFRfTk9UX1JFQUNIRUQQAxIfChtTVEFHRV9SRVNVTFRfTk9UX0FQUExJQ0FCTEUQBCraAQoNQXBwcm92YWxTdGF0ZRIeChpBUFBST1ZBTF9TVEFURV9VTlNQRUNJRklFRBAAEhoKFkFQUFJPVkFMX1NUQVRFX1BFTkRJTkcQARIbChdBUFBST1ZBTF9TVEFURV9BUFBST1ZFRBACEhsKF0FQUFJPVkFMX1NUQVRFX1JFSkVDVEVEEAMSFwoTQVBQUk9WQUxfU1RBVEVfVVNFRBAEEhoKFkFQUFJPVkFMX1NUQVRFX0VYUElSRUQQBRIeChpBUFBST1ZBTF9TVEFURV9JTlZBTElEQVRFRBAGKnIKEEFwcHJvdmFsRGVjaXNpb24SIQodQVBQUk9WQUxfREVDSVNJT05fVU5TUEVDSUZJRUQQABIdChlBUFBST1ZBTF9ERUNJU0lPTl9BUFBST1ZFEAESHAoYQVBQUk9WQUxfREVDSVNJT05fUkVKRUNUEAIysAMKCFRvb2xHYXRlEkoKCUxpc3RUb29scxIdLnRvb2xnYXRlLnYxLkxpc3RUb29sc1JlcXVlc3QaHi50b29sZ2F0ZS52MS5MaXN0VG9vbHNSZXNwb25zZRJQCgtFeGVjdXRlVG9vbBIfLnRvb2xnYXRlLnYxLkV4ZWN1dGVUb29sUmVxdWVzdBogLnRvb2xnYXRlLnYxLkV4ZWN1dGVUb29sUmVzcG9uc2USUwoMRXhlY3V0ZVRvb2xzEiAudG9vbGdhdGUudjEuRXhlY3V0ZVRvb2xzUmVxdWVzdBohLnRvb2xnYXRlLnYxLkV4ZWN1dGVUb29sc1Jlc3BvbnNlElAKC0V4cGxhaW5Ub29sEh8udG9vbGdhdGUudjEuRXhwbGFpblRvb2xSZXF1ZXN0GiAudG9vbGdhdGUudjEuRXhwbGFpblRvb2xSZXNwb25zZRJfChBFeHBsYWluTGlzdFRvb2xzEiQudG9vbGdhdGUudjEuRXhwbGFpbkxpc3RUb29sc1JlcXVlc3QaJS50b29sZ2F0ZS52MS5FeHBsYWluTGlzdFRvb2xzUmVzcG9uc2UykAIKCUFwcHJvdmFscxJWCg1MaXN0QXBwcm92YWxzEiEudG9vbGdhdGUudjEuTGlzdEFwcHJvdmFsc1JlcXVlc3QaIi50b29sZ2F0ZS52MS5MaXN0QXBwcm92YWxzUmVzcG9uc2USUAoLR2V0QXBwcm92YWwSHy50b29sZ2F0ZS52MS5HZXRBcHByb3ZhbFJlcXVlc3QaIC50b29sZ2F0ZS52MS5HZXRBcHByb3ZhbFJlc3BvbnNlElkKDkRlY2lkZUFwcHJvdmFsEiIudG9vbGdhdGUudjEuRGVjaWRlQXBwcm92YWxSZXF1ZXN0GiMudG9vbGdhdGUudjEuRGVjaWRlQXBwcm92YWxSZXNwb25zZUJeCg9kZXYudG9vbGdhdGUudjFCDVRvb2xnYXRlUHJvdG9QAVo6Z2l0aHViLmNvbS90b29sZ2F0ZS90b29sZ2F0ZS9nZW4vZ28vdG9vbGdhdGUvdjE7dG9vbGdhdGV2MWIGcHJvdG8z");
 
 /**
  * ToolDefinition is one tool as this caller's model should see it.
@@ -454,6 +454,419 @@ export const ToolResultSchema: GenMessage<ToolResult> = /*@__PURE__*/
   messageDesc(file_toolgate_v1_toolgate, 8);
 
 /**
+ * ExplainToolRequest is the request of ExecuteTool, to be explained instead of run.
+ *
+ * @generated from message toolgate.v1.ExplainToolRequest
+ */
+export type ExplainToolRequest = Message<"toolgate.v1.ExplainToolRequest"> & {
+  /**
+   * The call to explain.
+   *
+   * @generated from field: toolgate.v1.ToolCall call = 1;
+   */
+  call?: ToolCall | undefined;
+
+  /**
+   * The agent run the call would belong to (approvals are bound to it).
+   *
+   * @generated from field: string run_id = 2;
+   */
+  runId: string;
+
+  /**
+   * The step (model turn) of the run.
+   *
+   * @generated from field: uint32 step = 3;
+   */
+  step: number;
+
+  /**
+   * Optional: the catalog_revision the model was shown; a stale one is explained as refused.
+   *
+   * @generated from field: string catalog_revision = 4;
+   */
+  catalogRevision: string;
+};
+
+/**
+ * Describes the message toolgate.v1.ExplainToolRequest.
+ * Use `create(ExplainToolRequestSchema)` to create a new message.
+ */
+export const ExplainToolRequestSchema: GenMessage<ExplainToolRequest> = /*@__PURE__*/
+  messageDesc(file_toolgate_v1_toolgate, 9);
+
+/**
+ * CatalogRule is a rule of the catalog that took part in an access decision.
+ *
+ * @generated from message toolgate.v1.CatalogRule
+ */
+export type CatalogRule = Message<"toolgate.v1.CatalogRule"> & {
+  /**
+   * Where the catalog defines it, e.g. `tenants.globex.deny[0]`; for an allow list nothing in
+   * which matched, the list itself (e.g. `agents.support-bot.allow`).
+   *
+   * @generated from field: string location = 1;
+   */
+  location: string;
+
+  /**
+   * The glob, when one pattern decided (e.g. `delete_ticket`).
+   *
+   * @generated from field: string pattern = 2;
+   */
+  pattern: string;
+
+  /**
+   * `allow` or `deny`.
+   *
+   * @generated from field: string effect = 3;
+   */
+  effect: string;
+};
+
+/**
+ * Describes the message toolgate.v1.CatalogRule.
+ * Use `create(CatalogRuleSchema)` to create a new message.
+ */
+export const CatalogRuleSchema: GenMessage<CatalogRule> = /*@__PURE__*/
+  messageDesc(file_toolgate_v1_toolgate, 10);
+
+/**
+ * BoundArgument is one value the server binds, as the backend would receive it.
+ *
+ * @generated from message toolgate.v1.BoundArgument
+ */
+export type BoundArgument = Message<"toolgate.v1.BoundArgument"> & {
+  /**
+   * The dotted path, as the catalog writes it (e.g. `filter.tenant`).
+   *
+   * @generated from field: string path = 1;
+   */
+  path: string;
+
+  /**
+   * The value as JSON text (redacted when the tool's `redact` covers it).
+   *
+   * @generated from field: string value_json = 2;
+   */
+  valueJson: string;
+
+  /**
+   * Where it comes from: `${caller.tenant}`, `${caller.subject}`, `${caller.agent}` or `constant`.
+   *
+   * @generated from field: string source = 3;
+   */
+  source: string;
+};
+
+/**
+ * Describes the message toolgate.v1.BoundArgument.
+ * Use `create(BoundArgumentSchema)` to create a new message.
+ */
+export const BoundArgumentSchema: GenMessage<BoundArgument> = /*@__PURE__*/
+  messageDesc(file_toolgate_v1_toolgate, 11);
+
+/**
+ * QuotaExplanation is one quota of a call and what it leaves now.
+ *
+ * @generated from message toolgate.v1.QuotaExplanation
+ */
+export type QuotaExplanation = Message<"toolgate.v1.QuotaExplanation"> & {
+  /**
+   * `tool` (per tenant and tool) or `tenant` (the tenant's overall quota).
+   *
+   * @generated from field: string scope = 1;
+   */
+  scope: string;
+
+  /**
+   * The rate as the catalog writes it, e.g. `5/min`.
+   *
+   * @generated from field: string rate = 2;
+   */
+  rate: string;
+
+  /**
+   * The most calls admitted at once.
+   *
+   * @generated from field: uint32 burst = 3;
+   */
+  burst: number;
+
+  /**
+   * Calls that would be admitted now (explaining consumed none).
+   *
+   * @generated from field: uint64 remaining = 4;
+   */
+  remaining: bigint;
+
+  /**
+   * False when no state is kept for this quota (then `remaining` is the burst).
+   *
+   * @generated from field: bool tracked = 5;
+   */
+  tracked: boolean;
+};
+
+/**
+ * Describes the message toolgate.v1.QuotaExplanation.
+ * Use `create(QuotaExplanationSchema)` to create a new message.
+ */
+export const QuotaExplanationSchema: GenMessage<QuotaExplanation> = /*@__PURE__*/
+  messageDesc(file_toolgate_v1_toolgate, 12);
+
+/**
+ * StageExplanation is what one stage of the boundary would decide, and why.
+ *
+ * @generated from message toolgate.v1.StageExplanation
+ */
+export type StageExplanation = Message<"toolgate.v1.StageExplanation"> & {
+  /**
+   * The stage, as `ToolResult.refused_by` names it (e.g. `access`).
+   *
+   * @generated from field: string stage = 1;
+   */
+  stage: string;
+
+  /**
+   * How far the stage got.
+   *
+   * @generated from field: toolgate.v1.StageResult result = 2;
+   */
+  result: StageResult;
+
+  /**
+   * One readable sentence: what was checked and what decided.
+   *
+   * @generated from field: string detail = 3;
+   */
+  detail: string;
+
+  /**
+   * For `access`: the rule that refused, or the allow rules that admitted.
+   *
+   * @generated from field: repeated toolgate.v1.CatalogRule rules = 4;
+   */
+  rules: CatalogRule[];
+
+  /**
+   * For `scopes`: the scope the caller lacks.
+   *
+   * @generated from field: string missing_scope = 5;
+   */
+  missingScope: string;
+
+  /**
+   * For `schema` and `bind`: every schema violation, with its JSON pointer (values masked).
+   *
+   * @generated from field: repeated string schema_violations = 6;
+   */
+  schemaViolations: string[];
+
+  /**
+   * For `bind`: the values the server writes.
+   *
+   * @generated from field: repeated toolgate.v1.BoundArgument bound_arguments = 7;
+   */
+  boundArguments: BoundArgument[];
+
+  /**
+   * For `rate_limit`: the call's quotas and what they leave.
+   *
+   * @generated from field: repeated toolgate.v1.QuotaExplanation quotas = 8;
+   */
+  quotas: QuotaExplanation[];
+};
+
+/**
+ * Describes the message toolgate.v1.StageExplanation.
+ * Use `create(StageExplanationSchema)` to create a new message.
+ */
+export const StageExplanationSchema: GenMessage<StageExplanation> = /*@__PURE__*/
+  messageDesc(file_toolgate_v1_toolgate, 13);
+
+/**
+ * ExplainToolResponse is the decision ExecuteTool would make now, and the trail that leads to it.
+ *
+ * @generated from message toolgate.v1.ExplainToolResponse
+ */
+export type ExplainToolResponse = Message<"toolgate.v1.ExplainToolResponse"> & {
+  /**
+   * The result ExecuteTool would return, without `duration_ms`. OK means every stage passes and
+   * the backend would be called (or, with `idempotent_replay`, a stored result replayed); its
+   * `model_text` is then empty, as nothing ran. Otherwise the refusal, as the model would see it
+   * (for `approval_required`, with no approval_id: none was created).
+   *
+   * @generated from field: toolgate.v1.ToolResult decision = 1;
+   */
+  decision?: ToolResult | undefined;
+
+  /**
+   * True when execution would call the tool's backend now.
+   *
+   * @generated from field: bool would_execute = 2;
+   */
+  wouldExecute: boolean;
+
+  /**
+   * Every stage in chain order, from `structure` to `execute`.
+   *
+   * @generated from field: repeated toolgate.v1.StageExplanation stages = 3;
+   */
+  stages: StageExplanation[];
+
+  /**
+   * The arguments the backend would receive as canonical JSON: server-bound values written, and
+   * the tool's `redact` pointers replaced as the audit log records them. Empty when a stage before
+   * `bind` refuses.
+   *
+   * @generated from field: string final_arguments_json = 4;
+   */
+  finalArgumentsJson: string;
+
+  /**
+   * SHA-256 (hex) of the canonical final arguments, as audit events and approvals bind them.
+   *
+   * @generated from field: string arguments_sha256 = 5;
+   */
+  argumentsSha256: string;
+
+  /**
+   * Server-bound paths the model tried to set itself (audited by execution).
+   *
+   * @generated from field: repeated string bound_override_attempts = 6;
+   */
+  boundOverrideAttempts: string[];
+
+  /**
+   * The revision of the whole catalog explained against (as in the `catalog_revision_info` metric).
+   *
+   * @generated from field: string catalog_revision = 7;
+   */
+  catalogRevision: string;
+};
+
+/**
+ * Describes the message toolgate.v1.ExplainToolResponse.
+ * Use `create(ExplainToolResponseSchema)` to create a new message.
+ */
+export const ExplainToolResponseSchema: GenMessage<ExplainToolResponse> = /*@__PURE__*/
+  messageDesc(file_toolgate_v1_toolgate, 14);
+
+/**
+ * ExplainListToolsRequest asks which tools this caller sees, and why the others are hidden.
+ *
+ * @generated from message toolgate.v1.ExplainListToolsRequest
+ */
+export type ExplainListToolsRequest = Message<"toolgate.v1.ExplainListToolsRequest"> & {
+};
+
+/**
+ * Describes the message toolgate.v1.ExplainListToolsRequest.
+ * Use `create(ExplainListToolsRequestSchema)` to create a new message.
+ */
+export const ExplainListToolsRequestSchema: GenMessage<ExplainListToolsRequest> = /*@__PURE__*/
+  messageDesc(file_toolgate_v1_toolgate, 15);
+
+/**
+ * ToolVisibility is one tool of the catalog as one caller's ListTools treats it.
+ *
+ * @generated from message toolgate.v1.ToolVisibility
+ */
+export type ToolVisibility = Message<"toolgate.v1.ToolVisibility"> & {
+  /**
+   * The tool's name.
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * The version this caller resolves to (empty when resolution fails).
+   *
+   * @generated from field: string version = 2;
+   */
+  version: string;
+
+  /**
+   * True when ListTools shows the tool to this caller.
+   *
+   * @generated from field: bool visible = 3;
+   */
+  visible: boolean;
+
+  /**
+   * For a hidden tool: the stage that hides it (`resolve`, `access` or `scopes`).
+   *
+   * @generated from field: string hidden_by = 4;
+   */
+  hiddenBy: string;
+
+  /**
+   * For a hidden tool: the error_type a call would get (e.g. `denied_by_policy`).
+   *
+   * @generated from field: string error_type = 5;
+   */
+  errorType: string;
+
+  /**
+   * For a hidden tool: why, in words.
+   *
+   * @generated from field: string reason = 6;
+   */
+  reason: string;
+
+  /**
+   * For a tool hidden by `access`: the rule that hides it.
+   *
+   * @generated from field: toolgate.v1.CatalogRule rule = 7;
+   */
+  rule?: CatalogRule | undefined;
+
+  /**
+   * For a tool hidden by `scopes`: the scope the caller lacks.
+   *
+   * @generated from field: string missing_scope = 8;
+   */
+  missingScope: string;
+};
+
+/**
+ * Describes the message toolgate.v1.ToolVisibility.
+ * Use `create(ToolVisibilitySchema)` to create a new message.
+ */
+export const ToolVisibilitySchema: GenMessage<ToolVisibility> = /*@__PURE__*/
+  messageDesc(file_toolgate_v1_toolgate, 16);
+
+/**
+ * ExplainListToolsResponse holds every tool of the catalog, visible to the caller or not.
+ *
+ * @generated from message toolgate.v1.ExplainListToolsResponse
+ */
+export type ExplainListToolsResponse = Message<"toolgate.v1.ExplainListToolsResponse"> & {
+  /**
+   * Every tool, sorted by name.
+   *
+   * @generated from field: repeated toolgate.v1.ToolVisibility tools = 1;
+   */
+  tools: ToolVisibility[];
+
+  /**
+   * The catalog_revision ListTools would return to this caller.
+   *
+   * @generated from field: string catalog_revision = 2;
+   */
+  catalogRevision: string;
+};
+
+/**
+ * Describes the message toolgate.v1.ExplainListToolsResponse.
+ * Use `create(ExplainListToolsResponseSchema)` to create a new message.
+ */
+export const ExplainListToolsResponseSchema: GenMessage<ExplainListToolsResponse> = /*@__PURE__*/
+  messageDesc(file_toolgate_v1_toolgate, 17);
+
+/**
  * Approval is one request to run a risky call, bound to its exact arguments and caller.
  *
  * @generated from message toolgate.v1.Approval
@@ -586,7 +999,7 @@ export type Approval = Message<"toolgate.v1.Approval"> & {
  * Use `create(ApprovalSchema)` to create a new message.
  */
 export const ApprovalSchema: GenMessage<Approval> = /*@__PURE__*/
-  messageDesc(file_toolgate_v1_toolgate, 9);
+  messageDesc(file_toolgate_v1_toolgate, 18);
 
 /**
  * ListApprovalsRequest lists the approvals of the caller's tenant, a page at a time.
@@ -621,7 +1034,7 @@ export type ListApprovalsRequest = Message<"toolgate.v1.ListApprovalsRequest"> &
  * Use `create(ListApprovalsRequestSchema)` to create a new message.
  */
 export const ListApprovalsRequestSchema: GenMessage<ListApprovalsRequest> = /*@__PURE__*/
-  messageDesc(file_toolgate_v1_toolgate, 10);
+  messageDesc(file_toolgate_v1_toolgate, 19);
 
 /**
  * ListApprovalsResponse holds one page of the caller's tenant's approvals, oldest first.
@@ -649,7 +1062,7 @@ export type ListApprovalsResponse = Message<"toolgate.v1.ListApprovalsResponse">
  * Use `create(ListApprovalsResponseSchema)` to create a new message.
  */
 export const ListApprovalsResponseSchema: GenMessage<ListApprovalsResponse> = /*@__PURE__*/
-  messageDesc(file_toolgate_v1_toolgate, 11);
+  messageDesc(file_toolgate_v1_toolgate, 20);
 
 /**
  * GetApprovalRequest names one approval of the caller's tenant.
@@ -670,7 +1083,7 @@ export type GetApprovalRequest = Message<"toolgate.v1.GetApprovalRequest"> & {
  * Use `create(GetApprovalRequestSchema)` to create a new message.
  */
 export const GetApprovalRequestSchema: GenMessage<GetApprovalRequest> = /*@__PURE__*/
-  messageDesc(file_toolgate_v1_toolgate, 12);
+  messageDesc(file_toolgate_v1_toolgate, 21);
 
 /**
  * GetApprovalResponse returns one approval with its full arguments.
@@ -691,7 +1104,7 @@ export type GetApprovalResponse = Message<"toolgate.v1.GetApprovalResponse"> & {
  * Use `create(GetApprovalResponseSchema)` to create a new message.
  */
 export const GetApprovalResponseSchema: GenMessage<GetApprovalResponse> = /*@__PURE__*/
-  messageDesc(file_toolgate_v1_toolgate, 13);
+  messageDesc(file_toolgate_v1_toolgate, 22);
 
 /**
  * DecideApprovalRequest approves or rejects one pending approval.
@@ -726,7 +1139,7 @@ export type DecideApprovalRequest = Message<"toolgate.v1.DecideApprovalRequest">
  * Use `create(DecideApprovalRequestSchema)` to create a new message.
  */
 export const DecideApprovalRequestSchema: GenMessage<DecideApprovalRequest> = /*@__PURE__*/
-  messageDesc(file_toolgate_v1_toolgate, 14);
+  messageDesc(file_toolgate_v1_toolgate, 23);
 
 /**
  * DecideApprovalResponse returns the approval as decided.
@@ -747,7 +1160,7 @@ export type DecideApprovalResponse = Message<"toolgate.v1.DecideApprovalResponse
  * Use `create(DecideApprovalResponseSchema)` to create a new message.
  */
 export const DecideApprovalResponseSchema: GenMessage<DecideApprovalResponse> = /*@__PURE__*/
-  messageDesc(file_toolgate_v1_toolgate, 15);
+  messageDesc(file_toolgate_v1_toolgate, 24);
 
 /**
  * RiskLevel says what a tool can change; the catalog decides which levels need approval.
@@ -895,6 +1308,54 @@ export const ToolStatusSchema: GenEnum<ToolStatus> = /*@__PURE__*/
   enumDesc(file_toolgate_v1_toolgate, 1);
 
 /**
+ * StageResult says how far one stage of the boundary got for an explained call.
+ *
+ * @generated from enum toolgate.v1.StageResult
+ */
+export enum StageResult {
+  /**
+   * Not set; never returned by the server.
+   *
+   * @generated from enum value: STAGE_RESULT_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The stage would let the call through.
+   *
+   * @generated from enum value: STAGE_RESULT_PASSED = 1;
+   */
+  PASSED = 1,
+
+  /**
+   * The stage would refuse the call; `ExplainToolResponse.decision` carries the refusal.
+   *
+   * @generated from enum value: STAGE_RESULT_REFUSED = 2;
+   */
+  REFUSED = 2,
+
+  /**
+   * An earlier stage refuses, or (for `execute`) explaining never runs it.
+   *
+   * @generated from enum value: STAGE_RESULT_NOT_REACHED = 3;
+   */
+  NOT_REACHED = 3,
+
+  /**
+   * The stage has nothing to decide for this call (no approval needed, no idempotency key).
+   *
+   * @generated from enum value: STAGE_RESULT_NOT_APPLICABLE = 4;
+   */
+  NOT_APPLICABLE = 4,
+}
+
+/**
+ * Describes the enum toolgate.v1.StageResult.
+ */
+export const StageResultSchema: GenEnum<StageResult> = /*@__PURE__*/
+  enumDesc(file_toolgate_v1_toolgate, 2);
+
+/**
  * ApprovalState is where an approval is in its life.
  *
  * @generated from enum toolgate.v1.ApprovalState
@@ -954,7 +1415,7 @@ export enum ApprovalState {
  * Describes the enum toolgate.v1.ApprovalState.
  */
 export const ApprovalStateSchema: GenEnum<ApprovalState> = /*@__PURE__*/
-  enumDesc(file_toolgate_v1_toolgate, 2);
+  enumDesc(file_toolgate_v1_toolgate, 3);
 
 /**
  * ApprovalDecision is an approver's answer.
@@ -988,7 +1449,7 @@ export enum ApprovalDecision {
  * Describes the enum toolgate.v1.ApprovalDecision.
  */
 export const ApprovalDecisionSchema: GenEnum<ApprovalDecision> = /*@__PURE__*/
-  enumDesc(file_toolgate_v1_toolgate, 3);
+  enumDesc(file_toolgate_v1_toolgate, 4);
 
 /**
  * ToolGate is the sidecar's main service: what the model may see, and running what it proposed.
@@ -1025,6 +1486,30 @@ export const ToolGate: GenService<{
     methodKind: "unary";
     input: typeof ExecuteToolsRequestSchema;
     output: typeof ExecuteToolsResponseSchema;
+  },
+  /**
+   * ExplainTool says what ExecuteTool would decide for the same call now, stage by stage, without
+   * doing any of it: no quota is consumed, no approval created or used, no idempotency key
+   * claimed, no backend called, nothing audited. Needs the scope `toolgate:explain`, or dev
+   * identity.
+   *
+   * @generated from rpc toolgate.v1.ToolGate.ExplainTool
+   */
+  explainTool: {
+    methodKind: "unary";
+    input: typeof ExplainToolRequestSchema;
+    output: typeof ExplainToolResponseSchema;
+  },
+  /**
+   * ExplainListTools says, for every tool of the catalog, whether ListTools shows it to this
+   * caller and, if not, which stage hides it. Same authorization as ExplainTool.
+   *
+   * @generated from rpc toolgate.v1.ToolGate.ExplainListTools
+   */
+  explainListTools: {
+    methodKind: "unary";
+    input: typeof ExplainListToolsRequestSchema;
+    output: typeof ExplainListToolsResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_toolgate_v1_toolgate, 0);
