@@ -13,7 +13,10 @@
 //!    in-process collector), then
 //! 3. the same pair as separate processes: the bare echo (this executable re-run with a hidden
 //!    flag) and `target/release/toolgate` with the same catalog — the deployed shape, including
-//!    whatever logging and OTLP export the binary installs;
+//!    whatever logging and OTLP export the binary installs — and, in max-rate mode only, variants
+//!    of the binary for the CPU split (span export off, audit off) and one with a shadow catalog
+//!    (`shadow_catalog`: each call explained again against a candidate), reported as a ratio of
+//!    the binary's throughput without;
 //!
 //! each in max-rate mode (closed loop: N connections × M calls in flight each) and fixed-rate
 //! mode (open loop: calls sent on a schedule, latency measured from each call's intended send time
@@ -78,11 +81,15 @@ const BINARY_FRESH_JWT: &str = "toolgate binary, a new JWT per call";
 /// Switch-off variants, for the CPU split: span export off, then audit off too.
 const BINARY_NO_EXPORT: &str = "toolgate binary, span export off";
 const BINARY_NO_AUDIT: &str = "toolgate binary, span export and audit off";
+/// The binary with a shadow catalog: every call also explained against a candidate that decides
+/// the bench's calls alike (so it costs the explanation, not audit events for differences).
+const BINARY_SHADOW: &str = "toolgate binary, shadow catalog";
 
 /// OTEL_SERVICE_NAME of each exporting server, so the collector can count spans per target.
 const SERVICE_IN_PROCESS: &str = "toolgate-bench-in-process";
 const SERVICE_BINARY: &str = "toolgate-bench-binary";
 const SERVICE_FRESH_JWT: &str = "toolgate-bench-fresh-jwt";
+const SERVICE_SHADOW: &str = "toolgate-bench-shadow";
 
 /// Re-runs this executable as the bare echo server on the given address.
 const BARE_SERVER_FLAG: &str = "--serve-bare-echo";
@@ -467,9 +474,27 @@ fn run(options: &Options) -> anyhow::Result<bool> {
             &export_off,
         )?,
     ];
+    let candidate = write(
+        "bench-candidate.yaml",
+        candidate_catalog(&dir.path().join("audit-candidate.jsonl")),
+    )?;
+    let shadow_admin = free_port()?.to_string();
+    binaries.push(Binary::spawn(
+        &exe,
+        &write(
+            "bench-shadow.yaml",
+            catalog_with_shadow(&dir.path().join("audit-shadow.jsonl"), &candidate),
+        )?,
+        dir.path(),
+        SERVICE_SHADOW,
+        &[("TOOLGATE_ADMIN_LISTEN", &shadow_admin)],
+    )?);
     for binary in &mut binaries {
         binary.wait_serving(&client_rt)?;
     }
+    // The candidate loads right after start; measuring before it did would measure nothing.
+    let shadow_admin: SocketAddr = shadow_admin.parse()?;
+    wait_shadow_loaded(shadow_admin)?;
     let own = |name, addr, pid: u32, expected: &str| Target {
         server_pid: Some(pid),
         ..Target::new(name, addr, &request, &auth, expected)
@@ -507,6 +532,11 @@ fn run(options: &Options) -> anyhow::Result<bool> {
             own(BINARY_NO_AUDIT, binaries[3].addr, binaries[3].pid(), &text),
             false,
         ),
+        // The shadow catalog's cost: max rate and CPU per call, against the binary without.
+        (
+            own(BINARY_SHADOW, binaries[4].addr, binaries[4].pid(), &text),
+            false,
+        ),
     ];
     let mut rows: Vec<Row> = Vec::new();
     let mut calls_by_target = vec![0u64; targets.len()];
@@ -522,6 +552,9 @@ fn run(options: &Options) -> anyhow::Result<bool> {
         }
         Ok(())
     })();
+    // What the shadow worker did with the calls it was offered: compared, or skipped (its
+    // queue full), so the ratio below is read with what it covered.
+    let shadow = shadow_counts(shadow_admin);
     server_rt.block_on(bare.stop());
     server_rt.block_on(running.shutdown());
     stop(bare_child, Duration::from_secs(5))?;
@@ -616,8 +649,11 @@ fn run(options: &Options) -> anyhow::Result<bool> {
     let load_at_end = load_average();
     collector_rt.block_on(collector.shutdown());
 
+    let shadow = shadow?;
+    all_ok &= shadow.0 > 0.0;
     print_report(&Report {
         options,
+        shadow,
         rows: &rows,
         spans: &spans_report,
         startups: &startups,
@@ -640,6 +676,74 @@ fn runtime(name: &str, workers: usize) -> std::io::Result<Runtime> {
 
 fn catalog(audit: &Path) -> String {
     CATALOG.replace("AUDIT_PATH", &audit.display().to_string())
+}
+
+/// The bench catalog with a shadow candidate.
+fn catalog_with_shadow(audit: &Path, candidate: &Path) -> String {
+    catalog(audit).replacen(
+        "version: 1\n",
+        &format!("version: 1\nshadow_catalog: {}\n", candidate.display()),
+        1,
+    )
+}
+
+/// The shadow candidate: the bench catalog with one deny rule narrowed, which changes no decision
+/// the bench's calls get.
+fn candidate_catalog(audit: &Path) -> String {
+    let narrowed = catalog(audit).replace(r#"deny: ["admin_*"]"#, r#"deny: ["admin_purge"]"#);
+    assert!(narrowed.contains("admin_purge\"]"));
+    narrowed
+}
+
+/// The admin endpoint's metrics text (a bare HTTP/1.1 GET, loopback only).
+fn admin_metrics(admin: SocketAddr) -> anyhow::Result<String> {
+    use std::io::{Read, Write};
+    let mut stream = TcpStream::connect_timeout(&admin, Duration::from_secs(2))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n")?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    Ok(response)
+}
+
+/// The value of an unlabelled sample (or the sum of a family's samples) in Prometheus text.
+fn sample(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|line| line.starts_with(name) && !line.starts_with('#'))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .fold(0.0, |sum, value| sum + value)
+}
+
+/// Waits (10 s at most) until the shadow binary has loaded its candidate.
+fn wait_shadow_loaded(admin: SocketAddr) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = admin_metrics(admin).unwrap_or_default();
+        if sample(&text, "toolgate_shadow_catalog_loads_total{result=\"ok\"}") >= 1.0 {
+            return Ok(());
+        }
+        if sample(
+            &text,
+            "toolgate_shadow_catalog_loads_total{result=\"refused\"}",
+        ) >= 1.0
+        {
+            bail!("the shadow binary refused its candidate catalog");
+        }
+        if Instant::now() > deadline {
+            bail!("the shadow binary did not load its candidate within 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// (calls compared, calls skipped because the queue was full, differences) so far.
+fn shadow_counts(admin: SocketAddr) -> anyhow::Result<(f64, f64, f64)> {
+    let text = admin_metrics(admin)?;
+    Ok((
+        sample(&text, "toolgate_shadow_compared_total"),
+        sample(&text, "toolgate_shadow_skipped_total"),
+        sample(&text, "toolgate_shadow_differences_total"),
+    ))
 }
 
 /// The bench catalog with audit switched off (`sink: none`), for the CPU split.
@@ -1647,6 +1751,8 @@ async fn slow_calls(
 
 struct Report<'a> {
     options: &'a Options,
+    /// The shadow binary's calls compared, skipped (queue full) and differences.
+    shadow: (f64, f64, f64),
     /// One per (target, mode, round).
     rows: &'a [Row],
     /// (target, spans received from it, calls sent to it).
@@ -1889,13 +1995,29 @@ fn print_report(r: &Report) {
             .map(|row| row.server_cpu_us.unwrap_or(f64::NAN))
             .collect()
     };
-    let (bare_cpu, full, fresh, no_export, no_audit) = (
+    let (bare_cpu, full, fresh, no_export, no_audit, shadow_cpu) = (
         cpu(BARE_PROCESS),
         cpu(BINARY),
         cpu(BINARY_FRESH_JWT),
         cpu(BINARY_NO_EXPORT),
         cpu(BINARY_NO_AUDIT),
+        cpu(BINARY_SHADOW),
     );
+    // The shadow catalog: calls per second with it, as a share of the same binary without.
+    if let Some(ratio) = paired(BINARY, BINARY_SHADOW, false, &|plain, shadow| {
+        shadow.throughput / plain.throughput * 100.0
+    }) {
+        let (compared, skipped, differences) = r.shadow;
+        checks.push((
+            "ExecuteTool max throughput with a shadow catalog / without (own processes)".into(),
+            format!(
+                "{} % ({compared:.0} calls compared, {skipped:.0} skipped with its queue full, {differences:.0} differences)",
+                ratio.show(1)
+            ),
+            "— (measured)".into(),
+            "—",
+        ));
+    }
     let diff = |a: &[f64], b: &[f64]| Spread::of(a.iter().zip(b).map(|(x, y)| x - y));
     if let (Some(g), Some(b)) = (Spread::of(full.clone()), Spread::of(bare_cpu.clone())) {
         checks.push((
@@ -1943,6 +2065,11 @@ fn print_report(r: &Report) {
             "a JWT never seen before (vs the cached one)",
             diff(&fresh, &full),
             "a new JWT per call − everything on",
+        ),
+        (
+            "a shadow catalog (each call explained again, off the response path)",
+            diff(&shadow_cpu, &full),
+            "shadow catalog − everything on",
         ),
     ] {
         println!(
