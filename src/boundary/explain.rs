@@ -175,7 +175,7 @@ pub struct Visibility {
 impl Boundary {
     /// Explains `call` (the `index`-th of its turn) against the catalog in force: what
     /// ExecuteTool would decide now, changing nothing.
-    pub fn explain(&self, turn: &Turn, call: &CallRequest, index: usize) -> Explanation {
+    pub async fn explain(&self, turn: &Turn, call: &CallRequest, index: usize) -> Explanation {
         let state = self.state.load_full();
         let explainer = Explainer {
             boundary: self,
@@ -184,12 +184,12 @@ impl Boundary {
             check_revision: true,
             own: OwnEffects::default(),
         };
-        explainer.explain(turn, call, index)
+        explainer.explain(turn, call, index).await
     }
 
     /// Explains `call` against another catalog (a shadow candidate), with the state of the one
     /// in force: quotas are the served catalog's where the candidate's are the same.
-    pub(crate) fn explain_against(
+    pub(crate) async fn explain_against(
         &self,
         catalog: &Catalog,
         turn: &Turn,
@@ -206,7 +206,7 @@ impl Boundary {
             check_revision: false,
             own,
         };
-        explainer.explain(turn, call, index)
+        explainer.explain(turn, call, index).await
     }
 
     /// Every tool of the catalog in force, visible to `caller` or not, with what hid it; and the
@@ -283,7 +283,8 @@ enum Ending {
 }
 
 impl Explainer<'_> {
-    fn explain(&self, turn: &Turn, call: &CallRequest, index: usize) -> Explanation {
+    // Async because the stores it reads may live elsewhere (a shared backend answers later).
+    async fn explain(&self, turn: &Turn, call: &CallRequest, index: usize) -> Explanation {
         let limits = &self.boundary.limits;
         let caller = &turn.caller;
         let call_id = structure::reported_call_id(
@@ -319,13 +320,13 @@ impl Explainer<'_> {
             Ok(decided) => {
                 explanation.arguments = Some(redact(&decided.arguments, &decided.tool.redact));
                 explanation.arguments_sha256 = Some(decided.arguments_sha256.clone());
-                self.stateful(turn, call, &decided, &mut stages)
+                self.stateful(turn, call, &decided, &mut stages).await
             }
         };
         for stage in STAGES {
             if !stages.iter().any(|s| s.stage == stage) {
                 let detail = match stage {
-                    Stage::Execute => "not run: explain never calls the backend",
+                    Stage::Execute => "explain never calls the backend",
                     _ => "",
                 };
                 stages.push(StageTrail::new(stage, StageResult::NotReached, detail));
@@ -336,7 +337,7 @@ impl Explainer<'_> {
             && let Some(tool) = tool
         {
             execute.detail = format!(
-                "not run: execution would now hand the final arguments to the {} backend",
+                "execution would now hand the final arguments to the {} backend",
                 tool.executor.kind()
             );
         }
@@ -503,7 +504,7 @@ impl Explainer<'_> {
     }
 
     /// Stages 8–10 against the live state, which they only read.
-    fn stateful(
+    async fn stateful(
         &self,
         turn: &Turn,
         call: &CallRequest,
@@ -582,7 +583,7 @@ impl Explainer<'_> {
         rate_trail.quotas = quotas;
         stages.push(rate_trail);
         // 9. Approval: checked, never created.
-        let (trail, approval) = self.approval(turn, call, decided);
+        let (trail, approval) = self.approval(turn, call, decided).await;
         stages.push(trail);
         let approval_id = match approval {
             Ok(id) => id,
@@ -658,7 +659,7 @@ impl Explainer<'_> {
 
     /// Stage 9, checked without creating anything: the trail, and the approval the call would
     /// redeem or the refusal.
-    fn approval(
+    async fn approval(
         &self,
         turn: &Turn,
         call: &CallRequest,

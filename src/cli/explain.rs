@@ -104,12 +104,12 @@ pub fn render(response: &proto::ExplainToolResponse, name: &str) -> String {
         ),
     };
     for stage in &response.stages {
-        let line = format!(
-            "  {:<12} {:<12} {}",
-            stage.stage,
-            result_name(stage.result()),
-            stage.detail
-        );
+        // Explaining never runs the backend: say so rather than "not reached".
+        let result = match (stage.stage.as_str(), stage.result()) {
+            ("execute", proto::StageResult::NotReached) => "not run",
+            (_, result) => result_name(result),
+        };
+        let line = format!("  {:<12} {:<12} {}", stage.stage, result, stage.detail);
         let _ = writeln!(out, "{}", line.trim_end());
         let more = |out: &mut String, text: String| {
             let _ = writeln!(out, "  {:<12} {:<12}   {text}", "", "");
@@ -233,7 +233,7 @@ pub fn render_list(response: &proto::ExplainListToolsResponse) -> String {
             continue;
         }
         let mut why = format!(
-            "hidden by {} [{}]: {}",
+            "by {} [{}]: {}",
             tool.hidden_by, tool.error_type, tool.reason
         );
         if let Some(rule) = &tool.rule {

@@ -294,7 +294,9 @@ pub async fn run(config: Option<&Path>, tests: &Path, coverage: bool) -> anyhow:
         };
         let mut diff = String::new();
         if let Some(call) = &case.call {
-            let explained = boundary.explain(&turn(&caller, call), &call_request(call), 0);
+            let explained = boundary
+                .explain(&turn(&caller, call), &call_request(call), 0)
+                .await;
             report.seen_call(&call.name, &explained);
             diff.push_str(&compare_call(&case.expect, &explained));
             if !diff.is_empty() {

@@ -225,7 +225,8 @@ impl ToolGate for ToolGateService {
             .ok_or_else(|| Status::invalid_argument("ExplainToolRequest.call is required"))?;
         let explained = self
             .boundary()
-            .explain(&turn, &convert::call_request(call), 0);
+            .explain(&turn, &convert::call_request(call), 0)
+            .await;
         Ok(Response::new(super::explain::explanation(explained)))
     }
 

@@ -288,11 +288,11 @@ pub async fn run(boundary: Arc<Boundary>) {
         let Some(candidate) = shadow.candidate() else {
             continue;
         };
-        compare(&boundary, &candidate, job);
+        compare(&boundary, &candidate, job).await;
     }
 }
 
-fn compare(boundary: &Boundary, candidate: &Candidate, job: Job) {
+async fn compare(boundary: &Boundary, candidate: &Candidate, job: Job) {
     let revision = &candidate.revision;
     let candidate = &candidate.catalog;
     let turn = Turn {
@@ -305,8 +305,9 @@ fn compare(boundary: &Boundary, candidate: &Candidate, job: Job) {
         trace_parent: opentelemetry::Context::new(),
     };
     let active = job.active;
-    let explained =
-        boundary.explain_against(candidate, &turn, &job.call, job.index, active.own_effects());
+    let explained = boundary
+        .explain_against(candidate, &turn, &job.call, job.index, active.own_effects())
+        .await;
     boundary.metrics().shadow_compared();
     let differences = differences(&active, &explained);
     if differences.is_empty() {

@@ -263,3 +263,32 @@ fn the_published_test_file_schema_is_current_and_accepts_the_demo_cases() {
     let typo: serde_json::Value = serde_json::json!({"version": 1, "cases": [{"name": "x", "identity": {"tenant": "a"}, "expect": {"stauts": "OK"}}]});
     assert!(!validator.is_valid(&typo));
 }
+
+/// The README's "Explain a decision" and "Test a catalog" sessions, replayed command by command
+/// against the real binary serving the demo (as the "Try it" session is): the output must be
+/// exactly what the README shows.
+#[test]
+fn the_readme_explain_and_test_sessions_are_what_the_binary_prints() {
+    let spawned = crate::process::spawn(&[]);
+    for heading in ["### Explain a decision", "### Test a catalog"] {
+        for (command, expected) in crate::cli::readme_session(heading) {
+            assert!(command.starts_with("toolgate "), "{command}");
+            let (code, stdout, stderr) = crate::cli::run_shell(&command, &spawned.addr);
+            assert_eq!(
+                crate::cli::masked(&stdout),
+                crate::cli::masked(&expected),
+                "`{command}` printed (stderr: {stderr})"
+            );
+            // `explain` exits 4 when execution would not return OK, like `call`.
+            let refused = command.starts_with("toolgate explain ")
+                && !stdout.starts_with("OK ")
+                && !stdout.starts_with("catalog revision");
+            assert_eq!(
+                code,
+                Some(if refused { 4 } else { 0 }),
+                "`{command}`: {stderr}"
+            );
+        }
+    }
+    crate::process::stop_blocking(spawned);
+}

@@ -12,17 +12,18 @@ use serde_json::Value;
 
 use crate::process::spawn;
 
-/// The README's "Try it" console block: (command, expected stdout) in order.
-fn readme_session() -> Vec<(String, String)> {
+/// The first console block under a README heading (e.g. `## Try it`): (command, expected
+/// stdout) in order.
+pub(crate) fn readme_session(heading: &str) -> Vec<(String, String)> {
     let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
         .expect("README.md");
     let section = readme
-        .split_once("\n## Try it\n")
-        .expect("a \"## Try it\" section")
+        .split_once(&format!("\n{heading}\n"))
+        .unwrap_or_else(|| panic!("a {heading:?} section"))
         .1;
     let block = section
         .split_once("```console\n")
-        .expect("a console block in \"Try it\"")
+        .unwrap_or_else(|| panic!("a console block in {heading:?}"))
         .1
         .split_once("\n```")
         .expect("the console block ends")
@@ -41,7 +42,7 @@ fn readme_session() -> Vec<(String, String)> {
     for (_, output) in &mut session {
         *output = output.trim_end().to_owned();
     }
-    assert!(session.len() >= 5, "{session:?}");
+    assert!(!session.is_empty(), "{session:?}");
     session
 }
 
@@ -54,7 +55,7 @@ fn approval_id(text: &str) -> Option<&str> {
 }
 
 /// What varies from run to run: approval ids, and the duration in `(call ID, N ms`.
-fn masked(text: &str) -> String {
+pub(crate) fn masked(text: &str) -> String {
     let mut out = text.to_owned();
     while let Some(id) = approval_id(&out) {
         out = out.replace(id, "apr_<id>");
@@ -82,7 +83,7 @@ fn masked(text: &str) -> String {
 
 /// Runs one command line through `sh`, with the binary under test as `toolgate` on PATH and
 /// `TOOLGATE_ADDR` set: (exit code, stdout, stderr).
-fn run_shell(command: &str, addr: &str) -> (Option<i32>, String, String) {
+pub(crate) fn run_shell(command: &str, addr: &str) -> (Option<i32>, String, String) {
     let binary = Path::new(env!("CARGO_BIN_EXE_toolgate"));
     let path = format!(
         "{}:{}",
@@ -120,7 +121,8 @@ fn toolgate(args: &[&str], addr: &str) -> (Option<i32>, String, String) {
 
 #[test]
 fn the_readme_try_it_session_is_what_the_binary_prints() {
-    let session = readme_session();
+    let session = readme_session("## Try it");
+    assert!(session.len() >= 5, "{session:?}");
     let readme_approval = session
         .iter()
         .find_map(|(_, output)| approval_id(output))
