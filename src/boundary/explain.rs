@@ -300,26 +300,13 @@ impl Explainer<'_> {
         let decided = policy::decide(limits, self.catalog, shown, caller, call, &mut seen);
         let mut stages = self.policy_trail(turn, call, &seen, &decided);
         let tool = seen.tool;
-        let mut explanation = Explanation {
-            outcome: CallOutcome::ok(
-                call_id.clone(),
-                call.name.clone(),
-                String::new(),
-                String::new(),
-            ),
-            would_execute: false,
-            stages: Vec::new(),
-            arguments: None,
-            arguments_sha256: None,
-            override_attempts: seen.override_attempts,
-            catalog_revision: self.catalog.revision().to_owned(),
-        };
         let version = tool.map(|t| t.version.clone()).unwrap_or_default();
+        let (mut arguments, mut arguments_sha256) = (None, None);
         let ending = match decided {
             Err(refusal) => Ending::Refused(refusal),
             Ok(decided) => {
-                explanation.arguments = Some(redact(&decided.arguments, &decided.tool.redact));
-                explanation.arguments_sha256 = Some(decided.arguments_sha256.clone());
+                arguments = Some(redact(&decided.arguments, &decided.tool.redact));
+                arguments_sha256 = Some(decided.arguments_sha256.clone());
                 self.stateful(turn, call, &decided, &mut stages).await
             }
         };
@@ -341,9 +328,9 @@ impl Explainer<'_> {
                 tool.executor.kind()
             );
         }
-        explanation.outcome = match ending {
+        let would_execute = matches!(ending, Ending::Execute { .. });
+        let outcome = match ending {
             Ending::Execute { approval_id } => {
-                explanation.would_execute = true;
                 let mut outcome =
                     CallOutcome::ok(call_id, call.name.clone(), version, String::new());
                 outcome.approval_id = approval_id;
@@ -368,8 +355,15 @@ impl Explainer<'_> {
                 CallOutcome::refused(call_id, call.name.clone(), version, refusal)
             }
         };
-        explanation.stages = stages;
-        explanation
+        Explanation {
+            outcome,
+            would_execute,
+            stages,
+            arguments,
+            arguments_sha256,
+            override_attempts: seen.override_attempts,
+            catalog_revision: self.catalog.revision().to_owned(),
+        }
     }
 
     /// The trail of stages 1–7 from what [`policy::decide`] found.

@@ -4,7 +4,9 @@
 //! [`Permit`] an executor needs.
 //!
 //! ListTools uses the same resolve, access and scope stages, so what the model sees and what may
-//! execute cannot drift apart.
+//! execute cannot drift apart. Stages 1–7 are one function (`policy`) that ExplainTool, catalog
+//! tests and the shadow catalog run too (`explain`), reading stages 8–10's state without
+//! changing it.
 
 pub mod access;
 pub mod bind;
