@@ -18,6 +18,7 @@ pub mod identity;
 pub mod limits;
 pub mod metrics;
 pub mod server;
+pub mod settings;
 pub mod telemetry;
 
 pub use server::{Running, StartError, StartOptions, run, start};

@@ -8,7 +8,7 @@
 //! the tool started does not burn it. Time comes from the injected clock. Memory is bounded per
 //! tenant and in total, in count and bytes.
 
-use std::{collections::HashMap, sync::Mutex, time::Duration};
+use std::{collections::HashMap, sync::Mutex};
 
 use crate::{
     catalog::{Catalog, RiskLevel},
@@ -102,13 +102,7 @@ pub struct Checked {
 }
 
 /// Budgets of the store.
-#[derive(Debug, Clone, Copy)]
-pub struct Budget {
-    pub ttl: Duration,
-    pub max_per_tenant: usize,
-    pub max_bytes_per_tenant: usize,
-    pub max_bytes: usize,
-}
+pub use crate::settings::ApprovalBudget as Budget;
 
 /// Why the Approvals service refused a request.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -547,6 +541,7 @@ fn largest_with_finished(approvals: &HashMap<String, Approval>) -> Option<String
 mod tests {
     use super::*;
     use crate::{clock::ManualClock, identity::AuthMethod};
+    use std::time::Duration;
 
     fn caller(tenant: &str, subject: &str, scopes: &[&str]) -> Caller {
         Caller {

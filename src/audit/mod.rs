@@ -23,7 +23,7 @@ use tokio::{
     task::JoinHandle,
 };
 
-use crate::config::{AuditConfig, AuditSinkConfig, raw::RawFsync};
+use crate::settings::{AuditConfig, AuditSinkConfig, raw::RawFsync};
 
 /// What an event records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -104,7 +104,7 @@ pub struct RefusedCallers {
 const MAX_REFUSED_REASON: usize = 256;
 
 impl RefusedCallers {
-    pub fn new(rate: crate::config::Rate, clock: crate::clock::SharedClock) -> Self {
+    pub fn new(rate: crate::settings::Rate, clock: crate::clock::SharedClock) -> Self {
         RefusedCallers {
             quota: crate::limits::SingleQuota::new(rate, clock.clone()),
             suppressed_since: AtomicU64::new(0),

@@ -65,13 +65,7 @@ impl Key {
 }
 
 /// Budgets of the store.
-#[derive(Debug, Clone, Copy)]
-pub struct Budget {
-    pub window: Duration,
-    pub max_entries_per_tenant: usize,
-    pub max_bytes_per_tenant: usize,
-    pub max_bytes: usize,
-}
+pub use crate::settings::IdempotencyBudget as Budget;
 
 /// Bytes an entry costs beyond its strings: the map slot, the queue slot, the watch channel.
 const ENTRY_OVERHEAD: usize = 256;

@@ -39,12 +39,12 @@ use crate::{
     canonical,
     catalog::{Catalog, RiskLevel, ToolVersion, revision_of},
     clock::SharedClock,
-    config::LimitsConfig,
     error::{Reason, Refusal, Stage, Status},
     executor::{ExecError, Executors},
     identity::Caller,
     limits::RateLimits,
     metrics::Metrics,
+    settings::LimitsConfig,
     telemetry::spans,
 };
 use idempotency::{Claim, IdempotencyStore};
@@ -92,11 +92,7 @@ pub struct ResponseBudget {
     left: AtomicUsize,
 }
 
-/// Room set aside in a response for each result: enough for the short refusal that replaces a
-/// result too large to send (its ids are at most `limits.max_identifier_bytes`, ≤ 1 KiB).
-pub const RESULT_RESERVE_BYTES: usize = 4 * 1024;
-/// Room kept for the response's own framing.
-pub const RESPONSE_MARGIN_BYTES: usize = 16 * 1024;
+pub use crate::settings::{RESPONSE_MARGIN_BYTES, RESULT_RESERVE_BYTES};
 
 impl ResponseBudget {
     /// The budget for `calls` results in a message of at most `max_message_bytes`.
@@ -584,7 +580,7 @@ impl Boundary {
         // A timeout of up to 30 days (validated at load) cannot overflow; saturate regardless.
         let tool_deadline = now
             .checked_add(tool.timeout)
-            .unwrap_or(now + crate::config::MAX_DURATION);
+            .unwrap_or(now + crate::settings::MAX_DURATION);
         let deadline = deadline.map_or(tool_deadline, |d| d.min(tool_deadline));
         // Beyond a tool's concurrency cap, refuse at once rather than queue without bound.
         let _slot = match &tool.concurrency {

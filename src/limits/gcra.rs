@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use crate::config::Rate;
+use crate::settings::Rate;
 
 /// One quota, in nanoseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

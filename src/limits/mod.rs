@@ -21,8 +21,8 @@ use std::{
 use crate::{
     catalog::{Catalog, ToolVersion},
     clock::SharedClock,
-    config::Rate,
     error::{Reason, Refusal, Stage},
+    settings::Rate,
 };
 use gcra::Gcra;
 

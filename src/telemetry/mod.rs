@@ -18,7 +18,7 @@ use opentelemetry_sdk::{
 };
 use tracing_subscriber::{EnvFilter, Layer, fmt, prelude::*};
 
-use crate::config::{Env, FieldError, parse_duration, raw::RawTelemetry};
+use crate::settings::{Env, FieldError, parse_duration, raw::RawTelemetry};
 
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -33,7 +33,7 @@ pub use ssrf::{AddressPolicy, non_public_reason};
 use super::{ExecError, Executor};
 use crate::{
     boundary::Permit,
-    config::{
+    settings::{
         Env, FieldError, parse_duration,
         raw::{RawHeaderValue, RawUpstream},
         resolve_path,
