@@ -19,6 +19,7 @@ pub mod limits;
 pub mod metrics;
 pub mod server;
 pub mod settings;
+pub mod state;
 pub mod telemetry;
 
 pub use server::{Running, StartError, StartOptions, run, start};

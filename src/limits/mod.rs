@@ -9,8 +9,12 @@
 //!
 //! governor is not used: it decides and commits in one step, so two quotas cannot be checked
 //! without one of them consuming a cell for a call the other refuses.
+//!
+//! [`Quotas`] is what the boundary calls: this memory limiter, or the quotas shared by every
+//! sidecar through Redis ([`redis`]).
 
 pub mod gcra;
+pub mod redis;
 
 use std::{
     collections::HashMap,
@@ -23,8 +27,94 @@ use crate::{
     clock::SharedClock,
     error::{Reason, Refusal, Stage},
     settings::Rate,
+    state::{self, StateError},
 };
 use gcra::Gcra;
+use redis::SharedQuotas;
+
+/// The rate limiter of one catalog: this sidecar's memory, or shared through Redis.
+pub enum Quotas {
+    Local(RateLimits),
+    Shared(SharedQuotas),
+}
+
+impl Quotas {
+    /// Limiters for `catalog` on `backend`, carrying over `previous` state where a quota is
+    /// unchanged (in Redis the key names carry the rate, so that holds by itself).
+    pub fn build(
+        catalog: &Catalog,
+        clock: SharedClock,
+        backend: &state::Backend,
+        previous: Option<&Quotas>,
+    ) -> Quotas {
+        let previous_local = previous.and_then(|p| match p {
+            Quotas::Local(local) => Some(local),
+            Quotas::Shared(shared) => shared.fallback(),
+        });
+        let local = RateLimits::build(catalog, clock, previous_local);
+        match backend {
+            state::Backend::Memory => Quotas::Local(local),
+            state::Backend::Redis(redis) => {
+                let previous_shared = previous.and_then(|p| match p {
+                    Quotas::Shared(shared) => Some(shared),
+                    Quotas::Local(_) => None,
+                });
+                Quotas::Shared(SharedQuotas::new(
+                    redis.clone(),
+                    Some(local),
+                    previous_shared,
+                ))
+            }
+        }
+    }
+
+    /// Admits one call of `tool` for `tenant` if both its quotas have room, consuming one cell
+    /// of each; otherwise consumes nothing and says how long to wait.
+    pub async fn check(
+        &self,
+        tenant: &str,
+        tool: &ToolVersion,
+        tenant_rate: Option<Rate>,
+    ) -> Result<(), Refusal> {
+        match self {
+            Quotas::Local(local) => local.check(tenant, tool, tenant_rate),
+            Quotas::Shared(shared) => shared.check(tenant, tool, tenant_rate).await,
+        }
+    }
+
+    /// What each quota of this call would admit now, consuming nothing.
+    pub async fn view(
+        &self,
+        tenant: &str,
+        tool: &ToolVersion,
+        tenant_rate: Option<Rate>,
+    ) -> Result<Vec<QuotaView>, StateError> {
+        match self {
+            Quotas::Local(local) => Ok(local.view(tenant, tool, tenant_rate)),
+            Quotas::Shared(shared) => shared.view(tenant, tool, tenant_rate).await,
+        }
+    }
+
+    /// The in-memory limiter: the only one, or the one that decides during Redis outages.
+    fn local(&self) -> Option<&RateLimits> {
+        match self {
+            Quotas::Local(local) => Some(local),
+            Quotas::Shared(shared) => shared.fallback(),
+        }
+    }
+
+    /// Forgets in-memory keys whose window has passed (Redis expires its own).
+    pub fn retain_recent(&self) {
+        if let Some(local) = self.local() {
+            local.retain_recent();
+        }
+    }
+
+    /// Keys held in this sidecar's memory.
+    pub fn keys_held(&self) -> usize {
+        self.local().map_or(0, RateLimits::keys_held)
+    }
+}
 
 /// A tenant as the maps know it: shared, so admitting a call clones a pointer, not the name.
 type TenantKey = Arc<str>;
@@ -159,25 +249,12 @@ impl RateLimits {
         if let Some(Err(wait)) = tool_decision
             && let Some(rate) = tool.rate_limit
         {
-            return Err(refusal(
-                format!(
-                    "rate limit {} for {} reached for tenant {tenant}",
-                    describe(rate),
-                    tool.name
-                ),
-                wait,
-            ));
+            return Err(tool_refusal(tenant, tool, rate, wait));
         }
         if let Some(Err(wait)) = tenant_decision
             && let Some((rate, _)) = tenant_cells
         {
-            return Err(refusal(
-                format!(
-                    "tenant {tenant} reached its overall rate limit {}",
-                    describe(*rate)
-                ),
-                wait,
-            ));
+            return Err(tenant_refusal(tenant, *rate, wait));
         }
         let key = self.tenant_key(tenant);
         if let (Some(Ok(tat)), Some(tats)) = (tool_decision, tool_tats.as_mut()) {
@@ -290,6 +367,29 @@ impl SingleQuota {
 
 /// How often idle rate-limit keys are shed.
 pub const SWEEP_INTERVAL: Duration = Duration::from_secs(60);
+
+/// A call refused by its tool's quota.
+fn tool_refusal(tenant: &str, tool: &ToolVersion, rate: Rate, wait: Duration) -> Refusal {
+    refusal(
+        format!(
+            "rate limit {} for {} reached for tenant {tenant}",
+            describe(rate),
+            tool.name
+        ),
+        wait,
+    )
+}
+
+/// A call refused by its tenant's overall quota.
+fn tenant_refusal(tenant: &str, rate: Rate, wait: Duration) -> Refusal {
+    refusal(
+        format!(
+            "tenant {tenant} reached its overall rate limit {}",
+            describe(rate)
+        ),
+        wait,
+    )
+}
 
 fn refusal(message: String, wait: Duration) -> Refusal {
     // Round up so a client that waits exactly this long is admitted.

@@ -192,7 +192,7 @@ pub fn decide_status(err: &DecideError) -> GrpcStatus {
         DecideError::NotFound(_) => Code::NotFound,
         DecideError::NotPending { .. } => Code::FailedPrecondition,
         DecideError::NoDecision | DecideError::InvalidPageToken => Code::InvalidArgument,
-        DecideError::AuditUnavailable => Code::Unavailable,
+        DecideError::AuditUnavailable | DecideError::Unavailable(_) => Code::Unavailable,
     };
     GrpcStatus::new(code, err.to_string())
 }

@@ -29,6 +29,8 @@ mod process;
 mod process_hardening;
 mod properties;
 mod rate_limits;
+#[path = "../common/redis_server.rs"]
+mod redis_server;
 mod reliability;
 mod reload;
 mod shutdown;
