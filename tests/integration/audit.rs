@@ -14,9 +14,7 @@ use toolgate::proto::{self, ToolStatus};
 
 use crate::{
     otlp_collector,
-    process::{
-        Spawned, client, sigterm, spawn_with_env, spawn_with_stdout, spawn_wrapped, wait_exit,
-    },
+    process::{client, spawn_with_env, spawn_with_stdout, spawn_wrapped, stop, wait_exit},
     support::{STAGES, TestServer, call, exec, execute_request, who},
 };
 
@@ -25,18 +23,6 @@ const CALLER_SPAN: &str = "00f067aa0ba902b7";
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// SIGTERM to the process and a wait (bounded) for exit 0; returns its logs.
-async fn stop(spawned: Spawned) -> String {
-    sigterm(&spawned.child);
-    tokio::task::spawn_blocking(move || {
-        let mut spawned = spawned;
-        assert_eq!(wait_exit(&mut spawned.child).code(), Some(0));
-        spawned.logs()
-    })
-    .await
-    .unwrap()
 }
 
 fn events_in(path: &Path) -> Vec<Value> {

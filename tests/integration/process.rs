@@ -225,6 +225,19 @@ pub(crate) fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
     panic!("toolgate did not exit within 10s of SIGTERM");
 }
 
+/// SIGTERM to the process and a wait (bounded) for exit 0, off the runtime so the test's own
+/// connections can close; returns its logs.
+pub(crate) async fn stop(spawned: Spawned) -> String {
+    sigterm(&spawned.child);
+    tokio::task::spawn_blocking(move || {
+        let mut spawned = spawned;
+        assert_eq!(wait_exit(&mut spawned.child).code(), Some(0));
+        spawned.logs()
+    })
+    .await
+    .unwrap()
+}
+
 #[tokio::test]
 async fn sigterm_lets_in_flight_calls_finish_and_exits_zero() {
     let spawned = spawn(&[]);
