@@ -33,6 +33,7 @@ mod rate_limits;
 mod redis_server;
 mod reliability;
 mod reload;
+mod shared_state;
 mod shutdown;
 mod support;
 mod traces;
