@@ -13,7 +13,8 @@
 //!    in-process collector), then
 //! 3. the same pair as separate processes: the bare echo (this executable re-run with a hidden
 //!    flag) and `target/release/toolgate` with the same catalog — the deployed shape, including
-//!    whatever logging and OTLP export the binary installs;
+//!    whatever logging and OTLP export the binary installs — and the binary once more with its
+//!    state (both rate limits of every call) in a `redis-server` of its own on loopback;
 //!
 //! each in max-rate mode (closed loop: N connections × M calls in flight each) and fixed-rate
 //! mode (open loop: calls sent on a schedule, latency measured from each call's intended send time
@@ -25,6 +26,8 @@
 
 #[path = "../tests/common/otlp_collector.rs"]
 mod otlp_collector;
+#[path = "../tests/common/redis_server.rs"]
+mod redis_server;
 
 use std::{
     fs::File,
@@ -78,11 +81,14 @@ const BINARY_FRESH_JWT: &str = "toolgate binary, a new JWT per call";
 /// Switch-off variants, for the CPU split: span export off, then audit off too.
 const BINARY_NO_EXPORT: &str = "toolgate binary, span export off";
 const BINARY_NO_AUDIT: &str = "toolgate binary, span export and audit off";
+/// The binary with `state: { backend: redis }`: both quotas of each call in one Lua script.
+const BINARY_REDIS: &str = "toolgate binary + Redis, own process";
 
 /// OTEL_SERVICE_NAME of each exporting server, so the collector can count spans per target.
 const SERVICE_IN_PROCESS: &str = "toolgate-bench-in-process";
 const SERVICE_BINARY: &str = "toolgate-bench-binary";
 const SERVICE_FRESH_JWT: &str = "toolgate-bench-fresh-jwt";
+const SERVICE_REDIS: &str = "toolgate-bench-redis";
 
 /// Re-runs this executable as the bare echo server on the given address.
 const BARE_SERVER_FLAG: &str = "--serve-bare-echo";
@@ -427,6 +433,17 @@ fn run(options: &Options) -> anyhow::Result<bool> {
         .stderr(File::create(dir.path().join("bare.log"))?)
         .spawn()?;
     wait_listening(&mut bare_child, bare_addr, Duration::from_secs(10))?;
+    // The state backend of the Redis row: a redis-server of its own on loopback, nothing saved.
+    if Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        bail!(
+            "the toolgate + Redis row needs redis-server on the PATH (Debian package redis-server)"
+        );
+    }
+    let redis = redis_server::RedisServer::start();
     let write = |name: &str, yaml: String| -> anyhow::Result<PathBuf> {
         let path = dir.path().join(name);
         std::fs::write(&path, yaml)?;
@@ -465,6 +482,16 @@ fn run(options: &Options) -> anyhow::Result<bool> {
             dir.path(),
             "toolgate-bench-no-audit",
             &export_off,
+        )?,
+        Binary::spawn(
+            &exe,
+            &write(
+                "bench-redis.yaml",
+                catalog_with_redis(&dir.path().join("audit-redis.jsonl"), &redis.url()),
+            )?,
+            dir.path(),
+            SERVICE_REDIS,
+            &[],
         )?,
     ];
     for binary in &mut binaries {
@@ -506,6 +533,13 @@ fn run(options: &Options) -> anyhow::Result<bool> {
         (
             own(BINARY_NO_AUDIT, binaries[3].addr, binaries[3].pid(), &text),
             false,
+        ),
+        (
+            Target {
+                state_pid: redis.pid(),
+                ..own(BINARY_REDIS, binaries[4].addr, binaries[4].pid(), &text)
+            },
+            true,
         ),
     ];
     let mut rows: Vec<Row> = Vec::new();
@@ -554,6 +588,11 @@ fn run(options: &Options) -> anyhow::Result<bool> {
             BINARY_FRESH_JWT,
             collector.received_from(SERVICE_FRESH_JWT),
             calls_of(BINARY_FRESH_JWT),
+        ),
+        (
+            BINARY_REDIS,
+            collector.received_from(SERVICE_REDIS),
+            calls_of(BINARY_REDIS),
         ),
     ];
 
@@ -640,6 +679,19 @@ fn runtime(name: &str, workers: usize) -> std::io::Result<Runtime> {
 
 fn catalog(audit: &Path) -> String {
     CATALOG.replace("AUDIT_PATH", &audit.display().to_string())
+}
+
+/// The bench catalog with its state in the Redis at `url`. The operation timeout is raised from
+/// the default 50 ms: this row measures what sharing costs, not outages, on a saturated machine
+/// where Redis competes with the load for the same cores.
+fn catalog_with_redis(audit: &Path, url: &str) -> String {
+    catalog(audit).replacen(
+        "version: 1\n",
+        &format!(
+            "version: 1\nstate:\n  backend: redis\n  redis: {{ url: \"{url}\", timeout: 1s }}\n"
+        ),
+        1,
+    )
 }
 
 /// The bench catalog with audit switched off (`sink: none`), for the CPU split.
@@ -1131,6 +1183,8 @@ struct Target {
     server_pid: Option<u32>,
     /// Sign a new token for every call (the client pays for signing it: a few µs of its CPU).
     fresh_tokens: bool,
+    /// The state backend's process (Redis), whose CPU time is measured too.
+    state_pid: Option<u32>,
 }
 
 impl Target {
@@ -1150,6 +1204,7 @@ impl Target {
             timeout: CALL_TIMEOUT,
             server_pid: None,
             fresh_tokens: false,
+            state_pid: None,
         }
     }
 }
@@ -1265,6 +1320,8 @@ struct Row {
     note: String,
     /// The server process's CPU time (user + system) per answered call, when it runs apart.
     server_cpu_us: Option<f64>,
+    /// The state backend's (Redis's) CPU time per answered call, for the Redis row.
+    state_cpu_us: Option<f64>,
     /// Fixed rate: how late the harness sent calls, p99.
     send_lag_ms: Option<f64>,
 }
@@ -1305,6 +1362,7 @@ fn measure(
         Budget::For(options.warmup),
     ));
     let cpu_before = target.server_pid.and_then(cpu_seconds);
+    let state_cpu_before = target.state_pid.and_then(cpu_seconds);
     let (max, elapsed) = client_rt.block_on(closed_loop(
         &channels,
         options.concurrency,
@@ -1313,6 +1371,10 @@ fn measure(
     ));
     let server_cpu_us = cpu_before
         .zip(target.server_pid.and_then(cpu_seconds))
+        .filter(|_| max.ok > 0)
+        .map(|(before, after)| (after - before) * 1e6 / max.ok as f64);
+    let state_cpu_us = state_cpu_before
+        .zip(target.state_pid.and_then(cpu_seconds))
         .filter(|_| max.ok > 0)
         .map(|(before, after)| (after - before) * 1e6 / max.ok as f64);
     let calls = channels.len() as u64 + warmup.0.ok + warmup.0.failed + max.ok + max.failed;
@@ -1324,6 +1386,7 @@ fn measure(
         note: failure_note(&max),
         stats: max,
         server_cpu_us,
+        state_cpu_us,
         send_lag_ms: None,
     });
     if !fixed {
@@ -1348,6 +1411,7 @@ fn measure(
         stats: fixed.stats,
         note,
         server_cpu_us: None,
+        state_cpu_us: None,
         send_lag_ms: Some(send_lag_ms),
     });
     Ok(Measured { ok, calls })
@@ -1784,6 +1848,9 @@ fn print_report(r: &Report) {
         if let Some(lag) = spread(&|row| row.send_lag_ms.unwrap_or(f64::NAN)) {
             notes.push(format!("sent late p99 {} ms (harness)", lag.show(3)));
         }
+        if let Some(redis) = spread(&|row| row.state_cpu_us.unwrap_or(f64::NAN)) {
+            notes.push(format!("Redis CPU {} µs/call", redis.show(1)));
+        }
         notes.extend(
             rounds
                 .iter()
@@ -1866,6 +1933,28 @@ fn print_report(r: &Report) {
                 verdict(o.quick, added.median <= GOAL_ADDED_P99_MS),
             ));
         }
+    }
+    // What sharing the state costs: the same binary with its quotas in Redis, against memory
+    // (diagnostic; docs/performance.md reports it).
+    if let Some(ratio) = paired(BINARY, BINARY_REDIS, false, &|m, r| {
+        r.throughput / m.throughput * 100.0
+    }) {
+        checks.push((
+            "ExecuteTool max throughput, state in Redis / in memory (own processes)".into(),
+            format!("{} %", ratio.show(1)),
+            "—".into(),
+            "—",
+        ));
+    }
+    if let Some(added) = paired(BINARY, BINARY_REDIS, true, &|m, r| {
+        r.stats.ms(0.99) - m.stats.ms(0.99)
+    }) {
+        checks.push((
+            format!("added p99 at {} rps, state in Redis vs memory", o.rate),
+            format!("{} ms", added.show(3)),
+            "—".into(),
+            "—",
+        ));
     }
     // Native CPU per call, server process only (diagnostic; no target), and what each part
     // costs, from the switch-off variants measured in the same rounds.
