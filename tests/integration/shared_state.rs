@@ -943,3 +943,141 @@ async fn the_password_comes_from_the_environment_is_checked_and_never_logged() {
     let logs = stop(sidecar).await;
     assert!(!logs.contains(secret), "{logs}");
 }
+
+/// What a Redis holds for 1,000 tenants, each with a tool quota and a tenant quota in use, one
+/// pending approval and one stored idempotent result (docs/performance.md, "What a Redis costs").
+/// A measurement rather than a check, so not run by default:
+/// `cargo test --test integration redis_cost -- --ignored --nocapture`.
+#[tokio::test]
+#[ignore = "a measurement for docs/performance.md; takes a minute in a debug build"]
+async fn redis_cost_per_1000_tenants() {
+    let redis = RedisServer::start();
+    let tenants: String = (0..1000)
+        .map(|i| format!("  tenant-{i:04}: {{ rate_limit: 1000/min }}\n"))
+        .collect();
+    let yaml = format!(
+        r#"version: 1
+identity: {{ dev_identity: true }}
+{state}tenants:
+{tenants}tools:
+  - {{ name: search, description: Searches., risk_level: read_only, rate_limit: 100/min, executor: {{ builtin: echo_arguments }}, input_schema: {{ type: object }} }}
+  - {{ name: refund, description: Refunds., risk_level: write_confirmed, executor: {{ builtin: echo_arguments }}, input_schema: {{ type: object }} }}
+  - {{ name: note, description: Writes a note., risk_level: write_draft, executor: {{ builtin: echo_arguments }}, input_schema: {{ type: object }} }}
+"#,
+        state = redis_state(&redis.url()),
+    );
+    let server = TestServer::start(&yaml).await;
+    let number = |value: redis::Value| match value {
+        redis::Value::Int(n) => n,
+        other => panic!("expected a number, got {other:?}"),
+    };
+    let used_memory = |info: redis::Value| -> i64 {
+        let text = match info {
+            redis::Value::BulkString(bytes) => String::from_utf8(bytes).unwrap(),
+            redis::Value::VerbatimString { text, .. } => text,
+            other => panic!("INFO answered {other:?}"),
+        };
+        text.lines()
+            .find_map(|l| l.strip_prefix("used_memory:"))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap()
+    };
+    let mut client = server.client().await;
+    // One round first, so the scripts are cached before the baseline.
+    exec(&mut client, &who("tenant-0000"), call("search", "{}")).await;
+    redis.command(&["FLUSHALL"]).await;
+    let before = used_memory(redis.command(&["INFO", "memory"]).await);
+    for chunk in 0..20 {
+        let calls = (0..50).map(|j| {
+            let mut client = client.clone();
+            let tenant = format!("tenant-{:04}", chunk * 50 + j);
+            async move {
+                let caller = who(&tenant);
+                let searched = exec(
+                    &mut client,
+                    &caller,
+                    call("search", r#"{"q":"refund policy"}"#),
+                )
+                .await;
+                let asked = exec(
+                    &mut client,
+                    &caller,
+                    call("refund", r#"{"order_id":"A-1001","amount_cents":2500}"#),
+                )
+                .await;
+                let noted = exec(
+                    &mut client,
+                    &caller,
+                    keyed(
+                        "note",
+                        r#"{"text":"customer called about order A-1001"}"#,
+                        "note-1",
+                    ),
+                )
+                .await;
+                (searched.status(), asked.status(), noted.status())
+            }
+        });
+        for statuses in join_all(calls).await {
+            assert_eq!(
+                statuses,
+                (ToolStatus::Ok, ToolStatus::ApprovalRequired, ToolStatus::Ok)
+            );
+        }
+    }
+    let after = used_memory(redis.command(&["INFO", "memory"]).await);
+    // Quota keys last only until their state says nothing a fresh key would not: one emission
+    // interval (here 0.6 s and 60 ms) after the tenant's last call. Count the lasting ones, then
+    // call once more to weigh a live pair.
+    let keys = number(redis.command(&["DBSIZE"]).await);
+    let live = exec(&mut client, &who("tenant-0007"), call("search", "{}")).await;
+    assert_eq!(live.status(), ToolStatus::Ok);
+    let mut sizes = Vec::new();
+    for (what, key) in [
+        (
+            "tool quota",
+            "toolgate:{tenant-0007}:rl:tool:search:100/60s/100",
+        ),
+        (
+            "tenant quota",
+            "toolgate:{tenant-0007}:rl:tenant:1000/60s/1000",
+        ),
+        ("approval index", "toolgate:{tenant-0007}:apr:index"),
+        ("idempotency index", "toolgate:{tenant-0007}:idem:index"),
+        ("idempotency sizes", "toolgate:{tenant-0007}:idem:sizes"),
+        ("idempotency usage", "toolgate:{tenant-0007}:idem:usage"),
+    ] {
+        sizes.push((what, number(redis.command(&["MEMORY", "USAGE", key]).await)));
+    }
+    // The approval and the idempotency entry are named by ids: find them.
+    for (what, pattern) in [
+        ("approval", "toolgate:{tenant-0007}:apr:apr_*"),
+        ("idempotency entry", "toolgate:{tenant-0007}:idem:[0-9a-f]*"),
+    ] {
+        let found = match redis.command(&["KEYS", pattern]).await {
+            redis::Value::Array(keys) => keys,
+            other => panic!("KEYS answered {other:?}"),
+        };
+        assert_eq!(found.len(), 1, "{what}: {found:?}");
+        let key = match &found[0] {
+            redis::Value::BulkString(bytes) => String::from_utf8(bytes.clone()).unwrap(),
+            other => panic!("{other:?}"),
+        };
+        sizes.push((
+            what,
+            number(redis.command(&["MEMORY", "USAGE", &key]).await),
+        ));
+    }
+    println!(
+        "1,000 tenants: {keys} keys, used_memory grew by {} bytes",
+        after - before
+    );
+    for (what, bytes) in &sizes {
+        println!("  {what}: {bytes} bytes (MEMORY USAGE)");
+    }
+    // An approval and its index, an idempotency entry and its three keys; of the quotas' two,
+    // those of the last tenants called may not have expired yet.
+    assert!((6 * 1000..=8 * 1000).contains(&keys), "{keys} keys");
+    assert!(after - before < 8 * 1024 * 1000, "{} bytes", after - before);
+    server.stop().await;
+}
