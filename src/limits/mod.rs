@@ -419,6 +419,75 @@ mod tests {
         clock::ManualClock,
         config::{Config, Env},
     };
+    use futures::FutureExt;
+    use std::{
+        alloc::{GlobalAlloc, Layout, System},
+        cell::Cell,
+    };
+
+    /// Counts the allocations of the thread that makes them (tests run on several threads).
+    struct Counting;
+
+    thread_local! {
+        static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
+    }
+
+    // SAFETY: every call is passed on to the system allocator unchanged.
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            ALLOCATIONS.with(|n| n.set(n.get() + 1));
+            // SAFETY: the caller's contract is System's.
+            unsafe { System.alloc(layout) }
+        }
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            // SAFETY: the caller's contract is System's.
+            unsafe { System.dealloc(ptr, layout) }
+        }
+    }
+
+    #[global_allocator]
+    static COUNTING: Counting = Counting;
+
+    fn allocations_in(f: impl FnOnce()) -> usize {
+        let before = ALLOCATIONS.with(Cell::get);
+        f();
+        ALLOCATIONS.with(Cell::get) - before
+    }
+
+    #[test]
+    fn the_memory_limiter_behind_the_enum_allocates_nothing_per_call() {
+        let yaml = r#"version: 1
+identity: { dev_identity: true }
+tenants: { a: { rate_limit: 1000/min } }
+tools:
+  - { name: t, description: d, risk_level: read_only, rate_limit: 100/min, executor: { builtin: echo }, input_schema: { type: object } }
+"#;
+        let config =
+            Config::from_yaml(yaml, "t", std::path::Path::new("."), &Env::default()).unwrap();
+        let catalog = config.catalog;
+        let quotas = Quotas::build(
+            &catalog,
+            SharedClock::new(ManualClock::new(0)),
+            &state::Backend::Memory,
+            None,
+        );
+        let tool = catalog.resolve("t", None, "a").unwrap();
+        let rate = catalog.tenants["a"].rate_limit;
+        let check = || {
+            quotas
+                .check("a", tool, rate)
+                .now_or_never()
+                .expect("the memory limiter answers on the first poll")
+        };
+        // The first call of a tenant makes its map slots; every later one is in place.
+        assert!(check().is_ok());
+        assert_eq!(allocations_in(|| assert!(check().is_ok())), 0);
+        // The counter does count: a refusal builds its message.
+        for _ in 0..100 {
+            let _ = check();
+        }
+        assert!(allocations_in(|| assert!(check().is_err())) > 0);
+    }
 
     #[test]
     fn idle_keys_are_shed_and_state_survives_an_unchanged_reload() {
