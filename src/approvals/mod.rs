@@ -195,7 +195,10 @@ impl Approvals {
     ) -> Result<Approval, RedeemError> {
         match self {
             Approvals::Memory(store) => store.create(binding, arguments_json, risk_level),
-            Approvals::Shared(store) => store.create(binding, arguments_json, risk_level).await,
+            // Boxed here and below: only calls that go to Redis pay for its futures.
+            Approvals::Shared(store) => {
+                Box::pin(store.create(binding, arguments_json, risk_level)).await
+            }
         }
     }
 
@@ -203,7 +206,7 @@ impl Approvals {
     pub async fn check(&self, id: &str, call: &Binding) -> Result<Checked, RedeemError> {
         match self {
             Approvals::Memory(store) => store.check(id, call),
-            Approvals::Shared(store) => store.check(id, call).await,
+            Approvals::Shared(store) => Box::pin(store.check(id, call)).await,
         }
     }
 
@@ -211,7 +214,7 @@ impl Approvals {
     pub async fn consume(&self, tenant: &str, id: &str) -> Result<(), RedeemError> {
         match self {
             Approvals::Memory(store) => store.consume(id),
-            Approvals::Shared(store) => store.consume(tenant, id).await,
+            Approvals::Shared(store) => Box::pin(store.consume(tenant, id)).await,
         }
     }
 
@@ -219,7 +222,7 @@ impl Approvals {
     pub async fn release(&self, tenant: &str, id: &str) {
         match self {
             Approvals::Memory(store) => store.release(id),
-            Approvals::Shared(store) => store.release(tenant, id).await,
+            Approvals::Shared(store) => Box::pin(store.release(tenant, id)).await,
         }
     }
 

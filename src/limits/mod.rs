@@ -78,7 +78,9 @@ impl Quotas {
     ) -> Result<(), Refusal> {
         match self {
             Quotas::Local(local) => local.check(tenant, tool, tenant_rate),
-            Quotas::Shared(shared) => shared.check(tenant, tool, tenant_rate).await,
+            // Boxed: only calls that go to Redis pay for its future, and every call's future
+            // stays small.
+            Quotas::Shared(shared) => Box::pin(shared.check(tenant, tool, tenant_rate)).await,
         }
     }
 

@@ -259,7 +259,8 @@ impl Owner<'_> {
     pub async fn finish(self, result: &Result<String, Refusal>) {
         match self {
             Owner::Memory(slot) => slot.finish(result),
-            Owner::Shared(slot) => slot.finish(result).await,
+            // Boxed: only keyed calls on Redis pay for its future.
+            Owner::Shared(slot) => Box::pin(slot.finish(result)).await,
         }
     }
 }
@@ -303,17 +304,16 @@ impl Idempotency {
                 }
             }
             Idempotency::Shared(store) => {
-                match store
-                    .claim(
-                        key,
-                        arguments_sha256,
-                        risk_level,
-                        tool_version,
-                        started,
-                        lease,
-                        wait_until,
-                    )
-                    .await?
+                match Box::pin(store.claim(
+                    key,
+                    arguments_sha256,
+                    risk_level,
+                    tool_version,
+                    started,
+                    lease,
+                    wait_until,
+                ))
+                .await?
                 {
                     redis::SharedClaim::Owner(slot) => Claimed::Owner(Owner::Shared(slot)),
                     redis::SharedClaim::Replay(stored) => Claimed::Replay(stored),

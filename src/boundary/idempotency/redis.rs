@@ -98,10 +98,16 @@ if f[1] then
     store(member, ARGV[9], tonumber(ARGV[10]), window, now)
     return {'done', ARGV[9]}
   end
+  local ends = now + math.max(window, lease)
   redis.call('HSET', entry, 'owner', ARGV[2], 'lease', now + lease)
-  redis.call('PEXPIREAT', entry, now + math.max(window, lease))
+  redis.call('PEXPIREAT', entry, ends)
+  redis.call('ZADD', index, ends, member)
+  keep_alive(ends)
   return {'owner'}
 end
+-- A new claim. Leftovers of an earlier entry under this name (its window ended, and the sweep
+-- above did not reach it) are forgotten first, so the tenant's totals stay exact.
+if redis.call('HEXISTS', sizes, member) == 1 then forget(prefix, member) end
 local base, max_entries, max_bytes = tonumber(ARGV[7]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local function over()
   return redis.call('ZCARD', index) >= max_entries or used() + base > max_bytes
