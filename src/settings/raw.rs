@@ -372,6 +372,9 @@ pub struct RawRedis {
     pub password_env: Option<String>,
     /// File holding the password (trailing whitespace trimmed).
     pub password_file: Option<String>,
+    /// With `rediss://`: the CA certificates (PEM) Redis's certificate must chain to, instead of
+    /// the system's roots.
+    pub ca_file: Option<String>,
     /// Put before every key, so several deployments can share one Redis (default `toolgate:`).
     /// Printable ASCII without `{` or `}`, at most 64 bytes.
     pub key_prefix: Option<String>,

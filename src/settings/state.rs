@@ -47,6 +47,8 @@ pub struct RedisConfig {
     pub url: url::Url,
     pub username: Option<String>,
     pub password: Option<Secret>,
+    /// With `rediss://`: the CA certificates (PEM) to trust instead of the system's roots.
+    pub ca_pem: Option<Vec<u8>>,
     /// Put before every key.
     pub key_prefix: String,
     /// How long one operation may take.
@@ -193,6 +195,31 @@ fn build_redis(raw: &RawRedis, base_dir: &Path, env: &Env) -> Result<RedisConfig
             "must be printable ASCII without spaces",
         ));
     }
+    let ca_pem = match &raw.ca_file {
+        None => None,
+        Some(_) if url.scheme() != "rediss" => {
+            return Err(FieldError::new(
+                "state.redis.ca_file",
+                "only means something with a rediss:// (TLS) URL",
+            ));
+        }
+        Some(file) => {
+            let path = resolve_path(base_dir, file);
+            let pem = std::fs::read(&path).map_err(|err| {
+                FieldError::new(
+                    "state.redis.ca_file",
+                    format!("cannot read {}: {err}", path.display()),
+                )
+            })?;
+            if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
+                return Err(FieldError::new(
+                    "state.redis.ca_file",
+                    format!("{} holds no PEM certificate", path.display()),
+                ));
+            }
+            Some(pem)
+        }
+    };
     let key_prefix = raw.key_prefix.clone().unwrap_or_else(|| "toolgate:".into());
     // A brace would change which part of a key Redis Cluster hashes: keys of one tenant must
     // stay in one slot for their scripts.
@@ -232,6 +259,7 @@ fn build_redis(raw: &RawRedis, base_dir: &Path, env: &Env) -> Result<RedisConfig
         url,
         username: raw.username.clone(),
         password,
+        ca_pem,
         key_prefix,
         timeout,
         connect_timeout,
@@ -362,6 +390,25 @@ mod tests {
         assert_eq!(
             build_redis(&slow, dir, &env).unwrap_err().path,
             "state.redis.timeout"
+        );
+        // A CA file is for TLS only, and must hold a certificate.
+        let plain_ca = RawRedis {
+            ca_file: Some("Cargo.toml".into()),
+            ..redis("redis://h")
+        };
+        assert_eq!(
+            build_redis(&plain_ca, dir, &env).unwrap_err().path,
+            "state.redis.ca_file"
+        );
+        let not_pem = RawRedis {
+            ca_file: Some("Cargo.toml".into()),
+            ..redis("rediss://h")
+        };
+        assert!(
+            build_redis(&not_pem, dir, &env)
+                .unwrap_err()
+                .message
+                .contains("no PEM certificate")
         );
         let defaults = build_redis(&redis("redis://h"), dir, &env).unwrap();
         assert_eq!(defaults.timeout, DEFAULT_TIMEOUT);

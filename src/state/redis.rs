@@ -110,8 +110,18 @@ impl Redis {
         state: &StateConfig,
         metrics: Arc<Metrics>,
     ) -> Result<Redis, StateError> {
-        let client = Client::open(connection_info(config)?)
-            .map_err(|err| StateError::Settings(err.to_string()))?;
+        let info = connection_info(config)?;
+        let client = match &config.ca_pem {
+            Some(pem) => Client::build_with_tls(
+                info,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem.clone()),
+                },
+            ),
+            None => Client::open(info),
+        }
+        .map_err(|err| StateError::Settings(err.to_string()))?;
         // Reconnects back off from 10 ms to at most 1 s, so a Redis that comes back is used again
         // within about a second; operations never wait for them longer than their timeout.
         let manager_config = ConnectionManagerConfig::new()
@@ -351,6 +361,7 @@ mod tests {
             url: url::Url::parse("redis://127.0.0.1:1").unwrap(),
             username: None,
             password: None,
+            ca_pem: None,
             key_prefix: prefix.into(),
             timeout: Duration::from_millis(50),
             connect_timeout: Duration::from_millis(50),

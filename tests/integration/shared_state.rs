@@ -1081,3 +1081,49 @@ identity: {{ dev_identity: true }}
     assert!(after - before < 8 * 1024 * 1000, "{} bytes", after - before);
     server.stop().await;
 }
+
+#[tokio::test]
+async fn rediss_is_verified_against_the_configured_ca() {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let fixture = |name: &str| fixtures.join(name).display().to_string();
+    let tls_port = crate::redis_server::free_port().to_string();
+    let redis = RedisServer::start_with(&[
+        "--tls-port",
+        &tls_port,
+        "--tls-cert-file",
+        &fixture("redis-server.pem"),
+        "--tls-key-file",
+        &fixture("redis-server-key.pem"),
+        "--tls-ca-cert-file",
+        &fixture("redis-ca.pem"),
+        "--tls-auth-clients",
+        "no",
+    ]);
+    let url = format!("rediss://127.0.0.1:{tls_port}");
+    // Without the test CA, the server's certificate is not trusted: nothing is sent.
+    let dir = tempfile::tempdir().unwrap();
+    let untrusted = dir.path().join("catalog.yaml");
+    std::fs::write(&untrusted, in_process(&url, "")).unwrap();
+    let checked = std::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args(["check", "--connect", "--config"])
+        .arg(&untrusted)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&checked.stderr);
+    assert_eq!(checked.status.code(), Some(1), "{stderr}");
+    assert!(stderr.to_lowercase().contains("certificate"), "{stderr}");
+    // With it, calls go through TLS to this Redis.
+    let yaml = in_process(&url, "").replace(
+        "timeout: 5s }",
+        "timeout: 5s, ca_file: tests/fixtures/redis-ca.pem }",
+    );
+    let server = TestServer::start(&yaml).await;
+    let mut client = server.client().await;
+    let result = exec(&mut client, &alice(), call("limited", "{}")).await;
+    assert_eq!(result.status(), ToolStatus::Ok, "{result:?}");
+    let exists = redis
+        .command(&["EXISTS", "toolgate:{acme}:rl:tool:limited:5/60s/5"])
+        .await;
+    assert_eq!(exists, redis::Value::Int(1));
+    server.stop().await;
+}
