@@ -37,7 +37,7 @@ pub enum StateBackend {
     /// This sidecar's memory: not shared, lost on restart.
     Memory,
     /// A Redis shared by every sidecar using it.
-    Redis(RedisConfig),
+    Redis(Box<RedisConfig>),
 }
 
 /// How to reach Redis.
@@ -138,7 +138,7 @@ impl StateConfig {
                         "backend redis needs redis: { url: redis://host:6379 }",
                     )
                 })?;
-                StateBackend::Redis(build_redis(redis, base_dir, env)?)
+                StateBackend::Redis(Box::new(build_redis(redis, base_dir, env)?))
             }
         };
         Ok(StateConfig {
