@@ -1208,3 +1208,28 @@ async fn approvals_and_stored_results_are_bounded_per_tenant(backend: Backend) {
     assert_eq!(server.builtins().executions(), runs, "the tool ran again");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn moving_the_state_elsewhere_needs_a_restart() {
+    let server = TestServer::start_file(crate::support::STAGES).await;
+    let moved = crate::support::STAGES.replacen(
+        "version: 1\n",
+        &format!("version: 1\n{}", redis_state("redis://127.0.0.1:6379")),
+        1,
+    );
+    server.write_catalog(&server.catalog_file(), &moved);
+    let refused = server.reload().await.unwrap_err();
+    assert!(
+        refused.contains("state") && refused.contains("restart"),
+        "{refused}"
+    );
+    // Still serving from memory.
+    let mut client = server.client().await;
+    assert_eq!(
+        exec(&mut client, &alice(), call("limited", "{}"))
+            .await
+            .status(),
+        ToolStatus::Ok
+    );
+    server.stop().await;
+}

@@ -112,6 +112,11 @@ pub fn redis_state(url: &str) -> String {
     format!("state:\n  backend: redis\n  redis: {{ url: \"{url}\", timeout: 5s }}\n")
 }
 
+/// `yaml` with a `state:` section put first.
+fn with_state(yaml: &str, state: &str) -> String {
+    yaml.replacen("version: 1\n", &format!("version: 1\n{state}"), 1)
+}
+
 /// A running server and its audit file.
 pub struct TestServer {
     running: Option<Running>,
@@ -120,6 +125,8 @@ pub struct TestServer {
     pub clock: ManualClock,
     /// The server's Redis, with the Redis backend.
     pub redis: Option<RedisServer>,
+    /// The `state:` section every catalog it serves carries (a change would need a restart).
+    state_section: Option<String>,
     _dir: TempDir,
 }
 
@@ -158,13 +165,24 @@ impl TestServer {
             Backend::Memory => Self::start(yaml).await,
             Backend::Redis => {
                 let redis = RedisServer::start();
-                let yaml = yaml.replacen(
-                    "version: 1\n",
-                    &format!("version: 1\n{}", redis_state(&redis.url())),
-                    1,
-                );
-                let mut server = Self::start(&yaml).await;
+                let mut server = Self::start(&with_state(yaml, &redis_state(&redis.url()))).await;
                 server.redis = Some(redis);
+                server
+            }
+        }
+    }
+
+    /// Like [`Self::start_file`], on `backend`; with Redis, every catalog written with
+    /// [`Self::write_catalog`] keeps the same `state:` section.
+    pub async fn start_file_on(backend: Backend, yaml: &str) -> Self {
+        match backend {
+            Backend::Memory => Self::start_file(yaml).await,
+            Backend::Redis => {
+                let redis = RedisServer::start();
+                let state = redis_state(&redis.url());
+                let mut server = Self::start_file(&with_state(yaml, &state)).await;
+                server.redis = Some(redis);
+                server.state_section = Some(state);
                 server
             }
         }
@@ -223,6 +241,7 @@ impl TestServer {
             audit_path,
             clock,
             redis: None,
+            state_section: None,
             _dir: dir,
         }
     }
@@ -234,7 +253,11 @@ impl TestServer {
 
     /// Writes a catalog (keeping the test's audit file) to `path`.
     pub fn write_catalog(&self, path: &std::path::Path, yaml: &str) {
-        std::fs::write(path, with_audit_file(yaml, &self.audit_path)).unwrap();
+        let yaml = match &self.state_section {
+            Some(state) => with_state(yaml, state),
+            None => yaml.to_owned(),
+        };
+        std::fs::write(path, with_audit_file(&yaml, &self.audit_path)).unwrap();
     }
 
     /// The test's scratch directory.
