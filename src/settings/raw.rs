@@ -385,6 +385,10 @@ pub struct RawRedis {
     /// Multiplexed connections shared by all calls, 1-16 (default 1; one carries tens of
     /// thousands of operations a second).
     pub connections: Option<usize>,
+    /// `url` is one node of a Redis Cluster (default false): the other nodes and the slots are
+    /// discovered from it, and each operation goes to the node holding its tenant's slot.
+    #[serde(default)]
+    pub cluster: bool,
 }
 
 /// What each concern does while the state backend cannot be reached.

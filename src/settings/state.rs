@@ -57,6 +57,8 @@ pub struct RedisConfig {
     pub connect_timeout: Duration,
     /// Multiplexed connections.
     pub connections: usize,
+    /// `url` is a node of a Redis Cluster.
+    pub cluster: bool,
 }
 
 /// What rate limits do while the backend cannot be reached.
@@ -245,6 +247,12 @@ fn build_redis(raw: &RawRedis, base_dir: &Path, env: &Env) -> Result<RedisConfig
         "state.redis.connect_timeout",
         Duration::from_secs(1),
     )?;
+    if raw.cluster && raw.connections.is_some() {
+        return Err(FieldError::new(
+            "state.redis.connections",
+            "a cluster connection keeps one multiplexed connection per node by itself",
+        ));
+    }
     let connections = match raw.connections {
         None => 1,
         Some(n @ 1..=MAX_CONNECTIONS) => n,
@@ -264,6 +272,7 @@ fn build_redis(raw: &RawRedis, base_dir: &Path, env: &Env) -> Result<RedisConfig
         timeout,
         connect_timeout,
         connections,
+        cluster: raw.cluster,
     })
 }
 

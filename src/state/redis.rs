@@ -15,9 +15,11 @@ use std::{
 };
 
 use redis::{
-    Client, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError, ScriptInvocation,
-    ServerErrorKind, Value,
-    aio::{ConnectionManager, ConnectionManagerConfig},
+    Client, ConnectionInfo, ErrorKind, FromRedisValue, IntoConnectionInfo, RedisError,
+    ScriptInvocation, ServerErrorKind, TlsCertificates, Value,
+    aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig},
+    cluster::{ClusterClientBuilder, ClusterConfig},
+    cluster_async::ClusterConnection,
 };
 use tokio::{sync::watch, task::JoinHandle};
 
@@ -62,9 +64,39 @@ impl StateError {
 /// How often an idle sidecar checks that Redis answers (and so recovers readiness on its own).
 pub const HEALTH_INTERVAL: Duration = Duration::from_secs(1);
 
+/// A connection to Redis: one server (reconnecting by itself), or a cluster (one connection per
+/// node, routing each operation by its first key's slot, following MOVED and ASK).
+#[derive(Clone)]
+enum Link {
+    Node(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl Link {
+    async fn invoke(&self, invocation: &ScriptInvocation<'_>) -> Result<Value, RedisError> {
+        match self.clone() {
+            Link::Node(mut c) => invocation.invoke_async(&mut c).await,
+            Link::Cluster(mut c) => invocation.invoke_async(&mut c).await,
+        }
+    }
+
+    async fn query<T: FromRedisValue>(&self, command: &redis::Cmd) -> Result<T, RedisError> {
+        async fn on<C: ConnectionLike, T: FromRedisValue>(
+            mut c: C,
+            command: &redis::Cmd,
+        ) -> Result<T, RedisError> {
+            command.query_async(&mut c).await
+        }
+        match self.clone() {
+            Link::Node(c) => on(c, command).await,
+            Link::Cluster(c) => on(c, command).await,
+        }
+    }
+}
+
 /// A Redis shared by the sidecars that use the same URL and key prefix.
 pub struct Redis {
-    connections: Vec<ConnectionManager>,
+    connections: Vec<Link>,
     next: AtomicUsize,
     timeout: Duration,
     connect_timeout: Duration,
@@ -111,31 +143,46 @@ impl Redis {
         metrics: Arc<Metrics>,
     ) -> Result<Redis, StateError> {
         let info = connection_info(config)?;
-        let client = match &config.ca_pem {
-            Some(pem) => Client::build_with_tls(
-                info,
-                redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(pem.clone()),
-                },
-            ),
-            None => Client::open(info),
-        }
-        .map_err(|err| StateError::Settings(err.to_string()))?;
-        // Reconnects back off from 10 ms to at most 1 s, so a Redis that comes back is used again
-        // within about a second; operations never wait for them longer than their timeout.
-        let manager_config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(config.connect_timeout))
-            .set_response_timeout(None)
-            .set_min_delay(Duration::from_millis(10))
-            .set_max_delay(Duration::from_secs(1))
-            .set_number_of_retries(3);
-        let connections = (0..config.connections)
-            .map(|_| {
-                ConnectionManager::new_lazy_with_config(client.clone(), manager_config.clone())
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|err| StateError::Settings(err.to_string()))?;
+        let certificates = config.ca_pem.as_ref().map(|pem| TlsCertificates {
+            client_tls: None,
+            root_cert: Some(pem.clone()),
+        });
+        let settings = |err: RedisError| StateError::Settings(err.to_string());
+        let connections = if config.cluster {
+            let mut builder = ClusterClientBuilder::new([info]);
+            if let Some(certificates) = certificates {
+                builder = builder.certs(certificates);
+            }
+            // Connects in the background; operations wait for it only up to their timeout.
+            let cluster = builder.build().map_err(settings)?;
+            vec![Link::Cluster(
+                cluster.get_pending_async_connection_with_config(
+                    ClusterConfig::new().set_connection_timeout(config.connect_timeout),
+                ),
+            )]
+        } else {
+            let client = match certificates {
+                Some(certificates) => Client::build_with_tls(info, certificates),
+                None => Client::open(info),
+            }
+            .map_err(settings)?;
+            // Reconnects back off from 10 ms to at most 1 s, so a Redis that comes back is used
+            // again within about a second; operations never wait for them longer than their
+            // timeout.
+            let manager_config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(config.connect_timeout))
+                .set_response_timeout(None)
+                .set_min_delay(Duration::from_millis(10))
+                .set_max_delay(Duration::from_secs(1))
+                .set_number_of_retries(3);
+            (0..config.connections)
+                .map(|_| {
+                    ConnectionManager::new_lazy_with_config(client.clone(), manager_config.clone())
+                        .map(Link::Node)
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(settings)?
+        };
         metrics.state_backend_up(false);
         Ok(Redis {
             connections,
@@ -191,12 +238,8 @@ impl Redis {
         invocation: &ScriptInvocation<'_>,
     ) -> Result<Value, StateError> {
         let index = self.next.fetch_add(1, Ordering::Relaxed) % self.connections.len();
-        let mut connection = self.connections[index].clone();
-        let outcome = tokio::time::timeout(
-            self.timeout,
-            invocation.invoke_async::<Value>(&mut connection),
-        )
-        .await;
+        let outcome =
+            tokio::time::timeout(self.timeout, self.connections[index].invoke(invocation)).await;
         match outcome {
             Ok(Ok(value)) => {
                 self.answered();
@@ -212,12 +255,9 @@ impl Redis {
     pub async fn ping(&self) -> Result<(), StateError> {
         let within = self.timeout + self.connect_timeout;
         for connection in &self.connections {
-            let mut connection = connection.clone();
-            let outcome = tokio::time::timeout(
-                within,
-                redis::cmd("PING").query_async::<Value>(&mut connection),
-            )
-            .await;
+            // On a cluster, PING goes to every node.
+            let outcome =
+                tokio::time::timeout(within, connection.query::<Value>(&redis::cmd("PING"))).await;
             match outcome {
                 Ok(Ok(_)) => {}
                 Ok(Err(err)) => return Err(self.failed(Concern::Health, classify(&err))),
@@ -366,6 +406,7 @@ mod tests {
             timeout: Duration::from_millis(50),
             connect_timeout: Duration::from_millis(50),
             connections: 1,
+            cluster: false,
         };
         Redis::connect(
             &config,

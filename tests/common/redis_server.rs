@@ -177,3 +177,65 @@ fn ping(port: u16) -> bool {
     let mut answer = [0u8; 5];
     stream.read_exact(&mut answer).is_ok() && (&answer == b"+PONG" || &answer == b"-NOAU")
 }
+
+/// A Redis Cluster of throwaway servers on loopback: each a [`RedisServer`] with cluster mode
+/// on, joined by `redis-cli --cluster create` (Debian's redis-tools, installed with
+/// redis-server), every slot served before it is handed out.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// `n` primaries (at least 3, as Redis Cluster asks), no replicas.
+    pub fn start(n: usize) -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..n)
+            .map(|_| {
+                RedisServer::start_with(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "5000",
+                ])
+            })
+            .collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        let created = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run redis-cli (Debian package redis-tools)");
+        assert!(
+            created.status.success(),
+            "redis-cli --cluster create: {}",
+            String::from_utf8_lossy(&created.stdout)
+        );
+        // Every node must see the cluster as ok before clients are pointed at it.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for node in &nodes {
+            loop {
+                let info = Command::new("redis-cli")
+                    .args(["-p", &node.port().to_string(), "cluster", "info"])
+                    .output()
+                    .expect("redis-cli cluster info");
+                if String::from_utf8_lossy(&info.stdout).contains("cluster_state:ok") {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "the cluster did not become ok");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        RedisCluster { nodes }
+    }
+
+    /// A seed node's URL.
+    pub fn url(&self) -> String {
+        self.nodes[0].url()
+    }
+}
