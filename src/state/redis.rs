@@ -1,6 +1,7 @@
-//! The shared Redis: multiplexed connections that reconnect on their own, one timeout around
-//! every operation, Lua scripts sent as EVALSHA (reloaded on NOSCRIPT), key names with the
-//! tenant as Redis Cluster hash tag, and whether Redis answers now.
+//! The shared Redis: multiplexed connections that reconnect on their own (to one server, or to
+//! every node of a Redis Cluster), one timeout around every operation, Lua scripts sent as
+//! EVALSHA (reloaded on NOSCRIPT), key names with the tenant as Redis Cluster hash tag, and
+//! whether Redis answers now.
 //!
 //! Every state change of a concern is one script, so it is atomic across sidecars and costs one
 //! round trip. Times come from Redis (`TIME` inside the scripts), so the sidecars' clocks do not
