@@ -85,6 +85,8 @@ pub struct Running {
     background: Vec<JoinHandle<()>>,
     reload: mpsc::Sender<catalog_updates::ReloadRequest>,
     admin: Option<AdminBinding>,
+    /// The caps on calls in flight; also what shutdown drains.
+    in_flight: InFlightLayer,
 }
 
 impl Running {
@@ -115,6 +117,8 @@ impl Running {
     /// Stops accepting, waits up to the grace period for in-flight calls, then drains the audit
     /// queue. Calls still running after the grace period are dropped (and audited as cancelled).
     pub async fn shutdown(mut self) {
+        // Draining first, so that by the time /readyz says 503 every new call is refused.
+        self.in_flight.start_draining();
         if let Some(admin) = &self.admin {
             admin
                 .state
@@ -126,10 +130,17 @@ impl Running {
                 .set_service_status(service, ServingStatus::NotServing)
                 .await;
         }
-        let _ = self.shutdown.send(true);
+        // Drain: new calls are answered UNAVAILABLE on every connection, old and new, while the
+        // running ones finish; only then are the listeners closed. (Closing first would send
+        // GOAWAY, and a client on an open connection would see its next call CANCELLED.)
         let grace = self.grace;
-        let finished = tokio::time::timeout(
-            grace,
+        let drain_until = tokio::time::Instant::now() + grace;
+        while !self.in_flight.idle() && tokio::time::Instant::now() < drain_until {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let _ = self.shutdown.send(true);
+        let finished = tokio::time::timeout_at(
+            drain_until.max(tokio::time::Instant::now() + Duration::from_millis(100)),
             futures::future::join_all(self.tasks.iter_mut().map(|t| async move {
                 match t.await {
                     Ok(Ok(())) => {}
@@ -396,6 +407,7 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         },
         reload,
         admin,
+        in_flight,
     })
 }
 
