@@ -19,6 +19,7 @@ pub mod limits;
 pub mod metrics;
 pub mod server;
 pub mod telemetry;
+pub mod tls;
 
 pub use server::{Running, StartError, StartOptions, run, start};
 
