@@ -21,6 +21,7 @@ pub mod server;
 pub mod settings;
 pub mod state;
 pub mod telemetry;
+pub mod tls;
 
 pub use server::{Running, StartError, StartOptions, run, start};
 

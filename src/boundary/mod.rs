@@ -416,7 +416,8 @@ impl Boundary {
         // within the size and depth limits.
         structure::check_identifiers(
             &[
-                ("call_id", Some(call_id)),
+                // The client's own, before a blank one is numbered or a long one is cut.
+                ("call_id", Some(call.call_id.trim())),
                 ("name", Some(&call.name)),
                 ("idempotency_key", call.idempotency_key.as_deref()),
                 ("approval_id", call.approval_id.as_deref()),

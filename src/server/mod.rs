@@ -88,6 +88,8 @@ pub struct Running {
     admin: Option<AdminBinding>,
     /// The state backend's health check and its reporter, with Redis.
     state_health: Option<[JoinHandle<()>; 2]>,
+    /// The caps on calls in flight; also what shutdown drains.
+    in_flight: InFlightLayer,
 }
 
 impl Running {
@@ -122,6 +124,8 @@ impl Running {
         for task in self.state_health.iter().flatten() {
             task.abort();
         }
+        // Draining first, so that by the time /readyz says 503 every new call is refused.
+        self.in_flight.start_draining();
         if let Some(admin) = &self.admin {
             admin
                 .state
@@ -133,10 +137,17 @@ impl Running {
                 .set_service_status(service, ServingStatus::NotServing)
                 .await;
         }
-        let _ = self.shutdown.send(true);
+        // Drain: new calls are answered UNAVAILABLE on every connection, old and new, while the
+        // running ones finish; only then are the listeners closed. (Closing first would send
+        // GOAWAY, and a client on an open connection would see its next call CANCELLED.)
         let grace = self.grace;
-        let finished = tokio::time::timeout(
-            grace,
+        let drain_until = tokio::time::Instant::now() + grace;
+        while !self.in_flight.idle() && tokio::time::Instant::now() < drain_until {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let _ = self.shutdown.send(true);
+        let finished = tokio::time::timeout_at(
+            drain_until.max(tokio::time::Instant::now() + Duration::from_millis(100)),
             futures::future::join_all(self.tasks.iter_mut().map(|t| async move {
                 match t.await {
                     Ok(Ok(())) => {}
@@ -426,6 +437,7 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         reload,
         admin,
         state_health,
+        in_flight,
     })
 }
 

@@ -144,6 +144,9 @@ impl Redis {
         metrics: Arc<Metrics>,
     ) -> Result<Redis, StateError> {
         let info = connection_info(config)?;
+        if config.url.scheme() == "rediss" {
+            crate::tls::install_crypto_provider();
+        }
         let certificates = config.ca_pem.as_ref().map(|pem| TlsCertificates {
             client_tls: None,
             root_cert: Some(pem.clone()),

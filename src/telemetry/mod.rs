@@ -456,6 +456,7 @@ impl OwnRuntimeExporter {
             .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
         // The gRPC channel is created inside the runtime it will run on.
         let _entered = runtime.enter();
+        crate::tls::install_crypto_provider();
         let built = match protocol {
             OtlpProtocol::Grpc => opentelemetry_otlp::SpanExporter::builder()
                 .with_tonic()

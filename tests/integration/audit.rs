@@ -14,7 +14,7 @@ use toolgate::proto::{self, ToolStatus};
 
 use crate::{
     otlp_collector,
-    process::{client, spawn_with_env, spawn_with_stdout, spawn_wrapped, stop, wait_exit},
+    process::{client, spawn_with_env, spawn_with_stdout, spawn_wrapped, wait_exit},
     support::{STAGES, TestServer, call, exec, execute_request, who},
 };
 
@@ -25,6 +25,7 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// SIGTERM to the process and a wait (bounded) for exit 0; returns its logs.
 fn events_in(path: &Path) -> Vec<Value> {
     std::fs::read_to_string(path)
         .unwrap()
@@ -163,7 +164,7 @@ async fn file_events_carry_the_calls_trace_and_span_ids() {
     let mut plain = client(&spawned.addr).await;
     exec(&mut plain, &who("acme"), call("echo", r#"{"text":"x"}"#)).await;
     let span_id = exported_span(&collector, "traced-1").await;
-    stop(spawned).await;
+    crate::process::stop(spawned).await;
     let events = events_in(&audit);
     let traced = events.iter().find(|e| e["call_id"] == "traced-1").unwrap();
     assert_eq!(
@@ -197,7 +198,7 @@ async fn otlp_audit_uses_the_traces_endpoint_and_log_records_carry_the_ids() {
     let records = collector
         .wait_for_logs(|r| !r.is_empty(), Duration::from_secs(20))
         .await;
-    stop(spawned).await;
+    crate::process::stop(spawned).await;
     assert_eq!(records.len(), 1, "{records:?}");
     let record = &records[0];
     assert_eq!(
@@ -398,7 +399,7 @@ async fn sink_none_writes_nothing_where_stdout_would_have_every_event() {
             assert_eq!(r.status(), ToolStatus::Ok);
         }
         drop(grpc);
-        stop(spawned).await;
+        crate::process::stop(spawned).await;
         let printed = stdout.join().unwrap();
         let events: Vec<Value> = printed
             .lines()

@@ -10,7 +10,7 @@ use std::{path::Path, process::Command, time::Duration};
 
 use serde_json::Value;
 
-use crate::process::{Spawned, sigterm, spawn, wait_exit};
+use crate::process::spawn;
 
 /// The README's "Try it" console block: (command, expected stdout) in order.
 fn readme_session() -> Vec<(String, String)> {
@@ -118,12 +118,6 @@ fn toolgate(args: &[&str], addr: &str) -> (Option<i32>, String, String) {
     )
 }
 
-fn stop(spawned: Spawned) {
-    sigterm(&spawned.child);
-    let mut spawned = spawned;
-    assert_eq!(wait_exit(&mut spawned.child).code(), Some(0));
-}
-
 #[test]
 fn the_readme_try_it_session_is_what_the_binary_prints() {
     let session = readme_session();
@@ -160,7 +154,7 @@ fn the_readme_try_it_session_is_what_the_binary_prints() {
         readme_approval.is_some() && real_approval.is_some(),
         "the session requests an approval"
     );
-    stop(spawned);
+    crate::process::stop_blocking(spawned);
 }
 
 #[test]
@@ -318,7 +312,7 @@ fn call_json_approvals_reject_and_exit_codes() {
     );
     assert_eq!(code, Some(1));
     assert!(stderr.contains("PermissionDenied"), "{stderr}");
-    stop(spawned);
+    crate::process::stop_blocking(spawned);
 
     // Nothing listening: a transport error, exit 1.
     let closed = {
@@ -375,7 +369,7 @@ fn token_sends_a_jwt_and_schema_prints_the_published_schema() {
     let (code, _, stderr) = toolgate(&["call", "echo", "--tenant", "acme"], &spawned.addr);
     assert_eq!(code, Some(1));
     assert!(stderr.contains("Unauthenticated"), "{stderr}");
-    stop(spawned);
+    crate::process::stop_blocking(spawned);
 
     // `toolgate schema` prints the published JSON Schema of the catalog format.
     let (code, stdout, _) = toolgate(&["schema"], "127.0.0.1:1");

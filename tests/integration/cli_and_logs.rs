@@ -8,16 +8,9 @@ use toolgate::proto::{self, tool_gate_client::ToolGateClient};
 
 use crate::{
     otlp_collector,
-    process::{sigterm, spawn_logging, spawn_with_env, wait_exit},
+    process::{spawn_logging, spawn_with_env},
     support::{call, exec, who},
 };
-
-fn stop(spawned: crate::process::Spawned) -> String {
-    sigterm(&spawned.child);
-    let mut spawned = spawned;
-    assert!(wait_exit(&mut spawned.child).success());
-    spawned.logs()
-}
 
 #[tokio::test]
 async fn human_logs_escape_control_characters_from_callers() {
@@ -65,7 +58,7 @@ async fn human_logs_escape_control_characters_from_callers() {
         .insert("authorization", format!("Bearer {token}").parse().unwrap());
     let status = client.list_tools(request).await.expect_err("refused");
     assert_eq!(status.code(), tonic::Code::Unauthenticated);
-    let logs = tokio::task::spawn_blocking(move || stop(spawned))
+    let logs = tokio::task::spawn_blocking(move || crate::process::stop_blocking(spawned))
         .await
         .unwrap();
     let refusal = logs
@@ -126,7 +119,7 @@ async fn the_demo_reads_the_otel_environment() {
         format!("{resources:?}").contains("demo-from-env"),
         "OTEL_SERVICE_NAME was not used"
     );
-    tokio::task::spawn_blocking(move || stop(spawned))
+    tokio::task::spawn_blocking(move || crate::process::stop_blocking(spawned))
         .await
         .unwrap();
 }
@@ -181,7 +174,7 @@ async fn client_verbs_take_an_address_without_a_scheme() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("http://"), "{stderr}");
-    tokio::task::spawn_blocking(move || stop(spawned))
+    tokio::task::spawn_blocking(move || crate::process::stop_blocking(spawned))
         .await
         .unwrap();
 }

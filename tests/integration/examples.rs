@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use toolgate::proto::{self, ToolStatus, tool_gate_client::ToolGateClient};
 
 use crate::{
-    process::{Spawned, sigterm, spawn_with_env, wait_exit},
+    process::{Spawned, spawn_with_env},
     support::{call, exec, who},
 };
 
@@ -44,17 +44,6 @@ fn serve(dir: &Path, yaml: &str, envs: &[(&str, &str)]) -> Spawned {
 
 async fn client(spawned: &Spawned) -> ToolGateClient<tonic::transport::Channel> {
     crate::process::client(&spawned.addr).await
-}
-
-async fn stop(spawned: Spawned) {
-    sigterm(&spawned.child);
-    let status = tokio::task::spawn_blocking(move || {
-        let mut spawned = spawned;
-        wait_exit(&mut spawned.child)
-    })
-    .await
-    .unwrap();
-    assert_eq!(status.code(), Some(0));
 }
 
 /// What the stand-in billing service was sent: path, headers, body.
@@ -94,11 +83,8 @@ async fn http_example_posts_the_bound_arguments_with_the_secret_header() {
         &format!("url: http://{addr}/api"),
     );
     let yaml = patch(&yaml, "allow_schemes: [https]", "allow_schemes: [http]");
-    let yaml = patch(
-        &yaml,
-        "allow_private_addresses: false",
-        "allow_private_addresses: true",
-    );
+    // The stand-in runs on loopback: allow exactly that range instead of the example's.
+    let yaml = patch(&yaml, r#"["10.1.2.0/24"]"#, r#"["127.0.0.0/8"]"#);
     let dir = tempfile::tempdir().unwrap();
     let spawned = serve(
         dir.path(),
@@ -148,7 +134,7 @@ async fn http_example_posts_the_bound_arguments_with_the_secret_header() {
     assert_eq!(r.error_type, "schema_violation");
     assert_eq!(seen.lock().unwrap().len(), 1);
     drop(grpc);
-    stop(spawned).await;
+    crate::process::stop(spawned).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -168,7 +154,7 @@ async fn process_example_counts_words() {
         "{r:?}"
     );
     drop(grpc);
-    stop(spawned).await;
+    crate::process::stop(spawned).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -257,6 +243,6 @@ async fn mcp_example_serves_both_servers_with_the_catalogs_settings() {
     let r = exec(&mut grpc, &user, call("demo.get-sum", r#"{"a":1,"b":2}"#)).await;
     assert_eq!(r.status(), ToolStatus::ApprovalRequired, "{r:?}");
     drop(grpc);
-    stop(spawned).await;
+    crate::process::stop(spawned).await;
     let _ = everything.kill().await;
 }

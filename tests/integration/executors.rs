@@ -482,11 +482,12 @@ pub(crate) fn pid_gone(pid: i32) -> bool {
 async fn a_timeout_kills_the_whole_process_group_and_huge_output_is_capped() {
     let dir = tempfile::tempdir().unwrap();
     let pids = dir.path().join("pids");
-    let script = format!(
-        "import os,subprocess,time; c=subprocess.Popen(['sleep','30']); open({:?},'w').write(f'{{os.getpid()}} {{c.pid}}'); time.sleep(30)",
-        pids.display().to_string()
-    );
-    let tools = process_tool("hang", &script, "").replace("timeout: 2s", "timeout: 500ms")
+    // A shell starts in a millisecond, so the pids are written well within the timeout even on
+    // a busy machine (a Python interpreter may take longer than 500 ms to start there).
+    let script = format!("sleep 30 & echo \"$$ $!\" > {}; wait", pids.display());
+    let tools = process_tool("hang", &script, "")
+        .replace("timeout: 2s", "timeout: 500ms")
+        .replacen(&format!("command: {}", python()), "command: sh", 1)
         + &process_tool(
             "flood",
             "import sys\nwhile True: sys.stdout.write('y' * 65536)",

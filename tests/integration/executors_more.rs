@@ -87,7 +87,8 @@ tools:
         seen.lock().unwrap()[0]["authorization"],
         "Token file-s3cret"
     );
-    // Same host, but https, which this upstream may not use: refused, not followed.
+    // Same host, but https: another origin (and a scheme this upstream may not use), refused,
+    // not followed.
     let r = exec(&mut client, &who("acme"), call("upgrade", "{}")).await;
     assert_eq!(
         (r.status(), r.error_type.as_str(), r.refused_by.as_str()),
@@ -95,7 +96,7 @@ tools:
         "{r:?}"
     );
     assert!(
-        r.error_message.contains("a scheme it may not use"),
+        r.error_message.contains("redirected to another origin"),
         "{}",
         r.error_message
     );

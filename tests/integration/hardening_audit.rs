@@ -424,7 +424,6 @@ async fn a_partial_write_is_continued_never_repeated_or_torn() {
     }
     server.wait_for_log("audit sink write failed", 1);
     set_file_size_limit(server.child.id(), libc::RLIM_INFINITY);
-    // Waited for off the runtime: the graceful shutdown needs our connection to answer.
     crate::process::stop(server).await;
     let text = std::fs::read_to_string(&audit).unwrap();
     let ids: Vec<String> = text

@@ -4,6 +4,7 @@ mod approvals;
 mod approvals_more;
 mod audit;
 mod boundary;
+mod bounded;
 mod cli;
 mod cli_and_logs;
 mod config;

@@ -206,6 +206,22 @@ pub(crate) async fn client(addr: &str) -> ToolGateClient<tonic::transport::Chann
     )
 }
 
+/// SIGTERM, then a bounded wait for exit 0; returns the logs. Blocks: from an async test use
+/// [`stop`], so the test's clients can still answer the server's GOAWAY meanwhile.
+pub(crate) fn stop_blocking(spawned: Spawned) -> String {
+    sigterm(&spawned.child);
+    let mut spawned = spawned;
+    assert_eq!(wait_exit(&mut spawned.child).code(), Some(0));
+    spawned.logs()
+}
+
+/// [`stop_blocking`] off the test's runtime.
+pub(crate) async fn stop(spawned: Spawned) -> String {
+    tokio::task::spawn_blocking(move || stop_blocking(spawned))
+        .await
+        .unwrap()
+}
+
 pub(crate) fn sigterm(child: &Child) {
     let status = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
@@ -223,19 +239,6 @@ pub(crate) fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
         std::thread::sleep(Duration::from_millis(50));
     }
     panic!("toolgate did not exit within 10s of SIGTERM");
-}
-
-/// SIGTERM to the process and a wait (bounded) for exit 0, off the runtime so the test's own
-/// connections can close; returns its logs.
-pub(crate) async fn stop(spawned: Spawned) -> String {
-    sigterm(&spawned.child);
-    tokio::task::spawn_blocking(move || {
-        let mut spawned = spawned;
-        assert_eq!(wait_exit(&mut spawned.child).code(), Some(0));
-        spawned.logs()
-    })
-    .await
-    .unwrap()
 }
 
 #[tokio::test]
@@ -324,14 +327,7 @@ async fn serves_on_a_unix_socket_too() {
     )
     .await;
     assert_eq!(result.model_text, "over uds");
-    sigterm(&spawned.child);
-    let status = tokio::task::spawn_blocking(move || {
-        let mut spawned = spawned;
-        wait_exit(&mut spawned.child)
-    })
-    .await
-    .unwrap();
-    assert_eq!(status.code(), Some(0));
+    crate::process::stop(spawned).await;
     assert!(!socket.exists(), "the socket file is removed on shutdown");
 }
 
@@ -381,14 +377,7 @@ async fn sighup_reloads_the_catalog_file() {
         .into_inner();
     let echo = listed.tools.iter().find(|t| t.name == "echo").unwrap();
     assert_eq!(echo.description, "Returns the text, reloaded.");
-    sigterm(&spawned.child);
-    let status = tokio::task::spawn_blocking(move || {
-        let mut spawned = spawned;
-        wait_exit(&mut spawned.child)
-    })
-    .await
-    .unwrap();
-    assert_eq!(status.code(), Some(0));
+    crate::process::stop(spawned).await;
 }
 
 /// Human logs carry no colour escape codes when stderr is not a terminal (a file, a pipe,

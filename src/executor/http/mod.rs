@@ -143,6 +143,7 @@ pub fn guarded_client(
     destination: &Destination,
     connect_timeout: Duration,
 ) -> Result<reqwest::Client, reqwest::Error> {
+    crate::tls::install_crypto_provider();
     reqwest::Client::builder()
         .no_proxy()
         .connect_timeout(connect_timeout)
