@@ -318,11 +318,13 @@ impl RedisIdempotency {
                 }
                 "overloaded" => return Err(overloaded()),
                 _running => {
+                    // The last look is at `wait_until` itself: giving up when the next pause
+                    // would overshoot it turned duplicates away while the first was finishing.
                     let now = Instant::now();
-                    if now + pause > wait_until {
+                    if now >= wait_until {
                         break;
                     }
-                    tokio::time::sleep(pause).await;
+                    tokio::time::sleep(pause.min(wait_until - now)).await;
                     pause = (pause * 2).min(MAX_POLL);
                 }
             }
