@@ -13,10 +13,11 @@
 //!    in-process collector), then
 //! 3. the same pair as separate processes: the bare echo (this executable re-run with a hidden
 //!    flag) and `target/release/toolgate` with the same catalog — the deployed shape, including
-//!    whatever logging and OTLP export the binary installs — and, in max-rate mode only, variants
-//!    of the binary for the CPU split (span export off, audit off) and one with a shadow catalog
-//!    (`shadow_catalog`: each call explained again against a candidate), reported as a ratio of
-//!    the binary's throughput without;
+//!    whatever logging and OTLP export the binary installs — the binary once more with its state
+//!    (both rate limits of every call) in a `redis-server` of its own on loopback, and, in
+//!    max-rate mode only, variants of the binary for the CPU split (span export off, audit off)
+//!    and one with a shadow catalog (`shadow_catalog`: each call explained again against a
+//!    candidate), reported as a ratio of the binary's throughput without;
 //!
 //! each in max-rate mode (closed loop: N connections × M calls in flight each) and fixed-rate
 //! mode (open loop: calls sent on a schedule, latency measured from each call's intended send time
@@ -28,6 +29,8 @@
 
 #[path = "../tests/common/otlp_collector.rs"]
 mod otlp_collector;
+#[path = "../tests/common/redis_server.rs"]
+mod redis_server;
 
 use std::{
     fs::File,
@@ -84,12 +87,15 @@ const BINARY_NO_AUDIT: &str = "toolgate binary, span export and audit off";
 /// The binary with a shadow catalog: every call also explained against a candidate that decides
 /// the bench's calls alike (so it costs the explanation, not audit events for differences).
 const BINARY_SHADOW: &str = "toolgate binary, shadow catalog";
+/// The binary with `state: { backend: redis }`: both quotas of each call in one Lua script.
+const BINARY_REDIS: &str = "toolgate binary + Redis, own process";
 
 /// OTEL_SERVICE_NAME of each exporting server, so the collector can count spans per target.
 const SERVICE_IN_PROCESS: &str = "toolgate-bench-in-process";
 const SERVICE_BINARY: &str = "toolgate-bench-binary";
 const SERVICE_FRESH_JWT: &str = "toolgate-bench-fresh-jwt";
 const SERVICE_SHADOW: &str = "toolgate-bench-shadow";
+const SERVICE_REDIS: &str = "toolgate-bench-redis";
 
 /// Re-runs this executable as the bare echo server on the given address.
 const BARE_SERVER_FLAG: &str = "--serve-bare-echo";
@@ -112,6 +118,9 @@ const HIST_MAX_NS: u64 = 60_000_000_000;
 /// The targets the numbers are judged against (docs/performance.md).
 const GOAL_THROUGHPUT_RATIO: f64 = 0.85;
 const GOAL_ADDED_P99_MS: f64 = 0.25;
+/// Server CPU per call, toolgate over bare, at saturation and at the highest fixed rate.
+const GOAL_CPU_RATIO_MAX_RATE: f64 = 1.25;
+const GOAL_CPU_RATIO_FIXED_RATE: f64 = 1.3;
 const GOAL_IDLE_RSS_MIB: f64 = 10.0;
 const GOAL_SLOW_RSS_MIB: f64 = 64.0;
 const GOAL_START_MS: f64 = 100.0;
@@ -225,7 +234,8 @@ struct Options {
     warmup: Duration,
     connections: usize,
     concurrency: usize,
-    rate: u64,
+    /// Fixed rates measured (open loop), in calls per second.
+    rates: Vec<u64>,
     payload: usize,
     slow_calls: usize,
     slow_ms: u64,
@@ -253,7 +263,7 @@ impl Options {
                 warmup: Duration::from_millis(100),
                 connections: 2,
                 concurrency: 4,
-                rate: 500,
+                rates: vec![200, 500],
                 payload: 256,
                 slow_calls: 200,
                 slow_ms: 300,
@@ -272,7 +282,7 @@ impl Options {
                 warmup: Duration::from_secs(2),
                 connections: 2,
                 concurrency: 32,
-                rate: 3000,
+                rates: vec![500, 3000],
                 payload: 256,
                 slow_calls: 10_000,
                 slow_ms: 5000,
@@ -325,7 +335,14 @@ impl Options {
                 "--warmup" => options.warmup = duration()?,
                 "--connections" => options.connections = count()? as usize,
                 "--concurrency" => options.concurrency = count()? as usize,
-                "--rate" => options.rate = count()?,
+                "--rate" => {
+                    options.rates = value
+                        .split(',')
+                        .map(|r| r.trim().parse::<u64>().ok().filter(|r| *r > 0))
+                        .collect::<Option<Vec<_>>>()
+                        .filter(|r| !r.is_empty())
+                        .ok_or_else(|| bad("calls per second, or several separated by commas"))?;
+                }
                 "--payload" => options.payload = count()? as usize,
                 "--slow-calls" => options.slow_calls = count()? as usize,
                 "--slow-ms" => options.slow_ms = count()?,
@@ -434,6 +451,17 @@ fn run(options: &Options) -> anyhow::Result<bool> {
         .stderr(File::create(dir.path().join("bare.log"))?)
         .spawn()?;
     wait_listening(&mut bare_child, bare_addr, Duration::from_secs(10))?;
+    // The state backend of the Redis row: a redis-server of its own on loopback, nothing saved.
+    if Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        bail!(
+            "the toolgate + Redis row needs redis-server on the PATH (Debian package redis-server)"
+        );
+    }
+    let redis = redis_server::RedisServer::start();
     let write = |name: &str, yaml: String| -> anyhow::Result<PathBuf> {
         let path = dir.path().join(name);
         std::fs::write(&path, yaml)?;
@@ -472,6 +500,16 @@ fn run(options: &Options) -> anyhow::Result<bool> {
             dir.path(),
             "toolgate-bench-no-audit",
             &export_off,
+        )?,
+        Binary::spawn(
+            &exe,
+            &write(
+                "bench-redis.yaml",
+                catalog_with_redis(&dir.path().join("audit-redis.jsonl"), &redis.url()),
+            )?,
+            dir.path(),
+            SERVICE_REDIS,
+            &[],
         )?,
     ];
     let candidate = write(
@@ -532,9 +570,16 @@ fn run(options: &Options) -> anyhow::Result<bool> {
             own(BINARY_NO_AUDIT, binaries[3].addr, binaries[3].pid(), &text),
             false,
         ),
+        (
+            Target {
+                state_pid: redis.pid(),
+                ..own(BINARY_REDIS, binaries[4].addr, binaries[4].pid(), &text)
+            },
+            true,
+        ),
         // The shadow catalog's cost: max rate and CPU per call, against the binary without.
         (
-            own(BINARY_SHADOW, binaries[4].addr, binaries[4].pid(), &text),
+            own(BINARY_SHADOW, binaries[5].addr, binaries[5].pid(), &text),
             false,
         ),
     ];
@@ -587,6 +632,11 @@ fn run(options: &Options) -> anyhow::Result<bool> {
             BINARY_FRESH_JWT,
             collector.received_from(SERVICE_FRESH_JWT),
             calls_of(BINARY_FRESH_JWT),
+        ),
+        (
+            BINARY_REDIS,
+            collector.received_from(SERVICE_REDIS),
+            calls_of(BINARY_REDIS),
         ),
     ];
 
@@ -676,6 +726,19 @@ fn runtime(name: &str, workers: usize) -> std::io::Result<Runtime> {
 
 fn catalog(audit: &Path) -> String {
     CATALOG.replace("AUDIT_PATH", &audit.display().to_string())
+}
+
+/// The bench catalog with its state in the Redis at `url`. The operation timeout is raised from
+/// the default 50 ms: this row measures what sharing costs, not outages, on a saturated machine
+/// where Redis competes with the load for the same cores.
+fn catalog_with_redis(audit: &Path, url: &str) -> String {
+    catalog(audit).replacen(
+        "version: 1\n",
+        &format!(
+            "version: 1\nstate:\n  backend: redis\n  redis: {{ url: \"{url}\", timeout: 1s }}\n"
+        ),
+        1,
+    )
 }
 
 /// The bench catalog with a shadow candidate.
@@ -1249,6 +1312,8 @@ struct Target {
     server_pid: Option<u32>,
     /// Sign a new token for every call (the client pays for signing it: a few µs of its CPU).
     fresh_tokens: bool,
+    /// The state backend's process (Redis), whose CPU time is measured too.
+    state_pid: Option<u32>,
 }
 
 impl Target {
@@ -1268,6 +1333,7 @@ impl Target {
             timeout: CALL_TIMEOUT,
             server_pid: None,
             fresh_tokens: false,
+            state_pid: None,
         }
     }
 }
@@ -1383,8 +1449,13 @@ struct Row {
     note: String,
     /// The server process's CPU time (user + system) per answered call, when it runs apart.
     server_cpu_us: Option<f64>,
+    /// The state backend's (Redis's) CPU time per answered call, for the Redis row.
+    state_cpu_us: Option<f64>,
     /// Fixed rate: how late the harness sent calls, p99.
     send_lag_ms: Option<f64>,
+    /// The server process's context switches per answered call (voluntary, involuntary), at a
+    /// fixed rate, when it runs apart.
+    switches: Option<(f64, f64)>,
 }
 
 /// What measuring one target gave.
@@ -1423,6 +1494,7 @@ fn measure(
         Budget::For(options.warmup),
     ));
     let cpu_before = target.server_pid.and_then(cpu_seconds);
+    let state_cpu_before = target.state_pid.and_then(cpu_seconds);
     let (max, elapsed) = client_rt.block_on(closed_loop(
         &channels,
         options.concurrency,
@@ -1431,6 +1503,10 @@ fn measure(
     ));
     let server_cpu_us = cpu_before
         .zip(target.server_pid.and_then(cpu_seconds))
+        .filter(|_| max.ok > 0)
+        .map(|(before, after)| (after - before) * 1e6 / max.ok as f64);
+    let state_cpu_us = state_cpu_before
+        .zip(target.state_pid.and_then(cpu_seconds))
         .filter(|_| max.ok > 0)
         .map(|(before, after)| (after - before) * 1e6 / max.ok as f64);
     let calls = channels.len() as u64 + warmup.0.ok + warmup.0.failed + max.ok + max.failed;
@@ -1442,33 +1518,85 @@ fn measure(
         note: failure_note(&max),
         stats: max,
         server_cpu_us,
+        state_cpu_us,
         send_lag_ms: None,
+        switches: None,
     });
     if !fixed {
         return Ok(Measured { ok, calls });
     }
-    let fixed = open_loop(client_rt, &channels, target, options.rate, options.duration);
-    let calls = calls + fixed.stats.ok + fixed.stats.failed;
-    let ok = ok && fixed.stats.failed == 0;
-    let send_lag_ms = fixed.send_lag.value_at_quantile(0.99) as f64 / 1e6;
-    let mut note = String::new();
-    if fixed.skipped > 0 {
-        note.push_str(&format!("{} not sent (backlog)", fixed.skipped));
+    let mut calls = calls;
+    let mut ok = ok;
+    for &rate in &options.rates {
+        let cpu_before = target.server_pid.and_then(cpu_seconds);
+        let state_cpu_before = target.state_pid.and_then(cpu_seconds);
+        let switches_before = target.server_pid.and_then(context_switches);
+        let fixed = open_loop(client_rt, &channels, target, rate, options.duration);
+        let answered = fixed.stats.ok;
+        let per_call = |total: f64| (answered > 0).then(|| total / answered as f64);
+        let server_cpu_us = cpu_before
+            .zip(target.server_pid.and_then(cpu_seconds))
+            .and_then(|(before, after)| per_call((after - before) * 1e6));
+        let state_cpu_us = state_cpu_before
+            .zip(target.state_pid.and_then(cpu_seconds))
+            .and_then(|(before, after)| per_call((after - before) * 1e6));
+        let switches = switches_before
+            .zip(target.server_pid.and_then(context_switches))
+            .and_then(|((v0, i0), (v1, i1))| {
+                Some((
+                    per_call(v1.saturating_sub(v0) as f64)?,
+                    per_call(i1.saturating_sub(i0) as f64)?,
+                ))
+            });
+        calls += fixed.stats.ok + fixed.stats.failed;
+        ok = ok && fixed.stats.failed == 0;
+        let send_lag_ms = fixed.send_lag.value_at_quantile(0.99) as f64 / 1e6;
+        let mut note = String::new();
+        if fixed.skipped > 0 {
+            note.push_str(&format!("{} not sent (backlog)", fixed.skipped));
+        }
+        if fixed.stats.first_failure.is_some() {
+            note.push_str("; ");
+            note.push_str(&failure_note(&fixed.stats));
+        }
+        rows.push(Row {
+            target: target.name,
+            mode: format!("{rate} rps"),
+            throughput: fixed.stats.ok as f64 / fixed.elapsed.as_secs_f64(),
+            stats: fixed.stats,
+            note,
+            server_cpu_us,
+            state_cpu_us,
+            send_lag_ms: Some(send_lag_ms),
+            switches,
+        });
     }
-    if fixed.stats.first_failure.is_some() {
-        note.push_str("; ");
-        note.push_str(&failure_note(&fixed.stats));
-    }
-    rows.push(Row {
-        target: target.name,
-        mode: format!("{} rps", options.rate),
-        throughput: fixed.stats.ok as f64 / fixed.elapsed.as_secs_f64(),
-        stats: fixed.stats,
-        note,
-        server_cpu_us: None,
-        send_lag_ms: Some(send_lag_ms),
-    });
     Ok(Measured { ok, calls })
+}
+
+/// Context switches (voluntary, involuntary) of every thread of a process so far, from
+/// `/proc/PID/task/*/status`: each voluntary one is a thread going to sleep to wait (for work, a
+/// lock, I/O), so per call they count the wake-ups and hand-offs a call costs.
+fn context_switches(pid: u32) -> Option<(u64, u64)> {
+    let mut total = (0, 0);
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let Ok(status) = std::fs::read_to_string(task.ok()?.path().join("status")) else {
+            continue; // the thread ended meanwhile
+        };
+        for line in status.lines() {
+            let field = |name: &str| {
+                line.strip_prefix(name)
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+            };
+            if let Some(n) = field("voluntary_ctxt_switches:") {
+                total.0 += n;
+            }
+            if let Some(n) = field("nonvoluntary_ctxt_switches:") {
+                total.1 += n;
+            }
+        }
+    }
+    Some(total)
 }
 
 /// CPU time (user + system) a process has used so far, from `/proc/PID/stat`.
@@ -1815,6 +1943,62 @@ impl Spread {
     }
 }
 
+/// One target's rows in one mode, a row per round: a fixed rate's, or (`None`) the max-rate ones.
+fn rows_of<'r>(rows: &'r [Row], target: &str, rate: Option<u64>) -> Vec<&'r Row> {
+    let mode = rate.map(|r| format!("{r} rps"));
+    rows.iter()
+        .filter(|row| {
+            row.target == target
+                && match &mode {
+                    Some(mode) => &row.mode == mode,
+                    None => !row.mode.ends_with("rps"),
+                }
+        })
+        .collect()
+}
+
+/// What a call costs the server process at each fixed rate, next to the bare echo's, per round:
+/// CPU and context switches per call, and their ratios. At moderate rates the difference is
+/// mostly wake-ups and hand-offs between threads, which saturation hides by batching.
+fn print_fixed_rate_costs(o: &Options, rows: &[Row]) {
+    let per_mode = |target: &str, rate: Option<u64>| rows_of(rows, target, rate);
+    println!("### Cost per call of the server process (own processes)");
+    println!();
+    println!(
+        "| mode | server CPU µs/call: bare | toolgate | toolgate / bare | context switches/call \
+         (voluntary + involuntary): bare | toolgate | toolgate / bare |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    let modes = std::iter::once(None).chain(o.rates.iter().map(|r| Some(*r)));
+    for rate in modes {
+        let (bare, gate) = (per_mode(BARE_PROCESS, rate), per_mode(BINARY, rate));
+        let value = |rows: &[&Row], f: &dyn Fn(&Row) -> Option<f64>| {
+            Spread::of(rows.iter().map(|row| f(row).unwrap_or(f64::NAN)))
+        };
+        let ratio = |f: &dyn Fn(&Row) -> Option<f64>| {
+            Spread::of(
+                bare.iter()
+                    .zip(&gate)
+                    .map(|(b, g)| f(g).zip(f(b)).map_or(f64::NAN, |(g, b)| g / b)),
+            )
+        };
+        let cpu = |row: &Row| row.server_cpu_us;
+        let switches = |row: &Row| row.switches.map(|(v, i)| v + i);
+        let show = |s: Option<Spread>, digits: usize| s.map_or("—".into(), |s| s.show(digits));
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            rate.map_or("max rate".into(), |r| format!("{r} rps")),
+            show(value(&bare, &cpu), 1),
+            show(value(&gate, &cpu), 1),
+            show(ratio(&cpu), 2),
+            show(value(&bare, &switches), 2),
+            show(value(&gate, &switches), 2),
+            show(ratio(&switches), 2),
+        );
+    }
+    println!();
+}
+
 fn print_report(r: &Report) {
     let o = r.options;
     let profile = if cfg!(debug_assertions) {
@@ -1838,14 +2022,18 @@ fn print_report(r: &Report) {
     );
     println!(
         "ExecuteTool of `echo` with a {} B text; max rate: {} connections × {} in flight, \
-         {:?} after {:?} warm-up; fixed rate: {} rps for {:?}; OTLP collector at {}; \
+         {:?} after {:?} warm-up; fixed rates: {} rps for {:?} each; OTLP collector at {}; \
          OTEL_SDK_DISABLED={}",
         o.payload,
         o.connections,
         o.concurrency,
         o.duration,
         o.warmup,
-        o.rate,
+        o.rates
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(" and "),
         o.duration,
         r.otlp_endpoint,
         std::env::var("OTEL_SDK_DISABLED").unwrap_or_default()
@@ -1904,6 +2092,9 @@ fn print_report(r: &Report) {
         if let Some(lag) = spread(&|row| row.send_lag_ms.unwrap_or(f64::NAN)) {
             notes.push(format!("sent late p99 {} ms (harness)", lag.show(3)));
         }
+        if let Some(redis) = spread(&|row| row.state_cpu_us.unwrap_or(f64::NAN)) {
+            notes.push(format!("Redis CPU {} µs/call", redis.show(1)));
+        }
         notes.extend(
             rounds
                 .iter()
@@ -1942,11 +2133,9 @@ fn print_report(r: &Report) {
     println!();
 
     // Per round, so a ratio compares measurements taken next to each other.
+    let per_mode = |target: &str, rate: Option<u64>| rows_of(r.rows, target, rate);
     let per_round = |target: &str, fixed: bool| -> Vec<&Row> {
-        r.rows
-            .iter()
-            .filter(|row| row.target == target && row.mode.ends_with("rps") == fixed)
-            .collect()
+        per_mode(target, fixed.then(|| o.rates.last().copied()).flatten())
     };
     let paired = |a: &str, b: &str, fixed: bool, f: &dyn Fn(&Row, &Row) -> f64| {
         Spread::of(
@@ -1956,6 +2145,7 @@ fn print_report(r: &Report) {
                 .map(|(x, y)| f(x, y)),
         )
     };
+    print_fixed_rate_costs(o, r.rows);
     let mut checks: Vec<(String, String, String, &'static str)> = Vec::new();
     for (pair, bare, gate) in [
         ("in-process", BARE, TOOLGATE),
@@ -1980,12 +2170,40 @@ fn print_report(r: &Report) {
             g.stats.ms(0.99) - b.stats.ms(0.99)
         }) {
             checks.push((
-                format!("added p99 at {} rps ({pair})", o.rate),
+                format!(
+                    "added p99 at {} rps ({pair})",
+                    o.rates.last().copied().unwrap_or(0)
+                ),
                 format!("{} ms", added.show(3)),
                 format!("≤ {GOAL_ADDED_P99_MS} ms"),
                 verdict(o.quick, added.median <= GOAL_ADDED_P99_MS),
             ));
         }
+    }
+    // What sharing the state costs: the same binary with its quotas in Redis, against memory
+    // (diagnostic; docs/performance.md reports it).
+    if let Some(ratio) = paired(BINARY, BINARY_REDIS, false, &|m, r| {
+        r.throughput / m.throughput * 100.0
+    }) {
+        checks.push((
+            "ExecuteTool max throughput, state in Redis / in memory (own processes)".into(),
+            format!("{} %", ratio.show(1)),
+            "—".into(),
+            "—",
+        ));
+    }
+    if let Some(added) = paired(BINARY, BINARY_REDIS, true, &|m, r| {
+        r.stats.ms(0.99) - m.stats.ms(0.99)
+    }) {
+        checks.push((
+            format!(
+                "added p99 at {} rps, state in Redis vs memory",
+                o.rates.last().copied().unwrap_or(0)
+            ),
+            format!("{} ms", added.show(3)),
+            "—".into(),
+            "—",
+        ));
     }
     // Native CPU per call, server process only (diagnostic; no target), and what each part
     // costs, from the switch-off variants measured in the same rounds.
@@ -2019,6 +2237,34 @@ fn print_report(r: &Report) {
         ));
     }
     let diff = |a: &[f64], b: &[f64]| Spread::of(a.iter().zip(b).map(|(x, y)| x - y));
+    let cpu_ratio = |rate: Option<u64>| {
+        Spread::of(
+            per_mode(BARE_PROCESS, rate)
+                .iter()
+                .zip(per_mode(BINARY, rate))
+                .map(|(b, g)| {
+                    g.server_cpu_us
+                        .zip(b.server_cpu_us)
+                        .map_or(f64::NAN, |(g, b)| g / b)
+                }),
+        )
+    };
+    for (rate, goal) in [
+        (None, GOAL_CPU_RATIO_MAX_RATE),
+        (o.rates.last().copied(), GOAL_CPU_RATIO_FIXED_RATE),
+    ] {
+        if let Some(ratio) = cpu_ratio(rate) {
+            checks.push((
+                format!(
+                    "server CPU per call / bare echo at {} (own processes)",
+                    rate.map_or("max rate".into(), |r| format!("{r} rps"))
+                ),
+                format!("{}×", ratio.show(2)),
+                format!("≤ {goal}×"),
+                verdict(o.quick, ratio.median <= goal),
+            ));
+        }
+    }
     if let (Some(g), Some(b)) = (Spread::of(full.clone()), Spread::of(bare_cpu.clone())) {
         checks.push((
             "server CPU per call at max rate (own processes, diagnostic)".into(),

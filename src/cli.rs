@@ -52,6 +52,9 @@ enum Command {
         /// catalog somewhere other than where it is served.
         #[arg(long)]
         portable: bool,
+        /// Also connect to the state backend (`state.redis`) and check that it answers.
+        #[arg(long)]
+        connect: bool,
     },
     /// Print the JSON Schema of the catalog file format (with --tests, of the test file format).
     Schema {
@@ -222,7 +225,11 @@ pub fn main() -> ExitCode {
         match cli.command {
             None => serve(cli.serve).await,
             Some(Command::Serve(args)) => serve(args).await,
-            Some(Command::Check { config, portable }) => check(config, portable),
+            Some(Command::Check {
+                config,
+                portable,
+                connect,
+            }) => check(config, portable, connect).await,
             Some(Command::Schema { tests }) => {
                 let schema = match tests {
                     true => test_runner::json_schema(),
@@ -347,7 +354,27 @@ fn host_problems(config: &Config) -> Vec<crate::config::FieldError> {
     tools.chain(servers).collect()
 }
 
-fn check(config: Option<PathBuf>, portable: bool) -> anyhow::Result<ExitCode> {
+/// `check --connect`: whether the state backend answers.
+async fn connect_state(config: &Config) -> Result<String, String> {
+    let crate::config::StateBackend::Redis(redis) = &config.state.backend else {
+        return Ok("state backend: memory (nothing to connect to)".to_owned());
+    };
+    let metrics = std::sync::Arc::new(crate::metrics::Metrics::new());
+    let shared = crate::state::Redis::connect(redis, &config.state, metrics)
+        .map_err(|err| err.to_string())?;
+    let started = std::time::Instant::now();
+    shared
+        .ping()
+        .await
+        .map_err(|err| format!("state backend {}: {err}", redis.url))?;
+    Ok(format!(
+        "state backend {}: ok (answered in {} ms)",
+        redis.url,
+        started.elapsed().as_millis()
+    ))
+}
+
+async fn check(config: Option<PathBuf>, portable: bool, connect: bool) -> anyhow::Result<ExitCode> {
     match load(config.as_ref()) {
         Ok(loaded) => {
             let problems = if portable {
@@ -363,6 +390,15 @@ fn check(config: Option<PathBuf>, portable: bool) -> anyhow::Result<ExitCode> {
             }
             if !problems.is_empty() {
                 return Ok(ExitCode::FAILURE);
+            }
+            if connect {
+                match connect_state(&loaded).await {
+                    Ok(line) => println!("{line}"),
+                    Err(err) => {
+                        eprintln!("error: {}: {err}", loaded.source);
+                        return Ok(ExitCode::FAILURE);
+                    }
+                }
             }
             println!(
                 "{}: ok ({} tools, revision {})",

@@ -76,6 +76,28 @@ impl Stage {
     }
 }
 
+impl Stage {
+    /// Every stage, in chain order.
+    pub const ALL: &'static [Stage] = &[
+        Stage::Structure,
+        Stage::Resolve,
+        Stage::Access,
+        Stage::Scopes,
+        Stage::Schema,
+        Stage::Bind,
+        Stage::RateLimit,
+        Stage::Approval,
+        Stage::Idempotency,
+        Stage::Execute,
+        Stage::Result,
+    ];
+
+    /// The stage with this name (for results read back from the shared state).
+    pub fn from_name(name: &str) -> Option<Stage> {
+        Stage::ALL.iter().copied().find(|s| s.as_str() == name)
+    }
+}
+
 impl fmt::Display for Stage {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -111,6 +133,7 @@ pub enum Reason {
     ApprovalWrongCaller,
     ApprovalInvalidated,
     IdempotencyConflict,
+    IdempotencyInProgress,
     Timeout,
     Cancelled,
     ToolFailed,
@@ -121,6 +144,7 @@ pub enum Reason {
     OutputTooLarge,
     Overloaded,
     AuditUnavailable,
+    StateUnavailable,
     Internal,
 }
 
@@ -163,6 +187,7 @@ impl Reason {
             ApprovalWrongCaller => ("approval_wrong_caller", S::Denied, false),
             ApprovalInvalidated => ("approval_invalidated", S::Denied, false),
             IdempotencyConflict => ("idempotency_conflict", S::InvalidArguments, false),
+            IdempotencyInProgress => ("idempotency_in_progress", S::Unavailable, true),
             Timeout => ("timeout", S::Timeout, true),
             Cancelled => ("cancelled", S::Cancelled, false),
             ToolFailed => ("tool_failed", S::Error, false),
@@ -173,6 +198,7 @@ impl Reason {
             OutputTooLarge => ("output_too_large", S::Error, false),
             Overloaded => ("overloaded", S::Unavailable, true),
             AuditUnavailable => ("audit_unavailable", S::Unavailable, true),
+            StateUnavailable => ("state_unavailable", S::Unavailable, true),
             Internal => ("internal", S::Error, false),
         };
         Row {
@@ -185,6 +211,11 @@ impl Reason {
     /// The stable `error_type` code.
     pub fn code(self) -> &'static str {
         self.row().code
+    }
+
+    /// The reason with this code (for results read back from the shared state).
+    pub fn from_code(code: &str) -> Option<Reason> {
+        Reason::ALL.iter().copied().find(|r| r.code() == code)
     }
 
     /// The status this reason produces.
@@ -225,6 +256,7 @@ impl Reason {
         Reason::ApprovalWrongCaller,
         Reason::ApprovalInvalidated,
         Reason::IdempotencyConflict,
+        Reason::IdempotencyInProgress,
         Reason::Timeout,
         Reason::Cancelled,
         Reason::ToolFailed,
@@ -235,6 +267,7 @@ impl Reason {
         Reason::OutputTooLarge,
         Reason::Overloaded,
         Reason::AuditUnavailable,
+        Reason::StateUnavailable,
         Reason::Internal,
     ];
 }
@@ -353,11 +386,13 @@ mod tests {
             [
                 "rate_limited",
                 "approval_pending",
+                "idempotency_in_progress",
                 "timeout",
                 "upstream_unavailable",
                 "tool_unavailable",
                 "overloaded",
-                "audit_unavailable"
+                "audit_unavailable",
+                "state_unavailable"
             ]
         );
     }

@@ -18,8 +18,11 @@ pub mod identity;
 pub mod limits;
 pub mod metrics;
 pub mod server;
+pub mod settings;
 pub mod shadow;
+pub mod state;
 pub mod telemetry;
+pub mod tls;
 
 pub use server::{Running, StartError, StartOptions, run, start};
 

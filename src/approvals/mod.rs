@@ -7,15 +7,23 @@
 //! ([`ApprovalStore::release`]) if the backend was never reached, so a retryable failure before
 //! the tool started does not burn it. Time comes from the injected clock. Memory is bounded per
 //! tenant and in total, in count and bytes.
+//!
+//! [`Approvals`] is what the boundary and the Approvals service call: this in-memory
+//! [`ApprovalStore`], or approvals shared by every sidecar through Redis ([`redis`]), which keeps
+//! the same rules.
 
-use std::{collections::HashMap, sync::Mutex, time::Duration};
+pub mod redis;
+
+use std::{collections::HashMap, sync::Mutex};
 
 use crate::{
     catalog::{Catalog, RiskLevel},
     clock::SharedClock,
     error::Reason,
     identity::Caller,
+    state,
 };
+use redis::RedisApprovals;
 
 /// The scope an approver needs.
 pub const APPROVE_SCOPE: &str = "toolgate:approve";
@@ -80,7 +88,7 @@ impl Approval {
     }
 
     /// What keeping it costs, as the budgets count it.
-    fn bytes(&self) -> usize {
+    pub fn bytes(&self) -> usize {
         APPROVAL_OVERHEAD
             + self.id.len()
             + self.binding.bytes()
@@ -102,13 +110,7 @@ pub struct Checked {
 }
 
 /// Budgets of the store.
-#[derive(Debug, Clone, Copy)]
-pub struct Budget {
-    pub ttl: Duration,
-    pub max_per_tenant: usize,
-    pub max_bytes_per_tenant: usize,
-    pub max_bytes: usize,
-}
+pub use crate::settings::ApprovalBudget as Budget;
 
 /// Why the Approvals service refused a request.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -127,6 +129,8 @@ pub enum DecideError {
     InvalidPageToken,
     #[error("the audit log cannot keep up; the decision was not applied")]
     AuditUnavailable,
+    #[error("approvals cannot be read or decided now: {0}; retry shortly")]
+    Unavailable(String),
 }
 
 /// Where a page of approvals ends: the last one's creation time and id (the listing order).
@@ -165,7 +169,142 @@ pub struct Page {
 /// Why a redemption failed: a reason from the outcome table and a message.
 pub type RedeemError = (Reason, String);
 
-/// All approvals of one server.
+/// The approvals of a sidecar: in its memory, or shared through Redis.
+pub enum Approvals {
+    Memory(ApprovalStore),
+    Shared(RedisApprovals),
+}
+
+impl Approvals {
+    /// The store for `backend`.
+    pub fn new(backend: &state::Backend, clock: SharedClock, budget: Budget) -> Self {
+        match backend {
+            state::Backend::Memory => Approvals::Memory(ApprovalStore::new(clock, budget)),
+            state::Backend::Redis(redis) => {
+                Approvals::Shared(RedisApprovals::new(redis.clone(), budget))
+            }
+        }
+    }
+
+    /// Creates a pending approval (see [`ApprovalStore::create`]).
+    pub async fn create(
+        &self,
+        binding: Binding,
+        arguments_json: String,
+        risk_level: RiskLevel,
+    ) -> Result<Approval, RedeemError> {
+        match self {
+            Approvals::Memory(store) => store.create(binding, arguments_json, risk_level),
+            // Boxed here and below: only calls that go to Redis pay for its futures.
+            Approvals::Shared(store) => {
+                Box::pin(store.create(binding, arguments_json, risk_level)).await
+            }
+        }
+    }
+
+    /// Checks that this call may use approval `id`; changes nothing.
+    pub async fn check(&self, id: &str, call: &Binding) -> Result<Checked, RedeemError> {
+        match self {
+            Approvals::Memory(store) => store.check(id, call),
+            Approvals::Shared(store) => Box::pin(store.check(id, call)).await,
+        }
+    }
+
+    /// Uses the approval up as its call reaches the backend; exactly once.
+    pub async fn consume(&self, tenant: &str, id: &str) -> Result<(), RedeemError> {
+        match self {
+            Approvals::Memory(store) => store.consume(id),
+            Approvals::Shared(store) => Box::pin(store.consume(tenant, id)).await,
+        }
+    }
+
+    /// Gives a consumed approval back: its call never reached the backend.
+    pub async fn release(&self, tenant: &str, id: &str) {
+        match self {
+            Approvals::Memory(store) => store.release(id),
+            Approvals::Shared(store) => Box::pin(store.release(tenant, id)).await,
+        }
+    }
+
+    /// One page of the approver's tenant's approvals in `state` (pending when `None`).
+    pub async fn list(
+        &self,
+        approver: &Caller,
+        state: Option<ApprovalState>,
+        page_size: usize,
+        after: Option<&Cursor>,
+    ) -> Result<Page, DecideError> {
+        match self {
+            Approvals::Memory(store) => store.list(approver, state, page_size, after),
+            Approvals::Shared(store) => {
+                if !approver.has_scope(APPROVE_SCOPE) {
+                    return Err(DecideError::MissingScope);
+                }
+                let state = state.unwrap_or(ApprovalState::Pending);
+                store.list(approver, state, page_size, after).await
+            }
+        }
+    }
+
+    /// One approval of the approver's tenant.
+    pub async fn get(&self, approver: &Caller, id: &str) -> Result<Approval, DecideError> {
+        match self {
+            Approvals::Memory(store) => store.get(approver, id),
+            Approvals::Shared(store) => {
+                if !approver.has_scope(APPROVE_SCOPE) {
+                    return Err(DecideError::MissingScope);
+                }
+                store.get(approver, id).await
+            }
+        }
+    }
+
+    /// Approves or rejects a pending approval of the approver's own tenant.
+    pub async fn decide(
+        &self,
+        approver: &Caller,
+        id: &str,
+        approve: bool,
+        reason: &str,
+    ) -> Result<Approval, DecideError> {
+        match self {
+            Approvals::Memory(store) => store.decide(approver, id, approve, reason),
+            Approvals::Shared(store) => {
+                if !approver.has_scope(APPROVE_SCOPE) {
+                    return Err(DecideError::MissingScope);
+                }
+                store.decide(approver, id, approve, reason).await
+            }
+        }
+    }
+
+    /// After a catalog reload: open approvals whose tool definition changed become invalid.
+    pub async fn invalidate_changed(&self, catalog: &Catalog) -> usize {
+        match self {
+            Approvals::Memory(store) => store.invalidate_changed(catalog),
+            Approvals::Shared(store) => store.invalidate_changed(catalog).await,
+        }
+    }
+
+    /// Approvals waiting for a decision in this sidecar's memory (shared ones are in Redis,
+    /// counted there).
+    pub fn pending(&self) -> usize {
+        match self {
+            Approvals::Memory(store) => store.pending(),
+            Approvals::Shared(_) => 0,
+        }
+    }
+
+    /// Bytes held in this sidecar's memory.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Approvals::Memory(store) => store.bytes(),
+            Approvals::Shared(_) => 0,
+        }
+    }
+}
+
+/// All approvals of one server, in its memory.
 #[derive(Debug)]
 pub struct ApprovalStore {
     clock: SharedClock,
@@ -274,56 +413,13 @@ impl ApprovalStore {
     pub fn check(&self, id: &str, call: &Binding) -> Result<Checked, RedeemError> {
         let mut approvals = self.lock();
         self.expire(&mut approvals);
-        let approval = approvals
-            .get(id)
-            .filter(|a| a.binding.tenant == call.tenant)
-            .ok_or_else(|| {
-                (
-                    Reason::ApprovalNotFound,
-                    format!("no approval {id} for this tenant"),
-                )
-            })?;
-        let bound = &approval.binding;
-        if bound.subject != call.subject || bound.agent != call.agent || bound.run_id != call.run_id
-        {
-            return Err((
-                Reason::ApprovalWrongCaller,
-                format!("approval {id} was requested by another caller or run"),
-            ));
-        }
-        let already_used = match approval.state {
-            ApprovalState::Approved => false,
-            ApprovalState::Used => true,
-            other => return Err(state_error(id, other, &approval.reason)),
-        };
-        if bound.tool != call.tool || bound.tool_version != call.tool_version {
-            return Err((
-                Reason::ApprovalArgumentsChanged,
-                format!(
-                    "approval {id} is for {} version {}",
-                    bound.tool, bound.tool_version
-                ),
-            ));
-        }
-        if bound.definition_hash != call.definition_hash {
-            return Err((
-                Reason::ApprovalInvalidated,
-                format!(
-                    "approval {id} was requested against another definition of {}; request a new approval",
-                    bound.tool
-                ),
-            ));
-        }
-        if bound.arguments_sha256 != call.arguments_sha256 {
-            return Err((
-                Reason::ApprovalArgumentsChanged,
-                format!("the arguments differ from the ones approval {id} was granted for"),
-            ));
-        }
-        Ok(Checked {
-            id: id.to_owned(),
-            already_used,
-        })
+        check_binding(
+            approvals
+                .get(id)
+                .filter(|a| a.binding.tenant == call.tenant),
+            id,
+            call,
+        )
     }
 
     /// Uses the approval up, as its call is handed to the backend: exactly one call gets past
@@ -331,12 +427,7 @@ impl ApprovalStore {
     pub fn consume(&self, id: &str) -> Result<(), RedeemError> {
         let mut approvals = self.lock();
         self.expire(&mut approvals);
-        let approval = approvals.get_mut(id).ok_or_else(|| {
-            (
-                Reason::ApprovalNotFound,
-                format!("no approval {id} for this tenant"),
-            )
-        })?;
+        let approval = approvals.get_mut(id).ok_or_else(|| not_found(id))?;
         match approval.state {
             ApprovalState::Approved => {
                 approval.state = ApprovalState::Used;
@@ -482,8 +573,66 @@ impl ApprovalStore {
     }
 }
 
+/// Whether `call` may use `approval` (found by `id` in the caller's tenant): same caller and
+/// run, approved (or used, for a replay), same tool, version, definition and arguments. Shared
+/// by both stores, so they refuse alike.
+pub fn check_binding(
+    approval: Option<&Approval>,
+    id: &str,
+    call: &Binding,
+) -> Result<Checked, RedeemError> {
+    let approval = approval.ok_or_else(|| not_found(id))?;
+    let bound = &approval.binding;
+    if bound.subject != call.subject || bound.agent != call.agent || bound.run_id != call.run_id {
+        return Err((
+            Reason::ApprovalWrongCaller,
+            format!("approval {id} was requested by another caller or run"),
+        ));
+    }
+    let already_used = match approval.state {
+        ApprovalState::Approved => false,
+        ApprovalState::Used => true,
+        other => return Err(state_error(id, other, &approval.reason)),
+    };
+    if bound.tool != call.tool || bound.tool_version != call.tool_version {
+        return Err((
+            Reason::ApprovalArgumentsChanged,
+            format!(
+                "approval {id} is for {} version {}",
+                bound.tool, bound.tool_version
+            ),
+        ));
+    }
+    if bound.definition_hash != call.definition_hash {
+        return Err((
+            Reason::ApprovalInvalidated,
+            format!(
+                "approval {id} was requested against another definition of {}; request a new approval",
+                bound.tool
+            ),
+        ));
+    }
+    if bound.arguments_sha256 != call.arguments_sha256 {
+        return Err((
+            Reason::ApprovalArgumentsChanged,
+            format!("the arguments differ from the ones approval {id} was granted for"),
+        ));
+    }
+    Ok(Checked {
+        id: id.to_owned(),
+        already_used,
+    })
+}
+
+fn not_found(id: &str) -> RedeemError {
+    (
+        Reason::ApprovalNotFound,
+        format!("no approval {id} for this tenant"),
+    )
+}
+
 /// Why an approval in `state` cannot be used.
-fn state_error(id: &str, state: ApprovalState, reason: &str) -> RedeemError {
+pub fn state_error(id: &str, state: ApprovalState, reason: &str) -> RedeemError {
     match state {
         ApprovalState::Pending => (
             Reason::ApprovalPending,
@@ -547,6 +696,7 @@ fn largest_with_finished(approvals: &HashMap<String, Approval>) -> Option<String
 mod tests {
     use super::*;
     use crate::{clock::ManualClock, identity::AuthMethod};
+    use std::time::Duration;
 
     fn caller(tenant: &str, subject: &str, scopes: &[&str]) -> Caller {
         Caller {

@@ -19,11 +19,11 @@ use std::{
 use serde::Serialize;
 use tokio::{
     io::AsyncWriteExt,
-    sync::{mpsc, oneshot},
+    sync::{Notify, mpsc, oneshot},
     task::JoinHandle,
 };
 
-use crate::config::{AuditConfig, AuditSinkConfig, raw::RawFsync};
+use crate::settings::{AuditConfig, AuditSinkConfig, raw::RawFsync};
 
 /// What an event records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -109,7 +109,7 @@ pub struct RefusedCallers {
 const MAX_REFUSED_REASON: usize = 256;
 
 impl RefusedCallers {
-    pub fn new(rate: crate::config::Rate, clock: crate::clock::SharedClock) -> Self {
+    pub fn new(rate: crate::settings::Rate, clock: crate::clock::SharedClock) -> Self {
         RefusedCallers {
             quota: crate::limits::SingleQuota::new(rate, clock.clone()),
             suppressed_since: AtomicU64::new(0),
@@ -169,12 +169,19 @@ enum Message {
 
 /// A slot in the queue, taken before a call or decision does anything; its event is then sent
 /// without waiting, from whatever context ends the call (also `Drop`).
-pub struct Reservation(mpsc::OwnedPermit<Message>);
+pub struct Reservation {
+    permit: mpsc::OwnedPermit<Message>,
+    urgent: Arc<Notify>,
+}
 
 impl Reservation {
-    /// Sends the event into the slot; never waits.
+    /// Sends the event into the slot; never waits. Past half the queue's capacity, the writer is
+    /// told not to wait for the end of its gathering time.
     pub fn send(self, event: Box<AuditEvent>) {
-        self.0.send(Message::Event(event));
+        let queue = self.permit.send(Message::Event(event));
+        if queue.capacity() < queue.max_capacity() / 2 {
+            self.urgent.notify_one();
+        }
     }
 }
 
@@ -182,6 +189,8 @@ impl Reservation {
 #[derive(Clone)]
 pub struct AuditLog {
     queue: mpsc::Sender<Message>,
+    /// Wakes the writer before the end of its gathering time.
+    urgent: Arc<Notify>,
     fail_closed: bool,
     dropped: Arc<AtomicU64>,
     written: Arc<AtomicU64>,
@@ -308,8 +317,10 @@ impl AuditLog {
         let (queue, receiver) = mpsc::channel(config.queue_capacity);
         let written = Arc::new(AtomicU64::new(0));
         let write_errors = Arc::new(AtomicU64::new(0));
+        let urgent = Arc::new(Notify::new());
         let task = tokio::spawn(write_loop(
             receiver,
+            urgent.clone(),
             sink,
             written.clone(),
             write_errors.clone(),
@@ -317,6 +328,7 @@ impl AuditLog {
         Ok((
             AuditLog {
                 queue,
+                urgent,
                 fail_closed: config.fail_closed,
                 dropped: Arc::new(AtomicU64::new(0)),
                 written,
@@ -331,16 +343,27 @@ impl AuditLog {
         self.fail_closed
     }
 
+    fn reservation(&self, permit: mpsc::OwnedPermit<Message>) -> Reservation {
+        Reservation {
+            permit,
+            urgent: self.urgent.clone(),
+        }
+    }
+
     /// Takes a queue slot now, if there is one.
     pub fn try_reserve(&self) -> Option<Reservation> {
-        self.queue.clone().try_reserve_owned().ok().map(Reservation)
+        self.queue
+            .clone()
+            .try_reserve_owned()
+            .ok()
+            .map(|permit| self.reservation(permit))
     }
 
     /// Takes a queue slot, waiting for one while the queue is full; `None` only if the writer
     /// has stopped (counted as dropped).
     pub async fn reserve(&self) -> Option<Reservation> {
         match self.queue.clone().reserve_owned().await {
-            Ok(permit) => Some(Reservation(permit)),
+            Ok(permit) => Some(self.reservation(permit)),
             Err(_) => {
                 self.note_dropped();
                 None
@@ -359,6 +382,7 @@ impl AuditLog {
     pub async fn flush(&self) {
         let (ack, done) = oneshot::channel();
         if self.queue.send(Message::Flush(ack)).await.is_ok() {
+            self.urgent.notify_one();
             let _ = done.await;
         }
     }
@@ -407,30 +431,28 @@ async fn open_append(path: &std::path::Path) -> std::io::Result<std::fs::File> {
 }
 
 /// Events written at once, at most.
-const MAX_BATCH: usize = 256;
-/// How long the writer waits for more events before writing what it has. Without it, under load
-/// each event or two was a write of its own (a blocking-pool hand-off and a syscall): ~14 µs of
-/// CPU per call, a fifth of the sidecar's (docs/performance.md). Calls never wait for the write.
-const GATHER_FOR: std::time::Duration = std::time::Duration::from_millis(2);
+const MAX_BATCH: usize = 1024;
+/// How long the writer lets events gather after the first one of a quiet spell, before writing
+/// them in one go. Senders never wake the writer while it gathers (it is not polling the queue),
+/// so at moderate rates a call costs no thread wake-up of its own: the writer wakes once per
+/// quiet spell and once per timer tick, and writes (one blocking-pool hand-off) once per batch.
+/// A flush, a queue past half full, or shutdown cut the wait short. Calls never wait for writes.
+const GATHER_FOR: std::time::Duration = std::time::Duration::from_millis(10);
 
-/// Adds what arrives within [`GATHER_FOR`] to `batch`, up to [`MAX_BATCH`]; returns at once
-/// when someone waits for a flush or the queue is closed (shutdown drains, it does not wait).
-async fn gather_more(receiver: &mut mpsc::Receiver<Message>, batch: &mut Vec<Message>) {
-    let deadline = tokio::time::Instant::now() + GATHER_FOR;
-    while batch.len() < MAX_BATCH
-        && !batch.iter().any(|m| matches!(m, Message::Flush(_)))
-        && !receiver.is_closed()
-    {
-        let room = MAX_BATCH - batch.len();
-        match tokio::time::timeout_at(deadline, receiver.recv_many(batch, room)).await {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {}
-        }
+/// Waits for the end of the gathering time, unless something needs the writer sooner.
+async fn gather(receiver: &mpsc::Receiver<Message>, urgent: &Notify, batch: &[Message]) {
+    if batch.iter().any(|m| matches!(m, Message::Flush(_))) || receiver.is_closed() {
+        return;
+    }
+    tokio::select! {
+        _ = tokio::time::sleep(GATHER_FOR) => {}
+        _ = urgent.notified() => {}
     }
 }
 
 async fn write_loop(
     mut receiver: mpsc::Receiver<Message>,
+    urgent: Arc<Notify>,
     mut sink: Sink,
     written: Arc<AtomicU64>,
     write_errors: Arc<AtomicU64>,
@@ -438,8 +460,27 @@ async fn write_loop(
     let mut batch = Vec::with_capacity(MAX_BATCH);
     let mut events = Vec::with_capacity(MAX_BATCH);
     let mut buffer = Vec::with_capacity(64 * 1024);
-    while receiver.recv_many(&mut batch, MAX_BATCH).await > 0 {
-        gather_more(&mut receiver, &mut batch).await;
+    loop {
+        if receiver.is_empty() {
+            // A quiet spell: wait for its first event, then let more gather on the timer.
+            if receiver.recv_many(&mut batch, MAX_BATCH).await == 0 {
+                return;
+            }
+            gather(&receiver, &urgent, &batch).await;
+        }
+        // Whatever is queued now, without waiting (a busy queue is written back to back).
+        while batch.len() < MAX_BATCH {
+            match receiver.try_recv() {
+                Ok(message) => batch.push(message),
+                Err(_) => break,
+            }
+        }
+        if batch.is_empty() {
+            if receiver.is_closed() && receiver.is_empty() {
+                return;
+            }
+            continue;
+        }
         let mut acks = Vec::new();
         for message in batch.drain(..) {
             match message {

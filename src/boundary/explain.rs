@@ -2,7 +2,7 @@
 //!
 //! Stages 1–7 run through [`super::policy::decide`], the very function the chain runs. Stages
 //! 8–10 read the state the chain would change, and change none of it: the quota's remaining
-//! calls ([`crate::limits::RateLimits::view`]), the approval the call redeems
+//! calls ([`crate::limits::Quotas::view`]), the approval the call redeems
 //! ([`crate::approvals::ApprovalStore::check`]) and what its idempotency key would find
 //! ([`super::idempotency::IdempotencyStore::peek`]). Nothing is audited, no approval is created,
 //! and no backend is called. The trail says, stage by stage, what passed or refused and why.
@@ -19,7 +19,7 @@ use crate::{
     catalog::{BindValue, Catalog, ToolVersion, VersionStatus, revision_of},
     error::{Reason, Refusal, Stage},
     identity::Caller,
-    limits::{RateLimits, describe},
+    limits::{Quotas, describe},
 };
 
 /// The scope a JWT caller needs to call ExplainTool (dev identity callers need none).
@@ -263,7 +263,7 @@ pub fn explain_visibility(catalog: &Catalog, caller: &Caller) -> (Vec<Visibility
 struct Explainer<'a> {
     boundary: &'a Boundary,
     catalog: &'a Catalog,
-    rate_limits: &'a RateLimits,
+    rate_limits: &'a Quotas,
     check_revision: bool,
     own: OwnEffects,
 }
@@ -513,7 +513,13 @@ impl Explainer<'_> {
             .tenants
             .get(&caller.tenant)
             .and_then(|t| t.rate_limit);
-        let views = self.rate_limits.view(&caller.tenant, tool, tenant_rate);
+        // With the shared state unreachable, what is left is unknown (the trail says so); the
+        // quota is not called exhausted on a guess.
+        let views = self
+            .rate_limits
+            .view(&caller.tenant, tool, tenant_rate)
+            .await
+            .unwrap_or_default();
         let quotas: Vec<QuotaTrail> = [("tool", tool.rate_limit), ("tenant", tenant_rate)]
             .into_iter()
             .filter_map(|(scope, rate)| {
@@ -595,10 +601,26 @@ impl Explainer<'_> {
         let window = humantime::format_duration(self.boundary.limits.idempotency_window);
         let peek = match self.own.idempotency_key {
             true => Peek::Fresh,
-            false => self.boundary.idempotency.peek(
-                &policy::idempotency_key(caller, tool, key),
-                &decided.arguments_sha256,
-            ),
+            false => match self
+                .boundary
+                .idempotency
+                .peek(
+                    &policy::idempotency_key(caller, tool, key),
+                    &decided.arguments_sha256,
+                    &tool.version,
+                )
+                .await
+            {
+                Ok(peek) => peek,
+                Err(refusal) => {
+                    stages.push(StageTrail::new(
+                        Stage::Idempotency,
+                        StageResult::Refused,
+                        refusal.message.clone(),
+                    ));
+                    return Ending::Refused(refusal);
+                }
+            },
         };
         let passed =
             |detail: String| StageTrail::new(Stage::Idempotency, StageResult::Passed, detail);
@@ -696,7 +718,7 @@ impl Explainer<'_> {
         };
         let binding =
             policy::approval_binding(&turn.caller, &turn.run_id, tool, &decided.arguments_sha256);
-        let checked = match self.boundary.approvals.check(id, &binding) {
+        let checked = match self.boundary.approvals.check(id, &binding).await {
             Ok(checked) => checked,
             Err((reason, message)) => {
                 return refused(

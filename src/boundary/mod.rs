@@ -38,26 +38,51 @@ pub use outcome::CallOutcome;
 pub use permit::Permit;
 
 use crate::{
-    approvals::{self, Approval, ApprovalState, ApprovalStore, DecideError},
+    approvals::{self, Approval, ApprovalState, Approvals, DecideError},
     audit::{AuditEvent, AuditLog, EventKind, Reservation, rfc3339},
     canonical,
     catalog::{Catalog, RiskLevel, ToolVersion, revision_of},
     clock::SharedClock,
-    config::LimitsConfig,
     error::{Reason, Refusal, Stage, Status},
     executor::{ExecError, Executors},
     identity::Caller,
-    limits::RateLimits,
+    limits::Quotas,
     metrics::Metrics,
+    settings::LimitsConfig,
+    state,
     telemetry::spans,
 };
-use idempotency::{Claim, IdempotencyStore};
+use idempotency::{Claimed, Idempotency};
 use resolve::{Definitions, RevisionLog};
 
 /// The catalog and the state that must change with it, swapped as one on reload.
 pub struct CatalogState {
     pub catalog: Catalog,
-    pub rate_limits: RateLimits,
+    pub rate_limits: Quotas,
+}
+
+/// Where the state kept between calls lives: approvals, idempotency keys, and the backend the
+/// rate limits of each catalog are built on.
+pub struct Stores {
+    pub backend: state::Backend,
+    pub approvals: Approvals,
+    pub idempotency: Idempotency,
+}
+
+impl Stores {
+    /// The stores of `backend`, with these budgets.
+    pub fn new(
+        backend: state::Backend,
+        clock: &SharedClock,
+        approvals: approvals::Budget,
+        idempotency: idempotency::Budget,
+    ) -> Self {
+        Stores {
+            approvals: Approvals::new(&backend, clock.clone(), approvals),
+            idempotency: Idempotency::new(&backend, clock.clone(), idempotency),
+            backend,
+        }
+    }
 }
 
 /// What is common to the calls of one request.
@@ -96,11 +121,7 @@ pub struct ResponseBudget {
     left: AtomicUsize,
 }
 
-/// Room set aside in a response for each result: enough for the short refusal that replaces a
-/// result too large to send (its ids are at most `limits.max_identifier_bytes`, ≤ 1 KiB).
-pub const RESULT_RESERVE_BYTES: usize = 4 * 1024;
-/// Room kept for the response's own framing.
-pub const RESPONSE_MARGIN_BYTES: usize = 16 * 1024;
+pub use crate::settings::{RESPONSE_MARGIN_BYTES, RESULT_RESERVE_BYTES};
 
 impl ResponseBudget {
     /// The budget for `calls` results in a message of at most `max_message_bytes`.
@@ -138,8 +159,9 @@ impl ResponseBudget {
 pub struct Boundary {
     state: ArcSwap<CatalogState>,
     limits: LimitsConfig,
-    approvals: ApprovalStore,
-    idempotency: IdempotencyStore,
+    backend: state::Backend,
+    approvals: Approvals,
+    idempotency: Idempotency,
     executors: Executors,
     audit: AuditLog,
     revisions: RevisionLog,
@@ -161,23 +183,24 @@ impl Boundary {
     pub fn new(
         catalog: Catalog,
         limits: LimitsConfig,
-        approvals: ApprovalStore,
+        stores: Stores,
         executors: Executors,
         audit: AuditLog,
         clock: SharedClock,
         metrics: Arc<Metrics>,
     ) -> Self {
-        let rate_limits = RateLimits::build(&catalog, clock.clone(), None);
+        let rate_limits = Quotas::build(&catalog, clock.clone(), &stores.backend, None);
         metrics.serving_revision(catalog.revision());
         Boundary {
             state: ArcSwap::from_pointee(CatalogState {
                 catalog,
                 rate_limits,
             }),
-            idempotency: IdempotencyStore::new(clock.clone(), limits.idempotency_budget()),
+            idempotency: stores.idempotency,
             revisions: RevisionLog::new(limits.revision_log_max_bytes),
             limits,
-            approvals,
+            backend: stores.backend,
+            approvals: stores.approvals,
             executors,
             audit,
             clock,
@@ -217,6 +240,11 @@ impl Boundary {
         &self.clock
     }
 
+    /// Where rate limits, approvals and idempotency keys live.
+    pub fn state_backend(&self) -> &state::Backend {
+        &self.backend
+    }
+
     /// Bytes held by each store kept between calls, for the `toolgate_*_bytes` gauges.
     pub fn store_bytes(&self) -> StoreBytes {
         StoreBytes {
@@ -238,11 +266,15 @@ impl Boundary {
 
     /// Replaces the catalog. Calls already running keep the definition they started with; rate
     /// limit state carries over for unchanged quotas; open approvals of changed tools are voided.
-    pub fn replace_catalog(&self, catalog: Catalog) -> usize {
-        let previous = self.state.load();
-        let rate_limits =
-            RateLimits::build(&catalog, self.clock.clone(), Some(&previous.rate_limits));
-        let invalidated = self.approvals.invalidate_changed(&catalog);
+    pub async fn replace_catalog(&self, catalog: Catalog) -> usize {
+        let previous = self.state.load_full();
+        let rate_limits = Quotas::build(
+            &catalog,
+            self.clock.clone(),
+            &self.backend,
+            Some(&previous.rate_limits),
+        );
+        let invalidated = self.approvals.invalidate_changed(&catalog).await;
         self.metrics.serving_revision(catalog.revision());
         self.state.store(Arc::new(CatalogState {
             catalog,
@@ -435,10 +467,15 @@ impl Boundary {
             .tenants
             .get(&caller.tenant)
             .and_then(|t| t.rate_limit);
-        state.rate_limits.check(&caller.tenant, tool, tenant_rate)?;
+        state
+            .rate_limits
+            .check(&caller.tenant, tool, tenant_rate)
+            .await?;
         // 9. Approval for risky tools, bound to these exact arguments; used up only when the
         // call reaches its backend.
-        let approval = self.approval(turn, call, tool, &arguments, &arguments_sha256)?;
+        let approval = self
+            .approval(turn, call, tool, &arguments, &arguments_sha256)
+            .await?;
         trail.approval_id = approval.as_ref().map(|a| a.id.clone());
         if let Some(checked) = &approval
             && checked.already_used
@@ -483,6 +520,13 @@ impl Boundary {
             Some(key) => {
                 Box::pin(async {
                     let key = policy::idempotency_key(caller, tool, key);
+                    // A duplicate waits for a running first call at most as long as that call
+                    // may run, and never past its own client's deadline.
+                    let lease = tool.timeout + idempotency::redis::LEASE_MARGIN;
+                    let now = Instant::now();
+                    let wait_until = turn
+                        .deadline
+                        .map_or(now + tool.timeout, |d| d.min(now + tool.timeout));
                     match self
                         .idempotency
                         .claim(
@@ -491,17 +535,19 @@ impl Boundary {
                             tool.risk_level,
                             &tool.version,
                             &started,
+                            lease,
+                            wait_until,
                         )
                         .await?
                     {
-                        Claim::Replay(stored) => {
+                        Claimed::Replay(stored) => {
                             trail.idempotent_replay = true;
                             trail.tool_version = stored.tool_version;
                             stored.result
                         }
-                        Claim::Owner(slot) => {
+                        Claimed::Owner(slot) => {
                             let result = call_backend(arguments).await;
-                            slot.finish(&result);
+                            slot.finish(&result).await;
                             result
                         }
                     }
@@ -516,7 +562,7 @@ impl Boundary {
     }
 
     /// Stage 9: creates an approval for a first call, or checks the one the call redeems.
-    fn approval(
+    async fn approval(
         &self,
         turn: &Turn,
         call: &CallRequest,
@@ -539,6 +585,7 @@ impl Boundary {
                 let approval = self
                     .approvals
                     .create(binding, canonical::to_string(arguments), tool.risk_level)
+                    .await
                     .map_err(refuse)?;
                 Err(Refusal::new(
                     Stage::Approval,
@@ -550,7 +597,7 @@ impl Boundary {
                 )
                 .with_approval_id(approval.id))
             }
-            Some(id) => match self.approvals.check(id, &binding) {
+            Some(id) => match self.approvals.check(id, &binding).await {
                 Ok(checked) => Ok(Some(checked)),
                 Err(err) => Err(refuse(err).with_approval_id(id)),
             },
@@ -572,7 +619,7 @@ impl Boundary {
         // A timeout of up to 30 days (validated at load) cannot overflow; saturate regardless.
         let tool_deadline = now
             .checked_add(tool.timeout)
-            .unwrap_or(now + crate::config::MAX_DURATION);
+            .unwrap_or(now + crate::settings::MAX_DURATION);
         let deadline = deadline.map_or(tool_deadline, |d| d.min(tool_deadline));
         // Beyond a tool's concurrency cap, refuse at once rather than queue without bound.
         let _slot = match &tool.concurrency {
@@ -588,10 +635,14 @@ impl Boundary {
             })?),
             None => None,
         };
+        let tenant = &permit.caller().tenant;
         if let Some(id) = approval_id {
-            self.approvals.consume(id).map_err(|(reason, message)| {
-                Refusal::new(Stage::Approval, reason, message).with_approval_id(id)
-            })?;
+            self.approvals
+                .consume(tenant, id)
+                .await
+                .map_err(|(reason, message)| {
+                    Refusal::new(Stage::Approval, reason, message).with_approval_id(id)
+                })?;
         }
         let executor = self.executors.for_spec(&tool.executor);
         tracing::debug!(call_id = permit.call_id(), tool = %tool.name, "executing");
@@ -602,7 +653,7 @@ impl Boundary {
                 if !err.reached_backend() {
                     started.store(false, Ordering::Release);
                     if let Some(id) = approval_id {
-                        self.approvals.release(id);
+                        self.approvals.release(tenant, id).await;
                     }
                 }
                 return Err(exec_refusal(err, permit));
@@ -624,19 +675,19 @@ impl Boundary {
     }
 
     /// One page of the approvals of the approver's tenant.
-    pub fn list_approvals(
+    pub async fn list_approvals(
         &self,
         approver: &Caller,
         state: Option<ApprovalState>,
         page_size: usize,
         after: Option<&approvals::Cursor>,
     ) -> Result<approvals::Page, DecideError> {
-        self.approvals.list(approver, state, page_size, after)
+        self.approvals.list(approver, state, page_size, after).await
     }
 
     /// One approval of the approver's tenant, with its full arguments.
-    pub fn get_approval(&self, approver: &Caller, id: &str) -> Result<Approval, DecideError> {
-        self.approvals.get(approver, id)
+    pub async fn get_approval(&self, approver: &Caller, id: &str) -> Result<Approval, DecideError> {
+        self.approvals.get(approver, id).await
     }
 
     /// Approves or rejects, and records the decision in the audit trail. The event's slot is
@@ -655,7 +706,7 @@ impl Boundary {
         }) else {
             return Err(DecideError::AuditUnavailable);
         };
-        let approval = self.approvals.decide(approver, id, approve, reason)?;
+        let approval = self.approvals.decide(approver, id, approve, reason).await?;
         slot.send(Box::new(AuditEvent {
             time: rfc3339(self.clock.unix_ms()),
             kind: Some(EventKind::ApprovalDecision),

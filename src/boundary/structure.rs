@@ -6,8 +6,8 @@
 use serde_json::Value;
 
 use crate::{
-    config::LimitsConfig,
     error::{Reason, Refusal, Stage},
+    settings::LimitsConfig,
 };
 
 /// A blank call id becomes `tool_step_<step>_<index>`.

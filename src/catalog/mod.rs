@@ -17,50 +17,19 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tokio::sync::Semaphore;
 
+pub use crate::settings::RiskLevel;
 use crate::{
     canonical,
-    config::{
-        ApprovalsConfig, Env, FieldError, LimitsConfig, Rate, parse_duration, parse_rate,
-        raw::{self, RawConfig, RawMcpTool, RawTool},
-    },
     executor::{
         BuildContext, ExecutorSpec, McpTool, Upstream,
         mcp::{Discovered, DiscoveredTool, McpServerConfig},
     },
+    settings::{
+        ApprovalsConfig, Env, FieldError, LimitsConfig, Rate, parse_duration, parse_rate,
+        raw::{self, RawConfig, RawMcpTool, RawTool},
+    },
 };
 pub use schema::{BindValue, Binding};
-
-/// What a tool can change.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum RiskLevel {
-    ReadOnly,
-    WriteDraft,
-    WriteConfirmed,
-    Destructive,
-}
-
-impl RiskLevel {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RiskLevel::ReadOnly => "READ_ONLY",
-            RiskLevel::WriteDraft => "WRITE_DRAFT",
-            RiskLevel::WriteConfirmed => "WRITE_CONFIRMED",
-            RiskLevel::Destructive => "DESTRUCTIVE",
-        }
-    }
-}
-
-impl From<raw::RawRiskLevel> for RiskLevel {
-    fn from(raw: raw::RawRiskLevel) -> Self {
-        match raw {
-            raw::RawRiskLevel::ReadOnly => RiskLevel::ReadOnly,
-            raw::RawRiskLevel::WriteDraft => RiskLevel::WriteDraft,
-            raw::RawRiskLevel::WriteConfirmed => RiskLevel::WriteConfirmed,
-            raw::RawRiskLevel::Destructive => RiskLevel::Destructive,
-        }
-    }
-}
 
 /// Whether a version is offered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

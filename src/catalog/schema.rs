@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use crate::config::FieldError;
+use crate::settings::FieldError;
 
 /// Where a bound value comes from.
 #[derive(Debug, Clone, PartialEq)]

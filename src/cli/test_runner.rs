@@ -19,10 +19,9 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::{
-    approvals::ApprovalStore,
     audit::AuditLog,
     boundary::{
-        Boundary, CallRequest, Turn,
+        Boundary, CallRequest, Stores, Turn,
         explain::{self, Explanation, Visibility},
     },
     catalog::Catalog,
@@ -355,10 +354,18 @@ pub(crate) async fn explaining_boundary(config: Config) -> anyhow::Result<Arc<Bo
         fsync: RawFsync::Never,
     })
     .await?;
+    // Always in memory, even for a catalog whose state is in Redis: each case starts from
+    // empty state, and a test run must never read or touch what the replicas share.
+    let stores = Stores::new(
+        crate::state::Backend::Memory,
+        &clock,
+        config.approvals.budget,
+        config.limits.idempotency_budget(),
+    );
     Ok(Arc::new(Boundary::new(
         config.catalog,
         config.limits,
-        ApprovalStore::new(clock.clone(), config.approvals.budget),
+        stores,
         Executors::default(),
         audit,
         clock,

@@ -56,7 +56,7 @@ use super::{
 };
 use crate::{
     boundary::Permit,
-    config::{Env, FieldError, parse_duration, raw::RawMcpServer},
+    settings::{Env, FieldError, parse_duration, raw::RawMcpServer},
 };
 
 /// Which MCP server and which of its tools a catalog entry runs.

@@ -15,7 +15,7 @@ use futures::future::BoxFuture;
 
 use crate::{
     boundary::Permit,
-    config::{Env, FieldError, raw::RawExecutor},
+    settings::{Env, FieldError, raw::RawExecutor},
 };
 pub use builtin::{BuiltinTool, Builtins};
 pub use http::{HttpExecutor, HttpTool, Upstream};

@@ -12,7 +12,7 @@ use super::{
 };
 use crate::{
     clock::SharedClock,
-    config::{Env, FieldError, parse_duration, raw::RawJwt, resolve_path},
+    settings::{Env, FieldError, parse_duration, raw::RawJwt, resolve_path},
 };
 
 /// One verification key and the algorithm it is used with.

@@ -6,13 +6,67 @@
 mod jwt;
 mod token_cache;
 
-use std::collections::BTreeSet;
+use std::{collections::BTreeSet, net::SocketAddr};
 
 use tonic::metadata::MetadataMap;
 
 pub use jwt::{JwtSettings, JwtVerifier};
 
-use crate::{clock::SharedClock, config::IdentityConfig};
+use crate::{clock::SharedClock, settings::FieldError};
+
+/// How callers are identified.
+#[derive(Debug, Clone)]
+pub struct IdentityConfig {
+    pub dev_identity: bool,
+    /// The operator's explicit consent to dev identity on a non-loopback TCP listener.
+    pub dev_identity_on_network: bool,
+    pub jwt: Option<JwtSettings>,
+    /// Longest tenant, subject or agent accepted (scopes: 16 times this).
+    pub max_identity_bytes: usize,
+}
+
+impl IdentityConfig {
+    /// Refuses combinations that would identify no one, or anyone: no method, dev identity next
+    /// to JWTs, or dev identity on a TCP listener other hosts can reach.
+    pub fn validate(&self, listen: Option<SocketAddr>) -> Result<(), FieldError> {
+        if !self.dev_identity && self.jwt.is_none() {
+            return Err(FieldError::new(
+                "identity",
+                "no way to identify callers: configure identity.jwt, or set identity.dev_identity: true for development",
+            ));
+        }
+        if self.dev_identity && self.jwt.is_some() {
+            // Trusting headers next to tokens would let any caller skip the token.
+            return Err(FieldError::new(
+                "identity.dev_identity",
+                "dev identity (trusting x-toolgate-* headers) cannot be combined with identity.jwt: choose one",
+            ));
+        }
+        if self.dev_identity_on_network && !self.dev_identity {
+            return Err(FieldError::new(
+                "identity.allow_unauthenticated_network_callers",
+                "only means something with dev_identity: true",
+            ));
+        }
+        if let Some(addr) = listen {
+            self.check_listener(addr)
+                .map_err(|message| FieldError::new("server.listen", message))?;
+        }
+        Ok(())
+    }
+
+    /// Dev identity trusts whatever a caller claims: a TCP listener reachable from other hosts
+    /// would let anyone on the network be any tenant. Allowed on loopback (and Unix sockets)
+    /// only, unless the operator says so in so many words.
+    pub fn check_listener(&self, addr: SocketAddr) -> Result<(), String> {
+        if self.dev_identity && !self.dev_identity_on_network && !addr.ip().is_loopback() {
+            return Err(format!(
+                "dev identity is on and {addr} is not a loopback address: anyone who can reach it could claim any tenant. Listen on 127.0.0.1 (or a Unix socket), configure identity.jwt, or set identity.allow_unauthenticated_network_callers: true if that is really what you want"
+            ));
+        }
+        Ok(())
+    }
+}
 
 /// Dev identity metadata keys.
 pub const TENANT_HEADER: &str = "x-toolgate-tenant";

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use crate::config::Rate;
+use crate::settings::Rate;
 
 /// One quota, in nanoseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,12 +26,33 @@ pub fn nanos(duration: Duration) -> u64 {
 }
 
 impl Gcra {
+    /// A quota in nanoseconds (the in-memory limiter).
     pub fn new(rate: Rate) -> Self {
-        let emission = (nanos(rate.period) / u64::from(rate.count.get())).max(1);
+        Self::in_units(rate, 1)
+    }
+
+    /// A quota in microseconds: Redis's clock resolution, and exact in the doubles Lua counts
+    /// with. The Redis script ([`super::redis`]) runs [`Self::decide`] on these two numbers.
+    pub fn in_micros(rate: Rate) -> Self {
+        Self::in_units(rate, 1_000)
+    }
+
+    fn in_units(rate: Rate, unit_nanos: u64) -> Self {
+        let emission = (nanos(rate.period) / unit_nanos / u64::from(rate.count.get())).max(1);
         Gcra {
             emission,
             tolerance: emission.saturating_mul(u64::from(rate.burst.get()) - 1),
         }
+    }
+
+    /// Time between two cells, in this quota's unit.
+    pub fn emission(&self) -> u64 {
+        self.emission
+    }
+
+    /// How far ahead of now the TAT may run, in this quota's unit.
+    pub fn tolerance(&self) -> u64 {
+        self.tolerance
     }
 
     /// The new TAT if a call at `now` is admitted, or how long until it would be.

@@ -9,8 +9,12 @@
 //!
 //! governor is not used: it decides and commits in one step, so two quotas cannot be checked
 //! without one of them consuming a cell for a call the other refuses.
+//!
+//! [`Quotas`] is what the boundary calls: this memory limiter, or the quotas shared by every
+//! sidecar through Redis ([`redis`]).
 
 pub mod gcra;
+pub mod redis;
 
 use std::{
     collections::HashMap,
@@ -21,10 +25,98 @@ use std::{
 use crate::{
     catalog::{Catalog, ToolVersion},
     clock::SharedClock,
-    config::Rate,
     error::{Reason, Refusal, Stage},
+    settings::Rate,
+    state::{self, StateError},
 };
 use gcra::Gcra;
+use redis::SharedQuotas;
+
+/// The rate limiter of one catalog: this sidecar's memory, or shared through Redis.
+pub enum Quotas {
+    Local(RateLimits),
+    Shared(SharedQuotas),
+}
+
+impl Quotas {
+    /// Limiters for `catalog` on `backend`, carrying over `previous` state where a quota is
+    /// unchanged (in Redis the key names carry the rate, so that holds by itself).
+    pub fn build(
+        catalog: &Catalog,
+        clock: SharedClock,
+        backend: &state::Backend,
+        previous: Option<&Quotas>,
+    ) -> Quotas {
+        let previous_local = previous.and_then(|p| match p {
+            Quotas::Local(local) => Some(local),
+            Quotas::Shared(shared) => shared.fallback(),
+        });
+        let local = RateLimits::build(catalog, clock, previous_local);
+        match backend {
+            state::Backend::Memory => Quotas::Local(local),
+            state::Backend::Redis(redis) => {
+                let previous_shared = previous.and_then(|p| match p {
+                    Quotas::Shared(shared) => Some(shared),
+                    Quotas::Local(_) => None,
+                });
+                Quotas::Shared(SharedQuotas::new(
+                    redis.clone(),
+                    Some(local),
+                    previous_shared,
+                ))
+            }
+        }
+    }
+
+    /// Admits one call of `tool` for `tenant` if both its quotas have room, consuming one cell
+    /// of each; otherwise consumes nothing and says how long to wait.
+    pub async fn check(
+        &self,
+        tenant: &str,
+        tool: &ToolVersion,
+        tenant_rate: Option<Rate>,
+    ) -> Result<(), Refusal> {
+        match self {
+            Quotas::Local(local) => local.check(tenant, tool, tenant_rate),
+            // Boxed: only calls that go to Redis pay for its future, and every call's future
+            // stays small.
+            Quotas::Shared(shared) => Box::pin(shared.check(tenant, tool, tenant_rate)).await,
+        }
+    }
+
+    /// What each quota of this call would admit now, consuming nothing.
+    pub async fn view(
+        &self,
+        tenant: &str,
+        tool: &ToolVersion,
+        tenant_rate: Option<Rate>,
+    ) -> Result<Vec<QuotaView>, StateError> {
+        match self {
+            Quotas::Local(local) => Ok(local.view(tenant, tool, tenant_rate)),
+            Quotas::Shared(shared) => shared.view(tenant, tool, tenant_rate).await,
+        }
+    }
+
+    /// The in-memory limiter: the only one, or the one that decides during Redis outages.
+    fn local(&self) -> Option<&RateLimits> {
+        match self {
+            Quotas::Local(local) => Some(local),
+            Quotas::Shared(shared) => shared.fallback(),
+        }
+    }
+
+    /// Forgets in-memory keys whose window has passed (Redis expires its own).
+    pub fn retain_recent(&self) {
+        if let Some(local) = self.local() {
+            local.retain_recent();
+        }
+    }
+
+    /// Keys held in this sidecar's memory.
+    pub fn keys_held(&self) -> usize {
+        self.local().map_or(0, RateLimits::keys_held)
+    }
+}
 
 /// A tenant as the maps know it: shared, so admitting a call clones a pointer, not the name.
 type TenantKey = Arc<str>;
@@ -159,25 +251,12 @@ impl RateLimits {
         if let Some(Err(wait)) = tool_decision
             && let Some(rate) = tool.rate_limit
         {
-            return Err(refusal(
-                format!(
-                    "rate limit {} for {} reached for tenant {tenant}",
-                    describe(rate),
-                    tool.name
-                ),
-                wait,
-            ));
+            return Err(tool_refusal(tenant, tool, rate, wait));
         }
         if let Some(Err(wait)) = tenant_decision
             && let Some((rate, _)) = tenant_cells
         {
-            return Err(refusal(
-                format!(
-                    "tenant {tenant} reached its overall rate limit {}",
-                    describe(*rate)
-                ),
-                wait,
-            ));
+            return Err(tenant_refusal(tenant, *rate, wait));
         }
         let key = self.tenant_key(tenant);
         if let (Some(Ok(tat)), Some(tats)) = (tool_decision, tool_tats.as_mut()) {
@@ -291,6 +370,29 @@ impl SingleQuota {
 /// How often idle rate-limit keys are shed.
 pub const SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 
+/// A call refused by its tool's quota.
+fn tool_refusal(tenant: &str, tool: &ToolVersion, rate: Rate, wait: Duration) -> Refusal {
+    refusal(
+        format!(
+            "rate limit {} for {} reached for tenant {tenant}",
+            describe(rate),
+            tool.name
+        ),
+        wait,
+    )
+}
+
+/// A call refused by its tenant's overall quota.
+fn tenant_refusal(tenant: &str, rate: Rate, wait: Duration) -> Refusal {
+    refusal(
+        format!(
+            "tenant {tenant} reached its overall rate limit {}",
+            describe(rate)
+        ),
+        wait,
+    )
+}
+
 fn refusal(message: String, wait: Duration) -> Refusal {
     // Round up so a client that waits exactly this long is admitted.
     let wait = Duration::from_millis(
@@ -319,6 +421,75 @@ mod tests {
         clock::ManualClock,
         config::{Config, Env},
     };
+    use futures::FutureExt;
+    use std::{
+        alloc::{GlobalAlloc, Layout, System},
+        cell::Cell,
+    };
+
+    /// Counts the allocations of the thread that makes them (tests run on several threads).
+    struct Counting;
+
+    thread_local! {
+        static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
+    }
+
+    // SAFETY: every call is passed on to the system allocator unchanged.
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            ALLOCATIONS.with(|n| n.set(n.get() + 1));
+            // SAFETY: the caller's contract is System's.
+            unsafe { System.alloc(layout) }
+        }
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            // SAFETY: the caller's contract is System's.
+            unsafe { System.dealloc(ptr, layout) }
+        }
+    }
+
+    #[global_allocator]
+    static COUNTING: Counting = Counting;
+
+    fn allocations_in(f: impl FnOnce()) -> usize {
+        let before = ALLOCATIONS.with(Cell::get);
+        f();
+        ALLOCATIONS.with(Cell::get) - before
+    }
+
+    #[test]
+    fn the_memory_limiter_behind_the_enum_allocates_nothing_per_call() {
+        let yaml = r#"version: 1
+identity: { dev_identity: true }
+tenants: { a: { rate_limit: 1000/min } }
+tools:
+  - { name: t, description: d, risk_level: read_only, rate_limit: 100/min, executor: { builtin: echo }, input_schema: { type: object } }
+"#;
+        let config =
+            Config::from_yaml(yaml, "t", std::path::Path::new("."), &Env::default()).unwrap();
+        let catalog = config.catalog;
+        let quotas = Quotas::build(
+            &catalog,
+            SharedClock::new(ManualClock::new(0)),
+            &state::Backend::Memory,
+            None,
+        );
+        let tool = catalog.resolve("t", None, "a").unwrap();
+        let rate = catalog.tenants["a"].rate_limit;
+        let check = || {
+            quotas
+                .check("a", tool, rate)
+                .now_or_never()
+                .expect("the memory limiter answers on the first poll")
+        };
+        // The first call of a tenant makes its map slots; every later one is in place.
+        assert!(check().is_ok());
+        assert_eq!(allocations_in(|| assert!(check().is_ok())), 0);
+        // The counter does count: a refusal builds its message.
+        for _ in 0..100 {
+            let _ = check();
+        }
+        assert!(allocations_in(|| assert!(check().is_err())) > 0);
+    }
 
     #[test]
     fn idle_keys_are_shed_and_state_survives_an_unchanged_reload() {

@@ -41,6 +41,11 @@ struct RefusalLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ConcernLabels {
+    concern: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReloadLabels {
     result: String,
 }
@@ -211,6 +216,9 @@ pub struct Metrics {
     revision: Family<RevisionLabels, Gauge>,
     current_revision: Mutex<String>,
     shadow: ShadowMetrics,
+    state_up: Gauge,
+    state_failures: Family<ConcernLabels, Counter>,
+    rate_limit_local: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -297,9 +305,32 @@ impl Metrics {
             "1 for the catalog revision being served",
             revision.clone(),
         );
+        let state_up = Gauge::default();
+        // Memory is always there; the Redis backend reports what it sees.
+        state_up.set(1);
+        registry.register(
+            "state_backend_up",
+            "1 while the state backend (memory, or the shared Redis) answers",
+            state_up.clone(),
+        );
+        let state_failures = Family::<ConcernLabels, Counter>::default();
+        registry.register(
+            "state_failures",
+            "Operations on the shared state that failed (timeout, unreachable, refused), by concern",
+            state_failures.clone(),
+        );
+        let rate_limit_local = Counter::default();
+        registry.register(
+            "rate_limit_local_decisions",
+            "Calls whose quota this sidecar decided alone because the shared state could not be reached (on_unavailable: local)",
+            rate_limit_local.clone(),
+        );
         let shadow = ShadowMetrics::register(&mut registry);
         Metrics {
             shadow,
+            state_up,
+            state_failures,
+            rate_limit_local,
             registry,
             calls,
             durations,
@@ -364,6 +395,25 @@ impl Metrics {
                 result: result.to_owned(),
             })
             .inc();
+    }
+
+    /// Whether the state backend answers.
+    pub fn state_backend_up(&self, up: bool) {
+        self.state_up.set(i64::from(up));
+    }
+
+    /// An operation on the shared state failed; `concern` is one of a fixed few names.
+    pub fn state_failure(&self, concern: &str) {
+        self.state_failures
+            .get_or_create(&ConcernLabels {
+                concern: concern.to_owned(),
+            })
+            .inc();
+    }
+
+    /// A quota decided by this sidecar alone during an outage of the shared state.
+    pub fn rate_limit_local_decision(&self) {
+        self.rate_limit_local.inc();
     }
 
     /// The catalog revision now served.
@@ -472,7 +522,12 @@ impl Drop for InFlight<'_> {
 pub struct AdminState {
     pub metrics: Arc<Metrics>,
     pub snapshot: Box<dyn Fn() -> Snapshot + Send + Sync>,
+    /// False once shutting down.
     pub ready: AtomicBool,
+    /// Whether the state backend answers now.
+    pub state_reachable: Box<dyn Fn() -> bool + Send + Sync>,
+    /// Whether an unreachable state backend makes the sidecar not ready.
+    pub state_required: bool,
 }
 
 /// Serves `/metrics`, `/healthz` (the process is up) and `/readyz` (serving calls) until aborted.
@@ -506,10 +561,18 @@ async fn metrics_text(State(state): State<Arc<AdminState>>) -> impl IntoResponse
     )
 }
 
+/// Ready unless shutting down, or — when the config says so — the state backend is
+/// unreachable. The body says which, and whether the state backend answers.
 async fn readiness(State(state): State<Arc<AdminState>>) -> impl IntoResponse {
-    if state.ready.load(Ordering::Relaxed) {
-        (StatusCode::OK, "ready\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")
+    if !state.ready.load(Ordering::Relaxed) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n");
+    }
+    match ((state.state_reachable)(), state.state_required) {
+        (true, _) => (StatusCode::OK, "ready\n"),
+        (false, false) => (StatusCode::OK, "ready; state backend unreachable\n"),
+        (false, true) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: state backend unreachable\n",
+        ),
     }
 }

@@ -96,7 +96,7 @@ pub async fn run(
                     continue;
                 }
                 let snapshot = discovered.borrow_and_update().clone();
-                apply(&updater.boundary, &inputs, &snapshot, "MCP servers");
+                apply(&updater.boundary, &inputs, &snapshot, "MCP servers").await;
             }
             request = requests.recv() => {
                 let Some(reply) = request else { return };
@@ -202,7 +202,7 @@ async fn reload(
     }
     // The MCP servers themselves were started with the process; keep their connection settings.
     next.mcp_servers = inputs.mcp_servers.clone();
-    let revision = apply(boundary, &next, discovered, "catalog file");
+    let revision = apply(boundary, &next, discovered, "catalog file").await;
     let Some(revision) = revision else {
         boundary.metrics().reload("refused");
         return Err("catalog rebuild failed".to_owned());
@@ -229,7 +229,7 @@ async fn reload(
 }
 
 /// Builds and swaps in a catalog, carrying live concurrency caps over; returns its revision.
-fn apply(
+async fn apply(
     boundary: &Boundary,
     inputs: &CatalogInputs,
     discovered: &Discovered,
@@ -240,7 +240,7 @@ fn apply(
         Ok(mut catalog) => {
             catalog.adopt_concurrency(&previous.catalog);
             let revision = catalog.revision().to_owned();
-            let invalidated = boundary.replace_catalog(catalog);
+            let invalidated = boundary.replace_catalog(catalog).await;
             tracing::info!(cause, revision = %revision, previous = %previous.catalog.revision(), approvals_invalidated = invalidated, "catalog updated");
             Some(revision)
         }

@@ -192,7 +192,7 @@ pub fn decide_status(err: &DecideError) -> GrpcStatus {
         DecideError::NotFound(_) => Code::NotFound,
         DecideError::NotPending { .. } => Code::FailedPrecondition,
         DecideError::NoDecision | DecideError::InvalidPageToken => Code::InvalidArgument,
-        DecideError::AuditUnavailable => Code::Unavailable,
+        DecideError::AuditUnavailable | DecideError::Unavailable(_) => Code::Unavailable,
     };
     GrpcStatus::new(code, err.to_string())
 }
@@ -200,10 +200,13 @@ pub fn decide_status(err: &DecideError) -> GrpcStatus {
 /// Parses the `grpc-timeout` header (e.g. `500m`, `2S`) as the gRPC spec writes it: 1 to 8 ASCII
 /// digits and a unit. Anything else is not a timeout (the call then has no client deadline).
 pub fn grpc_timeout(value: &str) -> Option<Duration> {
-    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
-    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+    // Bytes, not characters: a multi-byte last character must not be split (found by fuzzing).
+    let (unit, digits) = value.as_bytes().split_last()?;
+    if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
         return None;
     }
+    let digits = std::str::from_utf8(digits).ok()?;
+    let unit = std::str::from_utf8(std::slice::from_ref(unit)).ok()?;
     let amount: u64 = digits.parse().ok()?;
     Some(match unit {
         "H" => Duration::from_secs(amount.saturating_mul(3600)),

@@ -1,12 +1,17 @@
 //! The sidecar-wide caps on RPCs in flight, as a tower layer: beyond `limits.max_in_flight`
 //! calls, or `limits.max_request_bytes_in_flight` bytes of requests held (read and not yet
 //! answered), a toolgate RPC is refused at once with RESOURCE_EXHAUSTED (retryable) instead of
-//! queueing or buffering without bound. Health checks and reflection are never refused: a busy
-//! sidecar must still answer its probes.
+//! queueing or buffering without bound. While the sidecar drains for shutdown, every new toolgate
+//! RPC — on a new connection or one opened before — is answered UNAVAILABLE (retryable) while the
+//! calls already running finish. Health checks and reflection are never refused: a busy or
+//! draining sidecar must still answer its probes.
 
 use std::{
     pin::Pin,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
     task::{Context, Poll},
 };
 
@@ -29,6 +34,8 @@ pub struct InFlightLayer {
     /// Units of request bytes that may be held at once.
     bytes: Arc<Semaphore>,
     max_bytes: usize,
+    /// Set when shutdown begins: new RPCs are refused, running ones finish.
+    draining: Arc<AtomicBool>,
 }
 
 impl InFlightLayer {
@@ -40,7 +47,18 @@ impl InFlightLayer {
                 (max_bytes / UNIT).min(Semaphore::MAX_PERMITS),
             )),
             max_bytes,
+            draining: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// From now on, new toolgate RPCs are answered UNAVAILABLE.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether no toolgate RPC is being served.
+    pub fn idle(&self) -> bool {
+        self.slots.available_permits() == self.max
     }
 }
 
@@ -82,6 +100,12 @@ where
     fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
         if !request.uri().path().starts_with(LIMITED_PREFIX) {
             return Box::pin(self.inner.call(request));
+        }
+        if self.layer.draining.load(Ordering::SeqCst) {
+            let status = tonic::Status::unavailable(
+                "the sidecar is shutting down; retry on another instance or after it restarts",
+            );
+            return Box::pin(std::future::ready(Ok(status.into_http())));
         }
         let Ok(slot) = self.layer.slots.clone().try_acquire_owned() else {
             let status = tonic::Status::resource_exhausted(format!(

@@ -24,9 +24,8 @@ use tonic_health::ServingStatus;
 use arc_swap::ArcSwap;
 
 use crate::{
-    approvals::ApprovalStore,
     audit::{AuditLog, RefusedCallers},
-    boundary::Boundary,
+    boundary::{Boundary, Stores},
     clock::SharedClock,
     config::Config,
     executor::{Executors, McpManager},
@@ -57,6 +56,8 @@ pub enum StartError {
     Signal(String),
     #[error("refusing to start: {0}")]
     Insecure(String),
+    #[error("cannot set up the state backend: {0}")]
+    State(crate::state::StateError),
 }
 
 /// Options that are not part of the catalog file.
@@ -86,6 +87,10 @@ pub struct Running {
     background: Vec<JoinHandle<()>>,
     reload: mpsc::Sender<catalog_updates::ReloadRequest>,
     admin: Option<AdminBinding>,
+    /// The state backend's health check and its reporter, with Redis.
+    state_health: Option<[JoinHandle<()>; 2]>,
+    /// The caps on calls in flight; also what shutdown drains.
+    in_flight: InFlightLayer,
 }
 
 impl Running {
@@ -116,6 +121,12 @@ impl Running {
     /// Stops accepting, waits up to the grace period for in-flight calls, then drains the audit
     /// queue. Calls still running after the grace period are dropped (and audited as cancelled).
     pub async fn shutdown(mut self) {
+        // Nothing may report SERVING again from here on.
+        for task in self.state_health.iter().flatten() {
+            task.abort();
+        }
+        // Draining first, so that by the time /readyz says 503 every new call is refused.
+        self.in_flight.start_draining();
         if let Some(admin) = &self.admin {
             admin
                 .state
@@ -127,10 +138,17 @@ impl Running {
                 .set_service_status(service, ServingStatus::NotServing)
                 .await;
         }
-        let _ = self.shutdown.send(true);
+        // Drain: new calls are answered UNAVAILABLE on every connection, old and new, while the
+        // running ones finish; only then are the listeners closed. (Closing first would send
+        // GOAWAY, and a client on an open connection would see its next call CANCELLED.)
         let grace = self.grace;
-        let finished = tokio::time::timeout(
-            grace,
+        let drain_until = tokio::time::Instant::now() + grace;
+        while !self.in_flight.idle() && tokio::time::Instant::now() < drain_until {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let _ = self.shutdown.send(true);
+        let finished = tokio::time::timeout_at(
+            drain_until.max(tokio::time::Instant::now() + Duration::from_millis(100)),
             futures::future::join_all(self.tasks.iter_mut().map(|t| async move {
                 match t.await {
                     Ok(Ok(())) => {}
@@ -202,19 +220,26 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
     let (audit, audit_task) = AuditLog::start(&config.audit)
         .await
         .map_err(StartError::Audit)?;
-    let approvals = ApprovalStore::new(clock.clone(), config.approvals.budget);
+    let metrics = Arc::new(Metrics::new());
+    let backend =
+        crate::state::Backend::start(&config.state, metrics.clone()).map_err(StartError::State)?;
+    let stores = Stores::new(
+        backend.clone(),
+        &clock,
+        config.approvals.budget,
+        config.limits.idempotency_budget(),
+    );
     let mcp = Arc::new(McpManager::start(&config.catalog_inputs.mcp_servers));
     let discovered = mcp.watch_discovered();
     let executors = Executors {
         mcp,
         ..Executors::default()
     };
-    let metrics = Arc::new(Metrics::new());
     let limits = config.limits.clone();
     let boundary = Arc::new(Boundary::new(
         config.catalog,
         config.limits.clone(),
-        approvals,
+        stores,
         executors,
         audit,
         clock.clone(),
@@ -294,6 +319,20 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         .set_serving::<ApprovalsServer<ApprovalsService>>()
         .await;
     health.set_service_status("", ServingStatus::Serving).await;
+    health
+        .set_service_status(STATE_HEALTH_SERVICE, ServingStatus::Serving)
+        .await;
+    // With Redis: a health check every second, and its answers reported as gRPC health.
+    let state_health = boundary.state_backend().redis().map(|redis| {
+        [
+            redis.check_health(),
+            tokio::spawn(report_state_health(
+                redis.watch_reachable(),
+                health.clone(),
+                config.state.unready_when_unavailable,
+            )),
+        ]
+    });
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -376,6 +415,7 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         &identity,
         &refused,
         &restart_required,
+        config.state.unready_when_unavailable,
     )
     .await?;
     // Shed rate-limit keys whose window has passed, so their stores stay small.
@@ -410,7 +450,38 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         },
         reload,
         admin,
+        state_health,
+        in_flight,
     })
+}
+
+/// The gRPC health service name whose status says whether the state backend answers.
+pub const STATE_HEALTH_SERVICE: &str = "toolgate.state";
+
+/// Reports the state backend's reachability as the gRPC health of [`STATE_HEALTH_SERVICE`] and,
+/// when it must be reachable to serve, of the whole server.
+async fn report_state_health(
+    mut reachable: watch::Receiver<bool>,
+    health: tonic_health::server::HealthReporter,
+    required: bool,
+) {
+    loop {
+        let status = match *reachable.borrow_and_update() {
+            true => ServingStatus::Serving,
+            false => ServingStatus::NotServing,
+        };
+        health
+            .set_service_status(STATE_HEALTH_SERVICE, status)
+            .await;
+        if required {
+            for service in ["", "toolgate.v1.ToolGate", "toolgate.v1.Approvals"] {
+                health.set_service_status(service, status).await;
+            }
+        }
+        if reachable.changed().await.is_err() {
+            return;
+        }
+    }
 }
 
 /// The admin endpoint, when enabled.
@@ -427,9 +498,11 @@ impl AdminBinding {
         identity: &IdentityHandle,
         refused: &Arc<RefusedCallers>,
         restart_required: &Arc<std::sync::atomic::AtomicBool>,
+        state_required: bool,
     ) -> Result<Option<Self>, StartError> {
         let Some(addr) = addr else { return Ok(None) };
         let reader = boundary.clone();
+        let backend = boundary.state_backend().clone();
         let identity = identity.clone();
         let refused = refused.clone();
         let restart_required = restart_required.clone();
@@ -455,6 +528,8 @@ impl AdminBinding {
                 }
             }),
             ready: std::sync::atomic::AtomicBool::new(true),
+            state_reachable: Box::new(move || backend.reachable()),
+            state_required,
         });
         let (bound, task) =
             serve_admin(addr, state.clone())

@@ -281,6 +281,7 @@ impl Approvals for ApprovalsService {
             .gate
             .boundary
             .list_approvals(&approver, state, page_size, after.as_ref())
+            .await
             .map_err(|e| convert::decide_status(&e))?;
         Ok(Response::new(proto::ListApprovalsResponse {
             approvals: page
@@ -301,6 +302,7 @@ impl Approvals for ApprovalsService {
             .gate
             .boundary
             .get_approval(&approver, &request.get_ref().approval_id)
+            .await
             .map_err(|e| convert::decide_status(&e))?;
         Ok(Response::new(proto::GetApprovalResponse {
             approval: Some(convert::approval(approval)),

@@ -18,7 +18,7 @@ use opentelemetry_sdk::{
 };
 use tracing_subscriber::{EnvFilter, Layer, fmt, prelude::*};
 
-use crate::config::{Env, FieldError, parse_duration, raw::RawTelemetry};
+use crate::settings::{Env, FieldError, parse_duration, raw::RawTelemetry};
 
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -456,6 +456,7 @@ impl OwnRuntimeExporter {
             .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
         // The gRPC channel is created inside the runtime it will run on.
         let _entered = runtime.enter();
+        crate::tls::install_crypto_provider();
         let built = match protocol {
             OtlpProtocol::Grpc => opentelemetry_otlp::SpanExporter::builder()
                 .with_tonic()

@@ -5,7 +5,14 @@ use std::time::Duration;
 use tonic::Code;
 use toolgate::proto::{self, ApprovalDecision, ToolStatus};
 
-use crate::support::{STAGES, TestServer, Who, call, exec, who};
+use crate::support::{Backend, STAGES, TestServer, Who, call, exec, on_both_backends, who};
+
+on_both_backends!(
+    an_approved_call_runs_once_with_the_same_arguments_in_any_key_order,
+    changed_arguments_wrong_callers_and_other_runs_are_refused,
+    rejected_approvals_say_why,
+    approvers_need_the_scope_their_own_tenant_and_to_be_someone_else,
+);
 
 const APPROVE: &str = "toolgate:approve";
 
@@ -63,9 +70,8 @@ async fn redeem(server: &TestServer, caller: &Who, args: &str, id: &str) -> prot
     exec(&mut client, caller, c).await
 }
 
-#[tokio::test]
-async fn an_approved_call_runs_once_with_the_same_arguments_in_any_key_order() {
-    let server = TestServer::start(STAGES).await;
+async fn an_approved_call_runs_once_with_the_same_arguments_in_any_key_order(backend: Backend) {
+    let server = TestServer::start_on(backend, STAGES).await;
     let id = request_approval(&server, r#"{"order":"o-1","amount":12.0}"#).await;
     // Not decided yet.
     let pending = redeem(&server, &alice(), r#"{"order":"o-1","amount":12.0}"#, &id).await;
@@ -152,9 +158,8 @@ async fn an_approved_call_runs_once_with_the_same_arguments_in_any_key_order() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn changed_arguments_wrong_callers_and_other_runs_are_refused() {
-    let server = TestServer::start(STAGES).await;
+async fn changed_arguments_wrong_callers_and_other_runs_are_refused(backend: Backend) {
+    let server = TestServer::start_on(backend, STAGES).await;
     let id = request_approval(&server, r#"{"order":"o-1","amount":12}"#).await;
     decide(&server, &bob(), &id, ApprovalDecision::Approve, "")
         .await
@@ -219,9 +224,8 @@ async fn approvals_expire_with_the_clock() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn rejected_approvals_say_why() {
-    let server = TestServer::start(STAGES).await;
+async fn rejected_approvals_say_why(backend: Backend) {
+    let server = TestServer::start_on(backend, STAGES).await;
     let id = request_approval(&server, r#"{"order":"o-3"}"#).await;
     let rejected = decide(
         &server,
@@ -247,9 +251,8 @@ async fn rejected_approvals_say_why() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn approvers_need_the_scope_their_own_tenant_and_to_be_someone_else() {
-    let server = TestServer::start(STAGES).await;
+async fn approvers_need_the_scope_their_own_tenant_and_to_be_someone_else(backend: Backend) {
+    let server = TestServer::start_on(backend, STAGES).await;
     let id = request_approval(&server, r#"{"order":"o-4"}"#).await;
     let no_scope = decide(
         &server,

@@ -5,7 +5,12 @@ use std::time::Duration;
 
 use toolgate::proto::{self, ApprovalDecision, ApprovalState, ToolStatus};
 
-use crate::support::{STAGES, TestServer, Who, call, exec, who};
+use crate::support::{Backend, STAGES, TestServer, Who, call, exec, on_both_backends, who};
+
+on_both_backends!(
+    another_agent_cannot_redeem_an_approval,
+    list_approvals_filters_by_state,
+);
 
 const APPROVE: &str = "toolgate:approve";
 
@@ -75,9 +80,8 @@ fn state_or_pending(state: ApprovalState) -> ApprovalState {
     }
 }
 
-#[tokio::test]
-async fn another_agent_cannot_redeem_an_approval() {
-    let server = TestServer::start(STAGES).await;
+async fn another_agent_cannot_redeem_an_approval(backend: Backend) {
+    let server = TestServer::start_on(backend, STAGES).await;
     let requester = who("acme").subject("alice").agent("refund-bot");
     let args = r#"{"order":"o-9","amount":5}"#;
     let id = request(&server, &requester, "approve_me", args).await;
@@ -165,9 +169,8 @@ async fn custom_risk_levels_and_ttl_are_honoured() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn list_approvals_filters_by_state() {
-    let server = TestServer::start(STAGES).await;
+async fn list_approvals_filters_by_state(backend: Backend) {
+    let server = TestServer::start_on(backend, STAGES).await;
     let alice = who("acme").subject("alice");
     let mut ids = Vec::new();
     for order in ["a", "b", "c", "d"] {

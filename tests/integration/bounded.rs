@@ -589,3 +589,40 @@ async fn a_refused_reload_is_retried_when_the_file_it_references_arrives() {
     }
     server.stop().await;
 }
+
+#[tokio::test]
+async fn request_bytes_held_sidecar_wide_are_bounded() {
+    let catalog = r#"version: 1
+identity: { dev_identity: true }
+limits: { max_message_bytes: 4194304, max_request_bytes_in_flight: 4194304, max_arguments_bytes: 3500000, max_arguments_values: 100 }
+tenants: { acme: {} }
+tools:
+  - { name: wait, description: Waits., risk_level: read_only, timeout: 30s, executor: { builtin: slow_task }, input_schema: { type: object, properties: { ms: { type: integer }, pad: { type: string } } } }
+"#;
+    let server = TestServer::start(catalog).await;
+    let pad = "p".repeat(3 * 1024 * 1024);
+    let args = format!(r#"{{"ms":30000,"pad":"{pad}"}}"#);
+    let held = tokio::spawn({
+        let mut grpc = server.client().await;
+        let args = args.clone();
+        async move { exec(&mut grpc, &who("acme"), call("wait", &args)).await }
+    });
+    wait_until(server.builtins().watch_slow_in_flight(), |n| n == 1).await;
+    // Three more megabytes would be over the four the sidecar may hold.
+    let mut second = server.client().await;
+    let err = second
+        .execute_tool(who("acme").request(execute_request(call("wait", &args))))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert!(
+        err.message().contains("max_request_bytes_in_flight"),
+        "{err:?}"
+    );
+    // Small calls still get through.
+    let small = exec(&mut second, &who("acme"), call("wait", r#"{"ms":1}"#)).await;
+    assert_eq!(small.status(), ToolStatus::Ok);
+    held.abort();
+    wait_until(server.builtins().watch_slow_in_flight(), |n| n == 0).await;
+    server.stop().await;
+}

@@ -6,7 +6,14 @@ use futures::future::join_all;
 use tonic::Code;
 use toolgate::proto::{self, ToolStatus};
 
-use crate::support::{STAGES, TestServer, call, exec, execute_request, wait_until, who};
+use crate::support::{
+    Backend, STAGES, TestServer, call, exec, execute_request, on_both_backends, wait_until, who,
+};
+
+on_both_backends!(
+    an_idempotent_repeat_replays_the_first_result_without_running_again,
+    concurrent_duplicates_wait_for_the_first_and_the_tool_runs_once,
+);
 
 #[tokio::test]
 async fn a_timeout_stops_the_tool_and_says_whether_a_retry_is_safe() {
@@ -250,9 +257,8 @@ fn keyed(name: &str, args: &str, key: &str) -> proto::ToolCall {
     c
 }
 
-#[tokio::test]
-async fn an_idempotent_repeat_replays_the_first_result_without_running_again() {
-    let server = TestServer::start(STAGES).await;
+async fn an_idempotent_repeat_replays_the_first_result_without_running_again(backend: Backend) {
+    let server = TestServer::start_on(backend, STAGES).await;
     let mut client = server.client().await;
     let first = exec(
         &mut client,
@@ -314,23 +320,26 @@ async fn an_idempotent_repeat_replays_the_first_result_without_running_again() {
         .idempotent_replay
     );
     // Past the window the key is fresh again: other arguments under it run (within the window
-    // they were a conflict, above).
-    server.clock.advance(Duration::from_secs(601));
-    let fresh = exec(
-        &mut client,
-        &who("acme"),
-        keyed("greet", r#"{"name":"bob"}"#, "k1"),
-    )
-    .await;
-    assert_eq!(
-        (fresh.status(), fresh.idempotent_replay),
-        (ToolStatus::Ok, false),
-        "{fresh:?}"
-    );
-    assert_eq!(
-        serde_json::from_str::<serde_json::Value>(&fresh.model_text).unwrap(),
-        serde_json::json!({"name": "bob"})
-    );
+    // they were a conflict, above). Redis keeps its own time (tests/integration/shared_state.rs
+    // covers its window).
+    if backend == Backend::Memory {
+        server.clock.advance(Duration::from_secs(601));
+        let fresh = exec(
+            &mut client,
+            &who("acme"),
+            keyed("greet", r#"{"name":"bob"}"#, "k1"),
+        )
+        .await;
+        assert_eq!(
+            (fresh.status(), fresh.idempotent_replay),
+            (ToolStatus::Ok, false),
+            "{fresh:?}"
+        );
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&fresh.model_text).unwrap(),
+            serde_json::json!({"name": "bob"})
+        );
+    }
     let replays = server
         .audit_events()
         .await
@@ -341,9 +350,8 @@ async fn an_idempotent_repeat_replays_the_first_result_without_running_again() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn concurrent_duplicates_wait_for_the_first_and_the_tool_runs_once() {
-    let server = TestServer::start(STAGES).await;
+async fn concurrent_duplicates_wait_for_the_first_and_the_tool_runs_once(backend: Backend) {
+    let server = TestServer::start_on(backend, STAGES).await;
     let client = server.client().await;
     let results = join_all((0..8).map(|_| {
         let mut client = client.clone();

@@ -9,7 +9,19 @@ use std::time::Duration;
 use serde_json::Value;
 use toolgate::proto::{self, ApprovalDecision, ToolStatus};
 
-use crate::support::{STAGES, TestServer, Who, call, exec, visible, who};
+use crate::support::{
+    Backend, STAGES, TestServer, Who, call, exec, on_both_backends, visible, who,
+};
+
+on_both_backends!(
+    an_approval_is_used_only_by_a_call_that_reaches_the_backend,
+    a_keyed_repeat_of_an_approved_call_replays_instead_of_being_refused,
+    the_backend_receives_exactly_the_arguments_that_were_approved,
+    another_subject_never_receives_a_stored_result,
+    only_final_outcomes_are_kept_for_replays,
+    one_tenant_cannot_evict_another_tenants_idempotency_entries,
+    a_call_refused_by_the_tenant_quota_consumes_no_tool_quota,
+);
 
 const APPROVE: &str = "toolgate:approve";
 
@@ -70,13 +82,12 @@ tools:
     )
 }
 
-#[tokio::test]
-async fn an_approval_is_used_only_by_a_call_that_reaches_the_backend() {
+async fn an_approval_is_used_only_by_a_call_that_reaches_the_backend(backend: Backend) {
     // A port with nothing listening: the first redemption cannot reach the backend.
     let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = probe.local_addr().unwrap().port();
     drop(probe);
-    let server = TestServer::start(&http_approval_catalog(port)).await;
+    let server = TestServer::start_on(backend, &http_approval_catalog(port)).await;
     let mut client = server.client().await;
     let alice = who("acme").subject("alice");
     let args = r#"{"amount":5}"#;
@@ -128,9 +139,8 @@ async fn an_approval_is_used_only_by_a_call_that_reaches_the_backend() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn a_keyed_repeat_of_an_approved_call_replays_instead_of_being_refused() {
-    let server = TestServer::start(STAGES).await;
+async fn a_keyed_repeat_of_an_approved_call_replays_instead_of_being_refused(backend: Backend) {
+    let server = TestServer::start_on(backend, STAGES).await;
     let mut client = server.client().await;
     let alice = who("acme").subject("alice");
     let args = r#"{"order":"o-9","amount":3}"#;
@@ -166,9 +176,8 @@ async fn a_keyed_repeat_of_an_approved_call_replays_instead_of_being_refused() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn the_backend_receives_exactly_the_arguments_that_were_approved() {
-    let server = TestServer::demo().await;
+async fn the_backend_receives_exactly_the_arguments_that_were_approved(backend: Backend) {
+    let server = TestServer::demo_on(backend).await;
     let mut client = server.client().await;
     let alice = who("acme").subject("alice");
     let requested = exec(
@@ -195,9 +204,8 @@ async fn the_backend_receives_exactly_the_arguments_that_were_approved() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn another_subject_never_receives_a_stored_result() {
-    let server = TestServer::demo().await;
+async fn another_subject_never_receives_a_stored_result(backend: Backend) {
+    let server = TestServer::demo_on(backend).await;
     let mut client = server.client().await;
     let writer = |subject: &str| {
         who("acme")
@@ -223,9 +231,8 @@ async fn another_subject_never_receives_a_stored_result() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn only_final_outcomes_are_kept_for_replays() {
-    let server = TestServer::start(STAGES).await;
+async fn only_final_outcomes_are_kept_for_replays(backend: Backend) {
+    let server = TestServer::start_on(backend, STAGES).await;
     let mut client = server.client().await;
     let keyed = |tool: &str, key: &str| {
         let mut c = call(tool, r#"{"ms":5000}"#);
@@ -268,9 +275,8 @@ async fn only_final_outcomes_are_kept_for_replays() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn one_tenant_cannot_evict_another_tenants_idempotency_entries() {
-    let server = TestServer::start(STAGES).await;
+async fn one_tenant_cannot_evict_another_tenants_idempotency_entries(backend: Backend) {
+    let server = TestServer::start_on(backend, STAGES).await;
     let mut client = server.client().await;
     let keyed = |text: &str, key: &str| {
         let mut c = call("echo", &format!(r#"{{"text":"{text}"}}"#));
@@ -354,8 +360,7 @@ async fn unknown_misspelt_or_missing_agents_get_the_default_policy_or_nothing() 
     server.stop().await;
 }
 
-#[tokio::test]
-async fn a_call_refused_by_the_tenant_quota_consumes_no_tool_quota() {
+async fn a_call_refused_by_the_tenant_quota_consumes_no_tool_quota(backend: Backend) {
     let catalog = r#"version: 1
 identity: { dev_identity: true }
 tenants: { acme: { rate_limit: 4/h } }
@@ -363,7 +368,7 @@ tools:
   - { name: free, description: No quota of its own., risk_level: read_only, executor: { builtin: echo_arguments }, input_schema: { type: object } }
   - { name: metered, description: Two an hour., risk_level: read_only, rate_limit: 2/h, executor: { builtin: echo_arguments }, input_schema: { type: object } }
 "#;
-    let server = TestServer::start(catalog).await;
+    let server = TestServer::start_on(backend, catalog).await;
     let mut client = server.client().await;
     let acme = who("acme");
     for _ in 0..3 {
@@ -386,6 +391,22 @@ tools:
             refused.error_message.contains("overall rate limit"),
             "refused by the wrong quota: {refused:?}"
         );
+    }
+    // What the quotas hold now, as ExplainTool will show it: metered's own quota still has
+    // its second call.
+    let state = server.boundary().catalog();
+    let metered = state.catalog.resolve("metered", None, "acme").unwrap();
+    let views = state
+        .rate_limits
+        .view("acme", metered, state.catalog.tenants["acme"].rate_limit)
+        .await
+        .unwrap();
+    let remaining: Vec<(&str, u64)> = views.iter().map(|v| (v.scope, v.remaining)).collect();
+    assert_eq!(remaining, [("tool", 1), ("tenant", 0)]);
+    if backend == Backend::Redis {
+        // Redis keeps its own time: an hour's quarter is not waited for.
+        server.stop().await;
+        return;
     }
     // A quarter of an hour gives the tenant one call back: metered still has its second.
     server.clock.advance(Duration::from_secs(15 * 60));

@@ -32,9 +32,12 @@ mod process;
 mod process_hardening;
 mod properties;
 mod rate_limits;
+#[path = "../common/redis_server.rs"]
+mod redis_server;
 mod reliability;
 mod reload;
 mod shadow;
+mod shared_state;
 mod shutdown;
 mod support;
 mod traces;

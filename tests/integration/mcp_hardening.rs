@@ -8,7 +8,7 @@ use toolgate::proto::{ToolStatus, tool_gate_client::ToolGateClient};
 
 use crate::{
     executors::{counting_listener, env_with_path, python, wait_for_tool},
-    process::{sigterm, spawn_with_env, wait_exit},
+    process::spawn_with_env,
     support::{TestServer, call, exec, execute_request, visible, who},
 };
 
@@ -365,12 +365,5 @@ async fn streamable_http_goes_through_the_ssrf_guard_and_ignores_proxies() {
         0,
         "a non-public MCP server was connected to"
     );
-    sigterm(&spawned.child);
-    let status = tokio::task::spawn_blocking(move || {
-        let mut spawned = spawned;
-        wait_exit(&mut spawned.child)
-    })
-    .await
-    .unwrap();
-    assert_eq!(status.code(), Some(0));
+    crate::process::stop(spawned).await;
 }

@@ -17,7 +17,7 @@ use toolgate::proto::{self, ToolStatus};
 
 use crate::{
     otlp_collector::{self, string_attribute},
-    process::{client, sigterm, spawn_with_env, wait_exit},
+    process::{client, spawn_with_env},
     support::{STAGES, TestServer, call, exec, execute_request, who},
 };
 
@@ -273,14 +273,7 @@ async fn spans_follow_the_caller_into_the_sidecar_and_on_to_the_upstream() {
         .find_map(|r| string_attribute(&r.attributes, "service.name"));
     assert_eq!(service.as_deref(), Some("toolgate-test"));
 
-    sigterm(&spawned.child);
-    let status = tokio::task::spawn_blocking(move || {
-        let mut spawned = spawned;
-        wait_exit(&mut spawned.child)
-    })
-    .await
-    .unwrap();
-    assert_eq!(status.code(), Some(0));
+    crate::process::stop(spawned).await;
 }
 
 #[tokio::test]
@@ -334,14 +327,7 @@ async fn shutdown_flushes_pending_spans_over_http_protobuf() {
         received.lock().unwrap().is_empty(),
         "nothing is sent before the batch delay"
     );
-    sigterm(&spawned.child);
-    let status = tokio::task::spawn_blocking(move || {
-        let mut spawned = spawned;
-        wait_exit(&mut spawned.child)
-    })
-    .await
-    .unwrap();
-    assert_eq!(status.code(), Some(0));
+    crate::process::stop(spawned).await;
     let spans = received.lock().unwrap().clone();
     assert!(
         spans.iter().any(|s| s.name == "execute_tool echo"),

@@ -327,14 +327,7 @@ async fn serves_on_a_unix_socket_too() {
     )
     .await;
     assert_eq!(result.model_text, "over uds");
-    sigterm(&spawned.child);
-    let status = tokio::task::spawn_blocking(move || {
-        let mut spawned = spawned;
-        wait_exit(&mut spawned.child)
-    })
-    .await
-    .unwrap();
-    assert_eq!(status.code(), Some(0));
+    crate::process::stop(spawned).await;
     assert!(!socket.exists(), "the socket file is removed on shutdown");
 }
 
@@ -384,14 +377,7 @@ async fn sighup_reloads_the_catalog_file() {
         .into_inner();
     let echo = listed.tools.iter().find(|t| t.name == "echo").unwrap();
     assert_eq!(echo.description, "Returns the text, reloaded.");
-    sigterm(&spawned.child);
-    let status = tokio::task::spawn_blocking(move || {
-        let mut spawned = spawned;
-        wait_exit(&mut spawned.child)
-    })
-    .await
-    .unwrap();
-    assert_eq!(status.code(), Some(0));
+    crate::process::stop(spawned).await;
 }
 
 /// Human logs carry no colour escape codes when stderr is not a terminal (a file, a pipe,

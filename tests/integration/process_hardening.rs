@@ -7,7 +7,7 @@ use toolgate::proto::{ToolStatus, tool_gate_client::ToolGateClient};
 
 use crate::{
     executors::{env_with_path, process_catalog, process_tool, python},
-    process::{sigterm, spawn_in, wait_exit},
+    process::spawn_in,
     support::{TestServer, call, exec, who},
 };
 
@@ -36,14 +36,7 @@ async fn a_catalog_given_by_a_bare_file_name_runs_process_tools_in_its_directory
         dir.path().canonicalize().unwrap(),
         "the program runs in the catalog's directory"
     );
-    sigterm(&spawned.child);
-    let status = tokio::task::spawn_blocking(move || {
-        let mut spawned = spawned;
-        wait_exit(&mut spawned.child)
-    })
-    .await
-    .unwrap();
-    assert_eq!(status.code(), Some(0));
+    crate::process::stop(spawned).await;
 }
 
 /// Whether a process is gone entirely: exited and reaped (a zombie still holds its pid).

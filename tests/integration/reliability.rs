@@ -521,17 +521,17 @@ async fn sigterm_under_load_finishes_or_cleanly_refuses_every_call_and_audits_ea
     .await
     .unwrap();
     crate::process::sigterm(&spawned.child);
-    // Draining has begun once the listener is closed: a new connection is refused.
+    // Draining has begun once /readyz says 503.
     let addr: SocketAddr = spawned.addr.parse().unwrap();
-    within(Duration::from_secs(10), "the listener to close", async {
-        while tokio::net::TcpStream::connect(addr).await.is_ok() {
+    let admin: SocketAddr = spawned.admin_addr.parse().unwrap();
+    within(Duration::from_secs(10), "/readyz to answer 503", async {
+        while crate::support::http_get(admin, "/readyz").await.0 != 503 {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     })
     .await;
-    // Calls sent now are refused with UNAVAILABLE while the 100 above are still running. (On a
-    // connection opened before the signal a tonic client sees CANCELLED instead:
-    // shutdown::a_call_on_a_draining_connection_is_unavailable.)
+    // Calls sent now are refused with UNAVAILABLE while the 100 above are still running (on a
+    // connection opened before the signal too: shutdown::a_call_on_a_draining_connection_is_unavailable).
     let late_channel = Endpoint::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect_lazy();

@@ -6,7 +6,7 @@ use std::time::Duration;
 use futures::future::join_all;
 use toolgate::proto::{self, ToolStatus};
 
-use crate::support::{STAGES, TestServer, call, exec, visible, who};
+use crate::support::{Backend, STAGES, TestServer, call, exec, on_both_backends, visible, who};
 
 async fn revision(server: &TestServer) -> String {
     let mut client = server.client().await;
@@ -160,9 +160,14 @@ async fn calls_in_flight_finish_on_the_definition_they_started_with() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn rate_limit_state_survives_for_unchanged_tools_and_changed_approvals_are_invalidated() {
-    let server = TestServer::start_file(STAGES).await;
+on_both_backends!(
+    rate_limit_state_survives_for_unchanged_tools_and_changed_approvals_are_invalidated
+);
+
+async fn rate_limit_state_survives_for_unchanged_tools_and_changed_approvals_are_invalidated(
+    backend: Backend,
+) {
+    let server = TestServer::start_file_on(backend, STAGES).await;
     let mut client = server.client().await;
     for _ in 0..5 {
         assert_eq!(
@@ -194,6 +199,25 @@ async fn rate_limit_state_survives_for_unchanged_tools_and_changed_approvals_are
         ToolStatus::RateLimited,
         "limiter state was kept"
     );
+    // The approval itself is marked, as approvers list it.
+    let state = server
+        .approvals()
+        .await
+        .get_approval(
+            who("acme")
+                .subject("bob")
+                .scopes("toolgate:approve")
+                .request(proto::GetApprovalRequest {
+                    approval_id: pending.approval_id.clone(),
+                }),
+        )
+        .await
+        .unwrap()
+        .into_inner()
+        .approval
+        .unwrap()
+        .state();
+    assert_eq!(state, proto::ApprovalState::Invalidated);
     let mut redeem = call("approve_me", r#"{"order":"o-1"}"#);
     redeem.approval_id = pending.approval_id.clone();
     let redeemed = exec(&mut client, &who("acme"), redeem).await;

@@ -7,6 +7,8 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use serde_json::Value;
 use tempfile::TempDir;
+
+pub use crate::redis_server::RedisServer;
 use tonic::{Request, transport::Channel};
 use toolgate::{
     Running, StartOptions,
@@ -77,12 +79,54 @@ impl Who {
     }
 }
 
+/// Where a test server keeps rate limits, approvals and idempotency keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// The sidecar's memory (the default).
+    Memory,
+    /// A throwaway redis-server of the test's own.
+    Redis,
+}
+
+/// Runs each named `async fn(Backend)` test on both backends, as `name::memory` and
+/// `name::redis`.
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test]
+            async fn memory() {
+                super::$name(crate::support::Backend::Memory).await
+            }
+            #[tokio::test]
+            async fn redis() {
+                super::$name(crate::support::Backend::Redis).await
+            }
+        }
+    )*};
+}
+pub(crate) use on_both_backends;
+
+/// A catalog's `state:` section for a Redis at `url`. The timeout is generous: these tests are
+/// about behaviour, not outages, on a shared, noisy machine.
+pub fn redis_state(url: &str) -> String {
+    format!("state:\n  backend: redis\n  redis: {{ url: \"{url}\", timeout: 5s }}\n")
+}
+
+/// `yaml` with a `state:` section put first.
+fn with_state(yaml: &str, state: &str) -> String {
+    yaml.replacen("version: 1\n", &format!("version: 1\n{state}"), 1)
+}
+
 /// A running server and its audit file.
 pub struct TestServer {
     running: Option<Running>,
     pub addr: SocketAddr,
     pub audit_path: PathBuf,
     pub clock: ManualClock,
+    /// The server's Redis, with the Redis backend.
+    pub redis: Option<RedisServer>,
+    /// The `state:` section every catalog it serves carries (a change would need a restart).
+    state_section: Option<String>,
     _dir: TempDir,
 }
 
@@ -107,6 +151,41 @@ impl TestServer {
 
     pub async fn start(yaml: &str) -> Self {
         Self::start_with_env(yaml, &Env::default()).await
+    }
+
+    /// The embedded demo catalog on `backend`.
+    pub async fn demo_on(backend: Backend) -> Self {
+        Self::start_on(backend, DEMO_CATALOG).await
+    }
+
+    /// A catalog on `backend`: with Redis, a redis-server of its own is started and named in
+    /// the catalog's `state:` section.
+    pub async fn start_on(backend: Backend, yaml: &str) -> Self {
+        match backend {
+            Backend::Memory => Self::start(yaml).await,
+            Backend::Redis => {
+                let redis = RedisServer::start();
+                let mut server = Self::start(&with_state(yaml, &redis_state(&redis.url()))).await;
+                server.redis = Some(redis);
+                server
+            }
+        }
+    }
+
+    /// Like [`Self::start_file`], on `backend`; with Redis, every catalog written with
+    /// [`Self::write_catalog`] keeps the same `state:` section.
+    pub async fn start_file_on(backend: Backend, yaml: &str) -> Self {
+        match backend {
+            Backend::Memory => Self::start_file(yaml).await,
+            Backend::Redis => {
+                let redis = RedisServer::start();
+                let state = redis_state(&redis.url());
+                let mut server = Self::start_file(&with_state(yaml, &state)).await;
+                server.redis = Some(redis);
+                server.state_section = Some(state);
+                server
+            }
+        }
     }
 
     pub async fn start_with_env(yaml: &str, env: &Env) -> Self {
@@ -161,6 +240,8 @@ impl TestServer {
             addr,
             audit_path,
             clock,
+            redis: None,
+            state_section: None,
             _dir: dir,
         }
     }
@@ -172,7 +253,11 @@ impl TestServer {
 
     /// Writes a catalog (keeping the test's audit file) to `path`.
     pub fn write_catalog(&self, path: &std::path::Path, yaml: &str) {
-        std::fs::write(path, with_audit_file(yaml, &self.audit_path)).unwrap();
+        let yaml = match &self.state_section {
+            Some(state) => with_state(yaml, state),
+            None => yaml.to_owned(),
+        };
+        std::fs::write(path, with_audit_file(&yaml, &self.audit_path)).unwrap();
     }
 
     /// The test's scratch directory.

@@ -10,7 +10,7 @@ use toolgate::proto::{self, ToolStatus};
 
 use crate::{
     otlp_collector::{self, string_attribute},
-    process::{Spawned, client, sigterm, spawn_with_env, wait_exit},
+    process::{Spawned, client, spawn_with_env},
     support::{call, execute_request, who},
 };
 
@@ -53,14 +53,7 @@ fn traced<T>(body: T) -> tonic::Request<T> {
 }
 
 async fn stop(spawned: Spawned) {
-    sigterm(&spawned.child);
-    let status = tokio::task::spawn_blocking(move || {
-        let mut spawned = spawned;
-        wait_exit(&mut spawned.child)
-    })
-    .await
-    .unwrap();
-    assert_eq!(status.code(), Some(0));
+    crate::process::stop(spawned).await;
 }
 
 fn catalog(dir: &std::path::Path) -> std::path::PathBuf {

@@ -33,9 +33,12 @@ DEPLOY = REPO_ROOT / "deploy"
 KUBERNETES = DEPLOY / "kubernetes"
 BASE = KUBERNETES / "base"
 OVERLAY = KUBERNETES / "overlays" / "example"
+REPLICATED = KUBERNETES / "overlays" / "replicated"
+REDIS_COMPONENT = KUBERNETES / "components" / "redis"
+OVERLAYS = sorted(p for p in (KUBERNETES / "overlays").iterdir() if p.is_dir())
 # Every kustomization that renders on its own: the base and each overlay (components are rendered
 # as part of the overlays that list them).
-KUSTOMIZATIONS = [BASE, *sorted(p for p in (KUBERNETES / "overlays").iterdir() if p.is_dir())]
+KUSTOMIZATIONS = [BASE, *OVERLAYS]
 DOCKERFILE = DEPLOY / "Dockerfile"
 DOCKERIGNORE = REPO_ROOT / ".dockerignore"
 
@@ -77,9 +80,15 @@ def render(directory: Path) -> list[dict]:
     return [d for d in yaml.safe_load_all(render_text(directory)) if d is not None]
 
 
+@pytest.fixture(scope="module", params=OVERLAYS, ids=lambda d: d.name)
+def overlay(request) -> list[dict]:
+    """Each overlay, rendered: the checks below hold for every one of them."""
+    return render(request.param)
+
+
 @pytest.fixture(scope="module")
-def overlay() -> list[dict]:
-    return render(OVERLAY)
+def replicated() -> list[dict]:
+    return render(REPLICATED)
 
 
 # --- lookups ---------------------------------------------------------------------------------------
@@ -157,8 +166,8 @@ def _catalog(documents: list[dict]) -> tuple[str, dict]:
 # --- 1. rendering ----------------------------------------------------------------------------------
 
 
-def test_the_overlay_holds_the_expected_documents(overlay: list[dict]):
-    assert sorted((d["kind"], d["metadata"]["name"]) for d in overlay) == [
+EXPECTED_DOCUMENTS = {
+    "example": [
         ("ConfigMap", "toolgate-catalog"),
         ("Deployment", "agent"),
         ("Deployment", "jaeger"),
@@ -166,9 +175,30 @@ def test_the_overlay_holds_the_expected_documents(overlay: list[dict]):
         ("NetworkPolicy", "agent-deny-ingress"),
         ("Secret", "toolgate-jwt-keys"),
         ("Service", "jaeger"),
-    ]
-    namespaced = [d for d in overlay if d["kind"] != "Namespace"]
-    assert {d["metadata"].get("namespace") for d in namespaced} == {"toolgate-example"}
+    ],
+    "replicated": [
+        ("ConfigMap", "toolgate-catalog"),
+        ("Deployment", "agent"),
+        ("Deployment", "jaeger"),
+        ("Namespace", "toolgate-replicated"),
+        ("NetworkPolicy", "agent-deny-ingress"),
+        ("NetworkPolicy", "toolgate-redis-ingress"),
+        ("Secret", "toolgate-jwt-keys"),
+        ("Secret", "toolgate-redis"),
+        ("Service", "jaeger"),
+        ("Service", "toolgate-redis"),
+        ("StatefulSet", "toolgate-redis"),
+    ],
+}
+
+
+@pytest.mark.parametrize("directory", OVERLAYS, ids=lambda d: d.name)
+def test_the_overlay_holds_the_expected_documents(directory: Path):
+    documents = render(directory)
+    assert sorted((d["kind"], d["metadata"]["name"]) for d in documents) == EXPECTED_DOCUMENTS[directory.name]
+    namespaces = [d["metadata"]["name"] for d in documents if d["kind"] == "Namespace"]
+    namespaced = [d for d in documents if d["kind"] != "Namespace"]
+    assert {d["metadata"].get("namespace") for d in namespaced} == set(namespaces)
 
 
 # --- 2. schemas -------------------------------------------------------------------------------------
@@ -224,8 +254,10 @@ def test_configmap_and_secret_volumes_name_existing_objects(overlay: list[dict])
 
 def test_every_volume_mount_names_a_declared_volume(overlay: list[dict]):
     for document in overlay:
+        # A StatefulSet's claim templates are volumes of its pods too.
+        claims = {c["metadata"]["name"] for c in document.get("spec", {}).get("volumeClaimTemplates", [])}
         for pod in _pod_specs(document):
-            declared = set(_volumes(pod))
+            declared = set(_volumes(pod)) | claims
             for container in pod.get("initContainers", []) + pod.get("containers", []):
                 for mount in container.get("volumeMounts", []):
                     assert mount["name"] in declared, f"{container['name']}: {mount}"
@@ -384,7 +416,91 @@ def test_a_network_policy_keeps_other_pods_off_the_agent_pod(overlay: list[dict]
             assert all(p.get("port") not in (50051, "grpc") for p in ports), policy["metadata"]["name"]
 
 
-# --- 4. the catalog ---------------------------------------------------------------------------------
+# --- 4. shared state (components/redis) -------------------------------------------------------------
+
+
+def test_more_than_one_replica_shares_its_state_through_redis(overlay: list[dict]):
+    # Quotas, approvals and idempotency keys kept in each pod's memory would be per pod.
+    replicas = _agent_deployment(overlay)["spec"].get("replicas", 1)
+    _, catalog = _catalog(overlay)
+    backend = catalog.get("state", {}).get("backend", "memory")
+    assert replicas == 1 or backend == "redis", f"{replicas} replicas with state in {backend}"
+
+
+def test_the_redis_component_catalog_is_the_base_catalog_plus_state():
+    component = yaml.safe_load((REDIS_COMPONENT / "catalog.yaml").read_text())
+    base = yaml.safe_load((BASE / "catalog.yaml").read_text())
+    state = component.pop("state")
+    assert component == base, "components/redis/catalog.yaml drifted from the base catalog"
+    assert state["backend"] == "redis"
+
+
+def test_the_sidecars_reach_the_components_redis_with_the_secrets_password(replicated: list[dict]):
+    deployment = _agent_deployment(replicated)
+    assert deployment["spec"]["replicas"] == 2
+    pod = _pod_specs(deployment)[0]
+    sidecar = _container(pod, SIDECAR)
+    _, catalog = _catalog(replicated)
+    redis = catalog["state"]["redis"]
+    url = urlsplit(redis["url"])
+    assert url.scheme == "redis" and url.password is None, redis["url"]
+    namespace = deployment["metadata"]["namespace"]
+    name, *rest = url.hostname.split(".")
+    assert rest in ([], [namespace, "svc"], [namespace, "svc", "cluster", "local"]), url.hostname
+    service = _one(replicated, "Service", name)
+    port = next(p for p in service["spec"]["ports"] if p["port"] == (url.port or 6379))
+    redis_set = _one(replicated, "StatefulSet", name)
+    labels = redis_set["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    server = _pod_specs(redis_set)[0]["containers"][0]
+    assert any(port["targetPort"] in (p["containerPort"], p["name"]) for p in server["ports"])
+    # The password: a file from the Secret in the sidecar, the same Secret key in Redis's env.
+    password_file = Path(redis["password_file"])
+    mount = [m for m in sidecar["volumeMounts"] if Path(m["mountPath"]) == password_file.parent]
+    assert len(mount) == 1, f"no mount holds {password_file}"
+    secret_name = _volumes(pod)[mount[0]["name"]]["secret"]["secretName"]
+    secret = _one(replicated, "Secret", secret_name)
+    password = base64.b64decode(secret["data"][password_file.name])
+    # The sidecar trims trailing whitespace from a password file; Redis's env does not.
+    assert password == password.rstrip(), "the password ends in whitespace: the two would differ"
+    env = {e["name"]: e for e in server["env"]}
+    ref = env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]
+    assert (ref["name"], ref["key"]) == (secret_name, password_file.name)
+    assert server["args"][:2] == ["--requirepass", "$(REDIS_PASSWORD)"]
+
+
+def test_redis_keeps_approvals_on_disk_and_refuses_rather_than_evicts(replicated: list[dict]):
+    redis_set = _one(replicated, "StatefulSet", "toolgate-redis")
+    server = _pod_specs(redis_set)[0]["containers"][0]
+    args = server["args"]
+    option = lambda name: args[args.index(name) + 1]
+    assert option("--appendonly") == "yes"
+    assert option("--maxmemory-policy") == "noeviction"
+    data = _mount_of(server, "data")["mountPath"]
+    assert option("--dir") == data
+    claims = [c["metadata"]["name"] for c in redis_set["spec"]["volumeClaimTemplates"]]
+    assert claims == ["data"]
+
+
+def test_only_the_agent_pods_may_reach_redis(replicated: list[dict]):
+    agent_labels = _agent_deployment(replicated)["spec"]["template"]["metadata"]["labels"]
+    redis_labels = _one(replicated, "StatefulSet", "toolgate-redis")["spec"]["template"]["metadata"]["labels"]
+    policies = [
+        d
+        for d in replicated
+        if d["kind"] == "NetworkPolicy"
+        and d["spec"]["podSelector"].get("matchLabels", {}).items() <= redis_labels.items()
+    ]
+    assert len(policies) == 1
+    rules = policies[0]["spec"]["ingress"]
+    assert rules and all(r.get("ports") == [{"port": 6379, "protocol": "TCP"}] for r in rules)
+    for rule in rules:
+        for peer in rule["from"]:
+            assert set(peer) == {"podSelector"}, peer
+            assert peer["podSelector"]["matchLabels"].items() <= agent_labels.items()
+
+
+# --- 5. the catalog ---------------------------------------------------------------------------------
 
 
 def _materialize_sidecar_volumes(documents: list[dict], root: Path) -> tuple[Path, dict[str, Path]]:

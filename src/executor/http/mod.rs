@@ -33,7 +33,7 @@ pub use ssrf::{AddressPolicy, non_public_reason};
 use super::{ExecError, Executor};
 use crate::{
     boundary::Permit,
-    config::{
+    settings::{
         Env, FieldError, parse_duration,
         raw::{RawHeaderValue, RawUpstream},
         resolve_path,
@@ -143,6 +143,7 @@ pub fn guarded_client(
     destination: &Destination,
     connect_timeout: Duration,
 ) -> Result<reqwest::Client, reqwest::Error> {
+    crate::tls::install_crypto_provider();
     reqwest::Client::builder()
         .no_proxy()
         .connect_timeout(connect_timeout)

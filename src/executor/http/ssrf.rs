@@ -9,7 +9,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
 
-use crate::config::FieldError;
+use crate::settings::FieldError;
 
 /// Which non-public addresses one upstream may reach.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -19,7 +19,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use super::{ExecError, Executor};
 use crate::{
     boundary::Permit,
-    config::{Env, FieldError, raw::RawProcessExecutor, resolve_path},
+    settings::{Env, FieldError, raw::RawProcessExecutor, resolve_path},
 };
 
 /// A configured process tool.

@@ -13,6 +13,11 @@
 //!   budget forgets its own oldest finished entries; when the total is over budget, the tenant
 //!   holding the most bytes gives way. One tenant cannot evict another's entries while under its
 //!   own share. With every entry of a tenant still running, new keys are refused (`overloaded`).
+//!
+//! [`Idempotency`] is what the chain calls: this in-memory [`IdempotencyStore`], or keys shared
+//! by every sidecar through Redis ([`redis`]), which keeps the same rules.
+
+pub mod redis;
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -39,7 +44,7 @@ pub struct Stored {
 }
 
 impl Stored {
-    fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         let text = match &self.result {
             Ok(output) => output.len(),
             Err(refusal) => refusal.message.len() + refusal.detail.as_ref().map_or(0, String::len),
@@ -62,16 +67,15 @@ impl Key {
     fn bytes(&self) -> usize {
         self.tenant.len() + self.subject.len() + self.agent.len() + self.tool.len() + self.key.len()
     }
+
+    /// What an entry for this key costs before it holds a result.
+    pub(crate) fn entry_bytes(&self) -> usize {
+        self.bytes() + SHA_HEX + ENTRY_OVERHEAD
+    }
 }
 
 /// Budgets of the store.
-#[derive(Debug, Clone, Copy)]
-pub struct Budget {
-    pub window: Duration,
-    pub max_entries_per_tenant: usize,
-    pub max_bytes_per_tenant: usize,
-    pub max_bytes: usize,
-}
+pub use crate::settings::IdempotencyBudget as Budget;
 
 /// Bytes an entry costs beyond its strings: the map slot, the queue slot, the watch channel.
 const ENTRY_OVERHEAD: usize = 256;
@@ -233,17 +237,8 @@ impl Drop for Slot<'_> {
             return;
         }
         if self.started.load(Ordering::Acquire) && self.risk_level != RiskLevel::ReadOnly {
-            let refusal = Refusal::new(
-                Stage::Execute,
-                Reason::Cancelled,
-                format!(
-                    "the first call with idempotency key {:?} was cancelled after the tool started; its outcome is unknown and changes may have been made",
-                    self.key.key
-                ),
-            )
-            .with_retryable(false);
             self.keep(Stored {
-                result: Err(refusal),
+                result: Err(outcome_unknown(&self.key.key)),
                 tool_version: self.tool_version.clone(),
             });
         } else {
@@ -252,7 +247,120 @@ impl Drop for Slot<'_> {
     }
 }
 
-/// Idempotency results of one server.
+/// The idempotency keys of a sidecar: in its memory, or shared through Redis.
+pub enum Idempotency {
+    Memory(IdempotencyStore),
+    Shared(redis::RedisIdempotency),
+}
+
+/// The outcome of claiming a key, from either store.
+pub enum Claimed<'a> {
+    /// Run the call, then [`Owner::finish`] it.
+    Owner(Owner<'a>),
+    /// A finished result to return as a replay.
+    Replay(Stored),
+}
+
+/// The right to run a keyed call, from either store.
+pub enum Owner<'a> {
+    Memory(Slot<'a>),
+    Shared(redis::SharedSlot<'a>),
+}
+
+impl Owner<'_> {
+    /// Keeps a final result for replays, or releases the key for a retryable one.
+    pub async fn finish(self, result: &Result<String, Refusal>) {
+        match self {
+            Owner::Memory(slot) => slot.finish(result),
+            // Boxed: only keyed calls on Redis pay for its future.
+            Owner::Shared(slot) => Box::pin(slot.finish(result)).await,
+        }
+    }
+}
+
+impl Idempotency {
+    /// The store for `backend`.
+    pub fn new(backend: &crate::state::Backend, clock: SharedClock, budget: Budget) -> Self {
+        match backend {
+            crate::state::Backend::Memory => {
+                Idempotency::Memory(IdempotencyStore::new(clock, budget))
+            }
+            crate::state::Backend::Redis(shared) => {
+                Idempotency::Shared(redis::RedisIdempotency::new(shared.clone(), budget))
+            }
+        }
+    }
+
+    /// What claiming `key` would find now, changing nothing (ExplainTool, the shadow catalog).
+    /// Only the shared store can fail: with Redis unreachable, the refusal a claim would get.
+    pub async fn peek(
+        &self,
+        key: &Key,
+        arguments_sha256: &str,
+        tool_version: &str,
+    ) -> Result<Peek, Refusal> {
+        match self {
+            Idempotency::Memory(store) => Ok(store.peek(key, arguments_sha256)),
+            Idempotency::Shared(store) => {
+                Box::pin(store.peek(key, arguments_sha256, tool_version)).await
+            }
+        }
+    }
+
+    /// Claims `key` for a call with these arguments; `started` is set when the call reaches its
+    /// backend. A duplicate of a running call waits for its result: in memory until it ends; in
+    /// Redis, which has to be polled, until `wait_until`, then `idempotency_in_progress`. A
+    /// shared claim lasts `lease` if its sidecar goes silent.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn claim<'a>(
+        &'a self,
+        key: Key,
+        arguments_sha256: &str,
+        risk_level: RiskLevel,
+        tool_version: &str,
+        started: &'a AtomicBool,
+        lease: Duration,
+        wait_until: tokio::time::Instant,
+    ) -> Result<Claimed<'a>, Refusal> {
+        Ok(match self {
+            Idempotency::Memory(store) => {
+                match store
+                    .claim(key, arguments_sha256, risk_level, tool_version, started)
+                    .await?
+                {
+                    Claim::Owner(slot) => Claimed::Owner(Owner::Memory(slot)),
+                    Claim::Replay(stored) => Claimed::Replay(stored),
+                }
+            }
+            Idempotency::Shared(store) => {
+                match Box::pin(store.claim(
+                    key,
+                    arguments_sha256,
+                    risk_level,
+                    tool_version,
+                    started,
+                    lease,
+                    wait_until,
+                ))
+                .await?
+                {
+                    redis::SharedClaim::Owner(slot) => Claimed::Owner(Owner::Shared(slot)),
+                    redis::SharedClaim::Replay(stored) => Claimed::Replay(stored),
+                }
+            }
+        })
+    }
+
+    /// Bytes held in this sidecar's memory (shared keys are in Redis).
+    pub fn bytes(&self) -> usize {
+        match self {
+            Idempotency::Memory(store) => store.bytes(),
+            Idempotency::Shared(_) => 0,
+        }
+    }
+}
+
+/// Idempotency results of one server, in its memory.
 pub struct IdempotencyStore {
     clock: SharedClock,
     budget: Budget,
@@ -353,7 +461,7 @@ impl IdempotencyStore {
             }
             inner.remove(key);
         }
-        let bytes = key.bytes() + SHA_HEX + ENTRY_OVERHEAD;
+        let bytes = key.entry_bytes();
         self.make_room(&mut inner, now, key, bytes, true)?;
         let generation = inner.next_generation;
         inner.next_generation += 1;
@@ -381,25 +489,14 @@ impl IdempotencyStore {
         if !current {
             return stored;
         }
-        let base = key.bytes() + SHA_HEX + ENTRY_OVERHEAD;
+        let base = key.entry_bytes();
         let mut stored = stored;
         let mut bytes = base + stored.bytes();
         if self
             .make_room(&mut inner, now, key, bytes.saturating_sub(base), false)
             .is_err()
         {
-            let size = stored.bytes();
-            stored = Stored {
-                result: Err(Refusal::new(
-                    Stage::Idempotency,
-                    Reason::OutputTooLarge,
-                    format!(
-                        "the first call with idempotency key {:?} ran, but its result ({size} bytes) was too large to keep for replays",
-                        key.key
-                    ),
-                )),
-                tool_version: stored.tool_version,
-            };
+            stored = too_large_to_keep(&key.key, stored);
             bytes = base + stored.bytes();
         }
         inner.resize(key, bytes);
@@ -509,6 +606,34 @@ impl IdempotencyStore {
     /// Bytes held, as the budgets count them.
     pub fn bytes(&self) -> usize {
         self.lock().bytes
+    }
+}
+
+/// What a replay of a write returns when the first call was cancelled (or its sidecar lost)
+/// after the tool started: nobody knows whether it wrote.
+fn outcome_unknown(key: &str) -> Refusal {
+    Refusal::new(
+        Stage::Execute,
+        Reason::Cancelled,
+        format!(
+            "the first call with idempotency key {key:?} was cancelled after the tool started; its outcome is unknown and changes may have been made"
+        ),
+    )
+    .with_retryable(false)
+}
+
+/// What is kept instead of a result too large for the budgets: the call is not run again.
+fn too_large_to_keep(key: &str, stored: Stored) -> Stored {
+    let size = stored.bytes();
+    Stored {
+        result: Err(Refusal::new(
+            Stage::Idempotency,
+            Reason::OutputTooLarge,
+            format!(
+                "the first call with idempotency key {key:?} ran, but its result ({size} bytes) was too large to keep for replays"
+            ),
+        )),
+        tool_version: stored.tool_version,
     }
 }
 

@@ -1,8 +1,12 @@
-//! Loading a catalog file: YAML -> [`raw`] serde structs (unknown fields refused) -> a validated,
-//! typed [`Config`]. Every error names the file, the path inside it and what is wrong. The process
-//! environment is passed in as an [`Env`], never read from globals here.
+//! The catalog file's plain settings: YAML -> [`raw`] serde structs (unknown fields refused) ->
+//! validated, typed sections (server, limits, approvals, audit, state), and the parsers every
+//! module uses for durations, rates and paths. Nothing here imports the sidecar's own modules:
+//! the catalog, executors and identity build their parts from these values, and `config`
+//! assembles the whole. Every error names the path inside the file and what is wrong. The
+//! process environment is passed in as an [`Env`], never read from globals here.
 
 pub mod raw;
+mod state;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -13,16 +17,9 @@ use std::{
     time::Duration,
 };
 
-use crate::{
-    catalog::{Catalog, CatalogInputs, RiskLevel},
-    executor::{
-        Upstream,
-        mcp::{Discovered, McpServerConfig},
-    },
-    identity::JwtSettings,
-};
 use raw::RawConfig;
 use sha2::Digest;
+pub use state::{OnUnavailable, RedisConfig, Secret, StateBackend, StateConfig};
 
 /// The embedded demo catalog, served when no config is given.
 pub const DEMO_CATALOG: &str = include_str!("../../examples/demo.yaml");
@@ -77,31 +74,6 @@ impl Env {
     }
 }
 
-/// A loaded, validated configuration.
-#[derive(Debug)]
-pub struct Config {
-    /// Where it came from (a path or `<embedded demo>`).
-    pub source: String,
-    /// The catalog file, when it came from one (watched for changes).
-    pub file: Option<PathBuf>,
-    /// What was read to build this config, so a change made right after loading is not missed
-    /// and a reload can tell which sections changed.
-    pub loaded: Loaded,
-    pub server: ServerConfig,
-    pub identity: IdentityConfig,
-    pub limits: LimitsConfig,
-    pub approvals: ApprovalsConfig,
-    pub audit: AuditConfig,
-    pub telemetry: crate::telemetry::TelemetryConfig,
-    /// The catalog as loaded (MCP tools appear once their servers list them).
-    pub catalog: Catalog,
-    /// What the catalog is built from, for rebuilding it as MCP servers list their tools.
-    pub catalog_inputs: CatalogInputs,
-    /// The shadow candidate catalog file (`shadow_catalog`), resolved against this file's
-    /// directory; loaded and checked on its own, so a broken one never fails this config.
-    pub shadow_catalog: Option<PathBuf>,
-}
-
 /// Listen addresses and shutdown behaviour.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -110,31 +82,6 @@ pub struct ServerConfig {
     pub shutdown_grace: Duration,
     pub reload_interval: Duration,
     pub admin_listen: Option<SocketAddr>,
-}
-
-/// How callers are identified.
-#[derive(Debug, Clone)]
-pub struct IdentityConfig {
-    pub dev_identity: bool,
-    /// The operator's explicit consent to dev identity on a non-loopback TCP listener.
-    pub dev_identity_on_network: bool,
-    pub jwt: Option<JwtSettings>,
-    /// Longest tenant, subject or agent accepted (scopes: 16 times this).
-    pub max_identity_bytes: usize,
-}
-
-impl IdentityConfig {
-    /// Dev identity trusts whatever a caller claims: a TCP listener reachable from other hosts
-    /// would let anyone on the network be any tenant. Allowed on loopback (and Unix sockets)
-    /// only, unless the operator says so in so many words.
-    pub fn check_listener(&self, addr: SocketAddr) -> Result<(), String> {
-        if self.dev_identity && !self.dev_identity_on_network && !addr.ip().is_loopback() {
-            return Err(format!(
-                "dev identity is on and {addr} is not a loopback address: anyone who can reach it could claim any tenant. Listen on 127.0.0.1 (or a Unix socket), configure identity.jwt, or set identity.allow_unauthenticated_network_callers: true if that is really what you want"
-            ));
-        }
-        Ok(())
-    }
 }
 
 /// Request size limits, concurrency caps and the memory budgets of what is kept between calls.
@@ -194,10 +141,26 @@ impl Default for LimitsConfig {
     }
 }
 
+/// Room set aside in a response for each result: enough for the short refusal that replaces a
+/// result too large to send (its ids are at most `limits.max_identifier_bytes`, ≤ 1 KiB).
+pub const RESULT_RESERVE_BYTES: usize = 4 * 1024;
+/// Room kept for a response's own framing.
+pub const RESPONSE_MARGIN_BYTES: usize = 16 * 1024;
+
+/// What the idempotency store may hold.
+#[derive(Debug, Clone, Copy)]
+pub struct IdempotencyBudget {
+    /// How long a key's result is kept.
+    pub window: Duration,
+    pub max_entries_per_tenant: usize,
+    pub max_bytes_per_tenant: usize,
+    pub max_bytes: usize,
+}
+
 impl LimitsConfig {
     /// The idempotency store's budgets.
-    pub fn idempotency_budget(&self) -> crate::boundary::idempotency::Budget {
-        crate::boundary::idempotency::Budget {
+    pub fn idempotency_budget(&self) -> IdempotencyBudget {
+        IdempotencyBudget {
             window: self.idempotency_window,
             max_entries_per_tenant: self.idempotency_max_entries_per_tenant,
             max_bytes_per_tenant: self.idempotency_max_bytes_per_tenant,
@@ -206,11 +169,64 @@ impl LimitsConfig {
     }
 }
 
+/// What a tool can change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum RiskLevel {
+    ReadOnly,
+    WriteDraft,
+    WriteConfirmed,
+    Destructive,
+}
+
+impl RiskLevel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RiskLevel::ReadOnly => "READ_ONLY",
+            RiskLevel::WriteDraft => "WRITE_DRAFT",
+            RiskLevel::WriteConfirmed => "WRITE_CONFIRMED",
+            RiskLevel::Destructive => "DESTRUCTIVE",
+        }
+    }
+
+    /// Reads [`Self::as_str`] back.
+    pub fn parse(text: &str) -> Option<Self> {
+        [
+            RiskLevel::ReadOnly,
+            RiskLevel::WriteDraft,
+            RiskLevel::WriteConfirmed,
+            RiskLevel::Destructive,
+        ]
+        .into_iter()
+        .find(|level| level.as_str() == text)
+    }
+}
+
+impl From<raw::RawRiskLevel> for RiskLevel {
+    fn from(raw: raw::RawRiskLevel) -> Self {
+        match raw {
+            raw::RawRiskLevel::ReadOnly => RiskLevel::ReadOnly,
+            raw::RawRiskLevel::WriteDraft => RiskLevel::WriteDraft,
+            raw::RawRiskLevel::WriteConfirmed => RiskLevel::WriteConfirmed,
+            raw::RawRiskLevel::Destructive => RiskLevel::Destructive,
+        }
+    }
+}
+
+/// How long approvals live and how much of them is kept.
+#[derive(Debug, Clone, Copy)]
+pub struct ApprovalBudget {
+    pub ttl: Duration,
+    pub max_per_tenant: usize,
+    pub max_bytes_per_tenant: usize,
+    pub max_bytes: usize,
+}
+
 /// Which calls need an approval, how long approvals live and how much of them is kept.
 #[derive(Debug, Clone)]
 pub struct ApprovalsConfig {
     pub risk_levels: BTreeSet<RiskLevel>,
-    pub budget: crate::approvals::Budget,
+    pub budget: ApprovalBudget,
 }
 
 /// Where audit events go.
@@ -253,53 +269,8 @@ impl fmt::Display for Rate {
     }
 }
 
-impl Config {
-    /// Loads and validates a catalog file.
-    pub fn load_file(path: &Path, env: &Env) -> Result<Config, ConfigError> {
-        let source = path.display().to_string();
-        // Relative paths inside are relative to the file's directory, which for a bare file name
-        // (`--config catalog.yaml`) would be "": anchor it to the current directory now.
-        let path = &std::path::absolute(path).map_err(|err| ConfigError {
-            file: source.clone(),
-            path: ".".into(),
-            message: format!("cannot resolve the path: {err}"),
-        })?;
-        let text = std::fs::read_to_string(path).map_err(|err| ConfigError {
-            file: source.clone(),
-            path: ".".into(),
-            message: format!("cannot read file: {err}"),
-        })?;
-        let base_dir = catalog_dir(path);
-        let loaded = Loaded::of(&text, &base_dir);
-        let mut config = Self::from_yaml(&text, &source, &base_dir, env)?;
-        config.file = Some(path.to_path_buf());
-        config.loaded = loaded;
-        Ok(config)
-    }
-
-    /// The embedded demo catalog, with the environment (`OTEL_*`, …) like any catalog.
-    pub fn demo(env: &Env) -> Result<Config, ConfigError> {
-        Self::from_yaml(DEMO_CATALOG, DEMO_SOURCE, Path::new("."), env)
-    }
-
-    /// Parses and validates YAML text; `base_dir` resolves relative file paths inside it.
-    pub fn from_yaml(
-        text: &str,
-        source: &str,
-        base_dir: &Path,
-        env: &Env,
-    ) -> Result<Config, ConfigError> {
-        let in_file = |err: FieldError| ConfigError {
-            file: source.to_owned(),
-            path: err.path,
-            message: err.message,
-        };
-        let raw = parse_yaml(text).map_err(in_file)?;
-        build(raw, source, base_dir, env).map_err(in_file)
-    }
-}
-
-fn parse_yaml(text: &str) -> Result<RawConfig, FieldError> {
+/// The file as written, its shape checked.
+pub fn parse_yaml(text: &str) -> Result<RawConfig, FieldError> {
     let deserializer = serde_yaml_ng::Deserializer::from_str(text);
     serde_path_to_error::deserialize(deserializer).map_err(|err| {
         let path = err.path().to_string();
@@ -313,7 +284,18 @@ fn parse_yaml(text: &str) -> Result<RawConfig, FieldError> {
     })
 }
 
-fn build(raw: RawConfig, source: &str, base_dir: &Path, env: &Env) -> Result<Config, FieldError> {
+/// The catalog's plain sections, validated.
+#[derive(Debug)]
+pub struct Sections {
+    pub server: ServerConfig,
+    pub limits: LimitsConfig,
+    pub approvals: ApprovalsConfig,
+    pub audit: AuditConfig,
+    pub state: StateConfig,
+}
+
+/// Refuses a file written for another format version.
+pub fn check_version(raw: &RawConfig) -> Result<(), FieldError> {
     if raw.version != 1 {
         return Err(FieldError::new(
             "version",
@@ -323,137 +305,51 @@ fn build(raw: RawConfig, source: &str, base_dir: &Path, env: &Env) -> Result<Con
             ),
         ));
     }
-    let server = build_server(&raw.server)?;
-    let limits = build_limits(&raw.limits)?;
-    let identity = IdentityConfig {
-        dev_identity: raw.identity.dev_identity,
-        dev_identity_on_network: raw.identity.allow_unauthenticated_network_callers,
-        jwt: raw
-            .identity
-            .jwt
-            .as_ref()
-            .map(|jwt| JwtSettings::build(jwt, base_dir, env))
-            .transpose()?,
-        max_identity_bytes: limits.max_identity_bytes,
-    };
-    if !identity.dev_identity && identity.jwt.is_none() {
-        return Err(FieldError::new(
-            "identity",
-            "no way to identify callers: configure identity.jwt, or set identity.dev_identity: true for development",
-        ));
+    Ok(())
+}
+
+impl Sections {
+    /// Validates the plain sections. The audit's OTLP sink shares the traces endpoint when it is
+    /// gRPC (`traces_grpc`), under the traces' service name.
+    pub fn build(
+        raw: &RawConfig,
+        base_dir: &Path,
+        env: &Env,
+        traces_grpc: Option<&str>,
+        service_name: &str,
+    ) -> Result<Sections, FieldError> {
+        let server = build_server(&raw.server)?;
+        let limits = build_limits(&raw.limits)?;
+        let approvals = build_approvals(&raw.approvals)?;
+        let audit = build_audit(&raw.audit, base_dir, traces_grpc, service_name)?;
+        let state = StateConfig::build(raw.state.as_ref(), base_dir, env)?;
+        Ok(Sections {
+            server,
+            limits,
+            approvals,
+            audit,
+            state,
+        })
     }
-    if identity.dev_identity && identity.jwt.is_some() {
-        // Trusting headers next to tokens would let any caller skip the token.
-        return Err(FieldError::new(
-            "identity.dev_identity",
-            "dev identity (trusting x-toolgate-* headers) cannot be combined with identity.jwt: choose one",
-        ));
-    }
-    if identity.dev_identity_on_network && !identity.dev_identity {
-        return Err(FieldError::new(
-            "identity.allow_unauthenticated_network_callers",
-            "only means something with dev_identity: true",
-        ));
-    }
-    if let Some(addr) = server.listen {
-        identity
-            .check_listener(addr)
-            .map_err(|message| FieldError::new("server.listen", message))?;
-    }
-    let approvals = ApprovalsConfig {
+}
+
+fn build_approvals(raw: &raw::RawApprovals) -> Result<ApprovalsConfig, FieldError> {
+    Ok(ApprovalsConfig {
         risk_levels: raw
-            .approvals
             .risk_levels
             .as_ref()
             .map(|levels| levels.iter().copied().map(RiskLevel::from).collect())
             .unwrap_or_else(|| [RiskLevel::WriteConfirmed, RiskLevel::Destructive].into()),
-        budget: crate::approvals::Budget {
-            ttl: opt_duration(
-                &raw.approvals.ttl,
-                "approvals.ttl",
-                Duration::from_secs(300),
-            )?,
-            max_per_tenant: positive(
-                raw.approvals.max_per_tenant,
-                "approvals.max_per_tenant",
-                1000,
-            )?,
+        budget: ApprovalBudget {
+            ttl: opt_duration(&raw.ttl, "approvals.ttl", Duration::from_secs(300))?,
+            max_per_tenant: positive(raw.max_per_tenant, "approvals.max_per_tenant", 1000)?,
             max_bytes_per_tenant: positive(
-                raw.approvals.max_bytes_per_tenant,
+                raw.max_bytes_per_tenant,
                 "approvals.max_bytes_per_tenant",
                 4 * 1024 * 1024,
             )?,
-            max_bytes: positive(
-                raw.approvals.max_bytes,
-                "approvals.max_bytes",
-                16 * 1024 * 1024,
-            )?,
+            max_bytes: positive(raw.max_bytes, "approvals.max_bytes", 16 * 1024 * 1024)?,
         },
-    };
-    let telemetry = crate::telemetry::TelemetryConfig::build(raw.telemetry.as_ref(), env)?;
-    let audit = build_audit(&raw.audit, base_dir, &telemetry)?;
-    if limits.max_request_bytes_in_flight < limits.max_message_bytes {
-        return Err(FieldError::new(
-            "limits.max_request_bytes_in_flight",
-            format!(
-                "{} is less than limits.max_message_bytes ({}): a request of the largest size could never be read",
-                limits.max_request_bytes_in_flight, limits.max_message_bytes
-            ),
-        ));
-    }
-    let reserved = crate::boundary::RESULT_RESERVE_BYTES
-        .saturating_mul(limits.max_batch_calls)
-        .saturating_add(crate::boundary::RESPONSE_MARGIN_BYTES);
-    if reserved >= limits.max_message_bytes {
-        return Err(FieldError::new(
-            "limits.max_batch_calls",
-            format!(
-                "{} calls do not fit in one response of limits.max_message_bytes ({}): each result needs room for at least a short refusal ({} bytes)",
-                limits.max_batch_calls,
-                limits.max_message_bytes,
-                crate::boundary::RESULT_RESERVE_BYTES
-            ),
-        ));
-    }
-    let upstreams = raw
-        .upstreams
-        .iter()
-        .map(|(name, upstream)| {
-            Ok((
-                name.clone(),
-                std::sync::Arc::new(Upstream::build(name, upstream, base_dir, env)?),
-            ))
-        })
-        .collect::<Result<BTreeMap<_, _>, FieldError>>()?;
-    let mcp_servers = McpServerConfig::build_all(&raw.mcp_servers, base_dir, env)?;
-    let shadow_catalog = match raw.shadow_catalog.as_deref().map(str::trim) {
-        Some("") => return Err(FieldError::new("shadow_catalog", "must not be blank")),
-        Some(path) => Some(resolve_path(base_dir, path)),
-        None => None,
-    };
-    let catalog_inputs = CatalogInputs {
-        raw,
-        approvals: approvals.clone(),
-        limits: limits.clone(),
-        base_dir: base_dir.to_path_buf(),
-        env: env.clone(),
-        upstreams,
-        mcp_servers,
-    };
-    let catalog = catalog_inputs.build(&Discovered::new())?;
-    Ok(Config {
-        source: source.to_owned(),
-        file: None,
-        server,
-        identity,
-        limits,
-        approvals,
-        audit,
-        telemetry,
-        catalog,
-        catalog_inputs,
-        shadow_catalog,
-        loaded: Loaded::default(),
     })
 }
 
@@ -503,7 +399,7 @@ fn build_server(raw: &raw::RawServer) -> Result<ServerConfig, FieldError> {
 
 fn build_limits(raw: &raw::RawLimits) -> Result<LimitsConfig, FieldError> {
     let d = LimitsConfig::default();
-    Ok(LimitsConfig {
+    let limits = LimitsConfig {
         max_arguments_bytes: positive(
             raw.max_arguments_bytes,
             "limits.max_arguments_bytes",
@@ -603,13 +499,36 @@ fn build_limits(raw: &raw::RawLimits) -> Result<LimitsConfig, FieldError> {
             "limits.token_cache_max_bytes",
             d.token_cache_max_bytes,
         )?,
-    })
+    };
+    if limits.max_request_bytes_in_flight < limits.max_message_bytes {
+        return Err(FieldError::new(
+            "limits.max_request_bytes_in_flight",
+            format!(
+                "{} is less than limits.max_message_bytes ({}): a request of the largest size could never be read",
+                limits.max_request_bytes_in_flight, limits.max_message_bytes
+            ),
+        ));
+    }
+    let reserved = RESULT_RESERVE_BYTES
+        .saturating_mul(limits.max_batch_calls)
+        .saturating_add(RESPONSE_MARGIN_BYTES);
+    if reserved >= limits.max_message_bytes {
+        return Err(FieldError::new(
+            "limits.max_batch_calls",
+            format!(
+                "{} calls do not fit in one response of limits.max_message_bytes ({}): each result needs room for at least a short refusal ({} bytes)",
+                limits.max_batch_calls, limits.max_message_bytes, RESULT_RESERVE_BYTES
+            ),
+        ));
+    }
+    Ok(limits)
 }
 
 fn build_audit(
     raw: &raw::RawAudit,
     base_dir: &Path,
-    telemetry: &crate::telemetry::TelemetryConfig,
+    traces_grpc: Option<&str>,
+    service_name: &str,
 ) -> Result<AuditConfig, FieldError> {
     let kind = raw.sink.unwrap_or(raw::RawAuditSink::Stdout);
     if raw.path.is_some() && kind != raw::RawAuditSink::File {
@@ -630,22 +549,22 @@ fn build_audit(
             None => return Err(FieldError::new("audit.path", "the file sink needs a path")),
         },
         raw::RawAuditSink::Otlp => {
-            let traces_grpc = telemetry
+            let endpoint = raw
                 .endpoint
                 .clone()
-                .filter(|_| telemetry.protocol == crate::telemetry::OtlpProtocol::Grpc);
-            let endpoint = raw.endpoint.clone().or(traces_grpc).ok_or_else(|| {
-                FieldError::new(
-                    "audit.endpoint",
-                    "the otlp sink needs an endpoint (or a gRPC traces endpoint to share)",
-                )
-            })?;
+                .or(traces_grpc.map(str::to_owned))
+                .ok_or_else(|| {
+                    FieldError::new(
+                        "audit.endpoint",
+                        "the otlp sink needs an endpoint (or a gRPC traces endpoint to share)",
+                    )
+                })?;
             url::Url::parse(&endpoint).map_err(|err| {
                 FieldError::new("audit.endpoint", format!("invalid URL {endpoint:?}: {err}"))
             })?;
             AuditSinkConfig::Otlp {
                 endpoint,
-                service_name: telemetry.service_name.clone(),
+                service_name: service_name.to_owned(),
             }
         }
         raw::RawAuditSink::Stdout => AuditSinkConfig::Stdout,
@@ -690,6 +609,7 @@ pub const RESTART_SECTIONS: &[&str] = &[
     "limits",
     "audit",
     "approvals",
+    "state",
     "telemetry",
     "mcp_servers",
 ];

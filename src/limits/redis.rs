@@ -1,0 +1,243 @@
+//! Rate limits shared through Redis: both quotas of a call decided by one Lua script, so the
+//! decision is atomic across every sidecar and costs one round trip. The script runs
+//! [`Gcra::decide`](super::gcra::Gcra::decide) in microseconds on Redis's own clock (`TIME`), so
+//! sidecar clock skew does not matter; a call refused by one quota consumes neither.
+//!
+//! Keys are `<prefix>{<tenant>}:rl:tool:<tool>:<rate>` and `<prefix>{<tenant>}:rl:tenant:<rate>`:
+//! one hash tag, so the script works on Redis Cluster, and the rate in the name, so a quota
+//! whose rate changes starts fresh while an unchanged one carries over reloads. Each key
+//! expires when its state says nothing a fresh key would not (its TAT has passed).
+
+use std::{
+    sync::{
+        Arc, LazyLock,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use redis::Script;
+
+use super::{QuotaView, RateLimits, gcra::Gcra, tenant_refusal, tool_refusal};
+use crate::{
+    catalog::ToolVersion,
+    error::{Reason, Refusal, Stage},
+    settings::{OnUnavailable, Rate},
+    state::{Concern, Redis, StateError, redis::Reply},
+};
+
+/// GCRA over the call's quotas (KEYS, at most two, in the order tool then tenant). ARGV[1] is
+/// `take` (admit and commit, or refuse and change nothing) or `view` (report what remains);
+/// then each key's emission interval and tolerance in microseconds.
+/// `take` answers {1} when admitted, or {0, index of the refusing key, wait in µs}; `view`
+/// answers the calls each quota would admit now.
+const GCRA: &str = r#"
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local take = ARGV[1] == 'take'
+local tats = {}
+local remaining = {}
+for i = 1, #KEYS do
+  local emission = tonumber(ARGV[2 * i])
+  local tolerance = tonumber(ARGV[2 * i + 1])
+  local tat = tonumber(redis.call('GET', KEYS[i]) or now)
+  if tat < now then tat = now end
+  local ahead = tat - now
+  if take then
+    if ahead > tolerance then
+      return {0, i, ahead - tolerance}
+    end
+    tats[i] = tat + emission
+  elseif ahead > tolerance then
+    remaining[i] = 0
+  else
+    remaining[i] = math.floor((tolerance - ahead) / emission) + 1
+  end
+end
+if not take then
+  return remaining
+end
+for i = 1, #KEYS do
+  redis.call('SET', KEYS[i], string.format('%.0f', tats[i]), 'PX', math.ceil((tats[i] - now) / 1000))
+end
+return {1}
+"#;
+
+static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(GCRA));
+
+/// The quotas of one catalog, decided in Redis.
+pub struct SharedQuotas {
+    redis: Arc<Redis>,
+    /// This sidecar's own limiter, deciding while Redis cannot be reached when the config says
+    /// `on_unavailable: local`.
+    fallback: Option<RateLimits>,
+    /// Set while calls are decided locally, so the outage is logged once, not per call.
+    falling_back: Arc<AtomicBool>,
+}
+
+/// One quota of a call: its key and its arithmetic.
+struct Quota {
+    key: String,
+    gcra: Gcra,
+    rate: Rate,
+}
+
+impl SharedQuotas {
+    pub fn new(
+        redis: Arc<Redis>,
+        fallback: Option<RateLimits>,
+        previous: Option<&SharedQuotas>,
+    ) -> Self {
+        let fallback = match redis.rate_limits_on_unavailable() {
+            OnUnavailable::Local => fallback,
+            OnUnavailable::FailClosed => None,
+        };
+        SharedQuotas {
+            redis,
+            fallback,
+            falling_back: previous.map(|p| p.falling_back.clone()).unwrap_or_default(),
+        }
+    }
+
+    /// The local limiter, when outages fall back to it.
+    pub fn fallback(&self) -> Option<&RateLimits> {
+        self.fallback.as_ref()
+    }
+
+    fn quotas(&self, tenant: &str, tool: &ToolVersion, tenant_rate: Option<Rate>) -> Vec<Quota> {
+        let tool_quota = tool.rate_limit.map(|rate| Quota {
+            key: self
+                .redis
+                .key(tenant, format_args!("rl:tool:{}:{}", tool.name, spec(rate))),
+            gcra: Gcra::in_micros(rate),
+            rate,
+        });
+        let tenant_quota = tenant_rate.map(|rate| Quota {
+            key: self
+                .redis
+                .key(tenant, format_args!("rl:tenant:{}", spec(rate))),
+            gcra: Gcra::in_micros(rate),
+            rate,
+        });
+        tool_quota.into_iter().chain(tenant_quota).collect()
+    }
+
+    async fn run(&self, mode: &str, quotas: &[Quota]) -> Result<Reply, StateError> {
+        let mut invocation = SCRIPT.prepare_invoke();
+        invocation.arg(mode);
+        for quota in quotas {
+            invocation
+                .key(&quota.key)
+                .arg(quota.gcra.emission())
+                .arg(quota.gcra.tolerance());
+        }
+        Reply::new(self.redis.invoke(Concern::RateLimits, &invocation).await?)
+    }
+
+    /// Admits one call if both its quotas have room, in one round trip.
+    pub async fn check(
+        &self,
+        tenant: &str,
+        tool: &ToolVersion,
+        tenant_rate: Option<Rate>,
+    ) -> Result<(), Refusal> {
+        let quotas = self.quotas(tenant, tool, tenant_rate);
+        if quotas.is_empty() {
+            return Ok(());
+        }
+        let reply = match self.run("take", &quotas).await {
+            Ok(reply) => reply,
+            Err(err) => return self.unavailable(err, tenant, tool, tenant_rate),
+        };
+        if self.falling_back.swap(false, Ordering::Relaxed) {
+            tracing::info!("rate limits are shared again");
+        }
+        let decided = || -> Result<Option<(usize, u64)>, StateError> {
+            if reply.int(0)? == 1 {
+                return Ok(None);
+            }
+            let index = usize::try_from(reply.int(1)?).unwrap_or(0);
+            let wait = u64::try_from(reply.int(2)?).unwrap_or(0);
+            Ok(Some((index, wait)))
+        };
+        match decided() {
+            Ok(None) => Ok(()),
+            Ok(Some((index, wait_micros))) => {
+                let wait = Duration::from_micros(wait_micros);
+                let quota = quotas
+                    .get(index.saturating_sub(1))
+                    .ok_or_else(|| unavailable(StateError::Malformed("no such quota".into())))?;
+                Err(match (index, tool.rate_limit.is_some()) {
+                    (1, true) => tool_refusal(tenant, tool, quota.rate, wait),
+                    _ => tenant_refusal(tenant, quota.rate, wait),
+                })
+            }
+            Err(err) => Err(unavailable(err)),
+        }
+    }
+
+    /// What each quota of this call would admit now, consuming nothing.
+    pub async fn view(
+        &self,
+        tenant: &str,
+        tool: &ToolVersion,
+        tenant_rate: Option<Rate>,
+    ) -> Result<Vec<QuotaView>, StateError> {
+        let quotas = self.quotas(tenant, tool, tenant_rate);
+        if quotas.is_empty() {
+            return Ok(Vec::new());
+        }
+        let reply = self.run("view", &quotas).await?;
+        let scopes = tool
+            .rate_limit
+            .map(|_| "tool")
+            .into_iter()
+            .chain(tenant_rate.map(|_| "tenant"));
+        quotas
+            .iter()
+            .zip(scopes)
+            .enumerate()
+            .map(|(i, (quota, scope))| {
+                Ok(QuotaView {
+                    scope,
+                    rate: quota.rate,
+                    remaining: u64::try_from(reply.int(i)?).unwrap_or(0),
+                })
+            })
+            .collect()
+    }
+
+    /// Redis did not answer: refuse (fail closed), or decide with this sidecar's own limiter.
+    fn unavailable(
+        &self,
+        err: StateError,
+        tenant: &str,
+        tool: &ToolVersion,
+        tenant_rate: Option<Rate>,
+    ) -> Result<(), Refusal> {
+        let Some(local) = &self.fallback else {
+            return Err(unavailable(err));
+        };
+        self.redis.metrics().rate_limit_local_decision();
+        if !self.falling_back.swap(true, Ordering::Relaxed) {
+            tracing::warn!(error = %err, "shared rate limits unavailable: this sidecar decides quotas alone until the state backend answers");
+        }
+        local.check(tenant, tool, tenant_rate)
+    }
+}
+
+fn unavailable(err: StateError) -> Refusal {
+    Refusal::new(
+        Stage::RateLimit,
+        Reason::StateUnavailable,
+        format!(
+            "the rate limit cannot be checked: {}; retry shortly",
+            err.for_caller()
+        ),
+    )
+}
+
+/// A rate as part of a key: count, period in seconds and burst.
+fn spec(rate: Rate) -> String {
+    format!("{}/{}s/{}", rate.count, rate.period.as_secs(), rate.burst)
+}

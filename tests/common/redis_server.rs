@@ -1,0 +1,241 @@
+//! A throwaway `redis-server` (Debian package `redis-server`; `.ci/run` installs it) on a
+//! loopback port, for the tests and the load harness: its own port and directory, nothing
+//! persisted (`--save ''`, no AOF), stopped when dropped — also when a test panics — and killed
+//! by the kernel should the process that started it die first.
+//!
+//! Include it with `#[path = "../common/redis_server.rs"] mod redis_server;`.
+
+#![allow(dead_code)]
+
+use std::{
+    net::TcpListener,
+    os::unix::process::CommandExt,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+/// A running redis-server.
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: tempfile::TempDir,
+    extra: Vec<String>,
+}
+
+impl RedisServer {
+    /// Starts one on a free loopback port and waits until it answers.
+    pub fn start() -> RedisServer {
+        Self::start_with(&[])
+    }
+
+    /// Like [`Self::start`], with more `redis-server` arguments (e.g. `--requirepass`).
+    pub fn start_with(extra: &[&str]) -> RedisServer {
+        let mut server = RedisServer {
+            child: None,
+            port: 0,
+            dir: tempfile::tempdir().expect("temp dir for redis"),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        // Another process may take the port between our probe and redis binding it: try again.
+        for _ in 0..5 {
+            server.port = free_port();
+            if server.spawn() {
+                return server;
+            }
+        }
+        panic!("redis-server did not start on a free loopback port");
+    }
+
+    /// Runs redis-server on `self.port`; true once it answers PING.
+    fn spawn(&mut self) -> bool {
+        let mut command = Command::new("redis-server");
+        command
+            .args(["--port", &self.port.to_string()])
+            .args(["--bind", "127.0.0.1"])
+            .args(["--save", ""])
+            .args(["--appendonly", "no"])
+            .args(["--daemonize", "no"])
+            .args(["--loglevel", "warning"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(&self.extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        // SAFETY: prctl is async-signal-safe; the child only asks to be killed with its parent.
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let mut child = match command.spawn() {
+            Ok(child) => child,
+            Err(err) => panic!(
+                "cannot run redis-server ({err}); install the Debian package redis-server (.ci/run does)"
+            ),
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                // Exited: most likely the port was taken.
+                return false;
+            }
+            if ping(self.port) {
+                self.child = Some(child);
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        false
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The server's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills it at once (SIGKILL): an outage, as a crash or a partition looks to clients.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port, empty.
+    pub fn restart(&mut self) {
+        self.kill();
+        for _ in 0..50 {
+            if self.spawn() {
+                return;
+            }
+            // The port is ours; the old socket may take a moment to be released.
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("redis-server did not restart on port {}", self.port);
+    }
+
+    /// A client for commands of the test's own (CLIENT PAUSE, SCRIPT FLUSH, MEMORY USAGE, …).
+    pub fn client(&self) -> redis::Client {
+        redis::Client::open(self.url()).expect("redis client")
+    }
+
+    /// Runs one command and returns its answer.
+    pub async fn command(&self, args: &[&str]) -> redis::Value {
+        let mut connection = self
+            .client()
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to the test redis");
+        let mut command = redis::cmd(args[0]);
+        for arg in &args[1..] {
+            command.arg(*arg);
+        }
+        command
+            .query_async(&mut connection)
+            .await
+            .unwrap_or_else(|err| panic!("redis {args:?}: {err}"))
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// Whether a Redis answers on this port (a raw RESP PING; an answer asking for a password
+/// counts too).
+fn ping(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+    if stream.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut answer = [0u8; 5];
+    stream.read_exact(&mut answer).is_ok() && (&answer == b"+PONG" || &answer == b"-NOAU")
+}
+
+/// A Redis Cluster of throwaway servers on loopback: each a [`RedisServer`] with cluster mode
+/// on, joined by `redis-cli --cluster create` (Debian's redis-tools, installed with
+/// redis-server), every slot served before it is handed out.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// `n` primaries (at least 3, as Redis Cluster asks), no replicas.
+    pub fn start(n: usize) -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..n)
+            .map(|_| {
+                RedisServer::start_with(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "5000",
+                ])
+            })
+            .collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        let created = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run redis-cli (Debian package redis-tools)");
+        assert!(
+            created.status.success(),
+            "redis-cli --cluster create: {}",
+            String::from_utf8_lossy(&created.stdout)
+        );
+        // Every node must see the cluster as ok before clients are pointed at it.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for node in &nodes {
+            loop {
+                let info = Command::new("redis-cli")
+                    .args(["-p", &node.port().to_string(), "cluster", "info"])
+                    .output()
+                    .expect("redis-cli cluster info");
+                if String::from_utf8_lossy(&info.stdout).contains("cluster_state:ok") {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "the cluster did not become ok");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        RedisCluster { nodes }
+    }
+
+    /// A seed node's URL.
+    pub fn url(&self) -> String {
+        self.nodes[0].url()
+    }
+}
