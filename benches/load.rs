@@ -131,6 +131,11 @@ const GOAL_START_MS: f64 = 100.0;
 const CATALOG: &str = r#"version: 1
 server:
   shutdown_grace: 2s
+# The RSS step holds up to --slow-calls (at most 100,000) calls at once, 500 per connection; the
+# defaults (1,024 in flight, 256 streams per connection) would refuse most of them.
+limits:
+  max_in_flight: 100000
+  max_streams_per_connection: 1000
 identity:
   jwt:
     hs256_secret_env: TOOLGATE_BENCH_JWT_SECRET
