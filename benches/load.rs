@@ -33,6 +33,7 @@ mod otlp_collector;
 mod redis_server;
 
 use std::{
+    collections::BTreeMap,
     fs::File,
     net::{SocketAddr, TcpStream},
     path::{Path, PathBuf},
@@ -87,6 +88,9 @@ const BINARY_NO_AUDIT: &str = "toolgate binary, span export and audit off";
 /// The binary with a shadow catalog: every call also explained against a candidate that decides
 /// the bench's calls alike (so it costs the explanation, not audit events for differences).
 const BINARY_SHADOW: &str = "toolgate binary, shadow catalog";
+/// The binary sampling 10 % of new traces (`parentbased_traceidratio`), as a production pod
+/// exporting to a shared collector would.
+const BINARY_SAMPLED: &str = "toolgate binary, 10 % of traces sampled";
 /// The binary with `state: { backend: redis }`: both quotas of each call in one Lua script.
 const BINARY_REDIS: &str = "toolgate binary + Redis, own process";
 
@@ -96,6 +100,7 @@ const SERVICE_BINARY: &str = "toolgate-bench-binary";
 const SERVICE_FRESH_JWT: &str = "toolgate-bench-fresh-jwt";
 const SERVICE_SHADOW: &str = "toolgate-bench-shadow";
 const SERVICE_REDIS: &str = "toolgate-bench-redis";
+const SERVICE_SAMPLED: &str = "toolgate-bench-sampled";
 
 /// Re-runs this executable as the bare echo server on the given address.
 const BARE_SERVER_FLAG: &str = "--serve-bare-echo";
@@ -532,6 +537,19 @@ fn run(options: &Options) -> anyhow::Result<bool> {
         SERVICE_SHADOW,
         &[("TOOLGATE_ADMIN_LISTEN", &shadow_admin)],
     )?);
+    binaries.push(Binary::spawn(
+        &exe,
+        &write(
+            "bench-sampled.yaml",
+            catalog(&dir.path().join("audit-sampled.jsonl")),
+        )?,
+        dir.path(),
+        SERVICE_SAMPLED,
+        &[
+            ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+            ("OTEL_TRACES_SAMPLER_ARG", "0.1"),
+        ],
+    )?);
     for binary in &mut binaries {
         binary.wait_serving(&client_rt)?;
     }
@@ -586,6 +604,10 @@ fn run(options: &Options) -> anyhow::Result<bool> {
         (
             own(BINARY_SHADOW, binaries[5].addr, binaries[5].pid(), &text),
             false,
+        ),
+        (
+            own(BINARY_SAMPLED, binaries[6].addr, binaries[6].pid(), &text),
+            true,
         ),
     ];
     let mut rows: Vec<Row> = Vec::new();
@@ -642,6 +664,11 @@ fn run(options: &Options) -> anyhow::Result<bool> {
             BINARY_REDIS,
             collector.received_from(SERVICE_REDIS),
             calls_of(BINARY_REDIS),
+        ),
+        (
+            BINARY_SAMPLED,
+            collector.received_from(SERVICE_SAMPLED),
+            calls_of(BINARY_SAMPLED),
         ),
     ];
 
@@ -1461,6 +1488,9 @@ struct Row {
     /// The server process's context switches per answered call (voluntary, involuntary), at a
     /// fixed rate, when it runs apart.
     switches: Option<(f64, f64)>,
+    /// Its voluntary context switches per answered call by thread name, at a fixed rate: which
+    /// threads a call wakes (its thread hops), most first.
+    wakeups: Vec<(String, f64)>,
 }
 
 /// What measuring one target gave.
@@ -1526,6 +1556,7 @@ fn measure(
         state_cpu_us,
         send_lag_ms: None,
         switches: None,
+        wakeups: Vec::new(),
     });
     if !fixed {
         return Ok(Measured { ok, calls });
@@ -1535,7 +1566,7 @@ fn measure(
     for &rate in &options.rates {
         let cpu_before = target.server_pid.and_then(cpu_seconds);
         let state_cpu_before = target.state_pid.and_then(cpu_seconds);
-        let switches_before = target.server_pid.and_then(context_switches);
+        let switches_before = target.server_pid.and_then(switches_by_thread);
         let fixed = open_loop(client_rt, &channels, target, rate, options.duration);
         let answered = fixed.stats.ok;
         let per_call = |total: f64| (answered > 0).then(|| total / answered as f64);
@@ -1545,25 +1576,38 @@ fn measure(
         let state_cpu_us = state_cpu_before
             .zip(target.state_pid.and_then(cpu_seconds))
             .and_then(|(before, after)| per_call((after - before) * 1e6));
+        let switches_after = target.server_pid.and_then(switches_by_thread);
+        let total = |by: &BTreeMap<String, (u64, u64)>| {
+            by.values()
+                .fold((0u64, 0u64), |(v, i), (tv, ti)| (v + tv, i + ti))
+        };
         let switches = switches_before
-            .zip(target.server_pid.and_then(context_switches))
-            .and_then(|((v0, i0), (v1, i1))| {
+            .as_ref()
+            .zip(switches_after.as_ref())
+            .and_then(|(before, after)| {
+                let ((v0, i0), (v1, i1)) = (total(before), total(after));
                 Some((
                     per_call(v1.saturating_sub(v0) as f64)?,
                     per_call(i1.saturating_sub(i0) as f64)?,
                 ))
             });
+        let wakeups = switches_before
+            .as_ref()
+            .zip(switches_after.as_ref())
+            .map(|(before, after)| wakeups_per_call(before, after, answered))
+            .unwrap_or_default();
         calls += fixed.stats.ok + fixed.stats.failed;
         ok = ok && fixed.stats.failed == 0;
         let send_lag_ms = fixed.send_lag.value_at_quantile(0.99) as f64 / 1e6;
-        let mut note = String::new();
+        let mut notes = Vec::new();
         if fixed.skipped > 0 {
-            note.push_str(&format!("{} not sent (backlog)", fixed.skipped));
+            notes.push(format!("{} not sent (backlog)", fixed.skipped));
         }
         if fixed.stats.first_failure.is_some() {
-            note.push_str("; ");
-            note.push_str(&failure_note(&fixed.stats));
+            notes.push(failure_note(&fixed.stats));
         }
+        notes.retain(|n| !n.is_empty());
+        let note = notes.join("; ");
         rows.push(Row {
             target: target.name,
             mode: format!("{rate} rps"),
@@ -1574,34 +1618,116 @@ fn measure(
             state_cpu_us,
             send_lag_ms: Some(send_lag_ms),
             switches,
+            wakeups,
         });
     }
     Ok(Measured { ok, calls })
 }
 
 /// Context switches (voluntary, involuntary) of every thread of a process so far, from
-/// `/proc/PID/task/*/status`: each voluntary one is a thread going to sleep to wait (for work, a
-/// lock, I/O), so per call they count the wake-ups and hand-offs a call costs.
-fn context_switches(pid: u32) -> Option<(u64, u64)> {
-    let mut total = (0, 0);
+/// `/proc/PID/task/*/status`, summed per thread name (`Name:`; tokio's workers share one): each
+/// voluntary one is a thread going to sleep to wait (for work, a lock, I/O), so per call they
+/// count the wake-ups and hand-offs a call costs, and which threads a call wakes — its thread
+/// hops.
+fn switches_by_thread(pid: u32) -> Option<BTreeMap<String, (u64, u64)>> {
+    let mut by_name: BTreeMap<String, (u64, u64)> = BTreeMap::new();
     for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
         let Ok(status) = std::fs::read_to_string(task.ok()?.path().join("status")) else {
             continue; // the thread ended meanwhile
         };
+        let mut name = String::new();
+        let mut counts = (0, 0);
         for line in status.lines() {
-            let field = |name: &str| {
-                line.strip_prefix(name)
+            let field = |key: &str| {
+                line.strip_prefix(key)
                     .and_then(|v| v.trim().parse::<u64>().ok())
             };
-            if let Some(n) = field("voluntary_ctxt_switches:") {
-                total.0 += n;
-            }
-            if let Some(n) = field("nonvoluntary_ctxt_switches:") {
-                total.1 += n;
+            if let Some(n) = line.strip_prefix("Name:") {
+                name = n.trim().to_owned();
+            } else if let Some(n) = field("voluntary_ctxt_switches:") {
+                counts.0 = n;
+            } else if let Some(n) = field("nonvoluntary_ctxt_switches:") {
+                counts.1 = n;
             }
         }
+        let entry = by_name.entry(name).or_default();
+        entry.0 += counts.0;
+        entry.1 += counts.1;
     }
-    Some(total)
+    Some(by_name)
+}
+
+/// Thread hops: for each fixed-rate row, the threads a call wakes and how often (voluntary
+/// context switches per call, median over the rounds).
+fn print_wakeups(keys: &[(&str, &str)], rows: &[Row]) {
+    let mut printed_header = false;
+    for (target, mode) in keys {
+        let rounds: Vec<&Row> = rows
+            .iter()
+            .filter(|row| row.target == *target && row.mode == *mode && !row.wakeups.is_empty())
+            .collect();
+        if rounds.is_empty() {
+            continue;
+        }
+        if !printed_header {
+            println!(
+                "Wake-ups per call by thread (voluntary context switches per call, median over rounds):"
+            );
+            println!();
+            println!("| target | mode | threads woken per call |");
+            println!("|---|---|---|");
+            printed_header = true;
+        }
+        let mut names: Vec<&str> = rounds
+            .iter()
+            .flat_map(|row| row.wakeups.iter().map(|(name, _)| name.as_str()))
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        let mut medians: Vec<(&str, f64)> = names
+            .into_iter()
+            .filter_map(|name| {
+                let spread = Spread::of(rounds.iter().map(|row| {
+                    row.wakeups
+                        .iter()
+                        .find(|(n, _)| n == name)
+                        .map_or(0.0, |(_, v)| *v)
+                }))?;
+                Some((name, spread.median))
+            })
+            .collect();
+        medians.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let listed: Vec<String> = medians
+            .iter()
+            .map(|(name, n)| format!("`{name}` {n:.2}"))
+            .collect();
+        println!("| {target} | {mode} | {} |", listed.join(", "));
+    }
+    if printed_header {
+        println!();
+    }
+}
+
+/// Voluntary switches per call of each thread name with a noticeable share (≥ 0.01 per call),
+/// most first.
+fn wakeups_per_call(
+    before: &BTreeMap<String, (u64, u64)>,
+    after: &BTreeMap<String, (u64, u64)>,
+    calls: u64,
+) -> Vec<(String, f64)> {
+    if calls == 0 {
+        return Vec::new();
+    }
+    let mut per_call: Vec<(String, f64)> = after
+        .iter()
+        .map(|(name, (v, _))| {
+            let was = before.get(name).map_or(0, |(v0, _)| *v0);
+            (name.clone(), v.saturating_sub(was) as f64 / calls as f64)
+        })
+        .filter(|(_, n)| *n >= 0.01)
+        .collect();
+    per_call.sort_by(|a, b| b.1.total_cmp(&a.1));
+    per_call
 }
 
 /// CPU time (user + system) a process has used so far, from `/proc/PID/stat`.
@@ -2136,6 +2262,7 @@ fn print_report(r: &Report) {
         println!("OTLP spans received from {target}: {spans} for {calls} calls ({included})");
     }
     println!();
+    print_wakeups(&keys, r.rows);
 
     // Per round, so a ratio compares measurements taken next to each other.
     let per_mode = |target: &str, rate: Option<u64>| rows_of(r.rows, target, rate);
@@ -2159,6 +2286,11 @@ fn print_report(r: &Report) {
             "own processes, a new JWT per call",
             BARE_PROCESS,
             BINARY_FRESH_JWT,
+        ),
+        (
+            "own processes, 10 % of traces sampled",
+            BARE_PROCESS,
+            BINARY_SAMPLED,
         ),
     ] {
         if let Some(ratio) = paired(bare, gate, false, &|b, g| {
