@@ -69,8 +69,9 @@ const USAGE: &str = "usage: cargo bench --bench load -- [--duration 10s] [--warm
 [--slow-ms MS] [--startup-runs N] [--rounds N] [--binary PATH] [--quick]
 profiling helper (send calls to a server started by hand, e.g. under valgrind, then exit):
        cargo bench --bench load -- --send-only 127.0.0.1:PORT [--tool echo|slow] [--calls N] \
-[--connections N] [--concurrency M] [--payload BYTES] [--slow-ms MS]
-and the servers to send them to (each runs until SIGINT/SIGTERM, ten minutes at most):
+[--connections N] [--concurrency M] [--payload BYTES] [--slow-ms MS] [--send-rate RPS --duration D]
+and the servers to send them to (each runs until SIGINT/SIGTERM; the bare echo two hours at most,
+the collector ten minutes):
        cargo bench --bench load -- --write-catalog DIR   (DIR/bench.yaml; audit to DIR/audit.jsonl)
        cargo bench --bench load -- --serve-bare-echo 127.0.0.1:PORT
        cargo bench --bench load -- --serve-collector 127.0.0.1:PORT   (OTLP/gRPC; counts spans)";
@@ -257,6 +258,9 @@ struct Options {
     span_quiet: Duration,
     /// Profiling helper: only send `calls` calls of `tool` to this address, then exit.
     send_only: Option<SocketAddr>,
+    /// With `send_only`: send at this fixed rate for `duration` instead of `calls` back to back
+    /// (to profile what a moderate rate costs, e.g. thread wake-ups under `perf`).
+    send_rate: Option<u64>,
     calls: u64,
     tool: String,
     /// The toolgate executable measured as its own process; by default the one cargo built for
@@ -281,6 +285,7 @@ impl Options {
                 rounds: 3,
                 span_quiet: Duration::from_millis(1300),
                 send_only: None,
+                send_rate: None,
                 calls: 1000,
                 tool: "echo".into(),
                 binary: PathBuf::from(env!("CARGO_BIN_EXE_toolgate")),
@@ -300,6 +305,7 @@ impl Options {
                 rounds: 3,
                 span_quiet: Duration::from_millis(2500),
                 send_only: None,
+                send_rate: None,
                 calls: 1000,
                 tool: "echo".into(),
                 binary: PathBuf::from(env!("CARGO_BIN_EXE_toolgate")),
@@ -363,6 +369,7 @@ impl Options {
                 "--tool" => return Err(bad("echo or slow")),
                 "--binary" if Path::new(&value).is_file() => options.binary = value.into(),
                 "--binary" => return Err(bad("the path of a toolgate executable")),
+                "--send-rate" => options.send_rate = Some(count()?.max(1)),
                 "--send-only" => {
                     let addr = value
                         .parse::<SocketAddr>()
@@ -911,14 +918,22 @@ fn send_only(options: &Options, addr: SocketAddr) -> anyhow::Result<bool> {
         timeout,
         ..Target::new("send-only", addr, &request, &auth, "")
     };
-    let (stats, elapsed) = client_rt.block_on(async {
-        let channels = connect_all(addr, options.connections).await?;
-        let budget = Budget::Calls(options.calls);
-        Ok::<_, anyhow::Error>(closed_loop(&channels, options.concurrency, &target, budget).await)
-    })?;
+    let channels = client_rt.block_on(connect_all(addr, options.connections))?;
+    let (stats, elapsed) = match options.send_rate {
+        Some(rate) => {
+            let sent = open_loop(&client_rt, &channels, &target, rate, options.duration);
+            (sent.stats, sent.elapsed)
+        }
+        None => client_rt.block_on(closed_loop(
+            &channels,
+            options.concurrency,
+            &target,
+            Budget::Calls(options.calls),
+        )),
+    };
     println!(
         "sent {} {} calls to {addr} in {elapsed:.2?}: {} ok, {} failed{}; p50 {:.3} ms, p99 {:.3} ms",
-        options.calls,
+        stats.ok + stats.failed,
         options.tool,
         stats.ok,
         stats.failed,

@@ -200,10 +200,12 @@ pub struct AuditLog {
 /// Where events are written.
 enum Sink {
     Stdout(tokio::io::Stdout),
-    /// A std file, written on the blocking pool so the bytes actually written are known: a retry
-    /// after a partial write continues from there instead of repeating or tearing lines.
+    /// A std file, written with plain blocking writes so the bytes actually written are known: a
+    /// retry after a partial write continues from there instead of repeating or tearing lines.
+    /// Only the writer's own thread ([`AuditLog::start`]) holds it, so blocking there stalls
+    /// nothing else, and a batch costs no hand-off to the blocking pool and back.
     File {
-        file: Option<std::fs::File>,
+        file: std::fs::File,
         fsync: RawFsync,
     },
     Otlp(otlp::LogsSink),
@@ -228,22 +230,7 @@ impl Sink {
                 }
                 out.flush().await
             }
-            Sink::File { file, fsync } => {
-                let Some(mut handle) = file.take() else {
-                    return Err(std::io::Error::other("the audit file is not open"));
-                };
-                let (lines, fsync, start) = (lines.clone(), *fsync, *done);
-                let (handle, result, end) = tokio::task::spawn_blocking(move || {
-                    let mut done = start;
-                    let result = write_file(&mut handle, &lines, &mut done, fsync);
-                    (handle, result, done)
-                })
-                .await
-                .map_err(std::io::Error::other)?;
-                *file = Some(handle);
-                *done = end;
-                result
-            }
+            Sink::File { file, fsync } => write_file(file, lines, done, *fsync),
             Sink::Otlp(sink) => {
                 // A batch is one export: all or nothing (a lost acknowledgement may repeat it).
                 sink.export(events).await?;
@@ -298,12 +285,13 @@ fn write_file(
 }
 
 impl AuditLog {
-    /// Starts the writer task for the configured sink.
+    /// Starts the writer for the configured sink: a task, or for a file a thread of its own.
+    /// The returned task ends with the writer; aborting it stops the writer.
     pub async fn start(config: &AuditConfig) -> std::io::Result<(AuditLog, JoinHandle<()>)> {
         let sink = match &config.sink {
             AuditSinkConfig::Stdout => Sink::Stdout(tokio::io::stdout()),
             AuditSinkConfig::File(path) => Sink::File {
-                file: Some(open_append(path).await?),
+                file: open_append(path).await?,
                 fsync: config.fsync,
             },
             AuditSinkConfig::Otlp {
@@ -318,13 +306,18 @@ impl AuditLog {
         let written = Arc::new(AtomicU64::new(0));
         let write_errors = Arc::new(AtomicU64::new(0));
         let urgent = Arc::new(Notify::new());
-        let task = tokio::spawn(write_loop(
+        let writer = write_loop(
             receiver,
             urgent.clone(),
             sink,
             written.clone(),
             write_errors.clone(),
-        ));
+        );
+        let task = if matches!(config.sink, AuditSinkConfig::File(_)) {
+            on_own_thread(writer)?
+        } else {
+            tokio::spawn(writer)
+        };
         Ok((
             AuditLog {
                 queue,
@@ -430,12 +423,44 @@ async fn open_append(path: &std::path::Path) -> std::io::Result<std::fs::File> {
     .map_err(std::io::Error::other)?
 }
 
+/// Runs the file writer on a thread of its own, with a single-threaded runtime for its timer and
+/// queue: a batch then costs that one thread's wake-ups (the first event of a quiet spell, the
+/// end of the gathering time), where a writer task on the shared runtime woke a blocking-pool
+/// thread for each write and was woken back by it — two more wake-ups per batch, the largest
+/// share of the sidecar's thread hops at moderate rates (docs/performance.md). The task returned
+/// stands for the thread: it ends when the writer does, and aborting it stops the writer.
+fn on_own_thread(
+    writer: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<JoinHandle<()>> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()?;
+    let (stop, stopped) = oneshot::channel::<()>();
+    let (ended, end) = oneshot::channel::<()>();
+    std::thread::Builder::new()
+        .name("toolgate-audit".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                tokio::select! {
+                    () = writer => {}
+                    _ = stopped => {}
+                }
+            });
+            let _ = ended.send(());
+        })?;
+    Ok(tokio::spawn(async move {
+        // Dropped with this task (ended or aborted), `stop` tells the writer to stop.
+        let _stop = stop;
+        let _ = end.await;
+    }))
+}
+
 /// Events written at once, at most.
 const MAX_BATCH: usize = 1024;
 /// How long the writer lets events gather after the first one of a quiet spell, before writing
 /// them in one go. Senders never wake the writer while it gathers (it is not polling the queue),
 /// so at moderate rates a call costs no thread wake-up of its own: the writer wakes once per
-/// quiet spell and once per timer tick, and writes (one blocking-pool hand-off) once per batch.
+/// quiet spell and once per timer tick, and writes once per batch.
 /// A flush, a queue past half full, or shutdown cut the wait short. Calls never wait for writes.
 const GATHER_FOR: std::time::Duration = std::time::Duration::from_millis(10);
 
