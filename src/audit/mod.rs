@@ -1,5 +1,6 @@
 //! Audit events: one per boundary decision, per approval decision and per refused caller, written
-//! as JSON lines by a single writer task behind a bounded queue.
+//! as JSON lines by a single writer behind a bounded queue (a task; for a file, a thread of its
+//! own).
 //!
 //! A call takes its queue slot ([`Reservation`]) before anything happens — before a tool runs or
 //! a decision is applied — and its event goes into that slot without waiting, whether the call
