@@ -89,21 +89,8 @@ enum Command {
     Call {
         /// The tool's name.
         name: String,
-        /// The arguments as a JSON object.
-        #[arg(long, default_value = "{}")]
-        args: String,
-        /// Pin a tool version.
-        #[arg(long)]
-        version: Option<String>,
-        /// Make the call idempotent under this key.
-        #[arg(long)]
-        idempotency_key: Option<String>,
-        /// Redeem an approval.
-        #[arg(long)]
-        approval_id: Option<String>,
-        /// The run the call belongs to.
-        #[arg(long, default_value = "cli")]
-        run_id: String,
+        #[command(flatten)]
+        call: CallFields,
         /// Client deadline, e.g. 2s.
         #[arg(long)]
         timeout: Option<String>,
@@ -120,21 +107,8 @@ enum Command {
         /// List every tool, visible or not, instead (ExplainListTools).
         #[arg(long, conflicts_with = "name")]
         list: bool,
-        /// The arguments as a JSON object.
-        #[arg(long, default_value = "{}")]
-        args: String,
-        /// Pin a tool version.
-        #[arg(long)]
-        version: Option<String>,
-        /// The idempotency key the call would carry.
-        #[arg(long)]
-        idempotency_key: Option<String>,
-        /// The approval the call would redeem.
-        #[arg(long)]
-        approval_id: Option<String>,
-        /// The run the call would belong to.
-        #[arg(long, default_value = "cli")]
-        run_id: String,
+        #[command(flatten)]
+        call: CallFields,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -172,6 +146,41 @@ struct ServeArgs {
     /// Log format.
     #[arg(long, env = "TOOLGATE_LOG_FORMAT", value_enum, default_value = "human")]
     log_format: LogFormat,
+}
+
+/// What `call` and `explain` send besides the tool's name.
+#[derive(Debug, Args)]
+struct CallFields {
+    /// The arguments as a JSON object.
+    #[arg(long, default_value = "{}")]
+    args: String,
+    /// Pin a tool version.
+    #[arg(long)]
+    version: Option<String>,
+    /// Make the call idempotent under this key.
+    #[arg(long)]
+    idempotency_key: Option<String>,
+    /// Redeem an approval.
+    #[arg(long)]
+    approval_id: Option<String>,
+    /// The run the call belongs to.
+    #[arg(long, default_value = "cli")]
+    run_id: String,
+}
+
+impl CallFields {
+    /// The call of tool `name`, and its run id.
+    fn into_call(self, name: String) -> (proto::ToolCall, String) {
+        let call = proto::ToolCall {
+            call_id: String::new(),
+            name,
+            arguments_json: self.args,
+            version: self.version.unwrap_or_default(),
+            idempotency_key: self.idempotency_key.unwrap_or_default(),
+            approval_id: self.approval_id.unwrap_or_default(),
+        };
+        (call, self.run_id)
+    }
 }
 
 #[derive(Debug, Args)]
@@ -250,45 +259,23 @@ pub fn main() -> ExitCode {
             Some(Command::Explain {
                 name,
                 list,
-                args,
-                version,
-                idempotency_key,
-                approval_id,
-                run_id,
+                call,
                 client,
             }) => match (list, name) {
                 (true, _) | (false, None) => explain::list(client).await,
                 (false, Some(name)) => {
-                    let call = proto::ToolCall {
-                        call_id: String::new(),
-                        name,
-                        arguments_json: args,
-                        version: version.unwrap_or_default(),
-                        idempotency_key: idempotency_key.unwrap_or_default(),
-                        approval_id: approval_id.unwrap_or_default(),
-                    };
+                    let (call, run_id) = call.into_call(name);
                     explain::explain(client, call, run_id).await
                 }
             },
             Some(Command::Tools(client)) => tools(client).await,
             Some(Command::Call {
                 name,
-                args,
-                version,
-                idempotency_key,
-                approval_id,
-                run_id,
+                call,
                 timeout,
                 client,
             }) => {
-                let call = proto::ToolCall {
-                    call_id: String::new(),
-                    name,
-                    arguments_json: args,
-                    version: version.unwrap_or_default(),
-                    idempotency_key: idempotency_key.unwrap_or_default(),
-                    approval_id: approval_id.unwrap_or_default(),
-                };
+                let (call, run_id) = call.into_call(name);
                 call_tool(client, call, run_id, timeout).await
             }
             Some(Command::Approvals(client)) => list_approvals(client).await,

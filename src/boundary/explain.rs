@@ -25,20 +25,12 @@ use crate::{
 /// The scope a JWT caller needs to call ExplainTool (dev identity callers need none).
 pub const EXPLAIN_SCOPE: &str = "toolgate:explain";
 
-/// The stages an explanation reports, in chain order (`execute` is never run).
-pub const STAGES: [Stage; 10] = [
-    Stage::Structure,
-    Stage::Resolve,
-    Stage::Access,
-    Stage::Scopes,
-    Stage::Schema,
-    Stage::Bind,
-    Stage::RateLimit,
-    Stage::Approval,
-    Stage::Idempotency,
-    Stage::Execute,
-];
-
+/// The stages an explanation reports, in chain order (`execute` is never run): every stage but
+/// the last, `result`.
+pub const STAGES: &[Stage] = match Stage::ALL.split_last() {
+    Some((_, stages)) => stages,
+    None => &[],
+};
 /// How far a stage got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StageResult {
@@ -310,7 +302,7 @@ impl Explainer<'_> {
                 self.stateful(turn, call, &decided, &mut stages).await
             }
         };
-        for stage in STAGES {
+        for &stage in STAGES {
             if !stages.iter().any(|s| s.stage == stage) {
                 let detail = match stage {
                     Stage::Execute => "explain never calls the backend",
