@@ -196,6 +196,11 @@ tools:
     input_schema: { type: object }
 "#;
 
+/// The allocator the toolgate binary ships with, so the bare echo (in-process and as its own
+/// process) runs the same stack on the same allocator and the ratios measure toolgate's own work.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let value_of = |flag: &str| {

@@ -49,7 +49,16 @@ pub fn to_string(value: &Value) -> String {
 pub fn sha256_hex(value: &Value) -> String {
     let mut text = Vec::new();
     write_value(value, &mut text);
-    hex::encode(Sha256::digest(&text))
+    lower_hex(&Sha256::digest(&text))
+}
+
+/// Lowercase hex of `bytes`, written in one pass (`hex::encode` collects it a `char` at a time,
+/// which cost more than the SHA-256 it printed on the call path).
+pub fn lower_hex(bytes: &[u8]) -> String {
+    let mut out = vec![0; bytes.len() * 2];
+    // The buffer is exactly twice as long, so encoding cannot fail, and hex digits are ASCII.
+    let _ = hex::encode_to_slice(bytes, &mut out);
+    String::from_utf8(out).unwrap_or_default()
 }
 
 fn write_value(value: &Value, out: &mut Vec<u8>) {
@@ -110,6 +119,13 @@ fn write_string(s: &str, out: &mut Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lower_hex_matches_the_hex_crate() {
+        for bytes in [&b""[..], b"\x00\xff\x10", &[0xab; 32]] {
+            assert_eq!(lower_hex(bytes), hex::encode(bytes));
+        }
+    }
     use serde_json::json;
 
     #[test]

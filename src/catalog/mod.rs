@@ -641,7 +641,7 @@ pub fn revision_of<'a>(versions: impl Iterator<Item = &'a ToolVersion>) -> Strin
         hasher.update(v.definition_hash.as_bytes());
         hasher.update([0]);
     }
-    hex::encode(&hasher.finalize()[..16])
+    crate::canonical::lower_hex(&hasher.finalize()[..16])
 }
 
 fn build_tool(

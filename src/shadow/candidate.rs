@@ -113,7 +113,7 @@ async fn load(
     let shadow = boundary.shadow();
     match built {
         Ok(catalog) => {
-            let revision = hex::encode(&fingerprint[..16]);
+            let revision = crate::canonical::lower_hex(&fingerprint[..16]);
             tracing::info!(file = %file.display(), revision = %revision, "shadow catalog loaded: calls are also explained against it");
             shadow.candidate.store(Some(Arc::new(Candidate {
                 catalog,

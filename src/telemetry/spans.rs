@@ -17,7 +17,7 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use tracing::{Span, field::Empty};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::{boundary::CallOutcome, catalog::ToolVersion, error::Status};
+use crate::{boundary::CallOutcome, canonical::lower_hex, catalog::ToolVersion, error::Status};
 
 /// The caller's trace context, from request metadata.
 #[derive(Clone, Debug, Default)]
@@ -267,5 +267,10 @@ fn format_traceparent(c: &opentelemetry::trace::SpanContext) -> String {
 
 /// Trace and span ids (hex) for the audit event, when the span is traced.
 pub fn ids(span: &Span) -> Option<(String, String)> {
-    traced_context(span).map(|c| (c.trace_id().to_string(), c.span_id().to_string()))
+    traced_context(span).map(|c| {
+        (
+            lower_hex(&c.trace_id().to_bytes()),
+            lower_hex(&c.span_id().to_bytes()),
+        )
+    })
 }

@@ -221,7 +221,7 @@ impl RedisIdempotency {
             digest.update((part.len() as u64).to_be_bytes());
             digest.update(part.as_bytes());
         }
-        let member = hex::encode(digest.finalize());
+        let member = crate::canonical::lower_hex(&digest.finalize());
         let tenant = &key.tenant;
         Keys {
             entry: self.redis.key(tenant, format_args!("idem:{member}")),
