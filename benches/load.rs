@@ -129,6 +129,8 @@ const GOAL_CPU_RATIO_MAX_RATE: f64 = 1.25;
 const GOAL_CPU_RATIO_FIXED_RATE: f64 = 1.3;
 const GOAL_IDLE_RSS_MIB: f64 = 10.0;
 const GOAL_SLOW_RSS_MIB: f64 = 64.0;
+/// What each slow call in flight adds to RSS beyond what the bare echo holds for one.
+const GOAL_SLOW_RSS_OVER_BARE_KIB: f64 = 2.0;
 const GOAL_START_MS: f64 = 100.0;
 
 /// The catalog: one JWT-identified tenant and agent, `echo` behind every stage that can apply to
@@ -2582,6 +2584,50 @@ fn memory_checks(r: &Report) -> Vec<(String, String, String, &'static str)> {
         format!("{}; {notes}", describe(peak(r.bare_memory))),
         "—".into(),
         "—",
+    ));
+    // The per-call number: what each call in flight adds to toolgate's anonymous memory
+    // (peak over idle: heap and stacks, where call state lives) beyond what it adds to the bare
+    // echo's, in the same round, so neither the stack's own share nor the executables' pages
+    // (paged in as code first runs) are counted against toolgate.
+    let over_bare = Spread::of(
+        r.memory
+            .iter()
+            .zip(r.bare_memory)
+            .filter(|((_, toolgate), (_, bare))| toolgate.max_in_flight.min(bare.max_in_flight) > 0)
+            .map(|((toolgate_idle, toolgate), (bare_idle, bare))| {
+                let calls = toolgate.max_in_flight.min(bare.max_in_flight);
+                let grown =
+                    |idle: &Memory, slow: &Slow| slow.peak.anon_kib as f64 - idle.anon_kib as f64;
+                (grown(toolgate_idle, toolgate) - grown(bare_idle, bare)) / calls as f64
+            }),
+    );
+    let peak_ratio = Spread::of(
+        r.memory
+            .iter()
+            .zip(r.bare_memory)
+            .filter(|(_, (_, bare))| bare.peak.rss_kib > 0)
+            .map(|((_, toolgate), (_, bare))| {
+                toolgate.peak.rss_kib as f64 / bare.peak.rss_kib as f64
+            }),
+    );
+    checks.push((
+        "memory each slow call in flight adds over what it adds to the bare echo (anonymous RSS, (peak − idle) − the bare echo's (peak − idle), per call; same round)"
+            .into(),
+        match (&over_bare, &peak_ratio) {
+            (Some(kib), Some(ratio)) => {
+                format!(
+                    "{} KiB; peak {}× the bare echo's",
+                    kib.show(2),
+                    ratio.show(2)
+                )
+            }
+            _ => "—".into(),
+        },
+        format!("≤ {GOAL_SLOW_RSS_OVER_BARE_KIB} KiB"),
+        verdict(
+            o.quick,
+            overlapped && over_bare.is_some_and(|s| s.median <= GOAL_SLOW_RSS_OVER_BARE_KIB),
+        ),
     ));
     let sorted = |of: fn(&Startup) -> Duration| {
         let mut ms: Vec<f64> = r
