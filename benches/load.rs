@@ -459,6 +459,7 @@ fn run(options: &Options) -> anyhow::Result<bool> {
         config,
         StartOptions {
             listen: Some("127.0.0.1:0".parse()?),
+            tracer: telemetry.tracer(),
             ..StartOptions::default()
         },
     ))?;

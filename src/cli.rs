@@ -445,6 +445,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         clock: None,
         reload_on_sighup: true,
         admin_listen: args.admin_listen,
+        tracer: telemetry.tracer(),
     };
     let result = run(config, options, shutdown_signal()).await;
     // Pending spans are flushed before the process exits.

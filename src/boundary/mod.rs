@@ -32,7 +32,6 @@ use std::{
 use arc_swap::ArcSwap;
 use futures::{FutureExt, StreamExt, stream};
 use tokio::time::Instant;
-use tracing::Instrument;
 
 pub use outcome::CallOutcome;
 pub use permit::Permit;
@@ -171,6 +170,8 @@ pub struct Boundary {
     hard_stop: tokio::sync::watch::Sender<bool>,
     /// The shadow candidate catalog, compared with every call off the response path.
     shadow: crate::shadow::Shadow,
+    /// Makes the calls' spans; off unless traces are exported.
+    tracer: spans::Tracer,
 }
 
 /// What a successful chain produced.
@@ -207,7 +208,19 @@ impl Boundary {
             metrics,
             hard_stop: tokio::sync::watch::channel(false).0,
             shadow: crate::shadow::Shadow::new(),
+            tracer: spans::Tracer::off(),
         }
+    }
+
+    /// Spans for every call from now on, made by `tracer`.
+    pub fn with_tracer(mut self, tracer: spans::Tracer) -> Self {
+        self.tracer = tracer;
+        self
+    }
+
+    /// What makes the spans of calls and turns.
+    pub fn tracer(&self) -> &spans::Tracer {
+        &self.tracer
     }
 
     /// The shadow candidate catalog and its queue.
@@ -334,7 +347,8 @@ impl Boundary {
             structure::normalize_call_id(&call.call_id, turn.step, index),
             self.limits.max_identifier_bytes,
         );
-        let span = spans::execute_tool(
+        let mut span = spans::execute_tool(
+            &self.tracer,
             &call.name,
             &call_id,
             &turn.caller.tenant,
@@ -361,17 +375,14 @@ impl Boundary {
             );
             let mut outcome = CallOutcome::refused(call_id, call.name, String::new(), refusal);
             outcome.duration = started.elapsed();
-            spans::record_outcome(&span, &outcome);
+            spans::record_outcome(&mut span, &outcome);
             self.metrics.observe(&outcome, false);
             return outcome;
         };
         let mut guard = AuditGuard::new(base, reservation);
         let mut hard_stop = self.hard_stop.subscribe();
-        let chain = AssertUnwindSafe(
-            self.chain(turn, &call, &call_id, guard.event())
-                .instrument(span.clone()),
-        )
-        .catch_unwind();
+        let chain = AssertUnwindSafe(self.chain(turn, &call, &call_id, guard.event(), &mut span))
+            .catch_unwind();
         let result = tokio::select! {
             result = chain => result.unwrap_or_else(|panic| {
                 tracing::error!(tool = %call.name, call_id = %call_id, panic = panic_message(&panic), "a call panicked; this is a bug in toolgate");
@@ -404,12 +415,12 @@ impl Boundary {
         }
         outcome.duration = started.elapsed();
         outcome.idempotent_replay = event.idempotent_replay;
-        spans::record_outcome(&span, &outcome);
+        spans::record_outcome(&mut span, &outcome);
         let known =
             !outcome.tool_version.is_empty() || self.state.load().catalog.contains(&outcome.tool);
         self.metrics.observe(&outcome, known);
         if let Some(arguments) = &event.arguments {
-            spans::record_content(&span, &arguments.to_string(), &outcome);
+            spans::record_content(&mut span, arguments, &outcome);
         }
         // The shadow candidate, if any, decides the same call later, off the response path.
         let request = || CallRequest {
@@ -433,6 +444,7 @@ impl Boundary {
         call: &CallRequest,
         call_id: &str,
         trail: &mut AuditEvent,
+        span: &mut spans::ToolgateSpan,
     ) -> Result<Success, Refusal> {
         let caller = &turn.caller;
         // The catalog is pinned for the rest of this call, even if a reload happens meanwhile.
@@ -450,7 +462,7 @@ impl Boundary {
         if let Some(tool) = seen.tool {
             trail.tool_version = tool.version.clone();
             trail.risk_level = Some(tool.risk_level.as_str());
-            spans::record_tool(&tracing::Span::current(), tool);
+            spans::record_tool(span, tool);
         }
         trail.bound_override_attempts = seen.override_attempts;
         let policy::Decided {
@@ -494,8 +506,9 @@ impl Boundary {
         let started = AtomicBool::new(false);
         // The permit is made where the backend is called, inside its CLIENT span, whose
         // context is what the backend receives as `traceparent`.
+        let call_context = span.context(&turn.trace_parent);
         let call_backend = |arguments: serde_json::Value| {
-            let span = spans::backend_call(tool);
+            let span = spans::backend_call(&self.tracer, tool, &call_context);
             let traceparent = spans::outbound_traceparent(&span, tool, turn.traceparent.as_deref());
             let permit = Permit::new(
                 call_id.to_owned(),
@@ -508,9 +521,9 @@ impl Boundary {
             let approval_id = approval_id.as_deref();
             let started = &started;
             async move {
-                self.run(&permit, turn.deadline, approval_id, started)
-                    .instrument(span)
-                    .await
+                // Ends, with its end time, when the backend answers or the call is dropped.
+                let _span = span;
+                self.run(&permit, turn.deadline, approval_id, started).await
             }
         };
         // 10. Idempotency, wrapping 11-12: execute under the deadline and shape the result.

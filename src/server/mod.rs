@@ -71,6 +71,8 @@ pub struct StartOptions {
     pub reload_on_sighup: bool,
     /// Overrides `server.admin_listen` (e.g. `127.0.0.1:0` in tests).
     pub admin_listen: Option<SocketAddr>,
+    /// Makes the spans of calls (`TelemetryGuard::tracer`); none by default.
+    pub tracer: crate::telemetry::spans::Tracer,
 }
 
 /// A started server.
@@ -236,15 +238,18 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         ..Executors::default()
     };
     let limits = config.limits.clone();
-    let boundary = Arc::new(Boundary::new(
-        config.catalog,
-        config.limits.clone(),
-        stores,
-        executors,
-        audit,
-        clock.clone(),
-        metrics.clone(),
-    ));
+    let boundary = Arc::new(
+        Boundary::new(
+            config.catalog,
+            config.limits.clone(),
+            stores,
+            executors,
+            audit,
+            clock.clone(),
+            metrics.clone(),
+        )
+        .with_tracer(options.tracer.clone()),
+    );
     let identity: IdentityHandle = Arc::new(ArcSwap::from_pointee(IdentityResolver::new(
         &config.identity,
         clock.clone(),

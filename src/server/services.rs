@@ -6,7 +6,6 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::convert;
-use tracing::Instrument;
 
 use arc_swap::ArcSwap;
 
@@ -151,10 +150,11 @@ impl ToolGate for ToolGateService {
         request: Request<proto::ListToolsRequest>,
     ) -> Result<Response<proto::ListToolsResponse>, Status> {
         let caller = self.gate.identify(&request, "ListTools")?;
-        let span = spans::list_tools(&caller.tenant, &remote_context(&request));
-        let (tools, catalog_revision) = span.in_scope(|| self.boundary().list_tools(&caller));
-        span.record("toolgate.tools", tools.len());
-        span.record("toolgate.catalog_revision", catalog_revision.as_str());
+        let boundary = self.boundary();
+        let mut span =
+            spans::list_tools(boundary.tracer(), &caller.tenant, &remote_context(&request));
+        let (tools, catalog_revision) = boundary.list_tools(&caller);
+        spans::record_listed(&mut span, tools.len(), &catalog_revision);
         Ok(Response::new(proto::ListToolsResponse {
             tools: tools.iter().map(|t| convert::tool_definition(t)).collect(),
             catalog_revision,
@@ -195,19 +195,20 @@ impl ToolGate for ToolGateService {
         }
         // The batch span is the parent of its calls' spans.
         let span = spans::execute_tools(
+            self.boundary().tracer(),
             &turn.caller.tenant,
             body.calls.len(),
             body.parallel,
             &turn.trace_parent,
         );
-        turn.trace_parent = spans::context_of(&span);
+        turn.trace_parent = span.context(&turn.trace_parent);
         let calls = body.calls.into_iter().map(convert::call_request).collect();
         let max_parallel = usize::try_from(body.max_parallel).unwrap_or(usize::MAX);
         let outcomes = self
             .boundary()
             .execute_batch(&turn, calls, body.parallel, max_parallel)
-            .instrument(span)
             .await;
+        drop(span);
         Ok(Response::new(proto::ExecuteToolsResponse {
             results: outcomes.into_iter().map(convert::tool_result).collect(),
         }))

@@ -1,7 +1,8 @@
 //! Logs and traces. Logs go to stderr (stdout stays free for the audit stream). Traces are
 //! exported over OTLP (gRPC or HTTP/protobuf) when the standard `OTEL_*` variables or the
-//! catalog's `telemetry:` section name an endpoint; otherwise no exporter exists and spans cost
-//! only what `tracing` costs. Span conventions live in [`spans`].
+//! catalog's `telemetry:` section name an endpoint; otherwise no exporter exists and no span is
+//! made. Spans are made through the OpenTelemetry API directly, not through `tracing`: see
+//! [`spans`], which also holds their conventions.
 
 pub mod spans;
 
@@ -266,6 +267,14 @@ impl TelemetryGuard {
         }
     }
 
+    /// What makes toolgate's spans: sends them to this exporter, or makes none when export is off.
+    pub fn tracer(&self) -> spans::Tracer {
+        match &self.provider {
+            Some(provider) => spans::Tracer::new(provider.tracer("toolgate")),
+            None => spans::Tracer::off(),
+        }
+    }
+
     /// Exports everything finished so far (tests, and before exiting).
     pub fn force_flush(&self) {
         if let Some(provider) = &self.provider {
@@ -274,8 +283,9 @@ impl TelemetryGuard {
     }
 }
 
-/// Installs the global subscriber: logs to stderr, and spans to OTLP when configured.
-/// `RUST_LOG` refines the default `info` filter for logs; spans are exported regardless of it.
+/// Installs the global subscriber for logs (to stderr) and, when configured, the OTLP span
+/// exporter that [`TelemetryGuard::tracer`] sends spans to. `RUST_LOG` refines the default `info`
+/// filter for logs; spans are exported regardless of it.
 pub fn init(
     format: LogFormat,
     telemetry: &TelemetryConfig,
@@ -300,31 +310,9 @@ pub fn init(
         metadata.is_event()
     }))
     .with_filter(filter);
-    let (provider, traces) = match tracer_provider(telemetry)? {
-        Some(provider) => {
-            let tracer = provider.tracer("toolgate");
-            // Only toolgate's own spans are exported; dependencies' spans would be noise.
-            // No code location, thread or busy/idle-time attributes: they describe the sidecar's
-            // insides, not the call, were 7 of a span's ~18 attributes to convert and encode, and
-            // busy/idle timing reads the clock on every poll.
-            let layer = tracing_opentelemetry::layer()
-                .with_tracer(tracer)
-                .with_location(false)
-                .with_threads(false)
-                .with_tracked_inactivity(false)
-                .with_filter(
-                    tracing_subscriber::filter::Targets::new()
-                        .with_target("toolgate", tracing::Level::INFO),
-                );
-            (Some(provider), Some(layer))
-        }
-        None => (None, None),
-    };
+    let provider = tracer_provider(telemetry)?;
     // Already installed (e.g. by a test harness): keep the existing one.
-    let _ = tracing_subscriber::registry()
-        .with(logs)
-        .with(traces)
-        .try_init();
+    let _ = tracing_subscriber::registry().with(logs).try_init();
     Ok(TelemetryGuard { provider })
 }
 

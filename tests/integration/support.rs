@@ -230,6 +230,7 @@ impl TestServer {
             clock: Some(SharedClock::new(clock.clone())),
             reload_on_sighup: false,
             admin_listen: Some("127.0.0.1:0".parse().unwrap()),
+            ..StartOptions::default()
         };
         let running = toolgate::start(config, options)
             .await
