@@ -649,6 +649,16 @@ fn run(options: &Options) -> anyhow::Result<bool> {
         binary.stop()?;
     }
     measured?;
+    // Why spans went missing, if they did: the binaries log every drop and failed export.
+    for binary in &binaries {
+        let log = std::fs::read_to_string(&binary.log).unwrap_or_default();
+        for line in log.lines().filter(|line| {
+            line.to_ascii_lowercase().contains("span")
+                && (line.contains("\"WARN\"") || line.contains("\"ERROR\""))
+        }) {
+            println!("{}: {line}", binary.log.display());
+        }
+    }
     // Flushes the in-process spans still queued (from this thread: the exporter's runtime is
     // dropped here); the binaries flushed theirs when they stopped.
     telemetry.shutdown();
