@@ -220,27 +220,32 @@ async fn the_audit_queue_depth_follows_a_stuck_sink() {
     let server = TestServer::start_raw(&yaml).await;
     let mut client = server.client().await;
     let mut ok = 0;
-    // Calls run until the queue is full and they are refused (a 64 KiB pipe fills within a few
-    // hundred events).
-    for i in 0..2000 {
+    // Calls run until the queue is full and stays full (a 64 KiB pipe fills within a few hundred
+    // events). A refusal alone does not show that: four calls can fill the queue while the writer
+    // is still gathering a batch it will write, and the queue is empty again by the scrape.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let text = loop {
         let r = exec(
             &mut client,
             &who("acme"),
-            call("echo", &format!(r#"{{"text":"{i}"}}"#)),
+            call("echo", &format!(r#"{{"text":"{ok}"}}"#)),
         )
         .await;
         if r.status() == ToolStatus::Unavailable {
             assert_eq!(r.error_type, "audit_unavailable");
-            break;
+            let text = scrape(&server).await;
+            if metric(&text, "toolgate_audit_queue_depth", &[]) == 4.0 {
+                break text;
+            }
+        } else {
+            assert_eq!(r.status(), ToolStatus::Ok, "{r:?}");
+            ok += 1;
         }
-        ok += 1;
-    }
-    let text = scrape(&server).await;
-    assert_eq!(
-        metric(&text, "toolgate_audit_queue_depth", &[]),
-        4.0,
-        "full"
-    );
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the audit queue never stayed full ({ok} calls audited)"
+        );
+    };
     let written = metric(&text, "toolgate_audit_events_written", &[]);
     assert!(written < f64::from(ok), "{written} written of {ok}");
     // Read the pipe: the queue drains, every event of an OK call is written, depth is 0.
