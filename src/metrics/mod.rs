@@ -134,6 +134,8 @@ pub struct Snapshot {
     pub audit_dropped: i64,
     pub audit_write_errors: i64,
     pub audit_refused_callers_suppressed: i64,
+    pub spans_dropped: i64,
+    pub spans_export_failed: i64,
     pub idempotency_bytes: i64,
     pub approvals_bytes: i64,
     pub revision_log_bytes: i64,
@@ -145,6 +147,8 @@ pub struct Snapshot {
 struct SnapshotGauges {
     audit_write_errors: Gauge,
     audit_refused_callers_suppressed: Gauge,
+    spans_dropped: Gauge,
+    spans_export_failed: Gauge,
     idempotency_bytes: Gauge,
     approvals_bytes: Gauge,
     revision_log_bytes: Gauge,
@@ -168,6 +172,14 @@ impl SnapshotGauges {
                 "audit_refused_callers_suppressed",
                 "Refused callers (UNAUTHENTICATED) not written to the audit log, over its rate bound",
             ),
+            spans_dropped: gauge(
+                "spans_dropped",
+                "Spans not exported since start: dropped with the export queue full (should stay 0)",
+            ),
+            spans_export_failed: gauge(
+                "spans_export_failed",
+                "Spans not exported since start: sent in an export request that failed",
+            ),
             idempotency_bytes: gauge(
                 "idempotency_bytes",
                 "Bytes held by idempotency keys and stored results",
@@ -189,6 +201,8 @@ impl SnapshotGauges {
         self.audit_write_errors.set(snapshot.audit_write_errors);
         self.audit_refused_callers_suppressed
             .set(snapshot.audit_refused_callers_suppressed);
+        self.spans_dropped.set(snapshot.spans_dropped);
+        self.spans_export_failed.set(snapshot.spans_export_failed);
         self.idempotency_bytes.set(snapshot.idempotency_bytes);
         self.approvals_bytes.set(snapshot.approvals_bytes);
         self.revision_log_bytes.set(snapshot.revision_log_bytes);

@@ -525,6 +525,8 @@ impl AdminBinding {
                     audit_dropped: count(audit.dropped()),
                     audit_write_errors: count(audit.write_errors()),
                     audit_refused_callers_suppressed: count(refused.suppressed()),
+                    spans_dropped: count(reader.tracer().losses().queue_full()),
+                    spans_export_failed: count(reader.tracer().losses().export_failed()),
                     idempotency_bytes: gauge(stores.idempotency),
                     approvals_bytes: gauge(stores.approvals),
                     revision_log_bytes: gauge(stores.revision_log),

@@ -12,7 +12,10 @@
 //! not per span; a worker only takes a lock and pushes.
 
 use std::{
-    sync::{Arc, Condvar, Mutex, MutexGuard},
+    sync::{
+        Arc, Condvar, Mutex, MutexGuard,
+        atomic::{AtomicU64, Ordering},
+    },
     thread::JoinHandle,
     time::{Duration, Instant},
 };
@@ -30,6 +33,25 @@ pub struct BatchSettings {
     pub max_export_batch_size: usize,
 }
 
+/// Spans that were never exported, by cause, since start; read by the metrics.
+#[derive(Debug, Default)]
+pub struct SpanLosses {
+    queue_full: AtomicU64,
+    export_failed: AtomicU64,
+}
+
+impl SpanLosses {
+    /// Dropped because the export queue was full.
+    pub fn queue_full(&self) -> u64 {
+        self.queue_full.load(Ordering::Relaxed)
+    }
+
+    /// Sent in an export request that failed.
+    pub fn export_failed(&self) -> u64 {
+        self.export_failed.load(Ordering::Relaxed)
+    }
+}
+
 /// A span processor that queues sampled spans and exports them in batches from its own thread.
 #[derive(Debug)]
 pub struct BatchExport {
@@ -45,13 +67,12 @@ struct Shared {
     /// Wakes callers of `force_flush` and `shutdown` when the thread has caught up.
     caught_up: Condvar,
     settings: BatchSettings,
+    losses: Arc<SpanLosses>,
 }
 
 #[derive(Debug, Default)]
 struct State {
     pending: Vec<SpanData>,
-    /// Spans dropped because the queue was full, since start.
-    dropped: u64,
     /// Flush requests made, and the last one the export thread has finished.
     flush_requested: u64,
     flush_done: u64,
@@ -77,6 +98,7 @@ impl BatchExport {
             wake_exporter: Condvar::new(),
             caught_up: Condvar::new(),
             settings,
+            losses: Arc::default(),
         });
         let thread = std::thread::Builder::new()
             .name("toolgate-spans".into())
@@ -90,9 +112,9 @@ impl BatchExport {
         })
     }
 
-    /// Spans dropped because the queue was full, since start.
-    pub fn dropped(&self) -> u64 {
-        self.shared.lock().dropped
+    /// What it lost, counted as it happens.
+    pub fn losses(&self) -> Arc<SpanLosses> {
+        self.shared.losses.clone()
     }
 
     /// Waits until the export thread has taken everything queued before the call, and
@@ -144,8 +166,13 @@ impl SpanProcessor for BatchExport {
             return;
         }
         if state.pending.len() >= self.shared.settings.max_queue_size {
-            state.dropped += 1;
-            if state.dropped == 1 {
+            if self
+                .shared
+                .losses
+                .queue_full
+                .fetch_add(1, Ordering::Relaxed)
+                == 0
+            {
                 tracing::warn!(
                     max_queue_size = self.shared.settings.max_queue_size,
                     "span export queue full: spans are being dropped (counted; the total is logged at shutdown)"
@@ -188,8 +215,8 @@ impl SpanProcessor for BatchExport {
                 .map(|(guard, _)| guard)
                 .unwrap_or_else(|poisoned| poisoned.into_inner().0);
         }
-        let dropped = state.dropped;
         drop(state);
+        let dropped = self.shared.losses.queue_full();
         if dropped > 0 {
             tracing::warn!(dropped, "spans dropped with the export queue full, in all");
         }
@@ -239,7 +266,13 @@ fn export_loop<E: SpanExporter>(shared: &Shared, exporter: E) {
         let shutdown = state.shutdown;
         drop(state);
         next_export = Instant::now() + settings.delay;
-        export(&exporter, batch, settings.max_export_batch_size, &mut lost);
+        export(
+            &exporter,
+            batch,
+            settings.max_export_batch_size,
+            &shared.losses,
+            &mut lost,
+        );
         let mut state = shared.lock();
         state.flush_done = flush;
         if shutdown && state.pending.is_empty() {
@@ -264,6 +297,7 @@ fn export<E: SpanExporter>(
     exporter: &E,
     mut batch: Vec<SpanData>,
     max_batch: usize,
+    losses: &SpanLosses,
     lost: &mut Option<u64>,
 ) {
     while !batch.is_empty() {
@@ -275,13 +309,16 @@ fn export<E: SpanExporter>(
                     tracing::info!(lost, "span export works again");
                 }
             }
-            Err(err) => match lost {
-                Some(lost) => *lost += spans,
-                None => {
-                    tracing::warn!(error = %err, spans, "span export failed; spans are lost until it works again");
-                    *lost = Some(spans);
+            Err(err) => {
+                losses.export_failed.fetch_add(spans, Ordering::Relaxed);
+                match lost {
+                    Some(lost) => *lost += spans,
+                    None => {
+                        tracing::warn!(error = %err, spans, "span export failed; spans are lost until it works again");
+                        *lost = Some(spans);
+                    }
                 }
-            },
+            }
         }
         batch = rest;
     }
@@ -405,7 +442,7 @@ mod tests {
             batch.on_end(span(true));
         }
         assert_eq!(batch.shared.lock().pending.len(), 8);
-        assert_eq!(batch.dropped(), 2);
+        assert_eq!(batch.losses().queue_full(), 2);
         recorder.hold.store(false, Ordering::SeqCst);
         batch.force_flush().unwrap();
         assert_eq!(recorder.exported(), 10);

@@ -251,6 +251,8 @@ pub enum TelemetryError {
 #[derive(Default)]
 pub struct TelemetryGuard {
     provider: Option<SdkTracerProvider>,
+    /// Spans the exporter lost, for the metrics.
+    losses: Arc<batch::SpanLosses>,
 }
 
 impl TelemetryGuard {
@@ -270,7 +272,7 @@ impl TelemetryGuard {
     /// What makes toolgate's spans: sends them to this exporter, or makes none when export is off.
     pub fn tracer(&self) -> spans::Tracer {
         match &self.provider {
-            Some(provider) => spans::Tracer::new(provider.tracer("toolgate")),
+            Some(provider) => spans::Tracer::new(provider.tracer("toolgate"), self.losses.clone()),
             None => spans::Tracer::off(),
         }
     }
@@ -310,10 +312,13 @@ pub fn init(
         metadata.is_event()
     }))
     .with_filter(filter);
-    let provider = tracer_provider(telemetry)?;
+    let (provider, losses) = match tracer_provider(telemetry)? {
+        Some((provider, losses)) => (Some(provider), losses),
+        None => (None, Arc::default()),
+    };
     // Already installed (e.g. by a test harness): keep the existing one.
     let _ = tracing_subscriber::registry().with(logs).try_init();
-    Ok(TelemetryGuard { provider })
+    Ok(TelemetryGuard { provider, losses })
 }
 
 /// Human log fields with every control character escaped (`\n`, `\u{1b}`, …): field values
@@ -390,10 +395,10 @@ fn escape_controls(text: &str, out: &mut String) {
     }
 }
 
-/// The tracer provider for the configured exporter, if export is on.
+/// The tracer provider for the configured exporter, if export is on, and what its exporter loses.
 pub fn tracer_provider(
     telemetry: &TelemetryConfig,
-) -> Result<Option<SdkTracerProvider>, TelemetryError> {
+) -> Result<Option<(SdkTracerProvider, Arc<batch::SpanLosses>)>, TelemetryError> {
     let Some(endpoint) = &telemetry.endpoint else {
         return Ok(None);
     };
@@ -420,13 +425,13 @@ pub fn tracer_provider(
         },
     )
     .map_err(|e| TelemetryError::Exporter(format!("cannot start the span export thread: {e}")))?;
-    Ok(Some(
-        SdkTracerProvider::builder()
-            .with_span_processor(processor)
-            .with_sampler(telemetry.sampler())
-            .with_resource(resource)
-            .build(),
-    ))
+    let losses = processor.losses();
+    let provider = SdkTracerProvider::builder()
+        .with_span_processor(processor)
+        .with_sampler(telemetry.sampler())
+        .with_resource(resource)
+        .build();
+    Ok(Some((provider, losses)))
 }
 
 /// The OTLP exporter, driven by a small runtime of its own: the SDK's batch processor exports

@@ -8,7 +8,7 @@
 
 use std::task::{Context as TaskContext, Poll};
 
-use std::borrow::Cow;
+use std::{borrow::Cow, sync::Arc};
 
 use opentelemetry::{
     Context, KeyValue, Value,
@@ -17,6 +17,7 @@ use opentelemetry::{
 };
 use opentelemetry_sdk::{propagation::TraceContextPropagator, trace::SdkTracer};
 
+use super::batch::SpanLosses;
 use crate::{boundary::CallOutcome, canonical::lower_hex, catalog::ToolVersion, error::Status};
 
 /// The caller's trace context, from request metadata.
@@ -87,16 +88,28 @@ where
 /// recorded went through the subscriber and its extensions, and every poll of the call entered
 /// and left the span.) Off — no span exists, nothing is paid — when traces are not exported.
 #[derive(Clone, Debug, Default)]
-pub struct Tracer(Option<SdkTracer>);
+pub struct Tracer {
+    tracer: Option<SdkTracer>,
+    /// What the exporter behind `tracer` lost, for the metrics.
+    losses: Arc<SpanLosses>,
+}
 
 impl Tracer {
-    pub fn new(tracer: SdkTracer) -> Self {
-        Tracer(Some(tracer))
+    pub fn new(tracer: SdkTracer, losses: Arc<SpanLosses>) -> Self {
+        Tracer {
+            tracer: Some(tracer),
+            losses,
+        }
     }
 
     /// No spans: traces are not exported.
     pub fn off() -> Self {
-        Tracer(None)
+        Tracer::default()
+    }
+
+    /// Spans made but never exported, by cause; zero when export is off.
+    pub fn losses(&self) -> &SpanLosses {
+        &self.losses
     }
 
     fn start(
@@ -106,7 +119,7 @@ impl Tracer {
         attributes: Vec<KeyValue>,
         parent: &Context,
     ) -> ToolgateSpan {
-        ToolgateSpan(self.0.as_ref().map(|tracer| {
+        ToolgateSpan(self.tracer.as_ref().map(|tracer| {
             Box::new(
                 SpanBuilder::from_name(name)
                     .with_kind(kind)
@@ -168,7 +181,7 @@ pub fn execute_tool(
     agent: &str,
     parent: &Context,
 ) -> ToolgateSpan {
-    if tracer.0.is_none() {
+    if tracer.tracer.is_none() {
         return ToolgateSpan::default();
     }
     tracer.start(
@@ -243,7 +256,7 @@ pub fn record_content(
 /// tool call's context). Builtins run inside the tool call's own span: a second span would double
 /// what is exported and say nothing.
 pub fn backend_call(tracer: &Tracer, tool: &ToolVersion, parent: &Context) -> ToolgateSpan {
-    if !tool.executor.leaves_process() || tracer.0.is_none() {
+    if !tool.executor.leaves_process() || tracer.tracer.is_none() {
         return ToolgateSpan::default();
     }
     tracer.start(

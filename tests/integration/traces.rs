@@ -297,3 +297,62 @@ async fn the_traceidratio_sampler_exports_none_at_0_and_all_at_1() {
     assert_eq!(exported_with_ratio("1").await, 20);
     assert_eq!(exported_with_ratio("0").await, 0);
 }
+
+/// A collector that takes connections and never answers: the one export request in flight hangs
+/// (until the exporter's 5 s timeout), the queue of one span fills, and every span beyond it is
+/// dropped — counted in `toolgate_spans_dropped`, while the calls themselves go on unharmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_dropped_with_the_export_queue_full_are_counted_and_calls_go_on() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    // Holds every connection open without reading from it.
+    let silent_collector = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            open.push(socket);
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("catalog.yaml");
+    std::fs::write(
+        &config,
+        "version: 1\nidentity: { dev_identity: true }\ntenants: { acme: {} }\ntools:\n  - { name: echo, description: Echoes., risk_level: read_only, executor: { builtin: echo }, input_schema: { type: object } }\n",
+    )
+    .unwrap();
+    let spawned = spawn_with_env(
+        &["--config", config.to_str().unwrap()],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_BSP_MAX_QUEUE_SIZE", "1"),
+            ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "1"),
+        ],
+    );
+    let mut grpc = client(&spawned.addr).await;
+    for i in 0..10 {
+        let r = crate::support::exec(
+            &mut grpc,
+            &who("acme"),
+            call("echo", &format!(r#"{{"text":"{i}"}}"#)),
+        )
+        .await;
+        assert_eq!(r.status(), ToolStatus::Ok, "{r:?}");
+    }
+    let (status, page) =
+        crate::support::http_get(spawned.admin_addr.parse().unwrap(), "/metrics").await;
+    assert_eq!(status, 200);
+    // Ten spans: at most one taken by the hanging request, one waiting in the queue.
+    let dropped = crate::support::metric(&page, "toolgate_spans_dropped", &[]);
+    assert!((8.0..=9.0).contains(&dropped), "{dropped} dropped:\n{page}");
+    assert_eq!(
+        crate::support::metric(&page, "toolgate_spans_export_failed", &[]),
+        0.0,
+        "the request in flight has not failed yet"
+    );
+    drop(grpc);
+    let logs = crate::process::stop(spawned).await;
+    assert!(
+        logs.contains("span export queue full"),
+        "the first drop is logged:\n{logs}"
+    );
+    silent_collector.abort();
+}
