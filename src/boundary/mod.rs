@@ -506,9 +506,9 @@ impl Boundary {
         let started = AtomicBool::new(false);
         // The permit is made where the backend is called, inside its CLIENT span, whose
         // context is what the backend receives as `traceparent`.
-        let call_context = span.context(&turn.trace_parent);
+        let call_span = &*span;
         let call_backend = |arguments: serde_json::Value| {
-            let span = spans::backend_call(&self.tracer, tool, &call_context);
+            let span = spans::backend_call(&self.tracer, tool, call_span, &turn.trace_parent);
             let traceparent = spans::outbound_traceparent(&span, tool, turn.traceparent.as_deref());
             let permit = Permit::new(
                 call_id.to_owned(),

@@ -13,7 +13,7 @@
 
 use std::{
     sync::{
-        Arc, Condvar, Mutex, MutexGuard,
+        Arc, Condvar, Mutex, MutexGuard, PoisonError,
         atomic::{AtomicU64, Ordering},
     },
     thread::JoinHandle,
@@ -120,7 +120,6 @@ impl BatchExport {
     /// Waits until the export thread has taken everything queued before the call, and
     /// exported it, or until `timeout`.
     fn wait_flushed(&self, timeout: Duration) -> OTelSdkResult {
-        let deadline = Instant::now() + timeout;
         let mut state = self.shared.lock();
         if state.stopped {
             return Ok(());
@@ -128,19 +127,9 @@ impl BatchExport {
         state.flush_requested += 1;
         let wanted = state.flush_requested;
         self.shared.wake_exporter.notify_one();
-        while state.flush_done < wanted && !state.stopped {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(OTelSdkError::Timeout(timeout));
-            }
-            state = self
-                .shared
-                .caught_up
-                .wait_timeout(state, left)
-                .map(|(guard, _)| guard)
-                .unwrap_or_else(|poisoned| poisoned.into_inner().0);
-        }
-        Ok(())
+        self.shared
+            .wait_caught_up(state, timeout, |s| s.flush_done < wanted && !s.stopped)
+            .map(drop)
     }
 }
 
@@ -148,9 +137,24 @@ impl Shared {
     /// The state; a panic elsewhere while holding the lock leaves it usable (it holds only
     /// plain values, each update complete).
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits for the export thread while `waiting` holds, at most `timeout`.
+    fn wait_caught_up<'a>(
+        &self,
+        state: MutexGuard<'a, State>,
+        timeout: Duration,
+        waiting: impl FnMut(&mut State) -> bool,
+    ) -> Result<MutexGuard<'a, State>, OTelSdkError> {
+        let (state, wait) = self
+            .caught_up
+            .wait_timeout_while(state, timeout, waiting)
+            .unwrap_or_else(PoisonError::into_inner);
+        match wait.timed_out() {
+            true => Err(OTelSdkError::Timeout(timeout)),
+            false => Ok(state),
+        }
     }
 }
 
@@ -201,21 +205,8 @@ impl SpanProcessor for BatchExport {
             state.shutdown = true;
             self.shared.wake_exporter.notify_one();
         }
-        let deadline = Instant::now() + timeout;
-        let mut state = self.shared.lock();
-        while !state.stopped {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(OTelSdkError::Timeout(timeout));
-            }
-            state = self
-                .shared
-                .caught_up
-                .wait_timeout(state, left)
-                .map(|(guard, _)| guard)
-                .unwrap_or_else(|poisoned| poisoned.into_inner().0);
-        }
-        drop(state);
+        let state = self.shared.lock();
+        drop(self.shared.wait_caught_up(state, timeout, |s| !s.stopped)?);
         let dropped = self.shared.losses.queue_full();
         if dropped > 0 {
             tracing::warn!(dropped, "spans dropped with the export queue full, in all");
@@ -223,7 +214,7 @@ impl SpanProcessor for BatchExport {
         let thread = self
             .thread
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .unwrap_or_else(PoisonError::into_inner)
             .take();
         if let Some(thread) = thread {
             let _ = thread.join();
@@ -258,8 +249,8 @@ fn export_loop<E: SpanExporter>(shared: &Shared, exporter: E) {
             state = shared
                 .wake_exporter
                 .wait_timeout(state, wait)
-                .map(|(guard, _)| guard)
-                .unwrap_or_else(|poisoned| poisoned.into_inner().0);
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
         }
         let batch = std::mem::take(&mut state.pending);
         let flush = state.flush_requested;

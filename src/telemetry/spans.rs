@@ -112,14 +112,15 @@ impl Tracer {
         &self.losses
     }
 
+    /// A span named and described by `describe`, which runs only when spans are made.
     fn start(
         &self,
-        name: impl Into<Cow<'static, str>>,
         kind: SpanKind,
-        attributes: Vec<KeyValue>,
         parent: &Context,
+        describe: impl FnOnce() -> (Cow<'static, str>, Vec<KeyValue>),
     ) -> ToolgateSpan {
         ToolgateSpan(self.tracer.as_ref().map(|tracer| {
+            let (name, attributes) = describe();
             Box::new(
                 SpanBuilder::from_name(name)
                     .with_kind(kind)
@@ -181,21 +182,18 @@ pub fn execute_tool(
     agent: &str,
     parent: &Context,
 ) -> ToolgateSpan {
-    if tracer.tracer.is_none() {
-        return ToolgateSpan::default();
-    }
-    tracer.start(
-        format!("execute_tool {tool}"),
-        SpanKind::Internal,
-        vec![
-            KeyValue::new("gen_ai.operation.name", "execute_tool"),
-            KeyValue::new("gen_ai.tool.name", tool.to_owned()),
-            KeyValue::new("gen_ai.tool.call.id", call_id.to_owned()),
-            KeyValue::new("toolgate.tenant", tenant.to_owned()),
-            KeyValue::new("toolgate.agent", agent.to_owned()),
-        ],
-        parent,
-    )
+    tracer.start(SpanKind::Internal, parent, || {
+        (
+            format!("execute_tool {tool}").into(),
+            vec![
+                KeyValue::new("gen_ai.operation.name", "execute_tool"),
+                KeyValue::new("gen_ai.tool.name", tool.to_owned()),
+                KeyValue::new("gen_ai.tool.call.id", call_id.to_owned()),
+                KeyValue::new("toolgate.tenant", tenant.to_owned()),
+                KeyValue::new("toolgate.agent", agent.to_owned()),
+            ],
+        )
+    })
 }
 
 /// What the chain learned about the tool, once it resolved.
@@ -252,32 +250,37 @@ pub fn record_content(
     }
 }
 
-/// `{executor} {tool}`, kind CLIENT: the backend call, child of the tool call (`parent` is the
-/// tool call's context). Builtins run inside the tool call's own span: a second span would double
+/// `{executor} {tool}`, kind CLIENT: the backend call, child of the tool call's span (whose own
+/// parent is `parent`). Builtins run inside the tool call's own span: a second span would double
 /// what is exported and say nothing.
-pub fn backend_call(tracer: &Tracer, tool: &ToolVersion, parent: &Context) -> ToolgateSpan {
-    if !tool.executor.leaves_process() || tracer.tracer.is_none() {
+pub fn backend_call(
+    tracer: &Tracer,
+    tool: &ToolVersion,
+    call: &ToolgateSpan,
+    parent: &Context,
+) -> ToolgateSpan {
+    if !tool.executor.leaves_process() || call.0.is_none() {
         return ToolgateSpan::default();
     }
-    tracer.start(
-        format!("{} {}", tool.executor.kind(), tool.name),
-        SpanKind::Client,
-        vec![
-            KeyValue::new("toolgate.executor", tool.executor.kind()),
-            KeyValue::new("gen_ai.tool.name", tool.name.clone()),
-        ],
-        parent,
-    )
+    tracer.start(SpanKind::Client, &call.context(parent), || {
+        (
+            format!("{} {}", tool.executor.kind(), tool.name).into(),
+            vec![
+                KeyValue::new("toolgate.executor", tool.executor.kind()),
+                KeyValue::new("gen_ai.tool.name", tool.name.clone()),
+            ],
+        )
+    })
 }
 
 /// `list_tools`, kind SERVER.
 pub fn list_tools(tracer: &Tracer, tenant: &str, parent: &Context) -> ToolgateSpan {
-    tracer.start(
-        "list_tools",
-        SpanKind::Server,
-        vec![KeyValue::new("toolgate.tenant", tenant.to_owned())],
-        parent,
-    )
+    tracer.start(SpanKind::Server, parent, || {
+        (
+            "list_tools".into(),
+            vec![KeyValue::new("toolgate.tenant", tenant.to_owned())],
+        )
+    })
 }
 
 /// What ListTools answered: how many tools, at which catalog revision.
@@ -297,16 +300,16 @@ pub fn execute_tools(
     parallel: bool,
     parent: &Context,
 ) -> ToolgateSpan {
-    tracer.start(
-        "execute_tools",
-        SpanKind::Server,
-        vec![
-            KeyValue::new("toolgate.tenant", tenant.to_owned()),
-            KeyValue::new("toolgate.calls", i64::try_from(calls).unwrap_or(i64::MAX)),
-            KeyValue::new("toolgate.parallel", parallel),
-        ],
-        parent,
-    )
+    tracer.start(SpanKind::Server, parent, || {
+        (
+            "execute_tools".into(),
+            vec![
+                KeyValue::new("toolgate.tenant", tenant.to_owned()),
+                KeyValue::new("toolgate.calls", i64::try_from(calls).unwrap_or(i64::MAX)),
+                KeyValue::new("toolgate.parallel", parallel),
+            ],
+        )
+    })
 }
 
 /// The W3C `traceparent` for an outbound request made within `span`, when it is traced.

@@ -253,10 +253,9 @@ async fn client_spans_tracestate_resource_and_server_span_attributes() {
     }
 }
 
-/// Runs 20 untraced echo calls against a binary with this sampler ratio and returns the spans
-/// exported (the binary's shutdown flushes every pending span, so nothing is still on its way).
-async fn exported_with_ratio(ratio: &str) -> usize {
-    let collector = otlp_collector::start().await;
+/// Starts the binary on a one-tool catalog (`echo`) with these variables and makes `calls`
+/// untraced echo calls, each OK. The directory holds the catalog while the binary runs.
+async fn echo_calls(envs: &[(&str, &str)], calls: usize) -> (Spawned, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("catalog.yaml");
     std::fs::write(
@@ -264,26 +263,34 @@ async fn exported_with_ratio(ratio: &str) -> usize {
         "version: 1\nidentity: { dev_identity: true }\ntenants: { acme: {} }\ntools:\n  - { name: echo, description: Echoes., risk_level: read_only, executor: { builtin: echo }, input_schema: { type: object } }\n",
     )
     .unwrap();
-    let endpoint = collector.endpoint();
-    let spawned = spawn_with_env(
-        &["--config", config.to_str().unwrap()],
-        &[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
-            ("OTEL_TRACES_SAMPLER", "traceidratio"),
-            ("OTEL_TRACES_SAMPLER_ARG", ratio),
-        ],
-    );
+    let spawned = spawn_with_env(&["--config", config.to_str().unwrap()], envs);
     let mut grpc = client(&spawned.addr).await;
-    for i in 0..20 {
+    for i in 0..calls {
         let r = crate::support::exec(
             &mut grpc,
             &who("acme"),
             call("echo", &format!(r#"{{"text":"{i}"}}"#)),
         )
         .await;
-        assert_eq!(r.status(), ToolStatus::Ok);
+        assert_eq!(r.status(), ToolStatus::Ok, "{r:?}");
     }
-    drop(grpc);
+    (spawned, dir)
+}
+
+/// Runs 20 untraced echo calls against a binary with this sampler ratio and returns the spans
+/// exported (the binary's shutdown flushes every pending span, so nothing is still on its way).
+async fn exported_with_ratio(ratio: &str) -> usize {
+    let collector = otlp_collector::start().await;
+    let endpoint = collector.endpoint();
+    let (spawned, _dir) = echo_calls(
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_TRACES_SAMPLER", "traceidratio"),
+            ("OTEL_TRACES_SAMPLER_ARG", ratio),
+        ],
+        20,
+    )
+    .await;
     stop(spawned).await;
     collector
         .spans()
@@ -312,31 +319,15 @@ async fn spans_dropped_with_the_export_queue_full_are_counted_and_calls_go_on() 
             open.push(socket);
         }
     });
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("catalog.yaml");
-    std::fs::write(
-        &config,
-        "version: 1\nidentity: { dev_identity: true }\ntenants: { acme: {} }\ntools:\n  - { name: echo, description: Echoes., risk_level: read_only, executor: { builtin: echo }, input_schema: { type: object } }\n",
-    )
-    .unwrap();
-    let spawned = spawn_with_env(
-        &["--config", config.to_str().unwrap()],
+    let (spawned, _dir) = echo_calls(
         &[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
             ("OTEL_BSP_MAX_QUEUE_SIZE", "1"),
             ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "1"),
         ],
-    );
-    let mut grpc = client(&spawned.addr).await;
-    for i in 0..10 {
-        let r = crate::support::exec(
-            &mut grpc,
-            &who("acme"),
-            call("echo", &format!(r#"{{"text":"{i}"}}"#)),
-        )
-        .await;
-        assert_eq!(r.status(), ToolStatus::Ok, "{r:?}");
-    }
+        10,
+    )
+    .await;
     let (status, page) =
         crate::support::http_get(spawned.admin_addr.parse().unwrap(), "/metrics").await;
     assert_eq!(status, 200);
@@ -348,7 +339,6 @@ async fn spans_dropped_with_the_export_queue_full_are_counted_and_calls_go_on() 
         0.0,
         "the request in flight has not failed yet"
     );
-    drop(grpc);
     let logs = crate::process::stop(spawned).await;
     assert!(
         logs.contains("span export queue full"),
