@@ -109,6 +109,28 @@ pub async fn start_on(listener: std::net::TcpListener, capacity: usize) -> Colle
 }
 
 impl Collector {
+    /// Refuses the next `exports` trace exports with `code`, keeping nothing from them.
+    pub fn refuse_next(&self, exports: u64, code: tonic::Code) {
+        self.store
+            .with(|inner| inner.refuse = Some((exports, code)));
+    }
+
+    /// Trace exports refused so far (see [`Collector::refuse_next`]).
+    pub fn refused(&self) -> u64 {
+        self.store.with(|inner| inner.refused)
+    }
+
+    /// A request header of the last trace export accepted.
+    pub fn last_header(&self, name: &str) -> Option<String> {
+        self.store.with(|inner| {
+            inner
+                .last_headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        })
+    }
+
     /// The endpoint to give an OTLP/gRPC exporter: `http://127.0.0.1:PORT`.
     pub fn endpoint(&self) -> String {
         format!("http://{}", self.addr)
@@ -317,6 +339,11 @@ struct Inner {
     dropped: u64,
     exports: u64,
     logs: Vec<LogRecord>,
+    /// Trace exports still to refuse, and with which code; and how many were refused.
+    refuse: Option<(u64, tonic::Code)>,
+    refused: u64,
+    /// The request headers of the last trace export accepted.
+    last_headers: tonic::metadata::MetadataMap,
     /// Spans received per `service.name` (never trimmed).
     by_service: std::collections::HashMap<String, u64>,
 }
@@ -401,6 +428,20 @@ impl TraceService for Receiver {
         &self,
         request: Request<ExportTraceServiceRequest>,
     ) -> Result<Response<ExportTraceServiceResponse>, Status> {
+        let refused = self.store.with(|inner| match &mut inner.refuse {
+            Some((left, code)) if *left > 0 => {
+                *left -= 1;
+                inner.refused += 1;
+                Some(*code)
+            }
+            _ => {
+                inner.last_headers = request.metadata().clone();
+                None
+            }
+        });
+        if let Some(code) = refused {
+            return Err(Status::new(code, "refused by the test collector"));
+        }
         self.store.add(request.into_inner().resource_spans);
         Ok(Response::new(ExportTraceServiceResponse {
             partial_success: None,

@@ -346,6 +346,116 @@ async fn shutdown_flushes_pending_spans_over_http_protobuf() {
     );
 }
 
+/// The standard exporter settings a collector behind an API gateway needs: headers from
+/// `OTEL_EXPORTER_OTLP_HEADERS` (percent-decoded) on every request, and a collector that is
+/// briefly unavailable retried, not its spans lost.
+#[tokio::test]
+async fn grpc_export_sends_the_configured_headers_and_retries_an_unavailable_collector() {
+    let collector = otlp_collector::start().await;
+    collector.refuse_next(2, tonic::Code::Unavailable);
+    let (upstream, _) = traced_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("catalog.yaml");
+    std::fs::write(&config, traced_catalog(upstream, "20ms")).unwrap();
+    let endpoint = collector.endpoint();
+    let spawned = spawn_with_env(
+        &["--config", config.to_str().unwrap()],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            (
+                "OTEL_EXPORTER_OTLP_HEADERS",
+                "authorization=Bearer%20key-1, x-scope-orgid=team-a",
+            ),
+        ],
+    );
+    let mut client = client(&spawned.addr).await;
+    let result = exec(&mut client, &who("acme"), call("echo", r#"{"text":"a"}"#)).await;
+    assert_eq!(result.status(), ToolStatus::Ok);
+    let spans = collector
+        .wait_for_spans(|spans| !spans.is_empty(), Duration::from_secs(20))
+        .await;
+    assert_eq!(spans[0].name, "execute_tool echo");
+    assert_eq!(
+        collector.refused(),
+        2,
+        "two refusals, then the retry got through"
+    );
+    assert_eq!(
+        collector.last_header("authorization").as_deref(),
+        Some("Bearer key-1")
+    );
+    assert_eq!(
+        collector.last_header("x-scope-orgid").as_deref(),
+        Some("team-a")
+    );
+    crate::process::stop(spawned).await;
+}
+
+#[tokio::test]
+async fn http_export_sends_the_configured_headers_and_retries_a_busy_collector() {
+    // Answers 503 to the first request, then records what it is sent and how.
+    type Received = Vec<(HeaderMap, Vec<Span>)>;
+    let received: Arc<Mutex<Received>> = Arc::default();
+    let busy_answers = Arc::new(std::sync::atomic::AtomicU32::new(1));
+    let (sink, busy) = (received.clone(), busy_answers.clone());
+    let app = Router::new().route(
+        "/custom/traces",
+        post(move |headers: HeaderMap, body: Bytes| {
+            let (sink, busy) = (sink.clone(), busy.clone());
+            async move {
+                use axum::response::IntoResponse;
+                use std::sync::atomic::Ordering;
+                if busy
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok()
+                {
+                    return axum::http::StatusCode::SERVICE_UNAVAILABLE.into_response();
+                }
+                let request = ExportTraceServiceRequest::decode(body).expect("protobuf");
+                let spans = request
+                    .resource_spans
+                    .into_iter()
+                    .flat_map(|r| r.scope_spans)
+                    .flat_map(|s| s.spans)
+                    .collect();
+                sink.lock().unwrap().push((headers, spans));
+                ExportTraceServiceResponseBody.into_response()
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let (upstream, _) = traced_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("catalog.yaml");
+    std::fs::write(&config, traced_catalog(upstream, "60s")).unwrap();
+    // The signal's own endpoint is used as it is: no /v1/traces appended.
+    let endpoint = format!("http://{addr}/custom/traces");
+    let spawned = spawn_with_env(
+        &["--config", config.to_str().unwrap()],
+        &[
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", &endpoint),
+            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf"),
+            ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "api-key=s%3Dcret"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "api-key=not-this-one"),
+        ],
+    );
+    let mut client = client(&spawned.addr).await;
+    let result = exec(&mut client, &who("acme"), call("echo", r#"{"text":"b"}"#)).await;
+    assert_eq!(result.status(), ToolStatus::Ok);
+    // Shutdown sends the batch; the first answer is 503, the retry is accepted.
+    crate::process::stop(spawned).await;
+    assert_eq!(busy_answers.load(std::sync::atomic::Ordering::SeqCst), 0);
+    let received = received.lock().unwrap();
+    assert_eq!(received.len(), 1, "one accepted request");
+    let (headers, spans) = &received[0];
+    assert_eq!(headers["api-key"], "s=cret");
+    assert_eq!(headers["content-type"], "application/x-protobuf");
+    assert!(spans.iter().any(|s| s.name == "execute_tool echo"));
+}
+
 /// An empty protobuf ExportTraceServiceResponse.
 struct ExportTraceServiceResponseBody;
 
