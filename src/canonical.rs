@@ -111,14 +111,103 @@ fn write_number(n: &serde_json::Number, out: &mut Vec<u8>) {
     }
 }
 
+/// A JSON string exactly as serde_json writes it (`"` and `\\` escaped, `\b \f \n \r \t` short,
+/// other control characters as `\u00xx`, everything else as it is), eight bytes at a time where
+/// nothing needs escaping: serde_json looks at each byte through a table, and the arguments'
+/// strings are most of what is hashed.
 fn write_string(s: &str, out: &mut Vec<u8>) {
-    // serde_json's own escaping is already deterministic; it writes straight into the buffer.
-    let _ = serde_json::to_writer(&mut *out, s);
+    let bytes = s.as_bytes();
+    out.reserve(bytes.len() + 2);
+    out.push(b'"');
+    // Bytes from `written` to `at` need no escape and are not yet copied.
+    let mut written = 0;
+    let mut at = 0;
+    while at < bytes.len() {
+        if let Some(chunk) = bytes.get(at..at + 8)
+            && let Ok(chunk) = <[u8; 8]>::try_from(chunk)
+            && !any_byte_needs_escape(u64::from_le_bytes(chunk))
+        {
+            at += 8;
+            continue;
+        }
+        let byte = bytes[at];
+        let short = match byte {
+            b'"' => Some(b'"'),
+            b'\\' => Some(b'\\'),
+            0x08 => Some(b'b'),
+            0x0c => Some(b'f'),
+            b'\n' => Some(b'n'),
+            b'\r' => Some(b'r'),
+            b'\t' => Some(b't'),
+            _ => None,
+        };
+        if short.is_some() || byte < 0x20 {
+            out.extend_from_slice(&bytes[written..at]);
+            match short {
+                Some(letter) => out.extend_from_slice(&[b'\\', letter]),
+                None => {
+                    const HEX: &[u8; 16] = b"0123456789abcdef";
+                    out.extend_from_slice(b"\\u00");
+                    out.push(HEX[usize::from(byte >> 4)]);
+                    out.push(HEX[usize::from(byte & 0xf)]);
+                }
+            }
+            written = at + 1;
+        }
+        at += 1;
+    }
+    out.extend_from_slice(&bytes[written..]);
+    out.push(b'"');
+}
+
+/// Whether any of eight bytes is a control character, `"` or `\\` (the classic "has a byte less
+/// than n" and "has a zero byte" tricks; exact as a yes/no answer).
+fn any_byte_needs_escape(chunk: u64) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    let less_than = |x: u64, n: u8| x.wrapping_sub(ONES * u64::from(n)) & !x & HIGHS;
+    let control = less_than(chunk, 0x20);
+    let quote = less_than(chunk ^ (ONES * u64::from(b'"')), 1);
+    let backslash = less_than(chunk ^ (ONES * u64::from(b'\\')), 1);
+    control | quote | backslash != 0
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn strings_are_written_exactly_as_serde_json_writes_them() {
+        let mut cases: Vec<String> = (0u8..=0x7f).map(|b| char::from(b).to_string()).collect();
+        // Every single byte at every position of a chunk, and around chunk edges.
+        for b in 0u8..=0x7f {
+            for at in 0..17 {
+                let mut text: String = "abcdefghijklmnopq".into();
+                text.replace_range(at..=at, &char::from(b).to_string());
+                cases.push(text);
+            }
+        }
+        cases.extend(
+            [
+                "",
+                "plain text longer than eight bytes",
+                "é ü 漢字 \u{1f600} mixed with \"quotes\" and \\ backslashes",
+                "\u{7f}\u{80}\u{9f}\u{2028}\u{2029} not escaped by serde_json",
+                "tab\there\nnew line\r\u{0}\u{1f}\u{8}\u{c}",
+            ]
+            .map(str::to_owned),
+        );
+        cases.push("x".repeat(1000) + "\"" + &"y".repeat(7));
+        for text in cases {
+            let mut ours = Vec::new();
+            write_string(&text, &mut ours);
+            assert_eq!(
+                String::from_utf8(ours).unwrap(),
+                serde_json::to_string(&text).unwrap(),
+                "{text:?}"
+            );
+        }
+    }
 
     #[test]
     fn lower_hex_matches_the_hex_crate() {

@@ -136,22 +136,25 @@ enum Exceeded {
 /// or whether the text can hold more than `max_values` values (each value after the first
 /// follows a `,` or opens a container, so their count bounds it).
 fn scan(text: &str, max_depth: usize, max_values: usize) -> Option<Exceeded> {
+    let bytes = text.as_bytes();
     let mut depth = 0usize;
     let mut values = 1usize;
-    let mut in_string = false;
-    let mut escaped = false;
-    for byte in text.bytes() {
-        if in_string {
-            match byte {
-                _ if escaped => escaped = false,
-                b'\\' => escaped = true,
-                b'"' => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
+    let mut at = 0;
+    while let Some(&byte) = bytes.get(at) {
+        at += 1;
         match byte {
-            b'"' => in_string = true,
+            // A string: jump from quote or backslash to the next (SIMD search), not byte by
+            // byte; most of the arguments' bytes are string contents. An escape's next byte is
+            // never the end of the string. Unterminated: nothing more to count.
+            b'"' => loop {
+                let found = memchr::memchr2(b'"', b'\\', bytes.get(at..)?)?;
+                let special = bytes[at + found];
+                at += found + 1;
+                if special == b'"' {
+                    break;
+                }
+                at += 1;
+            },
             b'{' | b'[' => {
                 depth += 1;
                 values += 1;
@@ -184,6 +187,65 @@ fn kind(value: &Value) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The scan as first written, byte by byte: the reference for the one that skips strings.
+    fn scan_bytewise(text: &str, max_depth: usize, max_values: usize) -> Option<Exceeded> {
+        let (mut depth, mut values, mut in_string, mut escaped) = (0usize, 1usize, false, false);
+        for byte in text.bytes() {
+            if in_string {
+                match byte {
+                    _ if escaped => escaped = false,
+                    b'\\' => escaped = true,
+                    b'"' => in_string = false,
+                    _ => {}
+                }
+                continue;
+            }
+            match byte {
+                b'"' => in_string = true,
+                b'{' | b'[' => {
+                    depth += 1;
+                    values += 1;
+                    if depth > max_depth {
+                        return Some(Exceeded::Depth(depth));
+                    }
+                }
+                b'}' | b']' => depth = depth.saturating_sub(1),
+                b',' => values += 1,
+                _ => {}
+            }
+            if values > max_values {
+                return Some(Exceeded::Values);
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn skipping_strings_counts_exactly_as_reading_every_byte() {
+        let pieces = [
+            "{", "}", "[", "]", ",", "\"", "\\", "\\\"", "a", "1", ":", " ", "\"[,{\"", "é",
+        ];
+        // Every sequence of up to four pieces, under limits that trip and limits that do not.
+        let mut texts = vec![String::new()];
+        for _ in 0..4 {
+            let longer: Vec<String> = texts
+                .iter()
+                .flat_map(|t| pieces.iter().map(move |p| format!("{t}{p}")))
+                .collect();
+            texts.extend(longer);
+        }
+        texts.push(r#"{"a":"x\\\"[[[","b":[1,2,{"c":"\\"}],"d":"unterminated [,"#.into());
+        for text in &texts {
+            for (depth, values) in [(2, 3), (64, 10_000)] {
+                assert_eq!(
+                    scan(text, depth, values),
+                    scan_bytewise(text, depth, values),
+                    "{text:?}"
+                );
+            }
+        }
+    }
 
     fn limits() -> LimitsConfig {
         LimitsConfig {

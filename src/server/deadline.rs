@@ -21,6 +21,9 @@ pub fn margin(timeout: Duration) -> Duration {
     (timeout / 10).clamp(Duration::from_millis(10), Duration::from_millis(250))
 }
 
+/// Made once: a lookup by `&str` parses the name on every request.
+static GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
+
 /// Puts a [`Deadline`] into the extensions of requests that carry `grpc-timeout`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DeadlineLayer;
@@ -54,7 +57,7 @@ where
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
         let timeout = request
             .headers()
-            .get("grpc-timeout")
+            .get(&GRPC_TIMEOUT)
             .and_then(|v| v.to_str().ok())
             .and_then(grpc_timeout);
         // A deadline too far away to represent (years) is no deadline at all.

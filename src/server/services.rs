@@ -95,9 +95,8 @@ impl ToolGateService {
                 .map(str::to_owned),
             deadline,
             traceparent: spans::caller_traceparent(
-                request
-                    .metadata()
-                    .get("traceparent")
+                AsRef::<http::HeaderMap>::as_ref(request.metadata())
+                    .get(&spans::TRACEPARENT)
                     .and_then(|v| v.to_str().ok()),
             ),
             trace_parent: remote_context(request),

@@ -36,10 +36,14 @@ impl Extractor for HeaderExtractor<'_> {
     }
 }
 
+/// The W3C header naming the caller's span, made once: looking a header up by `&str` parses and
+/// validates the name on every call.
+pub static TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
+
 /// Extracts the W3C trace context from headers; empty when absent or malformed.
 pub fn extract(headers: &http::HeaderMap) -> Context {
     // Most calls carry no trace context: skip the propagator's work for them.
-    if !headers.contains_key("traceparent") {
+    if !headers.contains_key(&TRACEPARENT) {
         return Context::new();
     }
     TraceContextPropagator::new().extract(&HeaderExtractor(headers))

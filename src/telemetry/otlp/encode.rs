@@ -307,6 +307,11 @@ fn fixed32_field(buf: &mut Vec<u8>, field: u32, n: u32) {
 }
 
 fn varint(buf: &mut Vec<u8>, n: u64) {
+    // Most are tags and short lengths: one byte.
+    if n < 0x80 {
+        buf.push(n as u8);
+        return;
+    }
     let mut bytes = [0u8; 10];
     let written = varint_into(&mut bytes, n);
     buf.extend_from_slice(&bytes[..written]);
