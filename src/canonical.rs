@@ -36,9 +36,12 @@ fn integral(n: &serde_json::Number) -> Option<serde_json::Number> {
         .then(|| serde_json::Number::from(f as i64))
 }
 
+/// Room for a typical call's canonical arguments, allocated once instead of grown.
+const TYPICAL_TEXT_BYTES: usize = 512;
+
 /// The canonical JSON text of a value.
 pub fn to_string(value: &Value) -> String {
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(TYPICAL_TEXT_BYTES);
     write_value(value, &mut out);
     // Only JSON text was written: strings through serde_json, the rest ASCII.
     String::from_utf8(out)
@@ -47,7 +50,7 @@ pub fn to_string(value: &Value) -> String {
 
 /// SHA-256 (lowercase hex) of the canonical JSON text.
 pub fn sha256_hex(value: &Value) -> String {
-    let mut text = Vec::new();
+    let mut text = Vec::with_capacity(TYPICAL_TEXT_BYTES);
     write_value(value, &mut text);
     lower_hex(&Sha256::digest(&text))
 }
@@ -112,24 +115,18 @@ fn write_number(n: &serde_json::Number, out: &mut Vec<u8>) {
 }
 
 /// A JSON string exactly as serde_json writes it (`"` and `\\` escaped, `\b \f \n \r \t` short,
-/// other control characters as `\u00xx`, everything else as it is), eight bytes at a time where
-/// nothing needs escaping: serde_json looks at each byte through a table, and the arguments'
-/// strings are most of what is hashed.
-fn write_string(s: &str, out: &mut Vec<u8>) {
+/// other control characters as `\u00xx`, everything else as it is), looking at eight bytes at a
+/// time for one that needs escaping: serde_json looks at each byte through a table, and the
+/// arguments' strings are most of what is hashed.
+pub fn write_string(s: &str, out: &mut Vec<u8>) {
     let bytes = s.as_bytes();
     out.reserve(bytes.len() + 2);
     out.push(b'"');
-    // Bytes from `written` to `at` need no escape and are not yet copied.
+    // Bytes before `written` are in `out`.
     let mut written = 0;
-    let mut at = 0;
-    while at < bytes.len() {
-        if let Some(chunk) = bytes.get(at..at + 8)
-            && let Ok(chunk) = <[u8; 8]>::try_from(chunk)
-            && !any_byte_needs_escape(u64::from_le_bytes(chunk))
-        {
-            at += 8;
-            continue;
-        }
+    while let Some(found) = first_needing_escape(&bytes[written..]) {
+        let at = written + found;
+        out.extend_from_slice(&bytes[written..at]);
         let byte = bytes[at];
         let short = match byte {
             b'"' => Some(b'"'),
@@ -141,23 +138,47 @@ fn write_string(s: &str, out: &mut Vec<u8>) {
             b'\t' => Some(b't'),
             _ => None,
         };
-        if short.is_some() || byte < 0x20 {
-            out.extend_from_slice(&bytes[written..at]);
-            match short {
-                Some(letter) => out.extend_from_slice(&[b'\\', letter]),
-                None => {
-                    const HEX: &[u8; 16] = b"0123456789abcdef";
-                    out.extend_from_slice(b"\\u00");
-                    out.push(HEX[usize::from(byte >> 4)]);
-                    out.push(HEX[usize::from(byte & 0xf)]);
-                }
+        match short {
+            Some(letter) => out.extend_from_slice(&[b'\\', letter]),
+            None => {
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                out.extend_from_slice(&[
+                    b'\\',
+                    b'u',
+                    b'0',
+                    b'0',
+                    HEX[usize::from(byte >> 4)],
+                    HEX[usize::from(byte & 0xf)],
+                ]);
             }
-            written = at + 1;
         }
-        at += 1;
+        written = at + 1;
     }
     out.extend_from_slice(&bytes[written..]);
     out.push(b'"');
+}
+
+/// Where the first byte that JSON must escape is.
+fn first_needing_escape(bytes: &[u8]) -> Option<usize> {
+    let needs_escape = |b: &u8| *b < 0x20 || *b == b'"' || *b == b'\\';
+    let mut chunks = bytes.chunks_exact(8);
+    let mut offset = 0;
+    for chunk in chunks.by_ref() {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        if any_byte_needs_escape(u64::from_le_bytes(word)) {
+            return chunk.iter().position(needs_escape).map(|i| offset + i);
+        }
+        offset += 8;
+    }
+    // The last few bytes, padded with spaces (which need no escape) to one word.
+    let tail = chunks.remainder();
+    let mut word = [b' '; 8];
+    word[..tail.len()].copy_from_slice(tail);
+    if any_byte_needs_escape(u64::from_le_bytes(word)) {
+        return tail.iter().position(needs_escape).map(|i| offset + i);
+    }
+    None
 }
 
 /// Whether any of eight bytes is a control character, `"` or `\\` (the classic "has a byte less

@@ -26,6 +26,8 @@ use tokio::{
 
 use crate::settings::{AuditConfig, AuditSinkConfig, raw::RawFsync};
 
+mod json;
+
 /// What an event records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -511,9 +513,13 @@ async fn write_loop(
         for message in batch.drain(..) {
             match message {
                 Message::Event(event) => {
-                    if serde_json::to_writer(&mut buffer, &event).is_ok() {
+                    let line_start = buffer.len();
+                    if event.write_json(&mut buffer).is_ok() {
                         buffer.push(b'\n');
                         events.push(event);
+                    } else {
+                        // Never a torn line in the file.
+                        buffer.truncate(line_start);
                     }
                 }
                 Message::Flush(ack) => acks.push(ack),
@@ -612,9 +618,11 @@ mod otlp {
                         severity_number: SeverityNumber::Info as i32,
                         severity_text: "INFO".into(),
                         body: Some(AnyValue {
-                            value: Some(any_value::Value::StringValue(
-                                serde_json::to_string(event).unwrap_or_default(),
-                            )),
+                            value: Some(any_value::Value::StringValue({
+                                let mut json = Vec::new();
+                                let _ = event.write_json(&mut json);
+                                String::from_utf8(json).unwrap_or_default()
+                            })),
                         }),
                         attributes,
                         trace_id: event

@@ -52,10 +52,19 @@ impl EncodedResource {
     }
 }
 
+/// A span's usual encoded size, so its length is written without moving it.
+const TYPICAL_SPAN_BYTES: usize = 300;
+
 /// Appends `spans` to `out` as one `ExportTraceServiceRequest`: one `ResourceSpans`, and one
-/// `ScopeSpans` per instrumentation scope in the order each first appears.
-pub fn export_request(spans: &[SpanData], resource: &EncodedResource, out: &mut Vec<u8>) {
-    nested(out, 1, |buf| {
+/// `ScopeSpans` per instrumentation scope in the order each first appears. `expected_bytes`, the
+/// size of a similar request (the last one), saves moving the whole request to fit its length.
+pub fn export_request(
+    spans: &[SpanData],
+    resource: &EncodedResource,
+    expected_bytes: usize,
+    out: &mut Vec<u8>,
+) {
+    nested_sized(out, 1, expected_bytes, |buf| {
         bytes_field(buf, 1, &resource.body, true);
         // Scopes are few (toolgate's spans have one): a scan beats a map.
         let mut scopes: Vec<&InstrumentationScope> = Vec::new();
@@ -65,10 +74,10 @@ pub fn export_request(spans: &[SpanData], resource: &EncodedResource, out: &mut 
             }
         }
         for scope in scopes {
-            nested(buf, 2, |buf| {
+            nested_sized(buf, 2, expected_bytes, |buf| {
                 nested(buf, 1, |buf| instrumentation_scope(buf, scope));
                 for span in spans.iter().filter(|s| &s.instrumentation_scope == scope) {
-                    nested(buf, 2, |buf| span_body(buf, span));
+                    nested_sized(buf, 2, TYPICAL_SPAN_BYTES, |buf| span_body(buf, span));
                 }
                 string_field(buf, 3, scope.schema_url().unwrap_or_default());
             });
@@ -247,16 +256,27 @@ fn array_values<T>(buf: &mut Vec<u8>, values: &[T], to_value: impl Fn(&T) -> Val
 
 /// A message field: its tag, its length, then the body `write` appends.
 fn nested(buf: &mut Vec<u8>, field: u32, write: impl FnOnce(&mut Vec<u8>)) {
+    nested_sized(buf, field, 0, write);
+}
+
+/// [`nested`], with room for the length reserved at the width `expected` bytes of body would
+/// need: the body moves only when its length needs another width. Spans are a few hundred
+/// bytes; the request's outer messages are about as long as the last request was.
+fn nested_sized(buf: &mut Vec<u8>, field: u32, expected: usize, write: impl FnOnce(&mut Vec<u8>)) {
     tag(buf, field, LEN);
     let length_at = buf.len();
-    buf.push(0);
+    let reserved = varint_len(expected as u64);
+    buf.resize(length_at + reserved, 0);
     write(buf);
-    let body_len = buf.len() - length_at - 1;
+    let body_start = length_at + reserved;
+    let body_len = buf.len() - body_start;
     let width = varint_len(body_len as u64);
-    if width > 1 {
-        let body_start = length_at + 1;
-        buf.resize(buf.len() + width - 1, 0);
-        buf.copy_within(body_start..body_start + body_len, body_start + width - 1);
+    if width > reserved {
+        buf.resize(buf.len() + width - reserved, 0);
+        buf.copy_within(body_start..body_start + body_len, length_at + width);
+    } else if width < reserved {
+        buf.copy_within(body_start..body_start + body_len, length_at + width);
+        buf.truncate(length_at + width + body_len);
     }
     let mut length = [0u8; 10];
     let written = varint_into(&mut length, body_len as u64);
@@ -444,8 +464,20 @@ mod tests {
 
     fn encoded(spans: &[SpanData], resource: &Resource) -> ExportTraceServiceRequest {
         let mut out = Vec::new();
-        export_request(spans, &EncodedResource::new(resource), &mut out);
-        ExportTraceServiceRequest::decode(out.as_slice()).expect("decodes")
+        export_request(spans, &EncodedResource::new(resource), 0, &mut out);
+        let decoded = ExportTraceServiceRequest::decode(out.as_slice()).expect("decodes");
+        // A wrong guess of the size changes nothing but where the bytes were first written.
+        for expected in [1, 200, 20_000, 3_000_000] {
+            let mut guessed = Vec::new();
+            export_request(
+                spans,
+                &EncodedResource::new(resource),
+                expected,
+                &mut guessed,
+            );
+            assert_eq!(guessed, out, "expected {expected}");
+        }
+        decoded
     }
 
     fn reference(spans: &[SpanData], resource: &Resource) -> ExportTraceServiceRequest {
@@ -481,7 +513,7 @@ mod tests {
         assert_eq!(ours, theirs);
         // The encoding is canonical too: prost writes the same message to the same length.
         let mut out = Vec::new();
-        export_request(&spans, &EncodedResource::new(&resource), &mut out);
+        export_request(&spans, &EncodedResource::new(&resource), 0, &mut out);
         assert_eq!(out.len(), theirs.encoded_len());
         assert_eq!(ours.resource_spans[0].scope_spans.len(), 2);
     }

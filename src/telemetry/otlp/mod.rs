@@ -317,8 +317,10 @@ impl SpanExporter for OtlpExporter {
         &self,
         batch: Vec<SpanData>,
     ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
-        let mut request = Vec::with_capacity(self.last_request_bytes.load(Ordering::Relaxed));
-        encode::export_request(&batch, &self.resource, &mut request);
+        let last = self.last_request_bytes.load(Ordering::Relaxed);
+        // Room for a somewhat larger batch than the last, so the buffer is not reallocated.
+        let mut request = Vec::with_capacity(last + last / 8 + 1024);
+        encode::export_request(&batch, &self.resource, last, &mut request);
         // The spans' memory goes back before the request is in flight.
         drop(batch);
         self.last_request_bytes
