@@ -17,7 +17,10 @@
 //! Calls rotate over 1,024 (tool, tenant) pairs spread through the catalog, so lookups are not
 //! always answered from the same cache lines.
 
-use std::{path::Path, sync::LazyLock};
+use std::{
+    path::Path,
+    sync::{Arc, LazyLock},
+};
 
 use divan::{Bencher, black_box};
 use futures::FutureExt;
@@ -142,7 +145,7 @@ fn dev_metadata(tenant: &str) -> MetadataMap {
 }
 
 /// The caller as the dev identity resolver makes it (so new `Caller` fields need no change here).
-fn caller(tenant: &str) -> Caller {
+fn caller(tenant: &str) -> Arc<Caller> {
     DEV_RESOLVER
         .resolve(&dev_metadata(tenant))
         .expect("dev identity")
@@ -151,8 +154,8 @@ fn caller(tenant: &str) -> Caller {
 /// One call's tool (resolved for its tenant) and caller.
 struct Key {
     name: String,
-    tool: std::sync::Arc<ToolVersion>,
-    caller: Caller,
+    tool: Arc<ToolVersion>,
+    caller: Arc<Caller>,
     tenant_rate: Option<Rate>,
 }
 
@@ -168,7 +171,7 @@ struct Fixture {
 impl Fixture {
     fn build(tools: usize) -> Self {
         let config = load(&catalog_yaml(tools));
-        let callers: Vec<Caller> = (0..TENANTS)
+        let callers: Vec<Arc<Caller>> = (0..TENANTS)
             .map(|t| caller(&format!("tenant-{t:04}")))
             .collect();
         let keys = (0..KEYS)

@@ -87,7 +87,7 @@ impl Stores {
 /// What is common to the calls of one request.
 #[derive(Debug, Clone)]
 pub struct Turn {
-    pub caller: Caller,
+    pub caller: Arc<Caller>,
     pub run_id: String,
     pub step: u32,
     /// The revision the model was shown, if the client says.

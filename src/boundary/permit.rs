@@ -13,7 +13,7 @@ pub struct Permit {
     call_id: String,
     run_id: String,
     tool: Arc<ToolVersion>,
-    caller: Caller,
+    caller: Arc<Caller>,
     arguments: Value,
     /// W3C trace context to carry to the backend.
     traceparent: Option<String>,
@@ -29,7 +29,7 @@ impl Permit {
         call_id: String,
         run_id: String,
         tool: Arc<ToolVersion>,
-        caller: Caller,
+        caller: Arc<Caller>,
         arguments: Value,
         traceparent: Option<String>,
     ) -> Self {

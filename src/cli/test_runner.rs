@@ -285,7 +285,7 @@ pub async fn run(config: Option<&Path>, tests: &Path, coverage: bool) -> anyhow:
     let mut report = Report::default();
     for (i, case) in file.cases.iter().enumerate() {
         let caller = match caller(&case.identity, jwt.as_ref(), max_identity_bytes) {
-            Ok(caller) => caller,
+            Ok(caller) => Arc::new(caller),
             Err(message) => {
                 report.fail(i, case, format!("  identity: {message}\n"));
                 continue;
@@ -397,7 +397,7 @@ fn caller(
     })
 }
 
-fn turn(caller: &Caller, call: &TestCall) -> Turn {
+fn turn(caller: &Arc<Caller>, call: &TestCall) -> Turn {
     Turn {
         caller: caller.clone(),
         run_id: call

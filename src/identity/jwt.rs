@@ -1,7 +1,7 @@
 //! JWT verification with jsonwebtoken: HS256 shared secrets, RS256/ES256 PEM public keys, or a
 //! JWKS file. `exp` is required; `nbf`, `iss` and `aud` are checked; claims map to a [`Caller`].
 
-use std::{fmt, path::Path, time::Duration};
+use std::{fmt, path::Path, sync::Arc, time::Duration};
 
 use jsonwebtoken::{Algorithm, DecodingKey, Validation, jwk::JwkSet};
 use serde_json::Value;
@@ -234,7 +234,7 @@ impl JwtVerifier {
         self.cache.bytes()
     }
 
-    pub fn verify(&self, token: &str) -> Result<Caller, IdentityError> {
+    pub fn verify(&self, token: &str) -> Result<Arc<Caller>, IdentityError> {
         let now = u64::try_from(self.clock.unix_ms() / 1000).unwrap_or(0);
         let leeway = self.settings.leeway.as_secs();
         let key = token_cache::key_of(token);
@@ -304,7 +304,7 @@ impl JwtVerifier {
                 Ok(data) => {
                     return Ok(Verified {
                         validity: validity_of(&data.claims)?,
-                        caller: self.caller_from(&data.claims)?,
+                        caller: Arc::new(self.caller_from(&data.claims)?),
                     });
                 }
                 Err(err) => last_error = Some(err),

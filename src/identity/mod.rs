@@ -6,7 +6,9 @@
 mod jwt;
 mod token_cache;
 
-use std::{collections::BTreeSet, net::SocketAddr};
+use std::{collections::BTreeSet, net::SocketAddr, sync::Arc};
+
+use http::HeaderName;
 
 use tonic::metadata::MetadataMap;
 
@@ -73,6 +75,12 @@ pub const TENANT_HEADER: &str = "x-toolgate-tenant";
 pub const SUBJECT_HEADER: &str = "x-toolgate-subject";
 pub const AGENT_HEADER: &str = "x-toolgate-agent";
 pub const SCOPES_HEADER: &str = "x-toolgate-scopes";
+
+// The same names, made once: a lookup by `&str` parses and checks the name on every call.
+static TENANT: HeaderName = HeaderName::from_static(TENANT_HEADER);
+static SUBJECT: HeaderName = HeaderName::from_static(SUBJECT_HEADER);
+static AGENT: HeaderName = HeaderName::from_static(AGENT_HEADER);
+static SCOPES: HeaderName = HeaderName::from_static(SCOPES_HEADER);
 
 /// How the caller was identified.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -195,8 +203,8 @@ impl IdentityResolver {
     }
 
     /// A bearer token wins when present; dev headers are read only when dev identity is on.
-    pub fn resolve(&self, metadata: &MetadataMap) -> Result<Caller, IdentityError> {
-        if let Some(auth) = text(metadata, "authorization")? {
+    pub fn resolve(&self, metadata: &MetadataMap) -> Result<Arc<Caller>, IdentityError> {
+        if let Some(auth) = text(metadata, &http::header::AUTHORIZATION)? {
             let token = auth
                 .strip_prefix("Bearer ")
                 .or_else(|| auth.strip_prefix("bearer "))
@@ -206,7 +214,7 @@ impl IdentityResolver {
             let verifier = self.jwt.as_ref().ok_or(IdentityError::JwtNotConfigured)?;
             return verifier.verify(token);
         }
-        let tenant = text(metadata, TENANT_HEADER)?;
+        let tenant = text(metadata, &TENANT)?;
         if !self.dev_identity {
             return Err(match tenant {
                 Some(_) => IdentityError::DevIdentityDisabled,
@@ -219,29 +227,26 @@ impl IdentityResolver {
             .ok_or(IdentityError::MissingTenantHeader)?;
         let caller = Caller {
             tenant: tenant.to_owned(),
-            subject: text(metadata, SUBJECT_HEADER)?
-                .unwrap_or("")
-                .trim()
-                .to_owned(),
-            agent: text(metadata, AGENT_HEADER)?
-                .unwrap_or("")
-                .trim()
-                .to_owned(),
-            scopes: split_scopes(text(metadata, SCOPES_HEADER)?.unwrap_or("")),
+            subject: text(metadata, &SUBJECT)?.unwrap_or("").trim().to_owned(),
+            agent: text(metadata, &AGENT)?.unwrap_or("").trim().to_owned(),
+            scopes: split_scopes(text(metadata, &SCOPES)?.unwrap_or("")),
             method: AuthMethod::Dev,
         };
         check_lengths(&caller, self.max_identity_bytes)?;
-        Ok(caller)
+        Ok(Arc::new(caller))
     }
 }
 
 fn text<'a>(
     metadata: &'a MetadataMap,
-    key: &'static str,
+    key: &'static HeaderName,
 ) -> Result<Option<&'a str>, IdentityError> {
-    metadata
+    AsRef::<http::HeaderMap>::as_ref(metadata)
         .get(key)
-        .map(|v| v.to_str().map_err(|_| IdentityError::InvalidMetadata(key)))
+        .map(|v| {
+            v.to_str()
+                .map_err(|_| IdentityError::InvalidMetadata(key.as_str()))
+        })
         .transpose()
 }
 

@@ -8,7 +8,7 @@
 
 use std::{
     collections::HashMap,
-    sync::{Mutex, PoisonError},
+    sync::{Arc, Mutex, PoisonError},
 };
 
 use sha2::{Digest, Sha256};
@@ -53,7 +53,8 @@ impl Validity {
 /// A token whose signature and claims verified.
 #[derive(Debug, Clone)]
 pub struct Verified {
-    pub caller: Caller,
+    /// Shared: every call with this token holds the same caller, not a copy of it.
+    pub caller: Arc<Caller>,
     pub validity: Validity,
 }
 
@@ -102,7 +103,7 @@ impl TokenCache {
         key: &TokenKey,
         now: u64,
         leeway: u64,
-    ) -> Option<Result<Caller, IdentityError>> {
+    ) -> Option<Result<Arc<Caller>, IdentityError>> {
         let mut entries = self.lock();
         let entry = entries.map.get(key)?;
         match entry.validity.check(now, leeway) {
@@ -169,13 +170,13 @@ mod tests {
 
     fn verified(tenant: &str, expires: u64) -> Verified {
         Verified {
-            caller: Caller {
+            caller: Arc::new(Caller {
                 tenant: tenant.into(),
                 subject: String::new(),
                 agent: String::new(),
                 scopes: Default::default(),
                 method: AuthMethod::Jwt,
-            },
+            }),
             validity: Validity {
                 not_before: None,
                 expires,

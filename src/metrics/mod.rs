@@ -25,19 +25,19 @@ use crate::{boundary::CallOutcome, error::Status};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CallLabels {
-    tool: String,
-    status: String,
+    tool: Arc<str>,
+    status: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ToolLabels {
-    tool: String,
+    tool: Arc<str>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RefusalLabels {
-    stage: String,
-    error_type: String,
+    stage: &'static str,
+    error_type: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -375,15 +375,17 @@ impl Metrics {
 
     /// Records a finished call; `known_tool` says whether the name is in the catalog.
     pub fn observe(&self, outcome: &CallOutcome, known_tool: bool) {
-        let tool = if known_tool {
-            outcome.tool.clone()
+        // Label sets are looked up by value: one shared copy of the name serves all of them,
+        // and the rest of each label is static.
+        let tool: Arc<str> = Arc::from(if known_tool {
+            outcome.tool.as_str()
         } else {
-            UNKNOWN_TOOL.to_owned()
-        };
+            UNKNOWN_TOOL
+        });
         self.calls
             .get_or_create(&CallLabels {
                 tool: tool.clone(),
-                status: outcome.status.as_str().to_owned(),
+                status: outcome.status.as_str(),
             })
             .inc();
         self.durations
@@ -392,8 +394,8 @@ impl Metrics {
         if let Some(refusal) = &outcome.refusal {
             self.refusals
                 .get_or_create(&RefusalLabels {
-                    stage: refusal.stage.as_str().to_owned(),
-                    error_type: refusal.reason.code().to_owned(),
+                    stage: refusal.stage.as_str(),
+                    error_type: refusal.reason.code(),
                 })
                 .inc();
             if outcome.status == Status::RateLimited {

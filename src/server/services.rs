@@ -34,7 +34,7 @@ pub struct Gate {
 impl Gate {
     /// The caller, from metadata only. A refused caller is logged and audited (bounded in rate),
     /// without any token material.
-    fn identify<T>(&self, request: &Request<T>, rpc: &str) -> Result<Caller, Status> {
+    fn identify<T>(&self, request: &Request<T>, rpc: &str) -> Result<Arc<Caller>, Status> {
         self.identity
             .load()
             .resolve(request.metadata())

@@ -151,7 +151,7 @@ const JOB_OVERHEAD: usize = 512;
 
 /// A call waiting to be explained against the candidate.
 struct Job {
-    caller: Caller,
+    caller: Arc<Caller>,
     run_id: String,
     step: u32,
     index: usize,
@@ -357,9 +357,9 @@ async fn compare(boundary: &Boundary, candidate: &Candidate, job: Job) {
         call_id: active.call_id,
         run_id: turn.run_id,
         step: turn.step,
-        tenant: turn.caller.tenant,
-        subject: turn.caller.subject,
-        agent: turn.caller.agent,
+        tenant: turn.caller.tenant.clone(),
+        subject: turn.caller.subject.clone(),
+        agent: turn.caller.agent.clone(),
         tool: crate::boundary::structure::reported_call_id(
             job.call.name,
             boundary.limits().max_identifier_bytes,
@@ -405,13 +405,13 @@ mod tests {
 
     fn turn() -> Turn {
         Turn {
-            caller: Caller {
+            caller: Arc::new(Caller {
                 tenant: "acme".into(),
                 subject: String::new(),
                 agent: String::new(),
                 scopes: Default::default(),
                 method: crate::identity::AuthMethod::Dev,
-            },
+            }),
             run_id: "r".into(),
             step: 0,
             catalog_revision: None,

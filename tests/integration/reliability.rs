@@ -962,13 +962,13 @@ async fn the_per_call_future_stays_small() {
     use toolgate::boundary::{CallRequest, Turn};
     let server = TestServer::demo().await;
     let turn = Turn {
-        caller: toolgate::identity::Caller {
+        caller: std::sync::Arc::new(toolgate::identity::Caller {
             tenant: "acme".into(),
             subject: "alice".into(),
             agent: String::new(),
             scopes: Default::default(),
             method: toolgate::identity::AuthMethod::Dev,
-        },
+        }),
         run_id: "run".into(),
         step: 0,
         catalog_revision: None,
