@@ -399,6 +399,13 @@ pub fn init(
     };
     // Already installed (e.g. by a test harness): keep the existing one.
     let _ = tracing_subscriber::registry().with(logs).try_init();
+    // Logged once the subscriber exists, or it would go nowhere.
+    if let (Some(compression), Some(_)) = (&telemetry.unsupported_compression, &provider) {
+        tracing::warn!(
+            compression = %compression,
+            "OTLP compression is not supported; spans are sent uncompressed"
+        );
+    }
     Ok(TelemetryGuard { provider, losses })
 }
 
@@ -483,12 +490,6 @@ pub fn tracer_provider(
     let Some(endpoint) = &telemetry.endpoint else {
         return Ok(None);
     };
-    if let Some(compression) = &telemetry.unsupported_compression {
-        tracing::warn!(
-            compression = %compression,
-            "OTLP compression is not supported; spans are sent uncompressed"
-        );
-    }
     let mut exporter = otlp::OtlpExporter::new(&otlp::ExportSettings {
         endpoint: endpoint.clone(),
         protocol: telemetry.protocol,

@@ -366,6 +366,9 @@ async fn grpc_export_sends_the_configured_headers_and_retries_an_unavailable_col
                 "OTEL_EXPORTER_OTLP_HEADERS",
                 "authorization=Bearer%20key-1, x-scope-orgid=team-a",
             ),
+            // Often injected for every SDK in a pod: not supported here, said at start, and
+            // spans still go (uncompressed).
+            ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip"),
         ],
     );
     let mut client = client(&spawned.addr).await;
@@ -388,7 +391,11 @@ async fn grpc_export_sends_the_configured_headers_and_retries_an_unavailable_col
         collector.last_header("x-scope-orgid").as_deref(),
         Some("team-a")
     );
-    crate::process::stop(spawned).await;
+    let logs = crate::process::stop(spawned).await;
+    assert!(
+        logs.contains("OTLP compression is not supported; spans are sent uncompressed"),
+        "said at start:\n{logs}"
+    );
 }
 
 #[tokio::test]
