@@ -206,12 +206,18 @@ def test_approvals_page_through_every_pending_one(fresh_toolgate, make_client, r
         assert result.status is ToolStatus.APPROVAL_REQUIRED
         ids.append(result.approval_id)
 
-    first = approver.list_approvals(page_size=2)
-    assert [a.approval_id for a in first] == ids[:2] and first.next_page_token
-    second = approver.list_approvals(page_size=2, page_token=first.next_page_token)
-    assert [a.approval_id for a in second] == ids[2:4]
+    # Oldest first: by creation time in milliseconds, then by id. Calls made within one
+    # millisecond are listed by id, not in the order they were made.
+    listed = list(approver.iter_approvals(page_size=2))
+    order = [a.approval_id for a in sorted(listed, key=lambda a: (a.created_at_unix_ms, a.approval_id))]
+    assert [a.approval_id for a in listed] == order and sorted(order) == sorted(ids)
+    created = {a.approval_id: a.created_at_unix_ms for a in listed}
+    assert [created[i] for i in ids] == sorted(created[i] for i in ids), "made in this order"
 
-    assert [a.approval_id for a in approver.iter_approvals(page_size=2)] == ids
+    first = approver.list_approvals(page_size=2)
+    assert [a.approval_id for a in first] == order[:2] and first.next_page_token
+    second = approver.list_approvals(page_size=2, page_token=first.next_page_token)
+    assert [a.approval_id for a in second] == order[2:4]
     with pytest.raises(PageLimitError):
         list(approver.iter_approvals(page_size=2, max_pages=2))
     assert list(approver.iter_approvals(state=ApprovalState.APPROVED)) == []

@@ -168,13 +168,22 @@ describe('ToolgateClient', () => {
     try {
       const ids = [];
       for (let n = 0; n < 5; n++) ids.push((await requester.execute('delete_ticket', { ticket_id: `T-${n}` })).approvalId);
+      // Oldest first: by creation time in milliseconds, then by id. Calls made within one
+      // millisecond are listed by id, not in the order they were made.
+      const listed = [];
+      for await (const a of approver.iterApprovals({ pageSize: 2 })) listed.push(a);
+      const order = [...listed]
+        .sort((a, b) => a.createdAtUnixMs - b.createdAtUnixMs || (a.approvalId < b.approvalId ? -1 : 1))
+        .map((a) => a.approvalId);
+      assert.deepEqual(listed.map((a) => a.approvalId), order);
+      assert.deepEqual([...order].sort(), [...ids].sort());
+      const created = new Map(listed.map((a) => [a.approvalId, a.createdAtUnixMs]));
+      const madeAt = ids.map((id) => created.get(id) ?? -1);
+      assert.deepEqual(madeAt, [...madeAt].sort((a, b) => a - b), 'made in this order');
       const first = await approver.listApprovals({ pageSize: 2 });
-      assert.deepEqual(first.approvals.map((a) => a.approvalId), ids.slice(0, 2));
+      assert.deepEqual(first.approvals.map((a) => a.approvalId), order.slice(0, 2));
       const second = await approver.listApprovals({ pageSize: 2, pageToken: first.nextPageToken });
-      assert.deepEqual(second.approvals.map((a) => a.approvalId), ids.slice(2, 4));
-      const all = [];
-      for await (const a of approver.iterApprovals({ pageSize: 2 })) all.push(a.approvalId);
-      assert.deepEqual(all, ids);
+      assert.deepEqual(second.approvals.map((a) => a.approvalId), order.slice(2, 4));
       await assert.rejects(async () => {
         for await (const _ of approver.iterApprovals({ pageSize: 2, maxPages: 2 }));
       }, PageLimitError);
