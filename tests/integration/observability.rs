@@ -296,12 +296,7 @@ async fn shutdown_flushes_pending_spans_over_http_protobuf() {
         post(move |body: Bytes| {
             let sink = sink.clone();
             async move {
-                if let Ok(request) = ExportTraceServiceRequest::decode(body) {
-                    let spans = request
-                        .resource_spans
-                        .into_iter()
-                        .flat_map(|r| r.scope_spans)
-                        .flat_map(|s| s.spans);
+                if let Ok(spans) = spans_in(body) {
                     sink.lock().unwrap().extend(spans);
                 }
                 ExportTraceServiceResponseBody
@@ -418,13 +413,7 @@ async fn http_export_sends_the_configured_headers_and_retries_a_busy_collector()
                 {
                     return axum::http::StatusCode::SERVICE_UNAVAILABLE.into_response();
                 }
-                let request = ExportTraceServiceRequest::decode(body).expect("protobuf");
-                let spans = request
-                    .resource_spans
-                    .into_iter()
-                    .flat_map(|r| r.scope_spans)
-                    .flat_map(|s| s.spans)
-                    .collect();
+                let spans = spans_in(body).expect("protobuf");
                 sink.lock().unwrap().push((headers, spans));
                 ExportTraceServiceResponseBody.into_response()
             }
@@ -461,6 +450,16 @@ async fn http_export_sends_the_configured_headers_and_retries_a_busy_collector()
     assert_eq!(headers["api-key"], "s=cret");
     assert_eq!(headers["content-type"], "application/x-protobuf");
     assert!(spans.iter().any(|s| s.name == "execute_tool echo"));
+}
+
+/// The spans of an OTLP/HTTP request body, out of their resource and scope.
+fn spans_in(body: Bytes) -> Result<Vec<Span>, prost::DecodeError> {
+    Ok(ExportTraceServiceRequest::decode(body)?
+        .resource_spans
+        .into_iter()
+        .flat_map(|r| r.scope_spans)
+        .flat_map(|s| s.spans)
+        .collect())
 }
 
 /// An empty protobuf ExportTraceServiceResponse.

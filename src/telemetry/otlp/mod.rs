@@ -10,10 +10,7 @@ pub mod encode;
 
 use std::{
     hash::BuildHasher,
-    sync::{
-        Mutex, PoisonError,
-        atomic::{AtomicUsize, Ordering},
-    },
+    sync::atomic::{AtomicBool, AtomicUsize, Ordering},
     time::Duration,
 };
 
@@ -127,7 +124,7 @@ pub struct OtlpExporter {
     /// The last request's size, so the next buffer is allocated once.
     last_request_bytes: AtomicUsize,
     /// Logged once: a partial success names spans the collector rejected.
-    partial_success_logged: Mutex<bool>,
+    partial_success_logged: AtomicBool,
 }
 
 impl std::fmt::Debug for OtlpExporter {
@@ -190,7 +187,7 @@ impl OtlpExporter {
             resource: EncodedResource::default(),
             timeout: settings.timeout,
             last_request_bytes: AtomicUsize::new(0),
-            partial_success_logged: Mutex::new(false),
+            partial_success_logged: AtomicBool::new(false),
         })
     }
 
@@ -289,12 +286,7 @@ impl OtlpExporter {
         if partial.rejected_spans == 0 && partial.error_message.is_empty() {
             return;
         }
-        let mut logged = self
-            .partial_success_logged
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if !*logged {
-            *logged = true;
+        if !self.partial_success_logged.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 rejected_spans = partial.rejected_spans,
                 message = %partial.error_message,
