@@ -22,7 +22,7 @@ impl AuditEvent {
             return serde_json::to_writer(out, self);
         }
         let mut object = Object::start(out);
-        object.string(key!("time"), &self.time);
+        object.display(key!("time"), self.time);
         match self.kind {
             Some(kind) => object.string(key!("kind"), kind.as_str()),
             None => object.raw(key!("kind"), b"null"),
@@ -30,9 +30,9 @@ impl AuditEvent {
         object.string(key!("call_id"), &self.call_id);
         object.string(key!("run_id"), &self.run_id);
         object.number(key!("step"), u64::from(self.step));
-        object.string(key!("tenant"), &self.tenant);
-        object.string(key!("subject"), &self.subject);
-        object.string(key!("agent"), &self.agent);
+        object.string(key!("tenant"), self.party.tenant());
+        object.string(key!("subject"), self.party.subject());
+        object.string(key!("agent"), self.party.agent());
         object.string(key!("tool"), &self.tool);
         object.string(key!("tool_version"), &self.tool_version);
         object.optional_string(key!("risk_level"), self.risk_level);
@@ -63,8 +63,12 @@ impl AuditEvent {
             out.push(b']');
         }
         object.number(key!("duration_ms"), self.duration_ms);
-        object.optional_string(key!("trace_id"), self.trace_id.as_deref());
-        object.optional_string(key!("span_id"), self.span_id.as_deref());
+        if let Some(trace_id) = self.trace_id {
+            object.hex(key!("trace_id"), &trace_id.to_bytes());
+        }
+        if let Some(span_id) = self.span_id {
+            object.hex(key!("span_id"), &span_id.to_bytes());
+        }
         if let Some(arguments) = &self.arguments {
             serde_json::to_writer(&mut *object.key(key!("arguments")), arguments)?;
         }
@@ -126,6 +130,28 @@ impl<'a> Object<'a> {
         }
     }
 
+    /// A value whose text needs no escaping (a time), quoted.
+    fn display(&mut self, key: &str, value: impl std::fmt::Display) {
+        use std::io::Write;
+        let out = self.key(key);
+        out.push(b'"');
+        // Writing to a Vec cannot fail.
+        let _ = write!(out, "{value}");
+        out.push(b'"');
+    }
+
+    /// Lowercase hex of up to 16 bytes, quoted.
+    fn hex(&mut self, key: &str, bytes: &[u8]) {
+        let mut digits = [0; 32];
+        let digits = &mut digits[..bytes.len() * 2];
+        // `digits` is exactly twice as long as `bytes`: encoding cannot fail.
+        let _ = hex::encode_to_slice(bytes, digits);
+        let out = self.key(key);
+        out.push(b'"');
+        out.extend_from_slice(digits);
+        out.push(b'"');
+    }
+
     fn number(&mut self, key: &str, value: u64) {
         let mut digits = itoa::Buffer::new();
         self.raw(key, digits.format(value).as_bytes());
@@ -138,7 +164,15 @@ impl<'a> Object<'a> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use opentelemetry::trace::{SpanId, TraceId};
+
     use super::*;
+    use crate::{
+        audit::{EventTime, Party},
+        identity::{AuthMethod, Caller},
+    };
 
     fn written(event: &AuditEvent) -> String {
         let mut out = Vec::new();
@@ -150,14 +184,16 @@ mod tests {
     fn every_field_is_written_as_serde_json_writes_it() {
         let tricky = "line\nbreak \"quoted\" \\ tab\t \u{1} é 漢字 \u{7f}";
         let full = AuditEvent {
-            time: "2026-12-01T10:00:00.123Z".into(),
+            time: EventTime(1_796_119_200_123),
             kind: Some(EventKind::ApprovalDecision),
             call_id: tricky.into(),
             run_id: "run-1".into(),
             step: u32::MAX,
-            tenant: "acme".into(),
-            subject: tricky.into(),
-            agent: "agent-7".into(),
+            party: Party::Named {
+                tenant: "acme".into(),
+                subject: tricky.into(),
+                agent: "agent-7".into(),
+            },
             tool: "rag_search".into(),
             tool_version: "2.1.0".into(),
             risk_level: Some("read_only"),
@@ -171,8 +207,13 @@ mod tests {
             idempotent_replay: true,
             bound_override_attempts: vec!["/tenant".into(), tricky.into()],
             duration_ms: u64::MAX,
-            trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736".into()),
-            span_id: Some("00f067aa0ba902b7".into()),
+            trace_id: Some(TraceId::from_bytes([
+                0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e,
+                0x47, 0x36,
+            ])),
+            span_id: Some(SpanId::from_bytes([
+                0, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7,
+            ])),
             arguments: Some(serde_json::json!({"q": tricky, "n": [1, 2.5, null, true]})),
             rpc: Some("/toolgate.v1.ToolGate/ExecuteTool".into()),
             peer: Some("127.0.0.1:5000".into()),
@@ -200,6 +241,18 @@ mod tests {
                 assert_eq!(written(&event), serde_json::to_string(&event).unwrap());
             }
         }
+        let shared = AuditEvent {
+            party: Party::Caller(Arc::new(Caller {
+                tenant: "acme".into(),
+                subject: tricky.into(),
+                agent: "agent-7".into(),
+                scopes: ["tools:read".to_owned()].into(),
+                method: AuthMethod::Dev,
+            })),
+            ..full.clone()
+        };
+        assert_eq!(written(&shared), written(&full));
+        assert_eq!(written(&shared), serde_json::to_string(&shared).unwrap());
         let one_attempt = AuditEvent {
             bound_override_attempts: vec!["/a".into()],
             step: 0,
@@ -208,6 +261,47 @@ mod tests {
         assert_eq!(
             written(&one_attempt),
             serde_json::to_string(&one_attempt).unwrap()
+        );
+    }
+
+    /// The line's format is the contract with whoever reads the log: time as RFC 3339 with
+    /// milliseconds, the caller's names as three fields, ids in lowercase hex.
+    #[test]
+    fn the_line_keeps_its_format() {
+        let event = AuditEvent {
+            time: EventTime(1_796_119_200_123),
+            kind: Some(EventKind::ToolCall),
+            call_id: "c1".into(),
+            run_id: "r1".into(),
+            step: 2,
+            party: Party::Caller(Arc::new(Caller {
+                tenant: "acme".into(),
+                subject: "alice".into(),
+                agent: "support".into(),
+                scopes: Default::default(),
+                method: AuthMethod::Dev,
+            })),
+            tool: "echo".into(),
+            tool_version: "1.0.0".into(),
+            status: "OK",
+            duration_ms: 3,
+            trace_id: Some(TraceId::from_bytes([
+                0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e,
+                0x47, 0x36,
+            ])),
+            span_id: Some(SpanId::from_bytes([
+                0, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7,
+            ])),
+            ..AuditEvent::default()
+        };
+        assert_eq!(
+            written(&event),
+            concat!(
+                r#"{"time":"2026-12-01T10:00:00.123Z","kind":"tool_call","call_id":"c1","run_id":"r1","step":2,"#,
+                r#""tenant":"acme","subject":"alice","agent":"support","tool":"echo","tool_version":"1.0.0","#,
+                r#""status":"OK","idempotent_replay":false,"duration_ms":3,"#,
+                r#""trace_id":"4bf92f3577b34da6a3ce929d0e0e4736","span_id":"00f067aa0ba902b7"}"#
+            )
         );
     }
 }

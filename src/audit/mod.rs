@@ -10,21 +10,26 @@
 //! never duplicated; [`AuditLog::flush`] drains the queue before the process exits.
 
 use std::{
+    fmt,
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
     },
-    time::{Duration, UNIX_EPOCH},
+    time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use serde::Serialize;
+use opentelemetry::trace::{SpanId, TraceId};
+use serde::{Serialize, Serializer, ser::SerializeStruct};
 use tokio::{
     io::AsyncWriteExt,
     sync::{Notify, mpsc, oneshot},
     task::JoinHandle,
 };
 
-use crate::settings::{AuditConfig, AuditSinkConfig, raw::RawFsync};
+use crate::{
+    identity::Caller,
+    settings::{AuditConfig, AuditSinkConfig, raw::RawFsync},
+};
 
 mod json;
 
@@ -43,15 +48,14 @@ pub enum EventKind {
 /// One audit event. Raw arguments are never recorded, only their canonical SHA-256.
 #[derive(Debug, Clone, Serialize, PartialEq, Default)]
 pub struct AuditEvent {
-    /// RFC 3339 time with milliseconds.
-    pub time: String,
+    pub time: EventTime,
     pub kind: Option<EventKind>,
     pub call_id: String,
     pub run_id: String,
     pub step: u32,
-    pub tenant: String,
-    pub subject: String,
-    pub agent: String,
+    /// `tenant`, `subject` and `agent`.
+    #[serde(flatten)]
+    pub party: Party,
     pub tool: String,
     pub tool_version: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -74,11 +78,11 @@ pub struct AuditEvent {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub bound_override_attempts: Vec<String>,
     pub duration_ms: u64,
-    /// The call's trace, when traced.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub trace_id: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub span_id: Option<String>,
+    /// The call's trace, when traced (lowercase hex).
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "as_display")]
+    pub trace_id: Option<TraceId>,
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "as_display")]
+    pub span_id: Option<SpanId>,
     /// The arguments, only for tools with `record_arguments: true`, with `redact` pointers replaced.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub arguments: Option<serde_json::Value>,
@@ -94,6 +98,106 @@ pub struct AuditEvent {
     /// For shadow decisions: what differs, and the candidate catalog's decision.
     #[serde(flatten)]
     pub shadow: Option<Box<crate::shadow::ShadowRecord>>,
+}
+
+/// When an event happened, in Unix milliseconds; written as RFC 3339 with milliseconds. Kept as a
+/// number until the line is written, so making an event formats nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EventTime(pub i64);
+
+impl EventTime {
+    /// As a `SystemTime` (times before 1970 are written as 1970).
+    pub fn system_time(self) -> SystemTime {
+        UNIX_EPOCH + Duration::from_millis(u64::try_from(self.0).unwrap_or(0))
+    }
+}
+
+impl fmt::Display for EventTime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        humantime::format_rfc3339_millis(self.system_time()).fmt(f)
+    }
+}
+
+impl Serialize for EventTime {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+/// Who an event is about. A tool call's event shares the caller the call was verified as
+/// instead of copying its names; other events name theirs (an approval's requester, or nobody
+/// for a refused caller).
+#[derive(Debug, Clone)]
+pub enum Party {
+    Caller(Arc<Caller>),
+    Named {
+        tenant: String,
+        subject: String,
+        agent: String,
+    },
+}
+
+impl Party {
+    pub fn tenant(&self) -> &str {
+        match self {
+            Party::Caller(caller) => &caller.tenant,
+            Party::Named { tenant, .. } => tenant,
+        }
+    }
+
+    pub fn subject(&self) -> &str {
+        match self {
+            Party::Caller(caller) => &caller.subject,
+            Party::Named { subject, .. } => subject,
+        }
+    }
+
+    pub fn agent(&self) -> &str {
+        match self {
+            Party::Caller(caller) => &caller.agent,
+            Party::Named { agent, .. } => agent,
+        }
+    }
+}
+
+impl Default for Party {
+    fn default() -> Self {
+        Party::Named {
+            tenant: String::new(),
+            subject: String::new(),
+            agent: String::new(),
+        }
+    }
+}
+
+/// Equal when the recorded names are: how the party is held does not show in the line.
+impl PartialEq for Party {
+    fn eq(&self, other: &Self) -> bool {
+        self.tenant() == other.tenant()
+            && self.subject() == other.subject()
+            && self.agent() == other.agent()
+    }
+}
+
+impl Serialize for Party {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut fields = serializer.serialize_struct("Party", 3)?;
+        fields.serialize_field("tenant", self.tenant())?;
+        fields.serialize_field("subject", self.subject())?;
+        fields.serialize_field("agent", self.agent())?;
+        fields.end()
+    }
+}
+
+/// Serializes an optional id by its `Display` (lowercase hex for trace and span ids).
+fn as_display<T: fmt::Display, S: Serializer>(
+    value: &Option<T>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match value {
+        Some(value) => serializer.collect_str(value),
+        None => serializer.serialize_none(),
+    }
 }
 
 /// Audit events for callers refused before the chain (UNAUTHENTICATED), bounded in rate: a flood
@@ -141,7 +245,7 @@ impl RefusedCallers {
             reason.push('…');
         }
         slot.send(Box::new(AuditEvent {
-            time: rfc3339(self.clock.unix_ms()),
+            time: EventTime(self.clock.unix_ms()),
             kind: Some(EventKind::AuthenticationFailed),
             status: "UNAUTHENTICATED",
             error_type: Some("unauthenticated"),
@@ -157,12 +261,6 @@ impl RefusedCallers {
     pub fn suppressed(&self) -> u64 {
         self.suppressed_total.load(Ordering::Relaxed)
     }
-}
-
-/// Formats a wall-clock time for events.
-pub fn rfc3339(unix_ms: i64) -> String {
-    let time = UNIX_EPOCH + Duration::from_millis(u64::try_from(unix_ms).unwrap_or(0));
-    humantime::format_rfc3339_millis(time).to_string()
 }
 
 enum Message {
@@ -599,13 +697,13 @@ mod otlp {
             let records = events
                 .iter()
                 .map(|event| {
-                    let time = humantime::parse_rfc3339(&event.time)
+                    let time = u64::try_from(event.time.0)
                         .ok()
-                        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                        .map_or(now, |d| d.as_nanos() as u64);
+                        .and_then(|ms| ms.checked_mul(1_000_000))
+                        .unwrap_or(now);
                     let mut attributes = vec![
                         text("event.name", "toolgate.audit"),
-                        text("toolgate.tenant", &event.tenant),
+                        text("toolgate.tenant", event.party.tenant()),
                         text("gen_ai.tool.name", &event.tool),
                         text("toolgate.status", event.status),
                     ];
@@ -627,13 +725,11 @@ mod otlp {
                         attributes,
                         trace_id: event
                             .trace_id
-                            .as_deref()
-                            .and_then(|t| hex::decode(t).ok())
+                            .map(|t| t.to_bytes().to_vec())
                             .unwrap_or_default(),
                         span_id: event
                             .span_id
-                            .as_deref()
-                            .and_then(|s| hex::decode(s).ok())
+                            .map(|s| s.to_bytes().to_vec())
                             .unwrap_or_default(),
                         ..Default::default()
                     }

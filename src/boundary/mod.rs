@@ -31,6 +31,7 @@ use std::{
 
 use arc_swap::ArcSwap;
 use futures::{FutureExt, StreamExt, stream};
+use opentelemetry::trace::{SpanId, TraceId};
 use tokio::time::Instant;
 
 pub use outcome::CallOutcome;
@@ -38,7 +39,7 @@ pub use permit::Permit;
 
 use crate::{
     approvals::{self, Approval, ApprovalState, Approvals, DecideError},
-    audit::{AuditEvent, AuditLog, EventKind, Reservation, rfc3339},
+    audit::{AuditEvent, AuditLog, EventKind, EventTime, Party, Reservation},
     canonical,
     catalog::{Catalog, RiskLevel, ToolVersion, revision_of},
     clock::SharedClock,
@@ -177,6 +178,14 @@ pub struct Boundary {
 /// What a successful chain produced.
 struct Success {
     output: String,
+    approval_id: Option<String>,
+}
+
+/// A call that passed stages 1-9, on its way to its backend.
+struct Admitted {
+    /// With the bound arguments, in canonical form: what the backend receives.
+    permit: Permit,
+    arguments_sha256: String,
     approval_id: Option<String>,
 }
 
@@ -334,107 +343,131 @@ impl Boundary {
     /// Runs one call through the chain and records its audit event, whatever ends it: the
     /// event's queue slot is taken before anything happens, and the event goes into it also when
     /// the call is cancelled, panics or is stopped at shutdown.
-    pub async fn execute(
-        &self,
-        turn: &Turn,
+    ///
+    /// Not an `async fn`: one copies its arguments into locals, so the call's request would be
+    /// held twice for as long as the call runs. The block below uses them in place.
+    #[expect(clippy::manual_async_fn, reason = "an async fn holds its arguments twice")]
+    pub fn execute<'a>(
+        &'a self,
+        turn: &'a Turn,
         call: CallRequest,
         index: usize,
-        budget: &ResponseBudget,
-    ) -> CallOutcome {
-        let started = Instant::now();
-        let _in_flight = self.metrics.in_flight();
-        let call_id = structure::reported_call_id(
-            structure::normalize_call_id(&call.call_id, turn.step, index),
-            self.limits.max_identifier_bytes,
-        );
-        let mut span = spans::execute_tool(
-            &self.tracer,
-            &call.name,
-            &call_id,
-            &turn.caller.tenant,
-            &turn.caller.agent,
-            &turn.trace_parent,
-        );
-        let mut base = self.base_event(turn, &call_id, &call.name);
-        if let Some((trace_id, span_id)) = spans::ids(&span) {
-            base.trace_id = Some(trace_id);
-            base.span_id = Some(span_id);
-        }
-        // The event's slot comes first. Fail closed: a call that could not be audited does not
-        // run. Otherwise wait for room: backpressure acts before anything happens.
-        let reservation = match self.audit.fail_closed() {
-            true => self.audit.try_reserve(),
-            false => self.audit.reserve().await,
-        };
-        let Some(reservation) = reservation else {
-            tracing::error!(tool = %call.name, call_id = %call_id, "audit queue full: call refused (fail-closed)");
-            let refusal = Refusal::new(
-                Stage::Structure,
-                Reason::AuditUnavailable,
-                "the audit log cannot keep up; the call was not run",
+        budget: &'a ResponseBudget,
+    ) -> impl Future<Output = CallOutcome> + Send + 'a {
+        async move {
+            let started = Instant::now();
+            let _in_flight = self.metrics.in_flight();
+            // What the call's audit event is made of; the event is built when the call ends.
+            // Without a queue slot, it sends nothing.
+            let mut guard = AuditGuard {
+                turn,
+                call_id: structure::reported_call_id(
+                    structure::normalize_call_id(&call.call_id, turn.step, index),
+                    self.limits.max_identifier_bytes,
+                ),
+                tool: structure::reported_call_id(
+                    call.name.clone(),
+                    self.limits.max_identifier_bytes,
+                ),
+                time: EventTime(self.clock.unix_ms()),
+                trace: None,
+                started,
+                trail: CallTrail::default(),
+                reservation: None,
+            };
+            let mut span = spans::execute_tool(
+                &self.tracer,
+                &call.name,
+                &guard.call_id,
+                &turn.caller.tenant,
+                &turn.caller.agent,
+                &turn.trace_parent,
             );
-            let mut outcome = CallOutcome::refused(call_id, call.name, String::new(), refusal);
-            outcome.duration = started.elapsed();
-            spans::record_outcome(&mut span, &outcome);
-            self.metrics.observe(&outcome, false);
-            return outcome;
-        };
-        let mut guard = AuditGuard::new(base, reservation);
-        let mut hard_stop = self.hard_stop.subscribe();
-        let chain = AssertUnwindSafe(self.chain(turn, &call, &call_id, guard.event(), &mut span))
-            .catch_unwind();
-        let result = tokio::select! {
-            result = chain => result.unwrap_or_else(|panic| {
-                tracing::error!(tool = %call.name, call_id = %call_id, panic = panic_message(&panic), "a call panicked; this is a bug in toolgate");
-                Err(Refusal::new(Stage::Execute, Reason::Internal, "internal error in toolgate; the call's outcome is unknown"))
-            }),
-            _ = hard_stop.wait_for(|stop| *stop) => Err(Refusal::new(
-                Stage::Execute,
-                Reason::Cancelled,
-                "the sidecar is shutting down",
-            )),
-        };
-        let event = guard.event();
-        let mut outcome = match result {
-            Ok(success) => {
-                let mut outcome = CallOutcome::ok(
-                    call_id,
-                    call.name,
-                    event.tool_version.clone(),
-                    success.output,
+            guard.trace = spans::ids(&span)
+                .map(|(trace_id, span_id)| (trace_id.to_bytes(), span_id.to_bytes()));
+            // The event's slot comes first. Fail closed: a call that could not be audited does not
+            // run. Otherwise wait for room: backpressure acts before anything happens.
+            guard.reservation = match self.audit.fail_closed() {
+                true => self.audit.try_reserve(),
+                false => self.audit.reserve().await,
+            };
+            if guard.reservation.is_none() {
+                tracing::error!(tool = %call.name, call_id = %guard.call_id, "audit queue full: call refused (fail-closed)");
+                let refusal = Refusal::new(
+                    Stage::Structure,
+                    Reason::AuditUnavailable,
+                    "the audit log cannot keep up; the call was not run",
                 );
-                outcome.approval_id = success.approval_id;
-                outcome
+                let call_id = std::mem::take(&mut guard.call_id);
+                let mut outcome = CallOutcome::refused(call_id, call.name, String::new(), refusal);
+                outcome.duration = started.elapsed();
+                spans::record_outcome(&mut span, &outcome);
+                self.metrics.observe(&outcome, false);
+                return outcome;
             }
-            Err(refusal) => {
-                CallOutcome::refused(call_id, call.name, event.tool_version.clone(), refusal)
+            let mut hard_stop = self.hard_stop.subscribe();
+            let chain = AssertUnwindSafe(self.chain(
+                turn,
+                &call,
+                &guard.call_id,
+                &mut guard.trail,
+                &mut span,
+            ))
+            .catch_unwind();
+            let result = tokio::select! {
+                result = chain => result.unwrap_or_else(|panic| {
+                    tracing::error!(tool = %call.name, call_id = %guard.call_id, panic = panic_message(&panic), "a call panicked; this is a bug in toolgate");
+                    Err(Refusal::new(Stage::Execute, Reason::Internal, "internal error in toolgate; the call's outcome is unknown"))
+                }),
+                _ = hard_stop.wait_for(|stop| *stop) => Err(Refusal::new(
+                    Stage::Execute,
+                    Reason::Cancelled,
+                    "the sidecar is shutting down",
+                )),
+            };
+            let trail = &guard.trail;
+            let call_id = guard.call_id.clone();
+            let mut outcome = match result {
+                Ok(success) => {
+                    let mut outcome = CallOutcome::ok(
+                        call_id,
+                        call.name,
+                        trail.tool_version.clone(),
+                        success.output,
+                    );
+                    outcome.approval_id = success.approval_id;
+                    outcome
+                }
+                Err(refusal) => {
+                    CallOutcome::refused(call_id, call.name, trail.tool_version.clone(), refusal)
+                }
+            };
+            if !budget.take(&outcome) {
+                outcome = over_budget(outcome);
             }
-        };
-        if !budget.take(&outcome) {
-            outcome = over_budget(outcome);
+            outcome.duration = started.elapsed();
+            outcome.idempotent_replay = trail.idempotent_replay;
+            spans::record_outcome(&mut span, &outcome);
+            let known = !outcome.tool_version.is_empty()
+                || self.state.load().catalog.contains(&outcome.tool);
+            self.metrics.observe(&outcome, known);
+            if let Some(arguments) = &trail.arguments {
+                spans::record_content(&mut span, arguments, &outcome);
+            }
+            // The shadow candidate, if any, decides the same call later, off the response path.
+            let request = || CallRequest {
+                call_id: call.call_id,
+                name: outcome.tool.clone(),
+                arguments_json: call.arguments_json,
+                version: call.version,
+                idempotency_key: call.idempotency_key,
+                approval_id: call.approval_id,
+            };
+            self.shadow
+                .offer(self, turn, index, request, &outcome, trail);
+            guard.finish(&outcome);
+            outcome
         }
-        outcome.duration = started.elapsed();
-        outcome.idempotent_replay = event.idempotent_replay;
-        spans::record_outcome(&mut span, &outcome);
-        let known =
-            !outcome.tool_version.is_empty() || self.state.load().catalog.contains(&outcome.tool);
-        self.metrics.observe(&outcome, known);
-        if let Some(arguments) = &event.arguments {
-            spans::record_content(&mut span, arguments, &outcome);
-        }
-        // The shadow candidate, if any, decides the same call later, off the response path.
-        let request = || CallRequest {
-            call_id: call.call_id,
-            name: outcome.tool.clone(),
-            arguments_json: call.arguments_json,
-            version: call.version,
-            idempotency_key: call.idempotency_key,
-            approval_id: call.approval_id,
-        };
-        self.shadow
-            .offer(self, turn, index, request, &outcome, guard.event());
-        guard.finish(&outcome);
-        outcome
     }
 
     /// The ordered chain. Each line is one stage; the first refusal returns.
@@ -443,12 +476,28 @@ impl Boundary {
         turn: &Turn,
         call: &CallRequest,
         call_id: &str,
-        trail: &mut AuditEvent,
+        trail: &mut CallTrail,
         span: &mut spans::ToolgateSpan,
     ) -> Result<Success, Refusal> {
-        let caller = &turn.caller;
         // The catalog is pinned for the rest of this call, even if a reload happens meanwhile.
         let state = self.state.load_full();
+        // 1-9 run in a future of their own, so what they hold is gone while the backend runs.
+        let admitted = self.admit(&state, turn, call, call_id, trail, span).await?;
+        // 10-12.
+        self.dispatch(turn, call, admitted, trail, span).await
+    }
+
+    /// Stages 1-9: everything decided before the backend is called.
+    async fn admit(
+        &self,
+        state: &CatalogState,
+        turn: &Turn,
+        call: &CallRequest,
+        call_id: &str,
+        trail: &mut CallTrail,
+        span: &mut spans::ToolgateSpan,
+    ) -> Result<Admitted, Refusal> {
+        let caller = &turn.caller;
         let catalog = &state.catalog;
         // 1-7. Structure, tool and version, allow/deny lists, scopes, schema, bound arguments
         // and the canonical form: decided from the call, the caller and the catalog alone, by
@@ -472,7 +521,7 @@ impl Boundary {
         } = decided?;
         trail.arguments_sha256 = Some(arguments_sha256.clone());
         if tool.record_arguments {
-            trail.arguments = Some(redact(&arguments, &tool.redact));
+            trail.arguments = Some(Box::new(redact(&arguments, &tool.redact)));
         }
         // 8. Rate limits: both quotas, or neither.
         let tenant_rate = catalog
@@ -500,78 +549,111 @@ impl Boundary {
             )
             .with_approval_id(checked.id.clone()));
         }
-        let approval_id = approval.map(|a| a.id);
-        // Set when the call is handed to its backend: from then on, its effects are unknown
-        // until it answers.
-        let started = AtomicBool::new(false);
-        // The permit is made where the backend is called, inside its CLIENT span, whose
-        // context is what the backend receives as `traceparent`.
-        let call_span = &*span;
-        let call_backend = |arguments: serde_json::Value| {
-            let span = spans::backend_call(&self.tracer, tool, call_span, &turn.trace_parent);
-            let traceparent = spans::outbound_traceparent(&span, tool, turn.traceparent.as_deref());
-            let permit = Permit::new(
+        Ok(Admitted {
+            permit: Permit::new(
                 call_id.to_owned(),
                 turn.run_id.clone(),
                 tool.clone(),
                 caller.clone(),
                 arguments,
-                traceparent,
-            );
-            let approval_id = approval_id.as_deref();
-            let started = &started;
-            async move {
-                // Ends, with its end time, when the backend answers or the call is dropped.
-                let _span = span;
-                self.run(&permit, turn.deadline, approval_id, started).await
-            }
-        };
-        // 10. Idempotency, wrapping 11-12: execute under the deadline and shape the result.
-        // The keyed path is boxed: only calls that use it pay for its state.
-        let output = match call.idempotency_key.as_deref() {
-            None => call_backend(arguments).await,
-            Some(key) => {
-                Box::pin(async {
-                    let key = policy::idempotency_key(caller, tool, key);
-                    // A duplicate waits for a running first call at most as long as that call
-                    // may run, and never past its own client's deadline.
-                    let lease = tool.timeout + idempotency::redis::LEASE_MARGIN;
-                    let now = Instant::now();
-                    let wait_until = turn
-                        .deadline
-                        .map_or(now + tool.timeout, |d| d.min(now + tool.timeout));
-                    match self
-                        .idempotency
-                        .claim(
-                            key,
-                            &arguments_sha256,
-                            tool.risk_level,
-                            &tool.version,
-                            &started,
-                            lease,
-                            wait_until,
-                        )
-                        .await?
-                    {
-                        Claimed::Replay(stored) => {
-                            trail.idempotent_replay = true;
-                            trail.tool_version = stored.tool_version;
-                            stored.result
-                        }
-                        Claimed::Owner(slot) => {
-                            let result = call_backend(arguments).await;
-                            slot.finish(&result).await;
-                            result
-                        }
-                    }
-                })
-                .await
-            }
-        }?;
-        Ok(Success {
-            output,
-            approval_id: trail.approval_id.clone(),
+            ),
+            arguments_sha256,
+            approval_id: approval.map(|a| a.id),
         })
+    }
+
+    /// Stages 10-12: idempotency, wrapping the execution under the deadline and the result's
+    /// checks. Like `execute`, a block that uses its arguments in place: a slow call waits here.
+    #[expect(clippy::manual_async_fn, reason = "an async fn holds its arguments twice")]
+    fn dispatch<'a>(
+        &'a self,
+        turn: &'a Turn,
+        call: &'a CallRequest,
+        mut admitted: Admitted,
+        trail: &'a mut CallTrail,
+        span: &'a spans::ToolgateSpan,
+    ) -> impl Future<Output = Result<Success, Refusal>> + Send + 'a {
+        async move {
+            // Set when the call is handed to its backend: from then on, its effects are unknown
+            // until it answers.
+            let started = AtomicBool::new(false);
+            let approval_id = admitted.approval_id.as_deref();
+            // 10. Idempotency, wrapping 11-12: execute under the deadline and shape the result.
+            // The keyed path is boxed: only calls that use it pay for its state.
+            let output = match call.idempotency_key.as_deref() {
+                None => {
+                    self.call_backend(turn, span, &mut admitted.permit, approval_id, &started)
+                        .await
+                }
+                Some(key) => {
+                    Box::pin(async {
+                        let tool = admitted.permit.tool();
+                        let key = policy::idempotency_key(&turn.caller, tool, key);
+                        // A duplicate waits for a running first call at most as long as that
+                        // call may run, and never past its own client's deadline.
+                        let lease = tool.timeout + idempotency::redis::LEASE_MARGIN;
+                        let now = Instant::now();
+                        let wait_until = turn
+                            .deadline
+                            .map_or(now + tool.timeout, |d| d.min(now + tool.timeout));
+                        match self
+                            .idempotency
+                            .claim(
+                                key,
+                                &admitted.arguments_sha256,
+                                tool.risk_level,
+                                &tool.version,
+                                &started,
+                                lease,
+                                wait_until,
+                            )
+                            .await?
+                        {
+                            Claimed::Replay(stored) => {
+                                trail.idempotent_replay = true;
+                                trail.tool_version = stored.tool_version;
+                                stored.result
+                            }
+                            Claimed::Owner(slot) => {
+                                let result = self
+                                    .call_backend(
+                                        turn,
+                                        span,
+                                        &mut admitted.permit,
+                                        approval_id,
+                                        &started,
+                                    )
+                                    .await;
+                                slot.finish(&result).await;
+                                result
+                            }
+                        }
+                    })
+                    .await
+                }
+            }?;
+            Ok(Success {
+                output,
+                approval_id: trail.approval_id.clone(),
+            })
+        }
+    }
+
+    /// Calls the backend inside its CLIENT span, whose context is what the backend receives as
+    /// `traceparent`.
+    fn call_backend<'a>(
+        &'a self,
+        turn: &Turn,
+        call_span: &spans::ToolgateSpan,
+        permit: &'a mut Permit,
+        approval_id: Option<&'a str>,
+        started: &'a AtomicBool,
+    ) -> impl Future<Output = Result<String, Refusal>> + Send + 'a {
+        let tool = permit.tool();
+        let span = spans::backend_call(&self.tracer, tool, call_span, &turn.trace_parent);
+        let traceparent = spans::outbound_traceparent(&span, tool, turn.traceparent.as_deref());
+        permit.set_traceparent(traceparent);
+        self.run(permit, span, turn.deadline, approval_id, started)
     }
 
     /// Stage 9: creates an approval for a first call, or checks the one the call redeems.
@@ -619,72 +701,78 @@ impl Boundary {
 
     /// Stages 11 and 12: run under min(tool timeout, client deadline), then check the output.
     /// An approval is used up here, as the call is handed to the backend, and given back if the
-    /// backend was never reached.
-    async fn run(
-        &self,
-        permit: &Permit,
+    /// backend was never reached. The backend's span (`span`) ends, with its end time, when the
+    /// backend answers or the call is dropped.
+    #[expect(clippy::manual_async_fn, reason = "an async fn holds its arguments twice")]
+    fn run<'a>(
+        &'a self,
+        permit: &'a Permit,
+        span: spans::ToolgateSpan,
         deadline: Option<Instant>,
-        approval_id: Option<&str>,
-        started: &AtomicBool,
-    ) -> Result<String, Refusal> {
-        let tool = permit.tool();
-        let now = Instant::now();
-        // A timeout of up to 30 days (validated at load) cannot overflow; saturate regardless.
-        let tool_deadline = now
-            .checked_add(tool.timeout)
-            .unwrap_or(now + crate::settings::MAX_DURATION);
-        let deadline = deadline.map_or(tool_deadline, |d| d.min(tool_deadline));
-        // Beyond a tool's concurrency cap, refuse at once rather than queue without bound.
-        let _slot = match &tool.concurrency {
-            Some(cap) => Some(cap.clone().try_acquire_owned().map_err(|_| {
-                Refusal::new(
-                    Stage::Execute,
-                    Reason::Overloaded,
-                    format!(
-                        "{} is at its limit of calls in flight; retry shortly",
-                        tool.name
-                    ),
-                )
-            })?),
-            None => None,
-        };
-        let tenant = &permit.caller().tenant;
-        if let Some(id) = approval_id {
-            self.approvals
-                .consume(tenant, id)
-                .await
-                .map_err(|(reason, message)| {
-                    Refusal::new(Stage::Approval, reason, message).with_approval_id(id)
-                })?;
-        }
-        let executor = self.executors.for_spec(&tool.executor);
-        tracing::debug!(call_id = permit.call_id(), tool = %tool.name, "executing");
-        started.store(true, Ordering::Release);
-        let output = match tokio::time::timeout_at(deadline, executor.execute(permit)).await {
-            Ok(Ok(output)) => output,
-            Ok(Err(err)) => {
-                if !err.reached_backend() {
-                    started.store(false, Ordering::Release);
-                    if let Some(id) = approval_id {
-                        self.approvals.release(tenant, id).await;
-                    }
-                }
-                return Err(exec_refusal(err, permit));
+        approval_id: Option<&'a str>,
+        started: &'a AtomicBool,
+    ) -> impl Future<Output = Result<String, Refusal>> + Send + 'a {
+        async move {
+            let _span = &span;
+            let tool = permit.tool();
+            let now = Instant::now();
+            // A timeout of up to 30 days (validated at load) cannot overflow; saturate regardless.
+            let tool_deadline = now
+                .checked_add(tool.timeout)
+                .unwrap_or(now + crate::settings::MAX_DURATION);
+            let deadline = deadline.map_or(tool_deadline, |d| d.min(tool_deadline));
+            // Beyond a tool's concurrency cap, refuse at once rather than queue without bound.
+            let _slot = match &tool.concurrency {
+                Some(cap) => Some(cap.clone().try_acquire_owned().map_err(|_| {
+                    Refusal::new(
+                        Stage::Execute,
+                        Reason::Overloaded,
+                        format!(
+                            "{} is at its limit of calls in flight; retry shortly",
+                            tool.name
+                        ),
+                    )
+                })?),
+                None => None,
+            };
+            let tenant = &permit.caller().tenant;
+            if let Some(id) = approval_id {
+                self.approvals
+                    .consume(tenant, id)
+                    .await
+                    .map_err(|(reason, message)| {
+                        Refusal::new(Stage::Approval, reason, message).with_approval_id(id)
+                    })?;
             }
-            Err(_elapsed) => return Err(timeout_refusal(tool, deadline == tool_deadline)),
-        };
-        if output.len() > tool.max_output_bytes {
-            return Err(Refusal::new(
-                Stage::Result,
-                Reason::OutputTooLarge,
-                format!(
-                    "the tool's output is {} bytes; the limit is {}",
-                    output.len(),
-                    tool.max_output_bytes
-                ),
-            ));
+            let executor = self.executors.for_spec(&tool.executor);
+            tracing::debug!(call_id = permit.call_id(), tool = %tool.name, "executing");
+            started.store(true, Ordering::Release);
+            let output = match tokio::time::timeout_at(deadline, executor.execute(permit)).await {
+                Ok(Ok(output)) => output,
+                Ok(Err(err)) => {
+                    if !err.reached_backend() {
+                        started.store(false, Ordering::Release);
+                        if let Some(id) = approval_id {
+                            self.approvals.release(tenant, id).await;
+                        }
+                    }
+                    return Err(exec_refusal(err, permit));
+                }
+                Err(_elapsed) => return Err(timeout_refusal(tool, deadline == tool_deadline)),
+            };
+            if output.len() > tool.max_output_bytes {
+                return Err(Refusal::new(
+                    Stage::Result,
+                    Reason::OutputTooLarge,
+                    format!(
+                        "the tool's output is {} bytes; the limit is {}",
+                        output.len(),
+                        tool.max_output_bytes
+                    ),
+                ));
+            }
+            Ok(output)
         }
-        Ok(output)
     }
 
     /// One page of the approvals of the approver's tenant.
@@ -721,12 +809,14 @@ impl Boundary {
         };
         let approval = self.approvals.decide(approver, id, approve, reason).await?;
         slot.send(Box::new(AuditEvent {
-            time: rfc3339(self.clock.unix_ms()),
+            time: EventTime(self.clock.unix_ms()),
             kind: Some(EventKind::ApprovalDecision),
             run_id: approval.binding.run_id.clone(),
-            tenant: approval.binding.tenant.clone(),
-            subject: approval.binding.subject.clone(),
-            agent: approval.binding.agent.clone(),
+            party: Party::Named {
+                tenant: approval.binding.tenant.clone(),
+                subject: approval.binding.subject.clone(),
+                agent: approval.binding.agent.clone(),
+            },
             tool: approval.binding.tool.clone(),
             tool_version: approval.binding.tool_version.clone(),
             risk_level: Some(approval.risk_level.as_str()),
@@ -743,21 +833,6 @@ impl Boundary {
     /// Approvals waiting for a decision.
     pub fn pending_approvals(&self) -> usize {
         self.approvals.pending()
-    }
-
-    fn base_event(&self, turn: &Turn, call_id: &str, tool: &str) -> Box<AuditEvent> {
-        Box::new(AuditEvent {
-            time: rfc3339(self.clock.unix_ms()),
-            kind: Some(EventKind::ToolCall),
-            call_id: call_id.to_owned(),
-            run_id: turn.run_id.clone(),
-            step: turn.step,
-            tenant: turn.caller.tenant.clone(),
-            subject: turn.caller.subject.clone(),
-            agent: turn.caller.agent.clone(),
-            tool: structure::reported_call_id(tool.to_owned(), self.limits.max_identifier_bytes),
-            ..AuditEvent::default()
-        })
     }
 }
 
@@ -941,86 +1016,114 @@ fn current_revision(catalog: &Catalog, caller: &Caller) -> (String, Definitions)
     )
 }
 
-/// Holds a call's event and its queue slot; the event is sent when the call finishes, or by
-/// `Drop` when the call's future is dropped (client cancel, deadline, shutdown): then the event
-/// says CANCELLED (or INTERNAL during a panic).
-struct AuditGuard {
-    event: Option<Box<AuditEvent>>,
+/// What the stages learn about a call on the way, for its audit event (and the shadow
+/// comparison), also when a later stage refuses.
+#[derive(Debug, Default)]
+pub(crate) struct CallTrail {
+    pub tool_version: String,
+    pub risk_level: Option<&'static str>,
+    /// Bound argument paths the model tried to set itself.
+    pub bound_override_attempts: Vec<String>,
+    pub arguments_sha256: Option<String>,
+    /// Only for tools with `record_arguments: true`, redacted (boxed: few tools record them).
+    pub arguments: Option<Box<serde_json::Value>>,
+    pub approval_id: Option<String>,
+    pub idempotent_replay: bool,
+}
+
+/// Holds a call's queue slot and what its audit event is made of; the event is built and sent
+/// when the call finishes, or by `Drop` when the call's future is dropped (client cancel,
+/// deadline, shutdown): then it says CANCELLED (or INTERNAL during a panic). Nothing of the
+/// event is built before then: the identity and the turn are borrowed, not copied, so a call
+/// waiting on its backend holds little more than the trail.
+struct AuditGuard<'t> {
+    turn: &'t Turn,
+    /// As reported (numbered when blank, cut when long).
+    call_id: String,
+    /// As the client named it, cut to the identifier limit.
+    tool: String,
+    time: EventTime,
+    /// Trace and span ids, as bytes: `TraceId` is a `u128`, whose alignment would pad the
+    /// call's future.
+    trace: Option<([u8; 16], [u8; 8])>,
     started: Instant,
+    trail: CallTrail,
     reservation: Option<Reservation>,
 }
 
-impl AuditGuard {
-    fn new(event: Box<AuditEvent>, reservation: Reservation) -> Self {
-        AuditGuard {
-            event: Some(event),
-            started: Instant::now(),
-            reservation: Some(reservation),
-        }
-    }
-
-    fn event(&mut self) -> &mut AuditEvent {
-        self.event.get_or_insert_with(Box::default)
-    }
-
-    fn send(&mut self, event: Box<AuditEvent>) {
-        if let Some(reservation) = self.reservation.take() {
-            reservation.send(event);
-        }
-    }
-
+impl AuditGuard<'_> {
     fn finish(mut self, outcome: &CallOutcome) {
-        if let Some(mut event) = self.event.take() {
-            fill(
-                &mut event,
-                outcome.status,
-                outcome.refusal.as_ref(),
-                outcome.duration,
-            );
-            if event.approval_id.is_none() {
-                event.approval_id.clone_from(&outcome.approval_id);
-            }
-            self.send(event);
-        }
+        self.send(
+            outcome.status,
+            outcome.refusal.as_ref(),
+            outcome.duration,
+            outcome.approval_id.as_ref(),
+        );
+    }
+
+    fn send(
+        &mut self,
+        status: Status,
+        refusal: Option<&Refusal>,
+        duration: Duration,
+        approval_id: Option<&String>,
+    ) {
+        let Some(reservation) = self.reservation.take() else {
+            return;
+        };
+        let trail = std::mem::take(&mut self.trail);
+        let approval_id = trail
+            .approval_id
+            .or_else(|| refusal.and_then(|r| r.approval_id.clone()))
+            .or_else(|| approval_id.cloned());
+        reservation.send(Box::new(AuditEvent {
+            time: self.time,
+            kind: Some(EventKind::ToolCall),
+            call_id: std::mem::take(&mut self.call_id),
+            run_id: self.turn.run_id.clone(),
+            step: self.turn.step,
+            party: Party::Caller(self.turn.caller.clone()),
+            tool: std::mem::take(&mut self.tool),
+            tool_version: trail.tool_version,
+            risk_level: trail.risk_level,
+            arguments_sha256: trail.arguments_sha256,
+            status: status.as_str(),
+            error_type: refusal.map(|r| r.reason.code()),
+            refused_by: refusal.map(|r| r.stage.as_str()),
+            reason: refusal.map(|r| r.text_for_record().into_owned()),
+            approval_id,
+            idempotent_replay: trail.idempotent_replay,
+            bound_override_attempts: trail.bound_override_attempts,
+            duration_ms: u64::try_from(duration.as_millis()).unwrap_or(u64::MAX),
+            trace_id: self
+                .trace
+                .map(|(trace_id, _)| TraceId::from_bytes(trace_id)),
+            span_id: self.trace.map(|(_, span_id)| SpanId::from_bytes(span_id)),
+            arguments: trail.arguments.map(|arguments| *arguments),
+            ..AuditEvent::default()
+        }));
     }
 }
 
-impl Drop for AuditGuard {
+impl Drop for AuditGuard<'_> {
     fn drop(&mut self) {
-        if let Some(mut event) = self.event.take() {
-            let refusal = if std::thread::panicking() {
-                Refusal::new(
-                    Stage::Execute,
-                    Reason::Internal,
-                    "internal error in toolgate; the call's outcome is unknown",
-                )
-            } else {
-                Refusal::new(
-                    Stage::Execute,
-                    Reason::Cancelled,
-                    "the client cancelled the call",
-                )
-            };
-            fill(
-                &mut event,
-                refusal.status(),
-                Some(&refusal),
-                self.started.elapsed(),
-            );
-            self.send(event);
+        if self.reservation.is_none() {
+            return;
         }
-    }
-}
-
-fn fill(event: &mut AuditEvent, status: Status, refusal: Option<&Refusal>, duration: Duration) {
-    event.status = status.as_str();
-    event.duration_ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
-    if let Some(refusal) = refusal {
-        event.error_type = Some(refusal.reason.code());
-        event.refused_by = Some(refusal.stage.as_str());
-        event.reason = Some(refusal.text_for_record().into_owned());
-        if event.approval_id.is_none() {
-            event.approval_id.clone_from(&refusal.approval_id);
-        }
+        let refusal = if std::thread::panicking() {
+            Refusal::new(
+                Stage::Execute,
+                Reason::Internal,
+                "internal error in toolgate; the call's outcome is unknown",
+            )
+        } else {
+            Refusal::new(
+                Stage::Execute,
+                Reason::Cancelled,
+                "the client cancelled the call",
+            )
+        };
+        let duration = self.started.elapsed();
+        self.send(refusal.status(), Some(&refusal), duration, None);
     }
 }

@@ -31,7 +31,6 @@ impl Permit {
         tool: Arc<ToolVersion>,
         caller: Arc<Caller>,
         arguments: Value,
-        traceparent: Option<String>,
     ) -> Self {
         Permit {
             call_id,
@@ -39,9 +38,14 @@ impl Permit {
             tool,
             caller,
             arguments,
-            traceparent,
+            traceparent: None,
             _sealed: Sealed,
         }
+    }
+
+    /// Set as the backend is called, from the span made for that.
+    pub(super) fn set_traceparent(&mut self, traceparent: Option<String>) {
+        self.traceparent = traceparent;
     }
 
     /// The W3C `traceparent` for outbound requests, when the call is traced.

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use futures::future::BoxFuture;
 use tonic::{Request, Response, Status};
 
 use super::convert;
@@ -12,7 +13,7 @@ use arc_swap::ArcSwap;
 use crate::{
     approvals,
     audit::RefusedCallers,
-    boundary::{Boundary, ResponseBudget, Turn},
+    boundary::{Boundary, CallRequest, ResponseBudget, Turn},
     config::LimitsConfig,
     identity::{Caller, IdentityResolver},
     proto::{self, approvals_server::Approvals, tool_gate_server::ToolGate},
@@ -104,6 +105,25 @@ impl ToolGateService {
     }
 }
 
+impl ToolGateService {
+    /// One ExecuteTool call; the block uses `turn` and `call` in place.
+    #[expect(clippy::manual_async_fn, reason = "an async fn holds its arguments twice")]
+    fn execute_one(
+        &self,
+        turn: Turn,
+        call: CallRequest,
+    ) -> impl Future<Output = Result<Response<proto::ExecuteToolResponse>, Status>> + Send + '_
+    {
+        async move {
+            let budget = ResponseBudget::new(self.limits.max_message_bytes, 1);
+            let outcome = self.boundary().execute(&turn, call, 0, &budget).await;
+            Ok(Response::new(proto::ExecuteToolResponse {
+                result: Some(convert::tool_result(outcome)),
+            }))
+        }
+    }
+}
+
 /// The request fields that make a [`Turn`], shared by ExecuteTool and ExecuteTools.
 trait TurnFields {
     fn run_id(&self) -> &str;
@@ -160,23 +180,28 @@ impl ToolGate for ToolGateService {
         }))
     }
 
-    async fn execute_tool(
-        &self,
+    /// Written out instead of `async fn`: async_trait's block moves `request` into a local, so
+    /// the decoded request would be held twice for as long as the call runs (rust-lang/rust
+    /// #62958). The request is taken apart first; the future holds the turn and the call.
+    fn execute_tool<'life0, 'async_trait>(
+        &'life0 self,
         request: Request<proto::ExecuteToolRequest>,
-    ) -> Result<Response<proto::ExecuteToolResponse>, Status> {
-        let turn = self.turn(&request, "ExecuteTool")?;
-        let call = request
-            .into_inner()
-            .call
-            .ok_or_else(|| Status::invalid_argument("ExecuteToolRequest.call is required"))?;
-        let budget = ResponseBudget::new(self.limits.max_message_bytes, 1);
-        let outcome = self
-            .boundary()
-            .execute(&turn, convert::call_request(call), 0, &budget)
-            .await;
-        Ok(Response::new(proto::ExecuteToolResponse {
-            result: Some(convert::tool_result(outcome)),
-        }))
+    ) -> BoxFuture<'async_trait, Result<Response<proto::ExecuteToolResponse>, Status>>
+    where
+        'life0: 'async_trait,
+        Self: 'async_trait,
+    {
+        let turn_and_call = self.turn(&request, "ExecuteTool").and_then(|turn| {
+            let call = request
+                .into_inner()
+                .call
+                .ok_or_else(|| Status::invalid_argument("ExecuteToolRequest.call is required"))?;
+            Ok((turn, convert::call_request(call)))
+        });
+        match turn_and_call {
+            Ok((turn, call)) => Box::pin(self.execute_one(turn, call)),
+            Err(status) => Box::pin(std::future::ready(Err(status))),
+        }
     }
 
     async fn execute_tools(

@@ -27,9 +27,9 @@ use serde::Serialize;
 use tokio::sync::{mpsc, watch};
 
 use crate::{
-    audit::{AuditEvent, EventKind, rfc3339},
+    audit::{AuditEvent, EventKind, EventTime, Party},
     boundary::{
-        Boundary, CallOutcome, CallRequest, Turn,
+        Boundary, CallOutcome, CallRequest, CallTrail, Turn,
         explain::{Explanation, OwnEffects},
     },
     catalog::Catalog,
@@ -118,7 +118,7 @@ impl Shadow {
         index: usize,
         call: impl FnOnce() -> CallRequest,
         outcome: &CallOutcome,
-        trail: &AuditEvent,
+        trail: &CallTrail,
     ) {
         if self.candidate.load().is_none() {
             return;
@@ -175,7 +175,7 @@ struct Active {
 }
 
 impl Active {
-    fn of(outcome: &CallOutcome, trail: &AuditEvent) -> Self {
+    fn of(outcome: &CallOutcome, trail: &CallTrail) -> Self {
         let refusal = outcome.refusal.as_ref();
         Active {
             call_id: outcome.call_id.clone(),
@@ -352,14 +352,12 @@ async fn compare(boundary: &Boundary, candidate: &Candidate, job: Job) {
         },
     };
     slot.send(Box::new(AuditEvent {
-        time: rfc3339(boundary.clock().unix_ms()),
+        time: EventTime(boundary.clock().unix_ms()),
         kind: Some(EventKind::ShadowDecision),
         call_id: active.call_id,
         run_id: turn.run_id,
         step: turn.step,
-        tenant: turn.caller.tenant.clone(),
-        subject: turn.caller.subject.clone(),
-        agent: turn.caller.agent.clone(),
+        party: Party::Caller(turn.caller.clone()),
         tool: crate::boundary::structure::reported_call_id(
             job.call.name,
             boundary.limits().max_identifier_bytes,
@@ -448,7 +446,7 @@ mod tests {
                     ..CallRequest::default()
                 },
                 &outcome,
-                &AuditEvent::default(),
+                &CallTrail::default(),
             )
         };
         let skipped = |boundary: &Boundary| {

@@ -13,12 +13,15 @@ use std::{borrow::Cow, sync::Arc};
 use opentelemetry::{
     Context, KeyValue, Value,
     propagation::{Extractor, TextMapPropagator},
-    trace::{Span as _, SpanBuilder, SpanContext, SpanKind, Status as OtelStatus, TraceContextExt},
+    trace::{
+        Span as _, SpanBuilder, SpanContext, SpanId, SpanKind, Status as OtelStatus,
+        TraceContextExt, TraceId,
+    },
 };
 use opentelemetry_sdk::{propagation::TraceContextPropagator, trace::SdkTracer};
 
 use super::batch::SpanLosses;
-use crate::{boundary::CallOutcome, canonical::lower_hex, catalog::ToolVersion, error::Status};
+use crate::{boundary::CallOutcome, catalog::ToolVersion, error::Status};
 
 /// The caller's trace context, from request metadata.
 #[derive(Clone, Debug, Default)]
@@ -366,12 +369,7 @@ fn format_traceparent(c: &opentelemetry::trace::SpanContext) -> String {
     )
 }
 
-/// Trace and span ids (hex) for the audit event, when the span is traced.
-pub fn ids(span: &ToolgateSpan) -> Option<(String, String)> {
-    span.traced_context().map(|c| {
-        (
-            lower_hex(&c.trace_id().to_bytes()),
-            lower_hex(&c.span_id().to_bytes()),
-        )
-    })
+/// Trace and span ids for the audit event, when the span is traced.
+pub fn ids(span: &ToolgateSpan) -> Option<(TraceId, SpanId)> {
+    span.traced_context().map(|c| (c.trace_id(), c.span_id()))
 }

@@ -954,9 +954,11 @@ tools:
 }
 
 /// Memory per call in flight is mostly the call's future: a sidecar holding 10,000 slow calls
-/// holds 10,000 of them. Rare state (audit event, idempotency claim) is boxed so it is paid for
-/// only when used; this guards against it creeping back inline (an unboxed audit event alone
-/// added 3 KiB). docs/performance.md has the measured sizes.
+/// holds 10,000 of them. Rare state (the idempotency claim) is boxed so it is paid for only when
+/// used, the audit event is built when the call ends, and the stages before the backend run in a
+/// future of their own; this guards against any of that creeping back (an unboxed audit event
+/// alone added 3 KiB; the future was 1,672 bytes before the split). docs/performance.md has the
+/// measured sizes.
 #[tokio::test]
 async fn the_per_call_future_stays_small() {
     use toolgate::boundary::{CallRequest, Turn};
@@ -984,7 +986,8 @@ async fn the_per_call_future_stays_small() {
     let budget = toolgate::boundary::ResponseBudget::new(4 << 20, 1);
     let future = server.boundary().execute(&turn, call, 0, &budget);
     let size = std::mem::size_of_val(&future);
-    assert!(size <= 2048, "Boundary::execute's future is {size} bytes");
+    eprintln!("FUTURE SIZE {size}");
+    assert!(size <= 1536, "Boundary::execute's future is {size} bytes");
     // Still a working call: the future measured is the real one.
     let outcome = future.await;
     assert_eq!(outcome.status, toolgate::error::Status::Ok, "{outcome:?}");
