@@ -190,18 +190,24 @@ pub fn execute_tool(
     parent: &Context,
 ) -> ToolgateSpan {
     tracer.start(SpanKind::Internal, parent, || {
-        (
-            format!("execute_tool {tool}").into(),
-            vec![
-                KeyValue::new("gen_ai.operation.name", "execute_tool"),
-                KeyValue::new("gen_ai.tool.name", tool.to_owned()),
-                KeyValue::new("gen_ai.tool.call.id", call_id.to_owned()),
-                KeyValue::new("toolgate.tenant", tenant.to_owned()),
-                KeyValue::new("toolgate.agent", agent.to_owned()),
-            ],
-        )
+        // Room for what `record_tool` and `record_outcome` add to a call that runs: the SDK
+        // grows the list by doubling, which cost two reallocations per call.
+        let mut attributes = Vec::with_capacity(EXECUTE_TOOL_ATTRIBUTES);
+        attributes.extend([
+            KeyValue::new("gen_ai.operation.name", "execute_tool"),
+            KeyValue::new("gen_ai.tool.name", tool.to_owned()),
+            KeyValue::new("gen_ai.tool.call.id", call_id.to_owned()),
+            KeyValue::new("toolgate.tenant", tenant.to_owned()),
+            KeyValue::new("toolgate.agent", agent.to_owned()),
+        ]);
+        (format!("execute_tool {tool}").into(), attributes)
     })
 }
+
+/// The `execute_tool` span's attributes when the call runs: five at the start, four from
+/// `record_tool`, two from `record_outcome`. A refusal adds three more, and tools that trace
+/// content two.
+const EXECUTE_TOOL_ATTRIBUTES: usize = 11;
 
 /// What the chain learned about the tool, once it resolved.
 pub fn record_tool(span: &mut ToolgateSpan, tool: &ToolVersion) {
