@@ -21,6 +21,7 @@ pub mod scopes;
 pub mod structure;
 
 use std::{
+    borrow::Borrow,
     panic::AssertUnwindSafe,
     sync::{
         Arc,
@@ -346,15 +347,26 @@ impl Boundary {
     ///
     /// Not an `async fn`: one copies its arguments into locals, so the call's request would be
     /// held twice for as long as the call runs. The block below uses them in place.
-    #[expect(clippy::manual_async_fn, reason = "an async fn holds its arguments twice")]
-    pub fn execute<'a>(
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn holds its arguments twice"
+    )]
+    ///
+    /// The turn and the budget are borrowed by a batch's calls and owned by a single call's
+    /// future, which then holds nothing else.
+    pub fn execute<'a, T, B>(
         &'a self,
-        turn: &'a Turn,
+        turn: T,
         call: CallRequest,
         index: usize,
-        budget: &'a ResponseBudget,
-    ) -> impl Future<Output = CallOutcome> + Send + 'a {
+        budget: B,
+    ) -> impl Future<Output = CallOutcome> + Send + 'a
+    where
+        T: Borrow<Turn> + Send + Sync + 'a,
+        B: Borrow<ResponseBudget> + Send + Sync + 'a,
+    {
         async move {
+            let turn: &Turn = turn.borrow();
             let started = Instant::now();
             let _in_flight = self.metrics.in_flight();
             // What the call's audit event is made of; the event is built when the call ends.
@@ -442,7 +454,7 @@ impl Boundary {
                     CallOutcome::refused(call_id, call.name, trail.tool_version.clone(), refusal)
                 }
             };
-            if !budget.take(&outcome) {
+            if !budget.borrow().take(&outcome) {
                 outcome = over_budget(outcome);
             }
             outcome.duration = started.elapsed();
@@ -534,9 +546,13 @@ impl Boundary {
             .await?;
         // 9. Approval for risky tools, bound to these exact arguments; used up only when the
         // call reaches its backend.
-        let approval = self
-            .approval(turn, call, tool, &arguments, &arguments_sha256)
-            .await?;
+        // Boxed: only the tools that need approval pay for the stage's state.
+        let approval = match tool.requires_approval {
+            true => {
+                Box::pin(self.approval(turn, call, tool, &arguments, &arguments_sha256)).await?
+            }
+            false => None,
+        };
         trail.approval_id = approval.as_ref().map(|a| a.id.clone());
         if let Some(checked) = &approval
             && checked.already_used
@@ -564,7 +580,10 @@ impl Boundary {
 
     /// Stages 10-12: idempotency, wrapping the execution under the deadline and the result's
     /// checks. Like `execute`, a block that uses its arguments in place: a slow call waits here.
-    #[expect(clippy::manual_async_fn, reason = "an async fn holds its arguments twice")]
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn holds its arguments twice"
+    )]
     fn dispatch<'a>(
         &'a self,
         turn: &'a Turn,
@@ -703,7 +722,10 @@ impl Boundary {
     /// An approval is used up here, as the call is handed to the backend, and given back if the
     /// backend was never reached. The backend's span (`span`) ends, with its end time, when the
     /// backend answers or the call is dropped.
-    #[expect(clippy::manual_async_fn, reason = "an async fn holds its arguments twice")]
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn holds its arguments twice"
+    )]
     fn run<'a>(
         &'a self,
         permit: &'a Permit,

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use futures::future::BoxFuture;
+use futures::{FutureExt, future::BoxFuture};
 use tonic::{Request, Response, Status};
 
 use super::convert;
@@ -13,7 +13,7 @@ use arc_swap::ArcSwap;
 use crate::{
     approvals,
     audit::RefusedCallers,
-    boundary::{Boundary, CallRequest, ResponseBudget, Turn},
+    boundary::{Boundary, ResponseBudget, Turn},
     config::LimitsConfig,
     identity::{Caller, IdentityResolver},
     proto::{self, approvals_server::Approvals, tool_gate_server::ToolGate},
@@ -105,25 +105,6 @@ impl ToolGateService {
     }
 }
 
-impl ToolGateService {
-    /// One ExecuteTool call; the block uses `turn` and `call` in place.
-    #[expect(clippy::manual_async_fn, reason = "an async fn holds its arguments twice")]
-    fn execute_one(
-        &self,
-        turn: Turn,
-        call: CallRequest,
-    ) -> impl Future<Output = Result<Response<proto::ExecuteToolResponse>, Status>> + Send + '_
-    {
-        async move {
-            let budget = ResponseBudget::new(self.limits.max_message_bytes, 1);
-            let outcome = self.boundary().execute(&turn, call, 0, &budget).await;
-            Ok(Response::new(proto::ExecuteToolResponse {
-                result: Some(convert::tool_result(outcome)),
-            }))
-        }
-    }
-}
-
 /// The request fields that make a [`Turn`], shared by ExecuteTool and ExecuteTools.
 trait TurnFields {
     fn run_id(&self) -> &str;
@@ -182,7 +163,8 @@ impl ToolGate for ToolGateService {
 
     /// Written out instead of `async fn`: async_trait's block moves `request` into a local, so
     /// the decoded request would be held twice for as long as the call runs (rust-lang/rust
-    /// #62958). The request is taken apart first; the future holds the turn and the call.
+    /// #62958). The request is taken apart first, and the call's future owns the turn, the call
+    /// and the response budget.
     fn execute_tool<'life0, 'async_trait>(
         &'life0 self,
         request: Request<proto::ExecuteToolRequest>,
@@ -198,10 +180,20 @@ impl ToolGate for ToolGateService {
                 .ok_or_else(|| Status::invalid_argument("ExecuteToolRequest.call is required"))?;
             Ok((turn, convert::call_request(call)))
         });
-        match turn_and_call {
-            Ok((turn, call)) => Box::pin(self.execute_one(turn, call)),
-            Err(status) => Box::pin(std::future::ready(Err(status))),
-        }
+        let (turn, call) = match turn_and_call {
+            Ok(turn_and_call) => turn_and_call,
+            Err(status) => return Box::pin(std::future::ready(Err(status))),
+        };
+        let budget = ResponseBudget::new(self.limits.max_message_bytes, 1);
+        Box::pin(
+            self.boundary()
+                .execute(turn, call, 0, budget)
+                .map(|outcome| {
+                    Ok(Response::new(proto::ExecuteToolResponse {
+                        result: Some(convert::tool_result(outcome)),
+                    }))
+                }),
+        )
     }
 
     async fn execute_tools(
