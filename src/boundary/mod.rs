@@ -387,14 +387,7 @@ impl Boundary {
                 trail: CallTrail::default(),
                 reservation: None,
             };
-            let mut span = spans::execute_tool(
-                &self.tracer,
-                &call.name,
-                &guard.call_id,
-                &turn.caller.tenant,
-                &turn.caller.agent,
-                &turn.trace_parent,
-            );
+            let mut span = spans::execute_tool(&self.tracer, &call.name, &turn.trace_parent);
             guard.trace = spans::ids(&span)
                 .map(|(trace_id, span_id)| (trace_id.to_bytes(), span_id.to_bytes()));
             // The event's slot comes first. Fail closed: a call that could not be audited does not
@@ -413,19 +406,14 @@ impl Boundary {
                 let call_id = std::mem::take(&mut guard.call_id);
                 let mut outcome = CallOutcome::refused(call_id, call.name, String::new(), refusal);
                 outcome.duration = started.elapsed();
-                spans::record_outcome(&mut span, &outcome);
+                spans::record_call(&mut span, &turn.caller, None, &outcome);
                 self.metrics.observe(&outcome, false);
                 return outcome;
             }
             let mut hard_stop = self.hard_stop.subscribe();
-            let chain = AssertUnwindSafe(self.chain(
-                turn,
-                &call,
-                &guard.call_id,
-                &mut guard.trail,
-                &mut span,
-            ))
-            .catch_unwind();
+            let chain =
+                AssertUnwindSafe(self.chain(turn, &call, &guard.call_id, &mut guard.trail, &span))
+                    .catch_unwind();
             let result = tokio::select! {
                 result = chain => result.unwrap_or_else(|panic| {
                     tracing::error!(tool = %call.name, call_id = %guard.call_id, panic = panic_message(&panic), "a call panicked; this is a bug in toolgate");
@@ -444,14 +432,15 @@ impl Boundary {
                     let mut outcome = CallOutcome::ok(
                         call_id,
                         call.name,
-                        trail.tool_version.clone(),
+                        trail.tool_version().to_owned(),
                         success.output,
                     );
                     outcome.approval_id = success.approval_id;
                     outcome
                 }
                 Err(refusal) => {
-                    CallOutcome::refused(call_id, call.name, trail.tool_version.clone(), refusal)
+                    let version = trail.tool_version().to_owned();
+                    CallOutcome::refused(call_id, call.name, version, refusal)
                 }
             };
             if !budget.borrow().take(&outcome) {
@@ -459,7 +448,7 @@ impl Boundary {
             }
             outcome.duration = started.elapsed();
             outcome.idempotent_replay = trail.idempotent_replay;
-            spans::record_outcome(&mut span, &outcome);
+            spans::record_call(&mut span, &turn.caller, trail.tool.as_deref(), &outcome);
             let known = !outcome.tool_version.is_empty()
                 || self.state.load().catalog.contains(&outcome.tool);
             self.metrics.observe(&outcome, known);
@@ -489,12 +478,12 @@ impl Boundary {
         call: &CallRequest,
         call_id: &str,
         trail: &mut CallTrail,
-        span: &mut spans::ToolgateSpan,
+        span: &spans::ToolgateSpan,
     ) -> Result<Success, Refusal> {
         // The catalog is pinned for the rest of this call, even if a reload happens meanwhile.
         let state = self.state.load_full();
         // 1-9 run in a future of their own, so what they hold is gone while the backend runs.
-        let admitted = self.admit(&state, turn, call, call_id, trail, span).await?;
+        let admitted = self.admit(&state, turn, call, call_id, trail).await?;
         // 10-12.
         self.dispatch(turn, call, admitted, trail, span).await
     }
@@ -507,7 +496,6 @@ impl Boundary {
         call: &CallRequest,
         call_id: &str,
         trail: &mut CallTrail,
-        span: &mut spans::ToolgateSpan,
     ) -> Result<Admitted, Refusal> {
         let caller = &turn.caller;
         let catalog = &state.catalog;
@@ -520,11 +508,7 @@ impl Boundary {
             .as_deref()
             .map(|shown| (&self.revisions, shown));
         let decided = policy::decide(&self.limits, catalog, shown, caller, call, &mut seen);
-        if let Some(tool) = seen.tool {
-            trail.tool_version = tool.version.clone();
-            trail.risk_level = Some(tool.risk_level.as_str());
-            spans::record_tool(span, tool);
-        }
+        trail.tool = seen.tool.cloned();
         trail.bound_override_attempts = seen.override_attempts;
         let policy::Decided {
             tool,
@@ -630,7 +614,7 @@ impl Boundary {
                         {
                             Claimed::Replay(stored) => {
                                 trail.idempotent_replay = true;
-                                trail.tool_version = stored.tool_version;
+                                trail.replayed_version = Some(stored.tool_version);
                                 stored.result
                             }
                             Claimed::Owner(slot) => {
@@ -1042,8 +1026,10 @@ fn current_revision(catalog: &Catalog, caller: &Caller) -> (String, Definitions)
 /// comparison), also when a later stage refuses.
 #[derive(Debug, Default)]
 pub(crate) struct CallTrail {
-    pub tool_version: String,
-    pub risk_level: Option<&'static str>,
+    /// The tool the call resolved to, once it did.
+    pub tool: Option<Arc<ToolVersion>>,
+    /// The version an idempotent replay's stored result was made by.
+    pub replayed_version: Option<String>,
     /// Bound argument paths the model tried to set itself.
     pub bound_override_attempts: Vec<String>,
     pub arguments_sha256: Option<String>,
@@ -1051,6 +1037,17 @@ pub(crate) struct CallTrail {
     pub arguments: Option<Box<serde_json::Value>>,
     pub approval_id: Option<String>,
     pub idempotent_replay: bool,
+}
+
+impl CallTrail {
+    /// The version to report: a replay's stored one, else the resolved tool's ("" if none).
+    pub fn tool_version(&self) -> &str {
+        match (&self.replayed_version, &self.tool) {
+            (Some(version), _) => version,
+            (None, Some(tool)) => &tool.version,
+            (None, None) => "",
+        }
+    }
 }
 
 /// Holds a call's queue slot and what its audit event is made of; the event is built and sent
@@ -1094,6 +1091,8 @@ impl AuditGuard<'_> {
             return;
         };
         let trail = std::mem::take(&mut self.trail);
+        let tool_version = trail.tool_version().to_owned();
+        let risk_level = trail.tool.as_ref().map(|tool| tool.risk_level.as_str());
         let approval_id = trail
             .approval_id
             .or_else(|| refusal.and_then(|r| r.approval_id.clone()))
@@ -1106,8 +1105,8 @@ impl AuditGuard<'_> {
             step: self.turn.step,
             party: Party::Caller(self.turn.caller.clone()),
             tool: std::mem::take(&mut self.tool),
-            tool_version: trail.tool_version,
-            risk_level: trail.risk_level,
+            tool_version,
+            risk_level,
             arguments_sha256: trail.arguments_sha256,
             status: status.as_str(),
             error_type: refusal.map(|r| r.reason.code()),

@@ -21,7 +21,7 @@ use opentelemetry::{
 use opentelemetry_sdk::{propagation::TraceContextPropagator, trace::SdkTracer};
 
 use super::batch::SpanLosses;
-use crate::{boundary::CallOutcome, catalog::ToolVersion, error::Status};
+use crate::{boundary::CallOutcome, catalog::ToolVersion, error::Status, identity::Caller};
 
 /// The caller's trace context, from request metadata.
 #[derive(Clone, Debug, Default)]
@@ -180,59 +180,36 @@ impl ToolgateSpan {
     }
 }
 
-/// `execute_tool {name}`, kind INTERNAL: one per tool call.
-pub fn execute_tool(
-    tracer: &Tracer,
-    tool: &str,
-    call_id: &str,
-    tenant: &str,
-    agent: &str,
-    parent: &Context,
-) -> ToolgateSpan {
+/// `execute_tool {name}`, kind INTERNAL: one per tool call. It starts with no attributes:
+/// [`record_call`] sets them all when the call ends, so a call waiting on its backend holds no
+/// attribute list (11 × 56 bytes) and no copies of its names.
+pub fn execute_tool(tracer: &Tracer, tool: &str, parent: &Context) -> ToolgateSpan {
     tracer.start(SpanKind::Internal, parent, || {
-        // Room for what `record_tool` and `record_outcome` add to a call that runs: the SDK
-        // grows the list by doubling, which cost two reallocations per call.
-        let mut attributes = Vec::with_capacity(EXECUTE_TOOL_ATTRIBUTES);
-        attributes.extend([
-            KeyValue::new("gen_ai.operation.name", "execute_tool"),
-            KeyValue::new("gen_ai.tool.name", tool.to_owned()),
-            KeyValue::new("gen_ai.tool.call.id", call_id.to_owned()),
-            KeyValue::new("toolgate.tenant", tenant.to_owned()),
-            KeyValue::new("toolgate.agent", agent.to_owned()),
-        ]);
-        (format!("execute_tool {tool}").into(), attributes)
+        (format!("execute_tool {tool}").into(), Vec::new())
     })
 }
 
-/// The `execute_tool` span's attributes when the call runs: five at the start, four from
-/// `record_tool`, two from `record_outcome`. A refusal adds three more, and tools that trace
-/// content two.
-const EXECUTE_TOOL_ATTRIBUTES: usize = 11;
-
-/// What the chain learned about the tool, once it resolved.
-pub fn record_tool(span: &mut ToolgateSpan, tool: &ToolVersion) {
+/// The tool call's attributes and status, when it has ended: who called, what the chain
+/// resolved (`tool`, when it did), and the outcome.
+pub fn record_call(
+    span: &mut ToolgateSpan,
+    caller: &Caller,
+    tool: Option<&ToolVersion>,
+    outcome: &CallOutcome,
+) {
     if !span.is_recording() {
         return;
     }
-    span.set("toolgate.tool.version", tool.version.clone());
-    span.set("toolgate.risk_level", tool.risk_level.as_str());
-    span.set("toolgate.executor", tool.executor.kind());
-    span.set("gen_ai.tool.type", gen_ai_tool_type(tool));
-}
-
-/// The GenAI convention's tool types: code run where the agent runs ("function"), or a service
-/// reached over the network ("extension").
-fn gen_ai_tool_type(tool: &ToolVersion) -> &'static str {
-    match tool.executor.kind() {
-        "http" | "mcp" => "extension",
-        _ => "function",
-    }
-}
-
-/// The call's outcome; span status ERROR for anything but OK.
-pub fn record_outcome(span: &mut ToolgateSpan, outcome: &CallOutcome) {
-    if !span.is_recording() {
-        return;
+    span.set("gen_ai.operation.name", "execute_tool");
+    span.set("gen_ai.tool.name", outcome.tool.clone());
+    span.set("gen_ai.tool.call.id", outcome.call_id.clone());
+    span.set("toolgate.tenant", caller.tenant.clone());
+    span.set("toolgate.agent", caller.agent.clone());
+    if let Some(tool) = tool {
+        span.set("toolgate.tool.version", tool.version.clone());
+        span.set("toolgate.risk_level", tool.risk_level.as_str());
+        span.set("toolgate.executor", tool.executor.kind());
+        span.set("gen_ai.tool.type", gen_ai_tool_type(tool));
     }
     span.set("toolgate.status", outcome.status.as_str());
     span.set("toolgate.idempotent_replay", outcome.idempotent_replay);
@@ -245,6 +222,15 @@ pub fn record_outcome(span: &mut ToolgateSpan, outcome: &CallOutcome) {
             span.set("toolgate.reason", reason.clone());
             span.set_status(OtelStatus::error(reason));
         }
+    }
+}
+
+/// The GenAI convention's tool types: code run where the agent runs ("function"), or a service
+/// reached over the network ("extension").
+fn gen_ai_tool_type(tool: &ToolVersion) -> &'static str {
+    match tool.executor.kind() {
+        "http" | "mcp" => "extension",
+        _ => "function",
     }
 }
 
