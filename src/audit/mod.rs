@@ -107,7 +107,7 @@ pub struct EventTime(pub i64);
 
 impl EventTime {
     /// As a `SystemTime` (times before 1970 are written as 1970).
-    pub fn system_time(self) -> SystemTime {
+    fn system_time(self) -> SystemTime {
         UNIX_EPOCH + Duration::from_millis(u64::try_from(self.0).unwrap_or(0))
     }
 }

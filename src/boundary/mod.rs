@@ -347,13 +347,13 @@ impl Boundary {
     ///
     /// Not an `async fn`: one copies its arguments into locals, so the call's request would be
     /// held twice for as long as the call runs. The block below uses them in place.
+    ///
+    /// The turn and the budget are borrowed by a batch's calls and owned by a single call's
+    /// future, which then holds nothing else.
     #[expect(
         clippy::manual_async_fn,
         reason = "an async fn holds its arguments twice"
     )]
-    ///
-    /// The turn and the budget are borrowed by a batch's calls and owned by a single call's
-    /// future, which then holds nothing else.
     pub fn execute<'a, T, B>(
         &'a self,
         turn: T,
@@ -388,8 +388,7 @@ impl Boundary {
                 reservation: None,
             };
             let mut span = spans::execute_tool(&self.tracer, &call.name, &turn.trace_parent);
-            guard.trace = spans::ids(&span)
-                .map(|(trace_id, span_id)| (trace_id.to_bytes(), span_id.to_bytes()));
+            guard.trace = spans::ids(&span);
             // The event's slot comes first. Fail closed: a call that could not be audited does not
             // run. Otherwise wait for room: backpressure acts before anything happens.
             guard.reservation = match self.audit.fail_closed() {
@@ -532,9 +531,9 @@ impl Boundary {
         // call reaches its backend.
         // Boxed: only the tools that need approval pay for the stage's state.
         let approval = match tool.requires_approval {
-            true => {
-                Box::pin(self.approval(turn, call, tool, &arguments, &arguments_sha256)).await?
-            }
+            true => Some(
+                Box::pin(self.approval(turn, call, tool, &arguments, &arguments_sha256)).await?,
+            ),
             false => None,
         };
         trail.approval_id = approval.as_ref().map(|a| a.id.clone());
@@ -659,7 +658,8 @@ impl Boundary {
         self.run(permit, span, turn.deadline, approval_id, started)
     }
 
-    /// Stage 9: creates an approval for a first call, or checks the one the call redeems.
+    /// Stage 9, for a tool that requires approval: creates an approval for a first call, or
+    /// checks the one the call redeems.
     async fn approval(
         &self,
         turn: &Turn,
@@ -667,10 +667,7 @@ impl Boundary {
         tool: &ToolVersion,
         arguments: &serde_json::Value,
         arguments_sha256: &str,
-    ) -> Result<Option<approvals::Checked>, Refusal> {
-        if !tool.requires_approval {
-            return Ok(None);
-        }
+    ) -> Result<approvals::Checked, Refusal> {
         let binding = policy::approval_binding(&turn.caller, &turn.run_id, tool, arguments_sha256);
         let refuse =
             |(reason, message): (Reason, String)| Refusal::new(Stage::Approval, reason, message);
@@ -696,7 +693,7 @@ impl Boundary {
                 .with_approval_id(approval.id))
             }
             Some(id) => match self.approvals.check(id, &binding).await {
-                Ok(checked) => Ok(Some(checked)),
+                Ok(checked) => Ok(checked),
                 Err(err) => Err(refuse(err).with_approval_id(id)),
             },
         }
@@ -1062,8 +1059,7 @@ struct AuditGuard<'t> {
     /// As the client named it, cut to the identifier limit.
     tool: String,
     time: EventTime,
-    /// Trace and span ids, as bytes: `TraceId` is a `u128`, whose alignment would pad the
-    /// call's future.
+    /// Trace and span ids, as `spans::ids` gives them.
     trace: Option<([u8; 16], [u8; 8])>,
     started: Instant,
     trail: CallTrail,

@@ -13,10 +13,7 @@ use std::{borrow::Cow, sync::Arc};
 use opentelemetry::{
     Context, KeyValue, Value,
     propagation::{Extractor, TextMapPropagator},
-    trace::{
-        Span as _, SpanBuilder, SpanContext, SpanId, SpanKind, Status as OtelStatus,
-        TraceContextExt, TraceId,
-    },
+    trace::{Span as _, SpanBuilder, SpanContext, SpanKind, Status as OtelStatus, TraceContextExt},
 };
 use opentelemetry_sdk::{propagation::TraceContextPropagator, trace::SdkTracer};
 
@@ -361,7 +358,9 @@ fn format_traceparent(c: &opentelemetry::trace::SpanContext) -> String {
     )
 }
 
-/// Trace and span ids for the audit event, when the span is traced.
-pub fn ids(span: &ToolgateSpan) -> Option<(TraceId, SpanId)> {
-    span.traced_context().map(|c| (c.trace_id(), c.span_id()))
+/// Trace and span ids for the audit event, when the span is traced. As bytes: a `TraceId` is a
+/// `u128`, whose 16-byte alignment would pad the call's future that keeps them.
+pub fn ids(span: &ToolgateSpan) -> Option<([u8; 16], [u8; 8])> {
+    span.traced_context()
+        .map(|c| (c.trace_id().to_bytes(), c.span_id().to_bytes()))
 }
