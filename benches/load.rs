@@ -105,6 +105,8 @@ const SERVICE_SAMPLED: &str = "toolgate-bench-sampled";
 
 /// Re-runs this executable as the bare echo server on the given address.
 const BARE_SERVER_FLAG: &str = "--serve-bare-echo";
+/// What the bare echo process writes on stderr, before its address, once it listens.
+const BARE_LISTENING: &str = "bare echo listening on";
 /// Profiling helpers: an OTLP collector on the given address; the bench catalog written to a
 /// directory, for a `toolgate serve` started by hand.
 const COLLECTOR_FLAG: &str = "--serve-collector";
@@ -468,14 +470,7 @@ fn run(options: &Options) -> anyhow::Result<bool> {
     // toolgate binary as processes of their own; the binary also with a new JWT per call, and
     // with span export, then audit too, switched off (for the CPU split).
     let exe = options.binary.clone();
-    let bare_addr = free_port()?;
-    let mut bare_child = Command::new(std::env::current_exe()?)
-        .args([BARE_SERVER_FLAG, &bare_addr.to_string()])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(File::create(dir.path().join("bare.log"))?)
-        .spawn()?;
-    wait_listening(&mut bare_child, bare_addr, Duration::from_secs(10))?;
+    let (bare_child, bare_addr) = spawn_bare(&dir.path().join("bare.log"))?;
     // The state backend of the Redis row: a redis-server of its own on loopback, nothing saved.
     if Command::new("redis-server")
         .arg("--version")
@@ -497,9 +492,9 @@ fn run(options: &Options) -> anyhow::Result<bool> {
         catalog(&dir.path().join("audit-binary.jsonl")),
     )?;
     let export_off = [("OTEL_SDK_DISABLED", "true")];
-    let mut binaries = vec![
-        Binary::spawn(&exe, &config_path, dir.path(), SERVICE_BINARY, &[])?,
-        Binary::spawn(
+    let mut spawned = vec![
+        Spawned::spawn(&exe, &config_path, dir.path(), SERVICE_BINARY, &[])?,
+        Spawned::spawn(
             &exe,
             &write(
                 "bench-fresh.yaml",
@@ -509,7 +504,7 @@ fn run(options: &Options) -> anyhow::Result<bool> {
             SERVICE_FRESH_JWT,
             &[],
         )?,
-        Binary::spawn(
+        Spawned::spawn(
             &exe,
             &write(
                 "bench-no-export.yaml",
@@ -519,14 +514,14 @@ fn run(options: &Options) -> anyhow::Result<bool> {
             "toolgate-bench-no-export",
             &export_off,
         )?,
-        Binary::spawn(
+        Spawned::spawn(
             &exe,
             &write("bench-no-audit.yaml", catalog_without_audit())?,
             dir.path(),
             "toolgate-bench-no-audit",
             &export_off,
         )?,
-        Binary::spawn(
+        Spawned::spawn(
             &exe,
             &write(
                 "bench-redis.yaml",
@@ -541,8 +536,7 @@ fn run(options: &Options) -> anyhow::Result<bool> {
         "bench-candidate.yaml",
         candidate_catalog(&dir.path().join("audit-candidate.jsonl")),
     )?;
-    let shadow_admin = free_port()?.to_string();
-    binaries.push(Binary::spawn(
+    spawned.push(Spawned::spawn(
         &exe,
         &write(
             "bench-shadow.yaml",
@@ -550,9 +544,9 @@ fn run(options: &Options) -> anyhow::Result<bool> {
         )?,
         dir.path(),
         SERVICE_SHADOW,
-        &[("TOOLGATE_ADMIN_LISTEN", &shadow_admin)],
+        &[("TOOLGATE_ADMIN_LISTEN", "127.0.0.1:0")],
     )?);
-    binaries.push(Binary::spawn(
+    spawned.push(Spawned::spawn(
         &exe,
         &write(
             "bench-sampled.yaml",
@@ -565,11 +559,14 @@ fn run(options: &Options) -> anyhow::Result<bool> {
             ("OTEL_TRACES_SAMPLER_ARG", "0.1"),
         ],
     )?);
-    for binary in &mut binaries {
-        binary.wait_serving(&client_rt)?;
+    let mut binaries = Vec::with_capacity(spawned.len());
+    for binary in spawned {
+        binaries.push(binary.wait_serving(&client_rt)?.0);
     }
     // The candidate loads right after start; measuring before it did would measure nothing.
-    let shadow_admin: SocketAddr = shadow_admin.parse()?;
+    let shadow_admin = binaries[5]
+        .admin
+        .context("the shadow binary said nothing of its admin listener")?;
     wait_shadow_loaded(shadow_admin)?;
     let own = |name, addr, pid: u32, expected: &str| Target {
         server_pid: Some(pid),
@@ -700,16 +697,16 @@ fn run(options: &Options) -> anyhow::Result<bool> {
     // 4. Start-up time to health SERVING.
     let mut startups = Vec::new();
     for _ in 0..options.startup_runs {
-        let mut binary = Binary::spawn(
+        let spawned = Spawned::spawn(
             &exe,
             &config_path,
             dir.path(),
             "toolgate-bench-startup",
             &[],
         )?;
-        let serving = binary.wait_serving(&client_rt);
+        let (mut binary, startup) = spawned.wait_serving(&client_rt)?;
         binary.stop()?;
-        startups.push(serving?);
+        startups.push(startup);
     }
 
     // 5. Idle RSS, then RSS with many slow calls in flight: a fresh process each round.
@@ -721,8 +718,8 @@ fn run(options: &Options) -> anyhow::Result<bool> {
     let mut memory_rounds = Vec::new();
     let mut bare_memory_rounds = Vec::new();
     for _ in 0..options.rounds {
-        let mut binary = Binary::spawn(&exe, &config_path, dir.path(), "toolgate-bench-rss", &[])?;
-        binary.wait_serving(&client_rt)?;
+        let spawned = Spawned::spawn(&exe, &config_path, dir.path(), "toolgate-bench-rss", &[])?;
+        let (mut binary, _) = spawned.wait_serving(&client_rt)?;
         std::thread::sleep(settle);
         let idle = memory(binary.pid()).context("reading the binary's /proc status")?;
         let slow = client_rt.block_on(slow_calls(options, binary.addr, &auth, binary.pid()));
@@ -732,18 +729,12 @@ fn run(options: &Options) -> anyhow::Result<bool> {
         memory_rounds.push((idle, slow));
 
         // The same against the bare echo process: the gRPC stack's own share (diagnostic).
-        let bare_addr = free_port()?;
-        let mut bare_child = Command::new(std::env::current_exe()?)
-            .args([BARE_SERVER_FLAG, &bare_addr.to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(File::create(dir.path().join("bare-rss.log"))?)
-            .spawn()?;
+        let (bare_child, bare_addr) = spawn_bare(&dir.path().join("bare-rss.log"))?;
         let bare_pid = bare_child.id();
-        let bare_slow = wait_listening(&mut bare_child, bare_addr, Duration::from_secs(10))
-            .and_then(|()| {
-                std::thread::sleep(settle);
-                let idle = memory(bare_pid).context("reading the bare echo's /proc status")?;
+        std::thread::sleep(settle);
+        let bare_slow = memory(bare_pid)
+            .context("reading the bare echo's /proc status")
+            .and_then(|idle| {
                 let slow = client_rt.block_on(slow_calls(options, bare_addr, &auth, bare_pid))?;
                 Ok((idle, slow))
             });
@@ -898,11 +889,6 @@ fn load_average() -> String {
         .ok()
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_else(|| "unknown".into())
-}
-
-/// A loopback address with a port free a moment ago (for a child process to bind).
-fn free_port() -> std::io::Result<SocketAddr> {
-    std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()
 }
 
 /// The profiling helper: `options.calls` calls of `options.tool` to a server started by hand
@@ -1104,6 +1090,7 @@ fn serve_bare_process(addr: Option<&str>) -> ExitCode {
         .and_then(|rt| {
             rt.block_on(async {
                 let listener = tokio::net::TcpListener::bind(addr).await?;
+                eprintln!("{BARE_LISTENING} {}", listener.local_addr()?);
                 serve_bare(listener, tokio::time::sleep(Duration::from_secs(7200))).await?;
                 Ok::<(), anyhow::Error>(())
             })
@@ -1192,15 +1179,26 @@ fn write_catalog(dir: Option<&str>) -> ExitCode {
 
 // --- the toolgate binary -------------------------------------------------------------------------
 
-/// `target/release/toolgate serve` on a free loopback port with the bench catalog.
-struct Binary {
-    child: Option<Child>,
-    addr: SocketAddr,
+/// `target/release/toolgate serve` with the bench catalog, started but not yet known to serve.
+/// It listens on a port it chooses itself and says which on its log: a port probed here and
+/// handed over could be taken by another process (another binary's admin port, say) before the
+/// binary binds it.
+struct Spawned {
+    child: Process,
     spawned: Instant,
     log: PathBuf,
 }
 
-impl Binary {
+/// A binary that answered SERVING, and where.
+struct Binary {
+    child: Process,
+    addr: SocketAddr,
+    /// The admin listener (`/metrics`), when the binary's environment asked for one.
+    admin: Option<SocketAddr>,
+    log: PathBuf,
+}
+
+impl Spawned {
     fn spawn(
         exe: &Path,
         config: &Path,
@@ -1208,14 +1206,13 @@ impl Binary {
         service: &str,
         envs: &[(&str, &str)],
     ) -> anyhow::Result<Self> {
-        let addr = free_port()?;
         let log = dir.join(format!("{service}.log"));
         let spawned = Instant::now();
         let child = Command::new(exe)
             .arg("serve")
             .arg("--config")
             .arg(config)
-            .args(["--listen", &addr.to_string(), "--log-format", "json"])
+            .args(["--listen", "127.0.0.1:0", "--log-format", "json"])
             .env(SECRET_ENV, SECRET)
             .env("OTEL_SERVICE_NAME", service)
             .envs(envs.iter().copied())
@@ -1225,50 +1222,77 @@ impl Binary {
             .stderr(File::create(&log)?)
             .spawn()
             .with_context(|| format!("starting {}", exe.display()))?;
-        Ok(Binary {
-            child: Some(child),
-            addr,
+        Ok(Spawned {
+            child: Process(Some(child)),
             spawned,
             log,
         })
     }
 
-    fn pid(&self) -> u32 {
-        self.child.as_ref().map_or(0, Child::id)
-    }
-
-    /// Waits until the health service answers SERVING; returns how long after spawning the
-    /// port accepted a connection and health said SERVING.
-    fn wait_serving(&mut self, client_rt: &Runtime) -> anyhow::Result<Startup> {
-        let child = self.child.as_mut().context("binary already stopped")?;
+    /// Waits until the health service answers SERVING; returns the binary and how long after
+    /// spawning its port accepted a connection and health said SERVING.
+    fn wait_serving(mut self, client_rt: &Runtime) -> anyhow::Result<(Binary, Startup)> {
         let mut listening = Duration::ZERO;
-        let serving = wait_listening(child, self.addr, Duration::from_secs(10)).and_then(|()| {
+        let limit = Duration::from_secs(10);
+        let serving = self.child.running().and_then(|child| {
+            let addr = announced_addr(child, &self.log, limit, |line| {
+                json_log_addr(line, "serving gRPC over TCP")
+            })?;
+            wait_listening(child, addr, limit)?;
             listening = self.spawned.elapsed();
-            client_rt.block_on(health_serving(self.addr))
+            client_rt.block_on(health_serving(addr))?;
+            let admin = std::fs::read_to_string(&self.log)?
+                .lines()
+                .find_map(|line| json_log_addr(line, "serving /metrics, /healthz and /readyz"));
+            Ok((addr, admin))
         });
         match serving {
-            Ok(()) => Ok(Startup {
-                listening,
-                serving: self.spawned.elapsed(),
-            }),
+            Ok((addr, admin)) => {
+                let startup = Startup {
+                    listening,
+                    serving: self.spawned.elapsed(),
+                };
+                let binary = Binary {
+                    child: self.child,
+                    addr,
+                    admin,
+                    log: self.log,
+                };
+                Ok((binary, startup))
+            }
             Err(err) => {
                 let log = std::fs::read_to_string(&self.log).unwrap_or_default();
                 Err(err.context(format!("toolgate did not start; its log:\n{log}")))
             }
         }
     }
+}
+
+impl Binary {
+    fn pid(&self) -> u32 {
+        self.child.0.as_ref().map_or(0, Child::id)
+    }
 
     fn stop(&mut self) -> anyhow::Result<()> {
-        match self.child.take() {
+        match self.child.0.take() {
             Some(child) => stop(child, Duration::from_secs(15)),
             None => Ok(()),
         }
     }
 }
 
-impl Drop for Binary {
+/// A child process that is killed if it is still running when dropped (an error on the way).
+struct Process(Option<Child>);
+
+impl Process {
+    fn running(&mut self) -> anyhow::Result<&mut Child> {
+        self.0.as_mut().context("the process was already stopped")
+    }
+}
+
+impl Drop for Process {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
+        if let Some(mut child) = self.0.take() {
             let _ = child.kill();
             let _ = child.wait();
         }
@@ -1282,6 +1306,59 @@ struct Startup {
     listening: Duration,
     /// Until the health service answered SERVING.
     serving: Duration,
+}
+
+/// The address in toolgate's JSON log line `line` if its message is `message`.
+fn json_log_addr(line: &str, message: &str) -> Option<SocketAddr> {
+    let event: serde_json::Value = serde_json::from_str(line).ok()?;
+    let fields = event.get("fields")?;
+    if fields.get("message")?.as_str()? != message {
+        return None;
+    }
+    fields.get("addr")?.as_str()?.parse().ok()
+}
+
+/// The address a child process says it listens on: reads its log every 200 µs until a line
+/// `announced` recognises appears, the child exits, or `limit` passes.
+fn announced_addr(
+    child: &mut Child,
+    log: &Path,
+    limit: Duration,
+    announced: impl Fn(&str) -> Option<SocketAddr>,
+) -> anyhow::Result<SocketAddr> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let text =
+            std::fs::read_to_string(log).with_context(|| format!("reading {}", log.display()))?;
+        if let Some(addr) = text.lines().find_map(&announced) {
+            return Ok(addr);
+        }
+        if let Some(status) = child.try_wait()? {
+            bail!("the server exited before it said where it listens: {status}");
+        }
+        if Instant::now() > deadline {
+            bail!("the server did not say where it listens within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// The bare echo as a process of its own, on a port it chose itself; returns once it listens.
+fn spawn_bare(log: &Path) -> anyhow::Result<(Child, SocketAddr)> {
+    let mut child = Command::new(std::env::current_exe()?)
+        .args([BARE_SERVER_FLAG, "127.0.0.1:0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(File::create(log)?)
+        .spawn()?;
+    let bare_listening = |line: &str| line.strip_prefix(BARE_LISTENING)?.trim().parse().ok();
+    match announced_addr(&mut child, log, Duration::from_secs(10), bare_listening) {
+        Ok(addr) => Ok((child, addr)),
+        Err(err) => {
+            let _ = stop(child, Duration::from_secs(5));
+            Err(err)
+        }
+    }
 }
 
 /// Polls a TCP connect every 200 µs until `addr` accepts, the child exits, or `limit` passes.
