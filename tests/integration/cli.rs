@@ -317,10 +317,8 @@ fn call_json_approvals_reject_and_exit_codes() {
     crate::process::stop_blocking(spawned);
 
     // Nothing listening: a transport error, exit 1.
-    let closed = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.local_addr().unwrap().to_string()
-    };
+    let (_refusing, closed) = crate::support::refusing_port();
+    let closed = closed.to_string();
     let (code, stdout, stderr) = toolgate(&["call", "echo", "--tenant", "acme"], &closed);
     assert_eq!(code, Some(1), "{stdout}");
     assert!(stderr.contains("cannot connect"), "{stderr}");

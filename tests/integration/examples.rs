@@ -159,23 +159,8 @@ async fn process_example_counts_words() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mcp_example_serves_both_servers_with_the_catalogs_settings() {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
     // `npx @modelcontextprotocol/server-everything streamableHttp`, as the comment says.
-    let mut everything = tokio::process::Command::new("node")
-        .arg(format!(
-            "{}/tests/tools/node_modules/@modelcontextprotocol/server-everything/dist/index.js",
-            env!("CARGO_MANIFEST_DIR")
-        ))
-        .arg("streamableHttp")
-        .env("PORT", port.to_string())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("node runs server-everything");
+    let (port, mut everything) = crate::executors::spawn_everything_over_http().await;
     let python = std::env::var("TOOLGATE_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
     let yaml = example("mcp.yaml");
     let yaml = patch(

@@ -346,11 +346,7 @@ async fn scheme_rules_and_upstream_names_are_checked_at_load() {
 #[tokio::test]
 async fn concurrency_caps_refuse_at_once_and_unreachable_upstreams_are_retryable() {
     let (addr, seen) = upstream().await;
-    let (closed, _) = {
-        // A port with nothing listening.
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        (l.local_addr().unwrap(), drop(l))
-    };
+    let (_refusing, closed) = crate::support::refusing_port();
     let upstreams = format!(
         "  svc:\n    url: http://{addr}\n    allow_schemes: [http]\n    allow_private_addresses: true\n    max_concurrency: 1\n  down:\n    url: http://{closed}\n    allow_schemes: [http]\n    allow_private_addresses: true\n"
     );
@@ -535,6 +531,23 @@ pub(crate) fn everything_server() -> String {
     )
 }
 
+/// `server-everything streamableHttp` on a loopback port of its choosing.
+pub(crate) async fn spawn_everything_over_http() -> (u16, tokio::process::Child) {
+    crate::support::spawn_listening(
+        tokio::process::Command::new("node")
+            .arg("--require")
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/fixtures/print_listen_port.cjs"
+            ))
+            .arg(everything_server())
+            .arg("streamableHttp")
+            .env("PORT", "0")
+            .stderr(std::process::Stdio::null()),
+    )
+    .await
+}
+
 /// Waits (bounded) until the tool appears in ListTools for this caller.
 pub(crate) async fn wait_for_tool(server: &TestServer, caller: &crate::support::Who, tool: &str) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
@@ -674,19 +687,7 @@ tools: []
 
 #[tokio::test]
 async fn mcp_streamable_http_server() {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let mut child = tokio::process::Command::new("node")
-        .arg(everything_server())
-        .arg("streamableHttp")
-        .env("PORT", port.to_string())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("node runs server-everything");
+    let (port, mut child) = spawn_everything_over_http().await;
     let yaml = format!(
         "version: 1\nidentity: {{ dev_identity: true }}\ntenants: {{ acme: {{}} }}\nmcp_servers:\n  remote:\n    url: http://127.0.0.1:{port}/mcp\n    allow_private_addresses: true\n    tools:\n      get-sum: {{ risk_level: read_only }}\ntools: []\n"
     );

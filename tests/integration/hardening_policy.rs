@@ -10,7 +10,7 @@ use serde_json::Value;
 use toolgate::proto::{self, ApprovalDecision, ToolStatus};
 
 use crate::support::{
-    Backend, STAGES, TestServer, Who, call, exec, on_both_backends, visible, who,
+    Backend, STAGES, TestServer, Who, call, exec, on_both_backends, refusing_port, visible, who,
 };
 
 on_both_backends!(
@@ -84,9 +84,8 @@ tools:
 
 async fn an_approval_is_used_only_by_a_call_that_reaches_the_backend(backend: Backend) {
     // A port with nothing listening: the first redemption cannot reach the backend.
-    let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = probe.local_addr().unwrap().port();
-    drop(probe);
+    let (reserved, addr) = refusing_port();
+    let port = addr.port();
     let server = TestServer::start_on(backend, &http_approval_catalog(port)).await;
     let mut client = server.client().await;
     let alice = who("acme").subject("alice");
@@ -113,9 +112,7 @@ async fn an_approval_is_used_only_by_a_call_that_reaches_the_backend(backend: Ba
     );
 
     // The backend comes up: the same approval now runs the call, once.
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
-        .await
-        .unwrap();
+    let listener = reserved.listen(64).unwrap();
     let paid = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counter = paid.clone();
     let app = axum::Router::new().route(

@@ -87,10 +87,7 @@ async fn the_catalog_revision_changes_when_a_server_says_its_tools_changed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_down_from_the_start_makes_its_tools_unavailable_at_once() {
-    let closed = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.local_addr().unwrap()
-    };
+    let (_refusing, closed) = crate::support::refusing_port();
     let yaml = format!(
         r#"version: 1
 identity: {{ dev_identity: true }}

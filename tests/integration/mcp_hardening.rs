@@ -9,7 +9,7 @@ use toolgate::proto::{ToolStatus, tool_gate_client::ToolGateClient};
 use crate::{
     executors::{counting_listener, env_with_path, python, wait_for_tool},
     process::spawn_with_env,
-    support::{TestServer, call, exec, execute_request, visible, who},
+    support::{TestServer, call, exec, execute_request, spawn_listening, visible, who},
 };
 
 fn fixture(name: &str) -> String {
@@ -93,29 +93,23 @@ async fn a_response_over_the_message_limit_is_output_too_large_not_a_timeout() {
     server.stop().await;
 }
 
-/// Starts the dynamic fixture as a Streamable HTTP server on a free port.
-fn http_fixture(extra: &[&str]) -> (u16, tokio::process::Child) {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let child = tokio::process::Command::new(python())
-        .arg(fixture("mcp_dynamic_server.py"))
-        .args(["--http", &port.to_string()])
-        .args(extra)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("python runs the MCP fixture");
-    (port, child)
+/// Starts the dynamic fixture as a Streamable HTTP server on a port of its choosing.
+async fn http_fixture(extra: &[&str]) -> (u16, tokio::process::Child) {
+    spawn_listening(
+        tokio::process::Command::new(python())
+            .arg(fixture("mcp_dynamic_server.py"))
+            .arg("--http")
+            .args(extra)
+            .stderr(std::process::Stdio::null()),
+    )
+    .await
 }
 
 #[tokio::test]
 async fn a_response_over_the_message_limit_over_streamable_http_is_output_too_large() {
     // An SSE response stream, and a plain JSON response.
-    let (sse_port, _sse) = http_fixture(&[]);
-    let (json_port, _json) = http_fixture(&["--json"]);
+    let (sse_port, _sse) = http_fixture(&[]).await;
+    let (json_port, _json) = http_fixture(&["--json"]).await;
     let servers = format!(
         "  sse:\n    url: http://127.0.0.1:{sse_port}/mcp\n    allow_private_addresses: true\n    tools:\n{BIG_TOOLS}\
          \x20 json:\n    url: http://127.0.0.1:{json_port}/mcp\n    allow_private_addresses: true\n    tools:\n{BIG_TOOLS}"
@@ -296,7 +290,7 @@ async fn mcp_calls_carry_a_valid_traceparent_even_without_one_from_the_caller() 
 
 #[tokio::test]
 async fn streamable_http_goes_through_the_ssrf_guard_and_ignores_proxies() {
-    let (port, _fixture) = http_fixture(&[]);
+    let (port, _fixture) = http_fixture(&[]).await;
     // A proxy from the environment that must not be used, and a loopback MCP server that is not
     // allowed: both count connections.
     let (proxy, proxied) = counting_listener().await;

@@ -336,6 +336,52 @@ impl TestServer {
     }
 }
 
+/// A loopback port that refuses connections for as long as the socket lives: bound, not
+/// listening. A listener bound and dropped instead frees its port for any other socket to take
+/// meanwhile, and a test counting on refusals would then reach someone else's server.
+/// `listen` on the socket brings a server up on that very port.
+pub fn refusing_port() -> (tokio::net::TcpSocket, SocketAddr) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(([127, 0, 0, 1], 0).into()).unwrap();
+    let addr = socket.local_addr().unwrap();
+    (socket, addr)
+}
+
+/// Spawns a server that picks its own loopback port and prints `listening on PORT` on stdout
+/// (tests/fixtures/mcp_dynamic_server.py, or a Node server preloaded with
+/// tests/fixtures/print_listen_port.cjs); returns the port once printed (60 s at most). The rest
+/// of its stdout is read and dropped, so later writes never meet a closed pipe.
+pub async fn spawn_listening(
+    command: &mut tokio::process::Command,
+) -> (u16, tokio::process::Child) {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = command
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the server starts");
+    let mut lines =
+        tokio::io::BufReader::new(child.stdout.take().expect("stdout is piped")).lines();
+    let announced = async {
+        while let Some(line) = lines
+            .next_line()
+            .await
+            .expect("reading the server's stdout")
+        {
+            if let Some(port) = line.strip_prefix("listening on ") {
+                return port.trim().parse::<u16>().ok();
+            }
+        }
+        None
+    };
+    let port = tokio::time::timeout(Duration::from_secs(60), announced)
+        .await
+        .expect("the server says its port within 60 s")
+        .expect("the server printed `listening on PORT` before closing stdout");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (port, child)
+}
+
 /// GET `path` with a bare HTTP/1.1 request (the admin endpoint: /metrics, /healthz, /readyz):
 /// the status code and the body.
 pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {

@@ -105,11 +105,12 @@ async def aapprover(toolgate) -> AsyncClient:
 
 
 @pytest.fixture
-def closed_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
+def closed_port() -> Iterator[int]:
+    """A loopback port that refuses connections: bound and never listening, and held for the
+    whole test (a port bound and released could meanwhile be taken by another server)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        yield sock.getsockname()[1]
 
 
 @pytest.fixture
