@@ -558,10 +558,10 @@ fn on_own_thread(
 
 /// Events written at once, at most.
 const MAX_BATCH: usize = 1024;
-/// How long the writer lets events gather after the first one of a quiet spell, before writing
-/// them in one go. Senders never wake the writer while it gathers (it is not polling the queue),
-/// so at moderate rates a call costs no thread wake-up of its own: the writer wakes once per
-/// quiet spell and once per timer tick, and writes once per batch.
+/// How long the writer lets events gather before writing them in one go. Senders never wake the
+/// writer while it gathers (it is not polling the queue), so a call costs no thread wake-up of
+/// its own. After the first event of a quiet spell wakes it, the writer stays on its timer while
+/// events keep coming: one wake-up per batch, and none once a tick finds nothing to write.
 /// A flush, a queue past half full, or shutdown cut the wait short. Calls never wait for writes.
 const GATHER_FOR: std::time::Duration = std::time::Duration::from_millis(10);
 
@@ -586,7 +586,13 @@ async fn write_loop(
     let mut batch = Vec::with_capacity(MAX_BATCH);
     let mut events = Vec::with_capacity(MAX_BATCH);
     let mut buffer = Vec::with_capacity(64 * 1024);
+    // Whether the last batch was written: then the next one gathers on the timer at once, rather
+    // than after the first of its events has woken the writer (two wake-ups per batch).
+    let mut flowing = false;
     loop {
+        if flowing && receiver.is_empty() {
+            gather(&receiver, &urgent, &batch).await;
+        }
         if receiver.is_empty() {
             // A quiet spell: wait for its first event, then let more gather on the timer.
             if receiver.recv_many(&mut batch, MAX_BATCH).await == 0 {
@@ -605,6 +611,7 @@ async fn write_loop(
             if receiver.is_closed() && receiver.is_empty() {
                 return;
             }
+            flowing = false;
             continue;
         }
         let mut acks = Vec::new();
@@ -643,6 +650,7 @@ async fn write_loop(
         for ack in acks {
             let _ = ack.send(());
         }
+        flowing = true;
     }
 }
 
@@ -755,5 +763,83 @@ mod otlp {
                 .map(|_| ())
                 .map_err(|status| std::io::Error::other(format!("OTLP logs export: {status}")))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{future::Future, pin::Pin, task::Poll};
+
+    use super::*;
+
+    /// The writer's future, counting its polls: each one after the first is a wake-up.
+    struct Counted<F> {
+        writer: Pin<Box<F>>,
+        polls: Arc<AtomicU64>,
+    }
+
+    impl<F: Future> Future for Counted<F> {
+        type Output = F::Output;
+
+        fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<F::Output> {
+            self.polls.fetch_add(1, Ordering::Relaxed);
+            self.writer.as_mut().poll(cx)
+        }
+    }
+
+    async fn flush(queue: &mpsc::Sender<Message>) {
+        let (ack, done) = oneshot::channel();
+        queue.send(Message::Flush(ack)).await.unwrap();
+        done.await.unwrap();
+    }
+
+    /// At a moderate rate (500 events a second, 5 per gathering time) the writer wakes once per
+    /// batch, on its timer, not also for the first event of each; once events stop it parks.
+    #[tokio::test(start_paused = true)]
+    async fn while_events_flow_the_writer_wakes_once_per_batch_and_never_when_idle() {
+        let (queue, receiver) = mpsc::channel(1024);
+        let written = Arc::new(AtomicU64::new(0));
+        let polls = Arc::new(AtomicU64::new(0));
+        let writer = write_loop(
+            receiver,
+            Arc::new(Notify::new()),
+            Sink::Discard,
+            written.clone(),
+            Arc::default(),
+        );
+        let task = tokio::spawn(Counted {
+            writer: Box::pin(writer),
+            polls: polls.clone(),
+        });
+
+        let events = 500;
+        let every = Duration::from_millis(2);
+        let started = tokio::time::Instant::now();
+        for _ in 0..events {
+            queue
+                .send(Message::Event(Box::default()))
+                .await
+                .expect("the writer runs");
+            tokio::time::sleep(every).await;
+        }
+        let ticks = started.elapsed().as_millis() / GATHER_FOR.as_millis();
+        let woken = polls.load(Ordering::Relaxed);
+        assert!(
+            u128::from(woken) <= ticks + 2,
+            "{woken} wake-ups for {events} events over {ticks} gathering times"
+        );
+
+        // Written in full; then, with nothing to write, the writer stays parked.
+        flush(&queue).await;
+        assert_eq!(written.load(Ordering::Relaxed), events);
+        let parked = polls.load(Ordering::Relaxed);
+        tokio::time::sleep(GATHER_FOR * 100).await;
+        assert!(
+            polls.load(Ordering::Relaxed) <= parked + 1,
+            "the writer woke {} times in a second without events",
+            polls.load(Ordering::Relaxed) - parked
+        );
+        drop(queue);
+        task.await.unwrap();
     }
 }
