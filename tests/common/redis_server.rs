@@ -18,6 +18,8 @@ use std::{
 pub struct RedisServer {
     child: Option<Child>,
     port: u16,
+    /// The TLS listener's port, for a server started with [`RedisServer::start_tls`].
+    tls_port: Option<u16>,
     dir: tempfile::TempDir,
     extra: Vec<String>,
 }
@@ -30,20 +32,33 @@ impl RedisServer {
 
     /// Like [`Self::start`], with more `redis-server` arguments (e.g. `--requirepass`).
     pub fn start_with(extra: &[&str]) -> RedisServer {
+        Self::start_on_free_ports(extra, false)
+    }
+
+    /// Like [`Self::start_with`], also listening for TLS on a port of its own (see
+    /// [`Self::tls_port`]); `extra` gives the certificate arguments.
+    pub fn start_tls(extra: &[&str]) -> RedisServer {
+        Self::start_on_free_ports(extra, true)
+    }
+
+    fn start_on_free_ports(extra: &[&str], tls: bool) -> RedisServer {
         let mut server = RedisServer {
             child: None,
             port: 0,
+            tls_port: None,
             dir: tempfile::tempdir().expect("temp dir for redis"),
             extra: extra.iter().map(|s| s.to_string()).collect(),
         };
-        // Another process may take the port between our probe and redis binding it: try again.
+        // redis-server takes a port number, not port 0, so its ports are probed here. Another
+        // process may take one between our probe and redis binding it: try again, with new ones.
         for _ in 0..5 {
             server.port = free_port();
+            server.tls_port = tls.then(free_port);
             if server.spawn() {
                 return server;
             }
         }
-        panic!("redis-server did not start on a free loopback port");
+        panic!("redis-server did not start on free loopback ports");
     }
 
     /// Runs redis-server on `self.port`; true once it answers PING.
@@ -51,6 +66,11 @@ impl RedisServer {
         let mut command = Command::new("redis-server");
         command
             .args(["--port", &self.port.to_string()])
+            .args(
+                self.tls_port
+                    .iter()
+                    .flat_map(|port| ["--tls-port".to_owned(), port.to_string()]),
+            )
             .args(["--bind", "127.0.0.1"])
             .args(["--save", ""])
             .args(["--appendonly", "no"])
@@ -94,6 +114,11 @@ impl RedisServer {
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The TLS port of a server started with [`Self::start_tls`].
+    pub fn tls_port(&self) -> Option<u16> {
+        self.tls_port
     }
 
     /// The server's process id, while it runs.

@@ -1086,10 +1086,7 @@ identity: {{ dev_identity: true }}
 async fn rediss_is_verified_against_the_configured_ca() {
     let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
     let fixture = |name: &str| fixtures.join(name).display().to_string();
-    let tls_port = crate::redis_server::free_port().to_string();
-    let redis = RedisServer::start_with(&[
-        "--tls-port",
-        &tls_port,
+    let redis = RedisServer::start_tls(&[
         "--tls-cert-file",
         &fixture("redis-server.pem"),
         "--tls-key-file",
@@ -1099,6 +1096,7 @@ async fn rediss_is_verified_against_the_configured_ca() {
         "--tls-auth-clients",
         "no",
     ]);
+    let tls_port = redis.tls_port().expect("started with TLS");
     let url = format!("rediss://127.0.0.1:{tls_port}");
     // Without the test CA, the server's certificate is not trusted: nothing is sent.
     let dir = tempfile::tempdir().unwrap();
