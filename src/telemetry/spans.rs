@@ -40,16 +40,13 @@ impl Extractor for HeaderExtractor<'_> {
 /// validates the name on every call.
 pub static TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
 
-/// Extracts the W3C trace context from headers; empty when absent or malformed.
-pub fn extract(headers: &http::HeaderMap) -> Context {
-    // Most calls carry no trace context: skip the propagator's work for them.
-    if !headers.contains_key(&TRACEPARENT) {
-        return Context::new();
-    }
+/// Extracts the W3C trace context from headers; empty when malformed.
+fn extract(headers: &http::HeaderMap) -> Context {
     TraceContextPropagator::new().extract(&HeaderExtractor(headers))
 }
 
-/// A tower layer that puts the caller's trace context into each request's extensions.
+/// A tower layer that puts the caller's trace context, when it sent one, into each request's
+/// extensions.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TraceContextLayer;
 
@@ -80,8 +77,12 @@ where
     }
 
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
-        let context = extract(request.headers());
-        request.extensions_mut().insert(RemoteContext(context));
+        // Most calls carry no trace context, and an absent one reads as empty: only a call that
+        // has one pays for the extension (an allocation, and at times the map growing).
+        if request.headers().contains_key(&TRACEPARENT) {
+            let context = extract(request.headers());
+            request.extensions_mut().insert(RemoteContext(context));
+        }
         self.inner.call(request)
     }
 }
