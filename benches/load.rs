@@ -470,7 +470,7 @@ fn run(options: &Options) -> anyhow::Result<bool> {
     // toolgate binary as processes of their own; the binary also with a new JWT per call, and
     // with span export, then audit too, switched off (for the CPU split).
     let exe = options.binary.clone();
-    let (bare_child, bare_addr) = spawn_bare(&dir.path().join("bare.log"))?;
+    let (mut bare_child, bare_addr) = spawn_bare(&dir.path().join("bare.log"))?;
     // The state backend of the Redis row: a redis-server of its own on loopback, nothing saved.
     if Command::new("redis-server")
         .arg("--version")
@@ -582,7 +582,7 @@ fn run(options: &Options) -> anyhow::Result<bool> {
             true,
         ),
         (
-            own(BARE_PROCESS, bare_addr, bare_child.id(), &arguments_json),
+            own(BARE_PROCESS, bare_addr, bare_child.pid(), &arguments_json),
             true,
         ),
         (
@@ -641,7 +641,7 @@ fn run(options: &Options) -> anyhow::Result<bool> {
     let shadow = shadow_counts(shadow_admin);
     server_rt.block_on(bare.stop());
     server_rt.block_on(running.shutdown());
-    stop(bare_child, Duration::from_secs(5))?;
+    bare_child.stop(Duration::from_secs(5))?;
     for binary in &mut binaries {
         binary.stop()?;
     }
@@ -729,8 +729,8 @@ fn run(options: &Options) -> anyhow::Result<bool> {
         memory_rounds.push((idle, slow));
 
         // The same against the bare echo process: the gRPC stack's own share (diagnostic).
-        let (bare_child, bare_addr) = spawn_bare(&dir.path().join("bare-rss.log"))?;
-        let bare_pid = bare_child.id();
+        let (mut bare_child, bare_addr) = spawn_bare(&dir.path().join("bare-rss.log"))?;
+        let bare_pid = bare_child.pid();
         std::thread::sleep(settle);
         let bare_slow = memory(bare_pid)
             .context("reading the bare echo's /proc status")
@@ -738,7 +738,7 @@ fn run(options: &Options) -> anyhow::Result<bool> {
                 let slow = client_rt.block_on(slow_calls(options, bare_addr, &auth, bare_pid))?;
                 Ok((idle, slow))
             });
-        stop(bare_child, Duration::from_secs(5))?;
+        bare_child.stop(Duration::from_secs(5))?;
         let bare_slow = bare_slow?;
         all_ok &= bare_slow.1.failed == 0;
         bare_memory_rounds.push(bare_slow);
@@ -1270,14 +1270,11 @@ impl Spawned {
 
 impl Binary {
     fn pid(&self) -> u32 {
-        self.child.0.as_ref().map_or(0, Child::id)
+        self.child.pid()
     }
 
     fn stop(&mut self) -> anyhow::Result<()> {
-        match self.child.0.take() {
-            Some(child) => stop(child, Duration::from_secs(15)),
-            None => Ok(()),
-        }
+        self.child.stop(Duration::from_secs(15))
     }
 }
 
@@ -1287,6 +1284,19 @@ struct Process(Option<Child>);
 impl Process {
     fn running(&mut self) -> anyhow::Result<&mut Child> {
         self.0.as_mut().context("the process was already stopped")
+    }
+
+    /// Its id; 0 once stopped.
+    fn pid(&self) -> u32 {
+        self.0.as_ref().map_or(0, Child::id)
+    }
+
+    /// SIGTERM, then SIGKILL after `grace` (see [`stop`]); nothing if already stopped.
+    fn stop(&mut self, grace: Duration) -> anyhow::Result<()> {
+        match self.0.take() {
+            Some(child) => stop(child, grace),
+            None => Ok(()),
+        }
     }
 }
 
@@ -1344,21 +1354,24 @@ fn announced_addr(
 }
 
 /// The bare echo as a process of its own, on a port it chose itself; returns once it listens.
-fn spawn_bare(log: &Path) -> anyhow::Result<(Child, SocketAddr)> {
-    let mut child = Command::new(std::env::current_exe()?)
-        .args([BARE_SERVER_FLAG, "127.0.0.1:0"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(File::create(log)?)
-        .spawn()?;
+fn spawn_bare(log: &Path) -> anyhow::Result<(Process, SocketAddr)> {
+    let mut child = Process(Some(
+        Command::new(std::env::current_exe()?)
+            .args([BARE_SERVER_FLAG, "127.0.0.1:0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(File::create(log)?)
+            .spawn()?,
+    ));
     let bare_listening = |line: &str| line.strip_prefix(BARE_LISTENING)?.trim().parse().ok();
-    match announced_addr(&mut child, log, Duration::from_secs(10), bare_listening) {
-        Ok(addr) => Ok((child, addr)),
-        Err(err) => {
-            let _ = stop(child, Duration::from_secs(5));
-            Err(err)
-        }
-    }
+    // On an error the process is dropped, and with it killed.
+    let addr = announced_addr(
+        child.running()?,
+        log,
+        Duration::from_secs(10),
+        bare_listening,
+    )?;
+    Ok((child, addr))
 }
 
 /// Polls a TCP connect every 200 µs until `addr` accepts, the child exits, or `limit` passes.

@@ -530,11 +530,10 @@ impl Boundary {
         // 9. Approval for risky tools, bound to these exact arguments; used up only when the
         // call reaches its backend.
         // Boxed: only the tools that need approval pay for the stage's state.
-        let approval = match tool.requires_approval {
-            true => Some(
-                Box::pin(self.approval(turn, call, tool, &arguments, &arguments_sha256)).await?,
-            ),
-            false => None,
+        let approval = if tool.requires_approval {
+            Some(Box::pin(self.approval(turn, call, tool, &arguments, &arguments_sha256)).await?)
+        } else {
+            None
         };
         trail.approval_id = approval.as_ref().map(|a| a.id.clone());
         if let Some(checked) = &approval
