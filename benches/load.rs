@@ -1035,12 +1035,16 @@ impl ToolGate for BareEcho {
 }
 
 /// Serves the bare echo on `listener` with the transport settings toolgate's server uses
-/// (TCP_NODELAY on accepted sockets, HTTP/2 keep-alive).
+/// (TCP_NODELAY on accepted sockets, their writes joined by `JoinedWrites`, HTTP/2 keep-alive),
+/// so the ratios count what toolgate adds, not how its sockets are set up.
 async fn serve_bare(
     listener: tokio::net::TcpListener,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    use tokio_stream::StreamExt;
+    let incoming = tonic::transport::server::TcpIncoming::from(listener)
+        .with_nodelay(Some(true))
+        .map(|accepted| accepted.map(toolgate::server::JoinedWrites::new));
     tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .add_service(ToolGateServer::new(BareEcho))

@@ -8,7 +8,10 @@ pub mod convert;
 mod deadline;
 pub mod explain;
 mod in_flight;
+mod joined_writes;
 mod services;
+
+pub use joined_writes::JoinedWrites;
 
 use std::{future::Future, net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
@@ -17,7 +20,7 @@ use tokio::{
     sync::{mpsc, oneshot, watch},
     task::JoinHandle,
 };
-use tokio_stream::wrappers::UnixListenerStream;
+use tokio_stream::{StreamExt, wrappers::UnixListenerStream};
 use tonic::service::Routes;
 use tonic_health::ServingStatus;
 
@@ -401,7 +404,9 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
             .serve_with_incoming_shutdown(
                 // Serving an incoming stream bypasses the builder's tcp_nodelay; without it every
                 // small response waits for a delayed ACK (~40 ms).
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+                tonic::transport::server::TcpIncoming::from(listener)
+                    .with_nodelay(Some(true))
+                    .map(|accepted| accepted.map(JoinedWrites::new)),
                 signal(),
             );
         tasks.push(tokio::spawn(server));
@@ -410,7 +415,10 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
     if let (Some(listener), Some(path)) = (unix, &unix_socket) {
         let server = builder(&limits, &in_flight)
             .add_routes(routes)
-            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), signal());
+            .serve_with_incoming_shutdown(
+                UnixListenerStream::new(listener).map(|accepted| accepted.map(JoinedWrites::new)),
+                signal(),
+            );
         tasks.push(tokio::spawn(server));
         tracing::info!(path = %path.display(), "serving gRPC over a Unix socket");
     }

@@ -41,3 +41,4 @@ mod shared_state;
 mod shutdown;
 mod support;
 mod traces;
+mod transport;
