@@ -2264,10 +2264,16 @@ fn print_fixed_rate_costs(o: &Options, rows: &[Row]) {
 
 fn print_report(r: &Report) {
     let o = r.options;
-    let profile = if cfg!(debug_assertions) {
-        "debug (numbers not meaningful)"
-    } else {
-        "optimized (bench profile)"
+    // Cargo puts a profile's outputs in a directory named after it; the bench profile's is
+    // `release`.
+    let profile = match Path::new(env!("CARGO_BIN_EXE_toolgate"))
+        .parent()
+        .and_then(Path::file_name)
+        .and_then(|name| name.to_str())
+    {
+        _ if cfg!(debug_assertions) => "debug (numbers not meaningful)".to_owned(),
+        Some("release") | None => "optimized (bench profile)".to_owned(),
+        Some(profile) => format!("optimized ({profile} profile)"),
     };
     println!();
     println!(
