@@ -6,8 +6,8 @@
 //! writes, as a `TcpStream` does, and under 1 KiB on one that does not. So a unary response whose
 //! message is 256 bytes or more, as most tool results are, took two `writev`s: HEADERS with DATA,
 //! then the trailers. Each is the whole TCP send path (on loopback the receive path as well) and
-//! one more wake-up of the caller. The bare tonic echo makes 1.9 writes per call for the bench's
-//! 256-byte payload, and toolgate made as many.
+//! one more wake-up of the caller. A plain tonic server made 1.9 writes per call for the bench's
+//! 256-byte echo, and toolgate's as many.
 //!
 //! [`JoinedWrites`] reports no vectored writes, so h2 copies payloads under 1 KiB and such a
 //! response leaves in one write, shared with any other responses ready at the same flush. A larger
@@ -257,8 +257,8 @@ mod tests {
 
     #[test]
     fn a_full_socket_makes_the_write_wait_and_takes_none_of_it_until_some_leaves() {
-        // The held kilobyte goes out 300 bytes at a time; the payload is not taken until the
-        // socket has taken all of what was held and some of the payload.
+        // The held kilobyte goes out in two parts, 300 and 724 bytes, with the socket full after
+        // each; the payload is not taken while any of what was held is still waiting.
         let mut w = joined(&[
             Socket::Takes(300),
             Socket::Full,
