@@ -87,6 +87,7 @@ impl ToolGateService {
             .extensions()
             .get::<super::deadline::Deadline>()
             .map(|d| d.0);
+        let trace_parent = remote_context(request);
         Ok(Turn {
             caller,
             run_id: body.run_id().to_owned(),
@@ -95,12 +96,8 @@ impl ToolGateService {
                 .filter(|r| !r.trim().is_empty())
                 .map(str::to_owned),
             deadline,
-            traceparent: spans::caller_traceparent(
-                AsRef::<http::HeaderMap>::as_ref(request.metadata())
-                    .get(&spans::TRACEPARENT)
-                    .and_then(|v| v.to_str().ok()),
-            ),
-            trace_parent: remote_context(request),
+            traceparent: spans::caller_traceparent(&trace_parent),
+            trace_parent,
         })
     }
 }

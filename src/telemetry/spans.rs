@@ -314,15 +314,16 @@ pub fn traceparent(span: &ToolgateSpan) -> Option<String> {
     span.traced_context().map(format_traceparent)
 }
 
-/// The caller's `traceparent` metadata, when it is a valid W3C trace context; anything else is
-/// dropped rather than passed on to backends. Normalized (version 00, lowercase).
-pub fn caller_traceparent(value: Option<&str>) -> Option<String> {
-    let carrier = std::collections::HashMap::from([("traceparent".to_owned(), value?.to_owned())]);
-    let context = TraceContextPropagator::new().extract(&carrier);
-    let span_context = context.span().span_context().clone();
+/// The caller's `traceparent`, when it sent a valid W3C trace context: read from `remote`, the
+/// context [`TraceContextLayer`] extracted from its metadata, so a request's header is parsed
+/// once. Anything else is dropped rather than passed on to backends. Normalized (version 00,
+/// lowercase).
+pub fn caller_traceparent(remote: &Context) -> Option<String> {
+    let span = remote.span();
+    let span_context = span.span_context();
     span_context
         .is_valid()
-        .then(|| format_traceparent(&span_context))
+        .then(|| format_traceparent(span_context))
 }
 
 /// The `traceparent` a backend call made within `span` sends: the span's own when it is traced,
