@@ -1041,10 +1041,9 @@ async fn serve_bare(
     listener: tokio::net::TcpListener,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
-    use tokio_stream::StreamExt;
-    let incoming = tonic::transport::server::TcpIncoming::from(listener)
-        .with_nodelay(Some(true))
-        .map(|accepted| accepted.map(toolgate::server::JoinedWrites::new));
+    let incoming = toolgate::server::JoinedWrites::each(
+        tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+    );
     tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .add_service(ToolGateServer::new(BareEcho))

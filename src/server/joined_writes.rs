@@ -24,12 +24,13 @@ use std::{
 };
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio_stream::{Stream, StreamExt};
 use tonic::transport::server::Connected;
 
 /// Writes are held while everything held fits in this many bytes. Above h2's 1 KiB, so the
 /// buffer it writes ahead of a chained payload is held; small enough that copying what is held
 /// costs less than the system call it saves.
-pub const HOLD: usize = 4 * 1024;
+const HOLD: usize = 4 * 1024;
 
 /// An accepted connection whose writes are joined until a flush; see the module's comment.
 #[derive(Debug)]
@@ -45,6 +46,13 @@ impl<T> JoinedWrites<T> {
             io,
             held: Vec::new(),
         }
+    }
+
+    /// Each connection a listener's `incoming` stream accepts, wrapped; errors pass through.
+    pub fn each<E>(
+        incoming: impl Stream<Item = Result<T, E>>,
+    ) -> impl Stream<Item = Result<Self, E>> {
+        incoming.map(|accepted| accepted.map(JoinedWrites::new))
     }
 }
 

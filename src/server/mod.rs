@@ -20,7 +20,7 @@ use tokio::{
     sync::{mpsc, oneshot, watch},
     task::JoinHandle,
 };
-use tokio_stream::{StreamExt, wrappers::UnixListenerStream};
+use tokio_stream::wrappers::UnixListenerStream;
 use tonic::service::Routes;
 use tonic_health::ServingStatus;
 
@@ -404,9 +404,9 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
             .serve_with_incoming_shutdown(
                 // Serving an incoming stream bypasses the builder's tcp_nodelay; without it every
                 // small response waits for a delayed ACK (~40 ms).
-                tonic::transport::server::TcpIncoming::from(listener)
-                    .with_nodelay(Some(true))
-                    .map(|accepted| accepted.map(JoinedWrites::new)),
+                JoinedWrites::each(
+                    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+                ),
                 signal(),
             );
         tasks.push(tokio::spawn(server));
@@ -416,7 +416,7 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         let server = builder(&limits, &in_flight)
             .add_routes(routes)
             .serve_with_incoming_shutdown(
-                UnixListenerStream::new(listener).map(|accepted| accepted.map(JoinedWrites::new)),
+                JoinedWrites::each(UnixListenerStream::new(listener)),
                 signal(),
             );
         tasks.push(tokio::spawn(server));
