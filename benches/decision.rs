@@ -191,7 +191,7 @@ impl Fixture {
                 let tenant_rate = config
                     .catalog
                     .tenants
-                    .get(&caller.tenant)
+                    .get(&*caller.tenant)
                     .and_then(|t| t.rate_limit);
                 Key {
                     name,

@@ -470,7 +470,7 @@ impl ApprovalStore {
         let want = state.unwrap_or(ApprovalState::Pending);
         let mut listed: Vec<&Approval> = approvals
             .values()
-            .filter(|a| a.binding.tenant == approver.tenant && a.state == want)
+            .filter(|a| *a.binding.tenant == *approver.tenant && a.state == want)
             .filter(|a| {
                 after.is_none_or(|c| {
                     (a.created_at_ms, a.id.as_str()) > (c.created_at_ms, c.id.as_str())
@@ -496,7 +496,7 @@ impl ApprovalStore {
         self.expire(&mut approvals);
         approvals
             .get(id)
-            .filter(|a| a.binding.tenant == approver.tenant)
+            .filter(|a| *a.binding.tenant == *approver.tenant)
             .cloned()
             .ok_or_else(|| DecideError::NotFound(id.to_owned()))
     }
@@ -516,7 +516,7 @@ impl ApprovalStore {
         self.expire(&mut approvals);
         let approval = approvals
             .get_mut(id)
-            .filter(|a| a.binding.tenant == approver.tenant)
+            .filter(|a| *a.binding.tenant == *approver.tenant)
             .ok_or_else(|| DecideError::NotFound(id.to_owned()))?;
         if approval.binding.subject == approver.subject {
             return Err(DecideError::SelfApproval);
@@ -547,7 +547,7 @@ impl ApprovalStore {
             }
             let still_same = catalog.versions().any(|v| {
                 v.name == approval.binding.tool
-                    && v.version == approval.binding.tool_version
+                    && *v.version == *approval.binding.tool_version
                     && v.definition_hash == approval.binding.definition_hash
             });
             if !still_same {

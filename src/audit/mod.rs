@@ -50,14 +50,14 @@ pub enum EventKind {
 pub struct AuditEvent {
     pub time: EventTime,
     pub kind: Option<EventKind>,
-    pub call_id: String,
-    pub run_id: String,
+    pub call_id: Arc<str>,
+    pub run_id: Arc<str>,
     pub step: u32,
     /// `tenant`, `subject` and `agent`.
     #[serde(flatten)]
     pub party: Party,
-    pub tool: String,
-    pub tool_version: String,
+    pub tool: Arc<str>,
+    pub tool_version: Arc<str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub risk_level: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -85,7 +85,7 @@ fn walk<'c>(
     mut passed: impl FnMut(&'c AccessList, Option<&'c Pattern>),
     denied_by: &mut Option<Rule>,
 ) -> Result<(), Refusal> {
-    let Some(tenant) = catalog.tenants.get(&caller.tenant) else {
+    let Some(tenant) = catalog.tenants.get(&*caller.tenant) else {
         *denied_by = Some(Rule {
             location: "tenants".to_owned(),
             pattern: None,

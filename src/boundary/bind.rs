@@ -96,9 +96,9 @@ pub fn apply(tool: &ToolVersion, caller: &Caller, mut arguments: Value) -> Resul
 
 fn value_for(value: &BindValue, caller: &Caller) -> Value {
     match value {
-        BindValue::CallerTenant => Value::from(caller.tenant.as_str()),
+        BindValue::CallerTenant => Value::from(&*caller.tenant),
         BindValue::CallerSubject => Value::from(caller.subject.as_str()),
-        BindValue::CallerAgent => Value::from(caller.agent.as_str()),
+        BindValue::CallerAgent => Value::from(&*caller.agent),
         BindValue::Constant(v) => v.clone(),
     }
 }

@@ -221,7 +221,7 @@ pub fn explain_visibility(catalog: &Catalog, caller: &Caller) -> (Vec<Visibility
                 visible.push(tool.clone());
                 Visibility {
                     name: name.to_owned(),
-                    version: tool.version.clone(),
+                    version: tool.version.to_string(),
                     hidden_by: None,
                     rule: None,
                     missing_scope: None,
@@ -239,7 +239,7 @@ pub fn explain_visibility(catalog: &Catalog, caller: &Caller) -> (Vec<Visibility
                 };
                 Visibility {
                     name: name.to_owned(),
-                    version: tool.map(|t| t.version.clone()).unwrap_or_default(),
+                    version: tool.map(|t| t.version.to_string()).unwrap_or_default(),
                     hidden_by: Some(refusal),
                     rule,
                     missing_scope,
@@ -280,9 +280,10 @@ impl Explainer<'_> {
         let limits = &self.boundary.limits;
         let caller = &turn.caller;
         let call_id = structure::reported_call_id(
-            structure::normalize_call_id(&call.call_id, turn.step, index),
+            &structure::normalize_call_id(&call.call_id, turn.step, index),
             limits.max_identifier_bytes,
-        );
+        )
+        .to_string();
         let mut seen = Seen::default();
         let shown = turn
             .catalog_revision
@@ -292,7 +293,7 @@ impl Explainer<'_> {
         let decided = policy::decide(limits, self.catalog, shown, caller, call, &mut seen);
         let mut stages = self.policy_trail(turn, call, &seen, &decided);
         let tool = seen.tool;
-        let version = tool.map(|t| t.version.clone()).unwrap_or_default();
+        let version = tool.map(|t| t.version.to_string()).unwrap_or_default();
         let (mut arguments, mut arguments_sha256) = (None, None);
         let ending = match decided {
             Err(refusal) => Ending::Refused(refusal),
@@ -503,7 +504,7 @@ impl Explainer<'_> {
         let tenant_rate = self
             .catalog
             .tenants
-            .get(&caller.tenant)
+            .get(&*caller.tenant)
             .and_then(|t| t.rate_limit);
         // With the shared state unreachable, what is left is unknown (the trail says so); the
         // quota is not called exhausted on a guess.
@@ -629,7 +630,7 @@ impl Explainer<'_> {
                 )));
                 Ending::Replay {
                     result: Ok(()),
-                    tool_version: tool.version.clone(),
+                    tool_version: tool.version.to_string(),
                 }
             }
             Peek::Replay(stored) => {

@@ -90,7 +90,8 @@ impl Stores {
 #[derive(Debug, Clone)]
 pub struct Turn {
     pub caller: Arc<Caller>,
-    pub run_id: String,
+    /// Shared, not copied, by each call's permit and audit event.
+    pub run_id: Arc<str>,
     pub step: u32,
     /// The revision the model was shown, if the client says.
     pub catalog_revision: Option<String>,
@@ -374,20 +375,17 @@ impl Boundary {
             let mut guard = AuditGuard {
                 turn,
                 call_id: structure::reported_call_id(
-                    structure::normalize_call_id(&call.call_id, turn.step, index),
+                    &structure::normalize_call_id(&call.call_id, turn.step, index),
                     self.limits.max_identifier_bytes,
                 ),
-                tool: structure::reported_call_id(
-                    call.name.clone(),
-                    self.limits.max_identifier_bytes,
-                ),
+                tool: structure::reported_call_id(&call.name, self.limits.max_identifier_bytes),
                 time: EventTime(self.clock.unix_ms()),
                 trace: None,
                 started,
                 trail: CallTrail::default(),
                 reservation: None,
             };
-            let mut span = spans::execute_tool(&self.tracer, &call.name, &turn.trace_parent);
+            let mut span = spans::execute_tool(&self.tracer, &guard.tool, &turn.trace_parent);
             guard.trace = spans::ids(&span);
             // The event's slot comes first. Fail closed: a call that could not be audited does not
             // run. Otherwise wait for room: backpressure acts before anything happens.
@@ -402,10 +400,10 @@ impl Boundary {
                     Reason::AuditUnavailable,
                     "the audit log cannot keep up; the call was not run",
                 );
-                let call_id = std::mem::take(&mut guard.call_id);
+                let call_id = guard.call_id.to_string();
                 let mut outcome = CallOutcome::refused(call_id, call.name, String::new(), refusal);
                 outcome.duration = started.elapsed();
-                spans::record_call(&mut span, &turn.caller, None, &outcome);
+                spans::record_call(&mut span, &turn.caller, guard.names(), None, &outcome);
                 self.metrics.observe(&outcome, false);
                 return outcome;
             }
@@ -425,7 +423,7 @@ impl Boundary {
                 )),
             };
             let trail = &guard.trail;
-            let call_id = guard.call_id.clone();
+            let call_id = guard.call_id.to_string();
             let mut outcome = match result {
                 Ok(success) => {
                     let mut outcome = CallOutcome::ok(
@@ -447,7 +445,13 @@ impl Boundary {
             }
             outcome.duration = started.elapsed();
             outcome.idempotent_replay = trail.idempotent_replay;
-            spans::record_call(&mut span, &turn.caller, trail.tool.as_deref(), &outcome);
+            spans::record_call(
+                &mut span,
+                &turn.caller,
+                guard.names(),
+                trail.tool.as_deref(),
+                &outcome,
+            );
             let known = !outcome.tool_version.is_empty()
                 || self.state.load().catalog.contains(&outcome.tool);
             self.metrics.observe(&outcome, known);
@@ -475,7 +479,7 @@ impl Boundary {
         &self,
         turn: &Turn,
         call: &CallRequest,
-        call_id: &str,
+        call_id: &Arc<str>,
         trail: &mut CallTrail,
         span: &spans::ToolgateSpan,
     ) -> Result<Success, Refusal> {
@@ -493,7 +497,7 @@ impl Boundary {
         state: &CatalogState,
         turn: &Turn,
         call: &CallRequest,
-        call_id: &str,
+        call_id: &Arc<str>,
         trail: &mut CallTrail,
     ) -> Result<Admitted, Refusal> {
         let caller = &turn.caller;
@@ -521,7 +525,7 @@ impl Boundary {
         // 8. Rate limits: both quotas, or neither.
         let tenant_rate = catalog
             .tenants
-            .get(&caller.tenant)
+            .get(&*caller.tenant)
             .and_then(|t| t.rate_limit);
         state
             .rate_limits
@@ -549,7 +553,7 @@ impl Boundary {
         }
         Ok(Admitted {
             permit: Permit::new(
-                call_id.to_owned(),
+                call_id.clone(),
                 turn.run_id.clone(),
                 tool.clone(),
                 caller.clone(),
@@ -813,14 +817,14 @@ impl Boundary {
         slot.send(Box::new(AuditEvent {
             time: EventTime(self.clock.unix_ms()),
             kind: Some(EventKind::ApprovalDecision),
-            run_id: approval.binding.run_id.clone(),
+            run_id: approval.binding.run_id.as_str().into(),
             party: Party::Named {
                 tenant: approval.binding.tenant.clone(),
                 subject: approval.binding.subject.clone(),
                 agent: approval.binding.agent.clone(),
             },
-            tool: approval.binding.tool.clone(),
-            tool_version: approval.binding.tool_version.clone(),
+            tool: approval.binding.tool.as_str().into(),
+            tool_version: approval.binding.tool_version.as_str().into(),
             risk_level: Some(approval.risk_level.as_str()),
             arguments_sha256: Some(approval.binding.arguments_sha256.clone()),
             status: if approve { "APPROVED" } else { "REJECTED" },
@@ -1044,6 +1048,14 @@ impl CallTrail {
             (None, None) => "",
         }
     }
+
+    /// [`Self::tool_version`], shared with the catalog when it is the resolved tool's.
+    fn shared_tool_version(&self) -> Arc<str> {
+        match (&self.replayed_version, &self.tool) {
+            (None, Some(tool)) => tool.version.clone(),
+            _ => self.tool_version().into(),
+        }
+    }
 }
 
 /// Holds a call's queue slot and what its audit event is made of; the event is built and sent
@@ -1054,9 +1066,9 @@ impl CallTrail {
 struct AuditGuard<'t> {
     turn: &'t Turn,
     /// As reported (numbered when blank, cut when long).
-    call_id: String,
+    call_id: Arc<str>,
     /// As the client named it, cut to the identifier limit.
-    tool: String,
+    tool: Arc<str>,
     time: EventTime,
     /// Trace and span ids, as `spans::ids` gives them.
     trace: Option<([u8; 16], [u8; 8])>,
@@ -1066,6 +1078,14 @@ struct AuditGuard<'t> {
 }
 
 impl AuditGuard<'_> {
+    /// The call's id and tool name as recorded, for its span.
+    fn names(&self) -> spans::CallNames<'_> {
+        spans::CallNames {
+            call_id: &self.call_id,
+            tool: &self.tool,
+        }
+    }
+
     fn finish(mut self, outcome: &CallOutcome) {
         self.send(
             outcome.status,
@@ -1086,7 +1106,7 @@ impl AuditGuard<'_> {
             return;
         };
         let trail = std::mem::take(&mut self.trail);
-        let tool_version = trail.tool_version().to_owned();
+        let tool_version = trail.shared_tool_version();
         let risk_level = trail.tool.as_ref().map(|tool| tool.risk_level.as_str());
         let approval_id = trail
             .approval_id
@@ -1095,11 +1115,11 @@ impl AuditGuard<'_> {
         reservation.send(Box::new(AuditEvent {
             time: self.time,
             kind: Some(EventKind::ToolCall),
-            call_id: std::mem::take(&mut self.call_id),
+            call_id: self.call_id.clone(),
             run_id: self.turn.run_id.clone(),
             step: self.turn.step,
             party: Party::Caller(self.turn.caller.clone()),
-            tool: std::mem::take(&mut self.tool),
+            tool: self.tool.clone(),
             tool_version,
             risk_level,
             arguments_sha256: trail.arguments_sha256,

@@ -10,8 +10,8 @@ use crate::{catalog::ToolVersion, identity::Caller};
 /// A call the boundary decided may run, with its final (bound) arguments.
 #[derive(Debug)]
 pub struct Permit {
-    call_id: String,
-    run_id: String,
+    call_id: Arc<str>,
+    run_id: Arc<str>,
     tool: Arc<ToolVersion>,
     caller: Arc<Caller>,
     arguments: Value,
@@ -26,8 +26,8 @@ struct Sealed;
 
 impl Permit {
     pub(super) fn new(
-        call_id: String,
-        run_id: String,
+        call_id: Arc<str>,
+        run_id: Arc<str>,
         tool: Arc<ToolVersion>,
         caller: Arc<Caller>,
         arguments: Value,

@@ -101,12 +101,12 @@ pub(crate) fn approval_binding(
     arguments_sha256: &str,
 ) -> approvals::Binding {
     approvals::Binding {
-        tenant: caller.tenant.clone(),
+        tenant: caller.tenant.to_string(),
         subject: caller.subject.clone(),
-        agent: caller.agent.clone(),
+        agent: caller.agent.to_string(),
         run_id: run_id.to_owned(),
         tool: tool.name.clone(),
-        tool_version: tool.version.clone(),
+        tool_version: tool.version.to_string(),
         definition_hash: tool.definition_hash.clone(),
         arguments_sha256: arguments_sha256.to_owned(),
     }
@@ -119,9 +119,9 @@ pub(crate) fn idempotency_key(
     key: &str,
 ) -> super::idempotency::Key {
     super::idempotency::Key {
-        tenant: caller.tenant.clone(),
+        tenant: caller.tenant.to_string(),
         subject: caller.subject.clone(),
-        agent: caller.agent.clone(),
+        agent: caller.agent.to_string(),
         tool: tool.name.clone(),
         key: key.to_owned(),
     }

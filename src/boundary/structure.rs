@@ -3,6 +3,8 @@
 //! within the size and nesting limits. Depth is measured on the raw text without recursion,
 //! before anything is parsed.
 
+use std::{borrow::Cow, sync::Arc};
+
 use serde_json::Value;
 
 use crate::{
@@ -11,12 +13,12 @@ use crate::{
 };
 
 /// A blank call id becomes `tool_step_<step>_<index>`.
-pub fn normalize_call_id(call_id: &str, step: u32, index: usize) -> String {
+pub fn normalize_call_id(call_id: &str, step: u32, index: usize) -> Cow<'_, str> {
     let trimmed = call_id.trim();
     if trimmed.is_empty() {
-        format!("tool_step_{step}_{index}")
+        Cow::Owned(format!("tool_step_{step}_{index}"))
     } else {
-        trimmed.to_owned()
+        Cow::Borrowed(trimmed)
     }
 }
 
@@ -55,11 +57,9 @@ pub fn check_identifiers(
 
 /// A call id to report back and record: the client's own, cut to the identifier limit when it is
 /// over (the call is then refused for it), so a refusal never echoes an unbounded string.
-pub fn reported_call_id(call_id: String, limit: usize) -> String {
-    if call_id.len() <= limit {
-        return call_id;
-    }
-    super::truncate_utf8(&call_id, limit).to_owned()
+/// Shared: the call's audit event, span and permit hold the same copy.
+pub fn reported_call_id(call_id: &str, limit: usize) -> Arc<str> {
+    Arc::from(super::truncate_utf8(call_id, limit))
 }
 
 /// Checks the name and parses the arguments; the value returned is always a JSON object.

@@ -76,7 +76,8 @@ pub enum BoundOverride {
 /// One version of one tool, ready to serve.
 pub struct ToolVersion {
     pub name: String,
-    pub version: String,
+    /// Shared, not copied, by the spans and audit events of its calls.
+    pub version: Arc<str>,
     pub description: String,
     /// The schema as written in the catalog.
     pub input_schema: Value,
@@ -346,7 +347,7 @@ impl CatalogInputs {
                 &raw.tenants,
                 executor,
             )?;
-            let key = (tool.name.clone(), tool.version.clone());
+            let key = (tool.name.clone(), tool.version.to_string());
             if let Some(first) = seen.insert(key, index) {
                 return Err(FieldError::new(
                     format!("{path}.version"),
@@ -605,9 +606,12 @@ impl Catalog {
             VersionStatus::Inactive => false,
         };
         if let Some(pin) = pin {
-            let version = versions.iter().find(|v| v.version == pin).ok_or_else(|| {
-                ResolveError::VersionNotAvailable(format!("tool {name} has no version {pin}"))
-            })?;
+            let version = versions
+                .iter()
+                .find(|v| *v.version == *pin)
+                .ok_or_else(|| {
+                    ResolveError::VersionNotAvailable(format!("tool {name} has no version {pin}"))
+                })?;
             return if usable(version) {
                 Ok(version)
             } else if version.status == VersionStatus::Inactive {
@@ -788,7 +792,7 @@ fn build_tool(
     }));
     Ok(ToolVersion {
         name: raw.name.clone(),
-        version,
+        version: version.into(),
         description: raw.description.clone(),
         input_schema: raw.input_schema.clone(),
         visible_schema,

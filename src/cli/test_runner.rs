@@ -385,9 +385,9 @@ fn caller(
             .map_err(|err| err.to_string());
     }
     Ok(Caller {
-        tenant: identity.tenant.clone().unwrap_or_default(),
+        tenant: identity.tenant.as_deref().unwrap_or_default().into(),
         subject: identity.subject.clone().unwrap_or_default(),
-        agent: identity.agent.clone().unwrap_or_default(),
+        agent: identity.agent.as_deref().unwrap_or_default().into(),
         scopes: match &identity.scopes {
             Some(Scopes::List(list)) => list.iter().cloned().collect(),
             Some(Scopes::Text(text)) => split_scopes(text),
@@ -400,10 +400,7 @@ fn caller(
 fn turn(caller: &Arc<Caller>, call: &TestCall) -> Turn {
     Turn {
         caller: caller.clone(),
-        run_id: call
-            .run_id
-            .clone()
-            .unwrap_or_else(|| "toolgate-test".to_owned()),
+        run_id: call.run_id.as_deref().unwrap_or("toolgate-test").into(),
         step: 0,
         catalog_revision: None,
         deadline: None,

@@ -344,9 +344,9 @@ impl JwtSettings {
             _ => Default::default(),
         };
         let caller = Caller {
-            tenant,
+            tenant: tenant.into(),
             subject: string(&s.subject_claim).unwrap_or_default(),
-            agent: string(&s.agent_claim).unwrap_or_default(),
+            agent: string(&s.agent_claim).unwrap_or_default().into(),
             scopes,
             method: AuthMethod::Jwt,
         };

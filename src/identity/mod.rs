@@ -93,9 +93,10 @@ pub enum AuthMethod {
 /// The identity every decision is made for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Caller {
-    pub tenant: String,
+    /// Shared, not copied, by what records each call (its span's attributes).
+    pub tenant: Arc<str>,
     pub subject: String,
-    pub agent: String,
+    pub agent: Arc<str>,
     pub scopes: BTreeSet<String>,
     pub method: AuthMethod,
 }
@@ -139,9 +140,9 @@ pub enum IdentityError {
 /// hold control characters: they end up in logs, audit lines and limiter keys.
 pub(crate) fn check_lengths(caller: &Caller, max: usize) -> Result<(), IdentityError> {
     for (field, value) in [
-        ("tenant", caller.tenant.as_str()),
+        ("tenant", &*caller.tenant),
         ("subject", caller.subject.as_str()),
-        ("agent", caller.agent.as_str()),
+        ("agent", &*caller.agent),
     ] {
         if value.len() > max {
             return Err(IdentityError::TooLong {
@@ -226,9 +227,9 @@ impl IdentityResolver {
             .filter(|t| !t.is_empty())
             .ok_or(IdentityError::MissingTenantHeader)?;
         let caller = Caller {
-            tenant: tenant.to_owned(),
+            tenant: tenant.into(),
             subject: text(metadata, &SUBJECT)?.unwrap_or("").trim().to_owned(),
-            agent: text(metadata, &AGENT)?.unwrap_or("").trim().to_owned(),
+            agent: text(metadata, &AGENT)?.unwrap_or("").trim().into(),
             scopes: split_scopes(text(metadata, &SCOPES)?.unwrap_or("")),
             method: AuthMethod::Dev,
         };
@@ -293,7 +294,7 @@ mod tests {
                 (SCOPES_HEADER, "tickets:read, tickets:write"),
             ]))
             .unwrap();
-        assert_eq!(caller.tenant, "acme");
+        assert_eq!(&*caller.tenant, "acme");
         assert!(caller.has_scope("tickets:write"));
         assert_eq!(caller.method, AuthMethod::Dev);
     }

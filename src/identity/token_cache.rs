@@ -173,7 +173,7 @@ mod tests {
             caller: Arc::new(Caller {
                 tenant: tenant.into(),
                 subject: String::new(),
-                agent: String::new(),
+                agent: "".into(),
                 scopes: Default::default(),
                 method: AuthMethod::Jwt,
             }),
@@ -201,7 +201,7 @@ mod tests {
         let cache = TokenCache::new(4096);
         let key = key_of("token");
         cache.insert(key, verified("acme", 100), 50, 0);
-        assert_eq!(cache.get(&key, 100, 0).unwrap().unwrap().tenant, "acme");
+        assert_eq!(&*cache.get(&key, 100, 0).unwrap().unwrap().tenant, "acme");
         let expired = cache.get(&key, 101, 0).unwrap();
         assert!(expired.unwrap_err().to_string().contains("expired"));
         assert!(cache.get(&key, 101, 0).is_none());

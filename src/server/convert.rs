@@ -43,7 +43,7 @@ pub fn risk_level(risk: RiskLevel) -> proto::RiskLevel {
 pub fn tool_definition(tool: &ToolVersion) -> proto::ToolDefinition {
     proto::ToolDefinition {
         name: tool.name.clone(),
-        version: tool.version.clone(),
+        version: tool.version.to_string(),
         description: tool.description.clone(),
         input_schema_json: tool.visible_schema_json.clone(),
         risk_level: risk_level(tool.risk_level) as i32,

@@ -90,7 +90,7 @@ impl ToolGateService {
         let trace_parent = remote_context(request);
         Ok(Turn {
             caller,
-            run_id: body.run_id().to_owned(),
+            run_id: body.run_id().into(),
             step: body.step(),
             catalog_revision: Some(body.catalog_revision())
                 .filter(|r| !r.trim().is_empty())

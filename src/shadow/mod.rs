@@ -152,7 +152,7 @@ const JOB_OVERHEAD: usize = 512;
 /// A call waiting to be explained against the candidate.
 struct Job {
     caller: Arc<Caller>,
-    run_id: String,
+    run_id: Arc<str>,
     step: u32,
     index: usize,
     call: CallRequest,
@@ -354,15 +354,15 @@ async fn compare(boundary: &Boundary, candidate: &Candidate, job: Job) {
     slot.send(Box::new(AuditEvent {
         time: EventTime(boundary.clock().unix_ms()),
         kind: Some(EventKind::ShadowDecision),
-        call_id: active.call_id,
+        call_id: active.call_id.into(),
         run_id: turn.run_id,
         step: turn.step,
         party: Party::Caller(turn.caller.clone()),
         tool: crate::boundary::structure::reported_call_id(
-            job.call.name,
+            &job.call.name,
             boundary.limits().max_identifier_bytes,
         ),
-        tool_version: active.tool_version,
+        tool_version: active.tool_version.into(),
         arguments_sha256: active.arguments_sha256,
         status: active.status.as_str(),
         error_type: active.error_type,
@@ -406,7 +406,7 @@ mod tests {
             caller: Arc::new(Caller {
                 tenant: "acme".into(),
                 subject: String::new(),
-                agent: String::new(),
+                agent: "".into(),
                 scopes: Default::default(),
                 method: crate::identity::AuthMethod::Dev,
             }),

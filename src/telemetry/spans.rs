@@ -187,11 +187,19 @@ pub fn execute_tool(tracer: &Tracer, tool: &str, parent: &Context) -> ToolgateSp
     })
 }
 
+/// A tool call's id and tool name as its audit event records them (cut to the identifier
+/// limit), shared with its span rather than copied.
+pub struct CallNames<'a> {
+    pub call_id: &'a Arc<str>,
+    pub tool: &'a Arc<str>,
+}
+
 /// The tool call's attributes and status, when it has ended: who called, what the chain
 /// resolved (`tool`, when it did), and the outcome.
 pub fn record_call(
     span: &mut ToolgateSpan,
     caller: &Caller,
+    names: CallNames<'_>,
     tool: Option<&ToolVersion>,
     outcome: &CallOutcome,
 ) {
@@ -199,8 +207,8 @@ pub fn record_call(
         return;
     }
     span.set("gen_ai.operation.name", "execute_tool");
-    span.set("gen_ai.tool.name", outcome.tool.clone());
-    span.set("gen_ai.tool.call.id", outcome.call_id.clone());
+    span.set("gen_ai.tool.name", names.tool.clone());
+    span.set("gen_ai.tool.call.id", names.call_id.clone());
     span.set("toolgate.tenant", caller.tenant.clone());
     span.set("toolgate.agent", caller.agent.clone());
     if let Some(tool) = tool {

@@ -286,6 +286,46 @@ async fn spans_follow_the_caller_into_the_sidecar_and_on_to_the_upstream() {
     crate::process::stop(spawned).await;
 }
 
+/// A tool name the client chose reaches the span as it reaches the audit line: cut to the
+/// identifier limit (256 bytes), so one call cannot make a span name and attribute of any size.
+#[tokio::test]
+async fn an_over_long_tool_name_is_cut_in_its_span() {
+    let collector = otlp_collector::start().await;
+    let (upstream, _) = traced_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("catalog.yaml");
+    std::fs::write(&config, traced_catalog(upstream, "20ms")).unwrap();
+    let endpoint = collector.endpoint();
+    let spawned = spawn_with_env(
+        &["--config", config.to_str().unwrap()],
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)],
+    );
+    let mut client = client(&spawned.addr).await;
+    let name = "x".repeat(64 * 1024);
+    let result = exec(&mut client, &who("acme"), call(&name, "{}")).await;
+    assert_eq!(result.status(), ToolStatus::InvalidArguments, "{result:?}");
+    let spans = collector
+        .wait_for_spans(
+            |spans| spans.iter().any(|s| s.name.starts_with("execute_tool x")),
+            Duration::from_secs(20),
+        )
+        .await;
+    let span = spans
+        .iter()
+        .find(|s| s.name.starts_with("execute_tool x"))
+        .unwrap();
+    assert_eq!(span.name, format!("execute_tool {}", "x".repeat(256)));
+    assert_eq!(
+        attribute(span, "gen_ai.tool.name").map(|n| n.len()),
+        Some(256)
+    );
+    assert_eq!(
+        attribute(span, "error.type").as_deref(),
+        Some("identifier_too_long")
+    );
+    crate::process::stop(spawned).await;
+}
+
 #[tokio::test]
 async fn shutdown_flushes_pending_spans_over_http_protobuf() {
     // An OTLP/HTTP receiver: POST /v1/traces with a protobuf ExportTraceServiceRequest.

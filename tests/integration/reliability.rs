@@ -967,7 +967,7 @@ async fn the_per_call_future_stays_small() {
         caller: std::sync::Arc::new(toolgate::identity::Caller {
             tenant: "acme".into(),
             subject: "alice".into(),
-            agent: String::new(),
+            agent: "".into(),
             scopes: Default::default(),
             method: toolgate::identity::AuthMethod::Dev,
         }),
