@@ -81,19 +81,30 @@ fn write_value(value: &Value, out: &mut Vec<u8>) {
             out.push(b']');
         }
         Value::Object(map) => {
-            let mut entries: Vec<_> = map.iter().collect();
-            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
             out.push(b'{');
-            for (i, (key, item)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_string(key, out);
-                out.push(b':');
-                write_value(item, out);
+            // Arguments are hashed after `normalize`, which sorts every object's keys in place:
+            // then they are written in their order, without collecting and sorting them again.
+            if map.keys().is_sorted() {
+                write_entries(map.iter(), out);
+            } else {
+                let mut entries: Vec<_> = map.iter().collect();
+                entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+                write_entries(entries.into_iter(), out);
             }
             out.push(b'}');
         }
+    }
+}
+
+/// An object's members, in the order given.
+fn write_entries<'a>(entries: impl Iterator<Item = (&'a String, &'a Value)>, out: &mut Vec<u8>) {
+    for (i, (key, item)) in entries.enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_string(key, out);
+        out.push(b':');
+        write_value(item, out);
     }
 }
 
