@@ -97,9 +97,8 @@ pub struct Turn {
     pub catalog_revision: Option<String>,
     /// The client's gRPC deadline, if any.
     pub deadline: Option<Instant>,
-    /// The caller's W3C `traceparent`, carried on to backends when spans are not exported.
-    pub traceparent: Option<String>,
-    /// The trace context this turn's spans are children of.
+    /// The trace context this turn's spans are children of: the caller's, whose `traceparent`
+    /// is carried on to backends when spans are not exported.
     pub trace_parent: opentelemetry::Context,
 }
 
@@ -656,7 +655,7 @@ impl Boundary {
     ) -> impl Future<Output = Result<String, Refusal>> + Send + 'a {
         let tool = permit.tool();
         let span = spans::backend_call(&self.tracer, tool, call_span, &turn.trace_parent);
-        let traceparent = spans::outbound_traceparent(&span, tool, turn.traceparent.as_deref());
+        let traceparent = spans::outbound_traceparent(&span, tool, &turn.trace_parent);
         permit.set_traceparent(traceparent);
         self.run(permit, span, turn.deadline, approval_id, started)
     }

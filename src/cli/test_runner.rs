@@ -404,7 +404,6 @@ fn turn(caller: &Arc<Caller>, call: &TestCall) -> Turn {
         step: 0,
         catalog_revision: None,
         deadline: None,
-        traceparent: None,
         trace_parent: opentelemetry::Context::new(),
     }
 }

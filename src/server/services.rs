@@ -96,7 +96,6 @@ impl ToolGateService {
                 .filter(|r| !r.trim().is_empty())
                 .map(str::to_owned),
             deadline,
-            traceparent: spans::caller_traceparent(&trace_parent),
             trace_parent,
         })
     }

@@ -301,7 +301,6 @@ async fn compare(boundary: &Boundary, candidate: &Candidate, job: Job) {
         step: job.step,
         catalog_revision: None,
         deadline: None,
-        traceparent: None,
         trace_parent: opentelemetry::Context::new(),
     };
     let active = job.active;
@@ -414,7 +413,6 @@ mod tests {
             step: 0,
             catalog_revision: None,
             deadline: None,
-            traceparent: None,
             trace_parent: opentelemetry::Context::new(),
         }
     }

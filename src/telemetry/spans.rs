@@ -324,9 +324,9 @@ pub fn traceparent(span: &ToolgateSpan) -> Option<String> {
 
 /// The caller's `traceparent`, when it sent a valid W3C trace context: read from `remote`, the
 /// context [`TraceContextLayer`] extracted from its metadata, so a request's header is parsed
-/// once. Anything else is dropped rather than passed on to backends. Normalized (version 00,
-/// lowercase).
-pub fn caller_traceparent(remote: &Context) -> Option<String> {
+/// once, and written only for a call that goes to a backend. Anything else is dropped rather
+/// than passed on to backends. Normalized (version 00, lowercase).
+fn caller_traceparent(remote: &Context) -> Option<String> {
     let span = remote.span();
     let span_context = span.span_context();
     span_context
@@ -335,18 +335,19 @@ pub fn caller_traceparent(remote: &Context) -> Option<String> {
 }
 
 /// The `traceparent` a backend call made within `span` sends: the span's own when it is traced,
-/// else the caller's (already validated), else a fresh one, so every upstream request can be
-/// correlated. Builtins run in the sidecar and get none.
+/// else the caller's from `parent` (already validated; with spans off, the turn's context is
+/// the caller's), else a fresh one, so every upstream request can be correlated. Builtins run
+/// in the sidecar and get none.
 pub fn outbound_traceparent(
     span: &ToolgateSpan,
     tool: &ToolVersion,
-    caller: Option<&str>,
+    parent: &Context,
 ) -> Option<String> {
     if !tool.executor.leaves_process() {
         return None;
     }
     traceparent(span)
-        .or_else(|| caller.map(str::to_owned))
+        .or_else(|| caller_traceparent(parent))
         .or_else(|| {
             use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator};
             let ids = RandomIdGenerator::default();

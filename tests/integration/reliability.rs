@@ -975,7 +975,6 @@ async fn the_per_call_future_stays_small() {
         step: 0,
         catalog_revision: None,
         deadline: None,
-        traceparent: None,
         trace_parent: Default::default(),
     };
     let call = CallRequest {
