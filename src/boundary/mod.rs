@@ -403,7 +403,7 @@ impl Boundary {
                 let mut outcome = CallOutcome::refused(call_id, call.name, String::new(), refusal);
                 outcome.duration = started.elapsed();
                 spans::record_call(&mut span, &turn.caller, guard.names(), None, &outcome);
-                self.metrics.observe(&outcome, false);
+                self.metrics.observe(&outcome, None);
                 return outcome;
             }
             let mut hard_stop = self.hard_stop.subscribe();
@@ -453,7 +453,7 @@ impl Boundary {
             );
             let known = !outcome.tool_version.is_empty()
                 || self.state.load().catalog.contains(&outcome.tool);
-            self.metrics.observe(&outcome, known);
+            self.metrics.observe(&outcome, known.then_some(&guard.tool));
             if let Some(arguments) = &trail.arguments {
                 spans::record_content(&mut span, arguments, &outcome);
             }

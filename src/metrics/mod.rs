@@ -233,6 +233,8 @@ pub struct Metrics {
     state_up: Gauge,
     state_failures: Family<ConcernLabels, Counter>,
     rate_limit_local: Counter,
+    /// The label of calls to tools the catalog does not have, made once.
+    unknown_tool: Arc<str>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -345,6 +347,7 @@ impl Metrics {
             state_up,
             state_failures,
             rate_limit_local,
+            unknown_tool: Arc::from(UNKNOWN_TOOL),
             registry,
             calls,
             durations,
@@ -374,14 +377,12 @@ impl Metrics {
     }
 
     /// Records a finished call; `known_tool` says whether the name is in the catalog.
-    pub fn observe(&self, outcome: &CallOutcome, known_tool: bool) {
-        // Label sets are looked up by value: one shared copy of the name serves all of them,
-        // and the rest of each label is static.
-        let tool: Arc<str> = Arc::from(if known_tool {
-            outcome.tool.as_str()
-        } else {
-            UNKNOWN_TOOL
-        });
+    /// `tool`: the name of a tool the catalog has, shared with the call; `None` for any other,
+    /// which are counted under one label so a client cannot grow the label sets.
+    pub fn observe(&self, outcome: &CallOutcome, tool: Option<&Arc<str>>) {
+        // Label sets are looked up by value: the call's shared copy of the name serves all of
+        // them, and the rest of each label is static.
+        let tool = tool.unwrap_or(&self.unknown_tool).clone();
         self.calls
             .get_or_create(&CallLabels {
                 tool: tool.clone(),
