@@ -1,7 +1,7 @@
 //! Canonical JSON: object keys sorted, numbers in one spelling, no whitespace. Two argument objects
 //! that mean the same hash the same, whatever key order or number formatting the model chose.
 
-use std::io::Write as _;
+use std::{io::Write as _, sync::Arc};
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -50,9 +50,22 @@ pub fn to_string(value: &Value) -> String {
 
 /// SHA-256 (lowercase hex) of the canonical JSON text.
 pub fn sha256_hex(value: &Value) -> String {
+    lower_hex(&sha256(value))
+}
+
+/// [`sha256_hex`], made once to be shared: a call's audit event, idempotency record and approval
+/// binding all hold its arguments' hash.
+pub fn sha256_hex_shared(value: &Value) -> Arc<str> {
+    let mut hex = [0; 64];
+    // The buffer is exactly twice the digest's length, so encoding cannot fail.
+    let _ = hex::encode_to_slice(sha256(value), &mut hex);
+    Arc::from(std::str::from_utf8(&hex).unwrap_or_default())
+}
+
+fn sha256(value: &Value) -> [u8; 32] {
     let mut text = Vec::with_capacity(TYPICAL_TEXT_BYTES);
     write_value(value, &mut text);
-    lower_hex(&Sha256::digest(&text))
+    Sha256::digest(&text).into()
 }
 
 /// Lowercase hex of `bytes`, written in one pass (`hex::encode` collects it a `char` at a time,
@@ -256,6 +269,7 @@ mod tests {
         let b: Value = serde_json::from_str(r#"{"a":[2,{"x":"\u00e9","y":1}],"b":1}"#).unwrap();
         assert_eq!(to_string(&a), r#"{"a":[2,{"x":"é","y":1}],"b":1}"#);
         assert_eq!(sha256_hex(&a), sha256_hex(&b));
+        assert_eq!(*sha256_hex_shared(&a), sha256_hex(&a));
     }
 
     #[test]

@@ -197,7 +197,7 @@ mod tests {
             tool: "rag_search".into(),
             tool_version: "2.1.0".into(),
             risk_level: Some("read_only"),
-            arguments_sha256: Some("ab".repeat(32)),
+            arguments_sha256: Some("ab".repeat(32).into()),
             status: "REFUSED",
             error_type: Some("schema_invalid"),
             refused_by: Some("schema"),

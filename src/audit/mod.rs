@@ -61,7 +61,7 @@ pub struct AuditEvent {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub risk_level: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub arguments_sha256: Option<String>,
+    pub arguments_sha256: Option<Arc<str>>,
     pub status: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error_type: Option<&'static str>,

@@ -299,7 +299,7 @@ impl Explainer<'_> {
             Err(refusal) => Ending::Refused(refusal),
             Ok(decided) => {
                 arguments = Some(redact(&decided.arguments, &decided.tool.redact));
-                arguments_sha256 = Some(decided.arguments_sha256.clone());
+                arguments_sha256 = Some(decided.arguments_sha256.to_string());
                 self.stateful(turn, call, &decided, &mut stages).await
             }
         };

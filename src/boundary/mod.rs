@@ -186,7 +186,7 @@ struct Success {
 struct Admitted {
     /// With the bound arguments, in canonical form: what the backend receives.
     permit: Permit,
-    arguments_sha256: String,
+    arguments_sha256: Arc<str>,
     approval_id: Option<String>,
 }
 
@@ -825,7 +825,7 @@ impl Boundary {
             tool: approval.binding.tool.as_str().into(),
             tool_version: approval.binding.tool_version.as_str().into(),
             risk_level: Some(approval.risk_level.as_str()),
-            arguments_sha256: Some(approval.binding.arguments_sha256.clone()),
+            arguments_sha256: Some(approval.binding.arguments_sha256.as_str().into()),
             status: if approve { "APPROVED" } else { "REJECTED" },
             reason: Some(reason.to_owned()).filter(|r| !r.is_empty()),
             approval_id: Some(approval.id.clone()),
@@ -1031,7 +1031,7 @@ pub(crate) struct CallTrail {
     pub replayed_version: Option<String>,
     /// Bound argument paths the model tried to set itself.
     pub bound_override_attempts: Vec<String>,
-    pub arguments_sha256: Option<String>,
+    pub arguments_sha256: Option<Arc<str>>,
     /// Only for tools with `record_arguments: true`, redacted (boxed: few tools record them).
     pub arguments: Option<Box<serde_json::Value>>,
     pub approval_id: Option<String>,

@@ -23,7 +23,7 @@ pub(crate) struct Decided<'c> {
     pub tool: &'c Arc<ToolVersion>,
     /// Bound values written, in canonical form: exactly what is hashed, approved and executed.
     pub arguments: Value,
-    pub arguments_sha256: String,
+    pub arguments_sha256: Arc<str>,
 }
 
 /// What the stages saw on the way, kept for records also when a later stage refuses.
@@ -85,7 +85,7 @@ pub(crate) fn decide<'c>(
     let mut arguments = bind::apply(tool, caller, arguments)?;
     schema::check_bound_listing(tool, &arguments, &mut seen.violations)?;
     canonical::normalize(&mut arguments);
-    let arguments_sha256 = canonical::sha256_hex(&arguments);
+    let arguments_sha256 = canonical::sha256_hex_shared(&arguments);
     Ok(Decided {
         tool,
         arguments,

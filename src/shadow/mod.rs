@@ -168,7 +168,7 @@ struct Active {
     error_type: Option<&'static str>,
     refused_by: Option<Stage>,
     tool_version: String,
-    arguments_sha256: Option<String>,
+    arguments_sha256: Option<Arc<str>>,
     idempotent_replay: bool,
     had_approval: bool,
     had_key: bool,
@@ -388,7 +388,7 @@ fn differences(active: &Active, candidate: &Explanation) -> Vec<&'static str> {
         differences.push("tool_version");
     }
     if let (Some(served), Some(shadow)) = (&active.arguments_sha256, &candidate.arguments_sha256)
-        && served != shadow
+        && **served != **shadow
     {
         differences.push("bound_arguments");
     }
