@@ -155,9 +155,9 @@ fuzz_target!(|data: &[u8]| {
             assert!(attempted.is_empty() || tool.on_bound_argument == BoundOverride::Overwrite);
             for binding in &tool.bindings {
                 let expected = match &binding.value {
-                    BindValue::CallerTenant => Value::from(caller.tenant.as_str()),
+                    BindValue::CallerTenant => Value::from(&*caller.tenant),
                     BindValue::CallerSubject => Value::from(caller.subject.as_str()),
-                    BindValue::CallerAgent => Value::from(caller.agent.as_str()),
+                    BindValue::CallerAgent => Value::from(&*caller.agent),
                     BindValue::Constant(v) => v.clone(),
                 };
                 assert_eq!(
