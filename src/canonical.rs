@@ -50,22 +50,18 @@ pub fn to_string(value: &Value) -> String {
 
 /// SHA-256 (lowercase hex) of the canonical JSON text.
 pub fn sha256_hex(value: &Value) -> String {
-    lower_hex(&sha256(value))
+    sha256_hex_shared(value).to_string()
 }
 
 /// [`sha256_hex`], made once to be shared: a call's audit event, idempotency record and approval
-/// binding all hold its arguments' hash.
+/// binding all hold its arguments' hash. The hex is written on the stack, not in a `String`.
 pub fn sha256_hex_shared(value: &Value) -> Arc<str> {
-    let mut hex = [0; 64];
-    // The buffer is exactly twice the digest's length, so encoding cannot fail.
-    let _ = hex::encode_to_slice(sha256(value), &mut hex);
-    Arc::from(std::str::from_utf8(&hex).unwrap_or_default())
-}
-
-fn sha256(value: &Value) -> [u8; 32] {
     let mut text = Vec::with_capacity(TYPICAL_TEXT_BYTES);
     write_value(value, &mut text);
-    Sha256::digest(&text).into()
+    let mut hex = [0; 64];
+    // The buffer is exactly twice the digest's length, so encoding cannot fail.
+    let _ = hex::encode_to_slice(Sha256::digest(&text), &mut hex);
+    Arc::from(std::str::from_utf8(&hex).unwrap_or_default())
 }
 
 /// Lowercase hex of `bytes`, written in one pass (`hex::encode` collects it a `char` at a time,

@@ -17,7 +17,7 @@ use toolgate::proto::{self, ToolStatus};
 
 use crate::{
     otlp_collector::{self, string_attribute},
-    process::{client, spawn_with_env},
+    process::{Spawned, client, spawn_with_env},
     support::{STAGES, TestServer, call, exec, execute_request, who},
 };
 
@@ -76,6 +76,20 @@ tools:
     )
 }
 
+/// The sidecar serving [`traced_catalog`] with `env`; the directory holds its catalog for as
+/// long as it runs.
+fn spawn_traced(
+    upstream: std::net::SocketAddr,
+    batch_delay: &str,
+    env: &[(&str, &str)],
+) -> (tempfile::TempDir, Spawned) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("catalog.yaml");
+    std::fs::write(&config, traced_catalog(upstream, batch_delay)).unwrap();
+    let spawned = spawn_with_env(&["--config", config.to_str().unwrap()], env);
+    (dir, spawned)
+}
+
 /// A request from acme's agent, sent within the caller's span.
 fn traced<T>(body: T) -> tonic::Request<T> {
     let mut request = who("acme").request(body);
@@ -90,12 +104,10 @@ fn traced<T>(body: T) -> tonic::Request<T> {
 async fn spans_follow_the_caller_into_the_sidecar_and_on_to_the_upstream() {
     let collector = otlp_collector::start().await;
     let (upstream, seen) = traced_upstream().await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("catalog.yaml");
-    std::fs::write(&config, traced_catalog(upstream, "50ms")).unwrap();
     let endpoint = collector.endpoint();
-    let spawned = spawn_with_env(
-        &["--config", config.to_str().unwrap()],
+    let (_dir, spawned) = spawn_traced(
+        upstream,
+        "50ms",
         &[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
             ("OTEL_SERVICE_NAME", "toolgate-test"),
@@ -292,12 +304,10 @@ async fn spans_follow_the_caller_into_the_sidecar_and_on_to_the_upstream() {
 async fn an_over_long_tool_name_is_cut_in_its_span() {
     let collector = otlp_collector::start().await;
     let (upstream, _) = traced_upstream().await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("catalog.yaml");
-    std::fs::write(&config, traced_catalog(upstream, "20ms")).unwrap();
     let endpoint = collector.endpoint();
-    let spawned = spawn_with_env(
-        &["--config", config.to_str().unwrap()],
+    let (_dir, spawned) = spawn_traced(
+        upstream,
+        "20ms",
         &[("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)],
     );
     let mut client = client(&spawned.addr).await;
@@ -348,13 +358,11 @@ async fn shutdown_flushes_pending_spans_over_http_protobuf() {
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
 
     let (upstream, _) = traced_upstream().await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("catalog.yaml");
     // Spans would wait a minute to be sent: only the shutdown flush can deliver them in time.
-    std::fs::write(&config, traced_catalog(upstream, "60s")).unwrap();
     let endpoint = format!("http://{addr}");
-    let spawned = spawn_with_env(
-        &["--config", config.to_str().unwrap()],
+    let (_dir, spawned) = spawn_traced(
+        upstream,
+        "60s",
         &[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
             ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
@@ -389,12 +397,10 @@ async fn grpc_export_sends_the_configured_headers_and_retries_an_unavailable_col
     let collector = otlp_collector::start().await;
     collector.refuse_next(2, tonic::Code::Unavailable);
     let (upstream, _) = traced_upstream().await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("catalog.yaml");
-    std::fs::write(&config, traced_catalog(upstream, "20ms")).unwrap();
     let endpoint = collector.endpoint();
-    let spawned = spawn_with_env(
-        &["--config", config.to_str().unwrap()],
+    let (_dir, spawned) = spawn_traced(
+        upstream,
+        "20ms",
         &[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
             (
@@ -464,13 +470,11 @@ async fn http_export_sends_the_configured_headers_and_retries_a_busy_collector()
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
 
     let (upstream, _) = traced_upstream().await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("catalog.yaml");
-    std::fs::write(&config, traced_catalog(upstream, "60s")).unwrap();
     // The signal's own endpoint is used as it is: no /v1/traces appended.
     let endpoint = format!("http://{addr}/custom/traces");
-    let spawned = spawn_with_env(
-        &["--config", config.to_str().unwrap()],
+    let (_dir, spawned) = spawn_traced(
+        upstream,
+        "60s",
         &[
             ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", &endpoint),
             ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf"),
