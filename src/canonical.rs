@@ -178,6 +178,55 @@ pub fn write_string(s: &str, out: &mut Vec<u8>) {
     out.push(b'"');
 }
 
+/// Whether a reader that is not a JSON parser would take `c` for a line break (U+0085, U+2028,
+/// U+2029: Python's `splitlines()`, many log viewers) or let it reorder the text around it (the
+/// bidirectional controls). JSON allows them raw inside strings; log and audit lines escape them.
+pub fn is_line_or_bidi_control(c: char) -> bool {
+    matches!(
+        c,
+        '\u{85}'
+            | '\u{2028}'
+            | '\u{2029}'
+            | '\u{61c}'
+            | '\u{200e}'
+            | '\u{200f}'
+            | '\u{202a}'..='\u{202e}'
+            | '\u{2066}'..='\u{2069}'
+    )
+}
+
+/// Rewrites, in the JSON text of `out` from `from` on, each [`is_line_or_bidi_control`]
+/// character as its `\uXXXX` escape. They can only be inside strings (JSON's own syntax is
+/// ASCII), where the escape means the same character, so the JSON is unchanged for a parser and
+/// one event stays one line for everyone else. Nothing is copied when there is none, the usual
+/// case: their UTF-8 encodings all start with 0xC2, 0xD8 or 0xE2.
+pub fn escape_line_and_bidi_controls(out: &mut Vec<u8>, from: usize) {
+    let Some(first) = out
+        .get(from..)
+        .and_then(|tail| memchr::memchr3(0xc2, 0xd8, 0xe2, tail))
+    else {
+        return;
+    };
+    let start = from + first;
+    let Ok(tail) = std::str::from_utf8(&out[start..]) else {
+        return;
+    };
+    if !tail.chars().any(is_line_or_bidi_control) {
+        return;
+    }
+    let mut escaped = Vec::with_capacity(tail.len() + 12);
+    for c in tail.chars() {
+        if is_line_or_bidi_control(c) {
+            let _ = write!(escaped, "\\u{:04x}", u32::from(c));
+        } else {
+            let mut utf8 = [0u8; 4];
+            escaped.extend_from_slice(c.encode_utf8(&mut utf8).as_bytes());
+        }
+    }
+    out.truncate(start);
+    out.extend_from_slice(&escaped);
+}
+
 /// Where the first byte that JSON must escape is.
 fn first_needing_escape(bytes: &[u8]) -> Option<usize> {
     let needs_escape = |b: &u8| *b < 0x20 || *b == b'"' || *b == b'\\';
@@ -216,6 +265,36 @@ fn any_byte_needs_escape(chunk: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn line_and_bidi_controls_are_escaped_and_the_json_means_the_same() {
+        let text = "a\u{2028}b\u{2029}c\u{85}d\u{202e}e\u{2066}f\u{61c}g é 漢字 \u{2027}";
+        let mut out = b"{\"k\":".to_vec();
+        write_string(text, &mut out);
+        out.push(b'}');
+        escape_line_and_bidi_controls(&mut out, 0);
+        let line = String::from_utf8(out.clone()).unwrap();
+        assert_eq!(line.lines().count(), 1);
+        assert!(!line.chars().any(is_line_or_bidi_control), "{line}");
+        assert!(
+            line.contains("\\u2028") && line.contains("\\u202e"),
+            "{line}"
+        );
+        // U+2027 and other characters stay as they were.
+        assert!(line.contains("é 漢字 \u{2027}"), "{line}");
+        let back: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(back["k"], text);
+        // Nothing to escape: nothing changes; and only what follows `from` is looked at.
+        let mut plain = b"{\"k\":\"caf\xc3\xa9\"}".to_vec();
+        let before = plain.clone();
+        escape_line_and_bidi_controls(&mut plain, 0);
+        assert_eq!(plain, before);
+        let mut two = "x\u{2028}".as_bytes().to_vec();
+        let from = two.len();
+        two.extend_from_slice("\"\u{2028}\"".as_bytes());
+        escape_line_and_bidi_controls(&mut two, from);
+        assert_eq!(String::from_utf8(two).unwrap(), "x\u{2028}\"\\u2028\"");
+    }
 
     #[test]
     fn strings_are_written_exactly_as_serde_json_writes_them() {

@@ -17,7 +17,16 @@ macro_rules! key {
 
 impl AuditEvent {
     /// Appends the event as one JSON object (no line break).
+    /// Line and bidirectional controls (U+2028, U+202E, …) are escaped: one event stays one
+    /// line for every reader, and reads in its order.
     pub fn write_json(&self, out: &mut Vec<u8>) -> serde_json::Result<()> {
+        let start = out.len();
+        let written = self.write_json_raw(out);
+        crate::canonical::escape_line_and_bidi_controls(out, start);
+        written
+    }
+
+    fn write_json_raw(&self, out: &mut Vec<u8>) -> serde_json::Result<()> {
         if self.shadow.is_some() {
             return serde_json::to_writer(out, self);
         }

@@ -377,7 +377,7 @@ pub fn init(
     let logs = match format {
         LogFormat::Json => fmt::layer()
             .json()
-            .with_writer(std::io::stderr)
+            .with_writer(|| EscapingWriter(std::io::stderr()))
             .with_current_span(false)
             .boxed(),
         // Colours only for a terminal: escape codes in a log file or `kubectl logs` are noise.
@@ -470,16 +470,41 @@ impl tracing::field::Visit for EscapingVisitor<'_, '_> {
     }
 }
 
-/// Appends `text` with control characters (C0, DEL, C1) written as escapes.
+/// Appends `text` with control characters (C0, DEL, C1) and line and bidirectional controls
+/// (U+2028, U+202E, …) written as escapes.
 fn escape_controls(text: &str, out: &mut String) {
     for c in text.chars() {
         match c {
             '\n' => out.push_str("\\n"),
             '\r' => out.push_str("\\r"),
             '\t' => out.push_str("\\t"),
-            c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", u32::from(c))),
+            c if c.is_control() || crate::canonical::is_line_or_bidi_control(c) => {
+                out.push_str(&format!("\\u{{{:x}}}", u32::from(c)))
+            }
             c => out.push(c),
         }
+    }
+}
+
+/// JSON log lines with line and bidirectional controls escaped (serde_json leaves U+2028 and its
+/// kin raw, which is valid JSON but splits or reorders a line for other readers). The formatter
+/// hands over each event whole, in one write.
+struct EscapingWriter<W>(W);
+
+impl<W: std::io::Write> std::io::Write for EscapingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        // The lead bytes of every such character's UTF-8: without them, nothing to copy.
+        if memchr::memchr3(0xc2, 0xd8, 0xe2, buf).is_none() {
+            return self.0.write(buf);
+        }
+        let mut line = buf.to_vec();
+        crate::canonical::escape_line_and_bidi_controls(&mut line, 0);
+        self.0.write_all(&line)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
     }
 }
 

@@ -308,3 +308,36 @@ async fn exp_must_be_a_whole_number_of_seconds() {
     );
     server.stop().await;
 }
+
+#[tokio::test]
+async fn line_separators_and_bidirectional_controls_in_claims_stay_inside_one_audit_line() {
+    let server = jwt_server().await;
+    let mut client = server.client().await;
+    // Printable by Unicode's account, so accepted; each would split or reorder an audit line
+    // for a reader that is not a JSON parser (Python's splitlines(), a terminal).
+    let subject = "alice\u{2028}{\"kind\":\"forged\"}\u{2029}\u{202e}nimda";
+    let mut claims = claims();
+    claims["sub"] = json!(subject);
+    let r = exec(
+        &mut client,
+        &Who::token(&hs256(&claims)),
+        call("echo", r#"{"text":"hi"}"#),
+    )
+    .await;
+    assert_eq!(r.model_text, "hi");
+    let event = server
+        .wait_for_audit(|e| e["tool"] == "echo" && e["status"] == "OK")
+        .await;
+    assert_eq!(event["subject"], subject, "the claim is kept whole");
+    let file = std::fs::read_to_string(&server.audit_path).unwrap();
+    let forbidden = |c: char| matches!(c, '\u{85}' | '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+    assert!(
+        !file.chars().any(forbidden),
+        "raw in the audit file: {file:?}"
+    );
+    assert!(
+        !file.contains("{\"kind\":\"forged\"}\n"),
+        "a claim started an audit line of its own"
+    );
+    server.stop().await;
+}
