@@ -147,7 +147,7 @@ fn dev_metadata(tenant: &str) -> MetadataMap {
 /// The caller as the dev identity resolver makes it (so new `Caller` fields need no change here).
 fn caller(tenant: &str) -> Arc<Caller> {
     DEV_RESOLVER
-        .resolve(&dev_metadata(tenant))
+        .resolve(dev_metadata(tenant).as_ref())
         .expect("dev identity")
 }
 
@@ -166,6 +166,7 @@ struct Fixture {
     quotas: Quotas,
     keys: Vec<Key>,
     arguments: Value,
+    arguments_budget: structure::ArgumentsBudget,
 }
 
 impl Fixture {
@@ -209,6 +210,9 @@ impl Fixture {
             None,
         );
         Fixture {
+            arguments_budget: structure::ArgumentsBudget::new(
+                config.limits.max_parsed_arguments_bytes_in_flight,
+            ),
             config,
             rate_limits,
             quotas,
@@ -259,11 +263,17 @@ fn load_catalog(bencher: Bencher, tools: usize) {
 #[divan::bench]
 fn structure_check(bencher: Bencher) {
     let limits = LimitsConfig::default();
+    let budget = structure::ArgumentsBudget::new(limits.max_parsed_arguments_bytes_in_flight);
     bencher.bench_local(|| {
         allowed(
             "structure",
             "tool_00002",
-            structure::check(black_box("tool_00002"), black_box(ARGUMENTS), &limits),
+            structure::check(
+                black_box("tool_00002"),
+                black_box(ARGUMENTS),
+                &limits,
+                &budget,
+            ),
         )
     });
 }
@@ -391,10 +401,10 @@ fn decision_chain(bencher: Bencher, tools: usize) {
     bencher.bench_local(|| {
         let key = next(f, &mut i);
         let name = key.name.as_str();
-        let arguments = allowed(
+        let (arguments, _held) = allowed(
             "structure",
             name,
-            structure::check(name, black_box(ARGUMENTS), f.limits()),
+            structure::check(name, black_box(ARGUMENTS), f.limits(), &f.arguments_budget),
         );
         let catalog = &f.config.catalog;
         let tool = allowed(
@@ -473,12 +483,12 @@ fn jwt_metadata(run: usize) -> MetadataMap {
 fn identity_jwt_hs256(bencher: Bencher) {
     let resolver = jwt_resolver();
     let metadata = jwt_metadata(0);
-    allowed("identity", "the token", resolver.resolve(&metadata));
+    allowed("identity", "the token", resolver.resolve(metadata.as_ref()));
     bencher.bench_local(|| {
         allowed(
             "identity",
             "the token",
-            resolver.resolve(black_box(&metadata)),
+            resolver.resolve(black_box(metadata.as_ref())),
         )
     });
 }
@@ -496,7 +506,7 @@ fn identity_jwt_hs256_first_sight(bencher: Bencher) {
         allowed(
             "identity",
             "a fresh token",
-            resolver.resolve(black_box(&tokens[next])),
+            resolver.resolve(black_box(tokens[next].as_ref())),
         )
     });
 }
@@ -509,7 +519,7 @@ fn identity_dev_headers(bencher: Bencher) {
         allowed(
             "identity",
             "dev headers",
-            DEV_RESOLVER.resolve(black_box(&metadata)),
+            DEV_RESOLVER.resolve(black_box(metadata.as_ref())),
         )
     });
 }

@@ -135,7 +135,9 @@ fuzz_target!(|data: &[u8]| {
     let fixture = fixture();
     let (tool, full_schema) = &fixture.tools[usize::from(*tool_byte) % fixture.tools.len()];
     let caller = caller(*caller_byte);
-    let Ok(arguments) = structure::check(&tool.name, text, &LimitsConfig::default()) else {
+    let limits = LimitsConfig::default();
+    let budget = structure::ArgumentsBudget::new(limits.max_parsed_arguments_bytes_in_flight);
+    let Ok((arguments, _held)) = structure::check(&tool.name, text, &limits, &budget) else {
         return;
     };
     let map = arguments

@@ -7,7 +7,7 @@
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 use toolgate::{
-    boundary::structure::{check, normalize_call_id},
+    boundary::structure::{ArgumentsBudget, check, normalize_call_id},
     config::LimitsConfig,
 };
 
@@ -52,7 +52,8 @@ fuzz_target!(|data: &[u8]| {
         ..LimitsConfig::default()
     };
     for limits in [LimitsConfig::default(), small] {
-        let result = check(name, args, &limits);
+        let budget = ArgumentsBudget::new(limits.max_parsed_arguments_bytes_in_flight);
+        let result = check(name, args, &limits, &budget).map(|(value, _held)| value);
         assert_eq!(
             result.is_ok(),
             reference(name, args, &limits),

@@ -290,7 +290,15 @@ impl Explainer<'_> {
             .as_deref()
             .filter(|_| self.check_revision)
             .map(|shown| (&self.boundary.revisions, shown));
-        let decided = policy::decide(limits, self.catalog, shown, caller, call, &mut seen);
+        let decided = policy::decide(
+            limits,
+            &self.boundary.arguments_budget,
+            self.catalog,
+            shown,
+            caller,
+            call,
+            &mut seen,
+        );
         let mut stages = self.policy_trail(turn, call, &seen, &decided);
         let tool = seen.tool;
         let version = tool.map(|t| t.version.to_string()).unwrap_or_default();

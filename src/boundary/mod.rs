@@ -174,6 +174,8 @@ pub struct Boundary {
     shadow: crate::shadow::Shadow,
     /// Makes the calls' spans; off unless traces are exported.
     tracer: spans::Tracer,
+    /// What the calls in flight may hold of parsed arguments.
+    arguments_budget: structure::ArgumentsBudget,
 }
 
 /// What a successful chain produced.
@@ -188,6 +190,9 @@ struct Admitted {
     permit: Permit,
     arguments_sha256: Arc<str>,
     approval_id: Option<String>,
+    /// The arguments' share of the parsed-arguments budget (and their recorded copy's), held
+    /// until the backend has answered.
+    _held: (structure::ArgumentsHeld, Option<structure::ArgumentsHeld>),
 }
 
 impl Boundary {
@@ -202,6 +207,8 @@ impl Boundary {
     ) -> Self {
         let rate_limits = Quotas::build(&catalog, clock.clone(), &stores.backend, None);
         metrics.serving_revision(catalog.revision());
+        let arguments_budget =
+            structure::ArgumentsBudget::new(limits.max_parsed_arguments_bytes_in_flight);
         Boundary {
             state: ArcSwap::from_pointee(CatalogState {
                 catalog,
@@ -219,6 +226,7 @@ impl Boundary {
             hard_stop: tokio::sync::watch::channel(false).0,
             shadow: crate::shadow::Shadow::new(),
             tracer: spans::Tracer::off(),
+            arguments_budget,
         }
     }
 
@@ -509,18 +517,33 @@ impl Boundary {
             .catalog_revision
             .as_deref()
             .map(|shown| (&self.revisions, shown));
-        let decided = policy::decide(&self.limits, catalog, shown, caller, call, &mut seen);
+        let decided = policy::decide(
+            &self.limits,
+            &self.arguments_budget,
+            catalog,
+            shown,
+            caller,
+            call,
+            &mut seen,
+        );
         trail.tool = seen.tool.cloned();
         trail.bound_override_attempts = seen.override_attempts;
         let policy::Decided {
             tool,
             arguments,
             arguments_sha256,
+            held,
         } = decided?;
         trail.arguments_sha256 = Some(arguments_sha256.clone());
-        if tool.record_arguments {
-            trail.arguments = Some(Box::new(redact(&arguments, &tool.redact)));
-        }
+        // A recorded copy of the arguments lives as long as the call: it is charged too.
+        let record_held = match tool.record_arguments {
+            true => {
+                let held = self.arguments_budget.take(held.bytes())?;
+                trail.arguments = Some(Box::new(redact(&arguments, &tool.redact)));
+                Some(held)
+            }
+            false => None,
+        };
         // 8. Rate limits: both quotas, or neither.
         let tenant_rate = catalog
             .tenants
@@ -560,6 +583,7 @@ impl Boundary {
             ),
             arguments_sha256,
             approval_id: approval.map(|a| a.id),
+            _held: (held, record_held),
         })
     }
 
@@ -636,6 +660,9 @@ impl Boundary {
                     .await
                 }
             }?;
+            // Named whole, so the block owns all of it (its share of the parsed-arguments
+            // budget too) until the backend has answered: a block captures only what it names.
+            drop(admitted);
             Ok(Success {
                 output,
                 approval_id: trail.approval_id.clone(),

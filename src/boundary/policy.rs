@@ -24,6 +24,8 @@ pub(crate) struct Decided<'c> {
     /// Bound values written, in canonical form: exactly what is hashed, approved and executed.
     pub arguments: Value,
     pub arguments_sha256: Arc<str>,
+    /// The parsed arguments' share of the sidecar's budget, held while they are.
+    pub held: structure::ArgumentsHeld,
 }
 
 /// What the stages saw on the way, kept for records also when a later stage refuses.
@@ -41,6 +43,7 @@ pub(crate) struct Seen<'c> {
 /// when the client says.
 pub(crate) fn decide<'c>(
     limits: &LimitsConfig,
+    budget: &structure::ArgumentsBudget,
     catalog: &'c Catalog,
     shown: Option<(&resolve::RevisionLog, &str)>,
     caller: &Caller,
@@ -60,7 +63,7 @@ pub(crate) fn decide<'c>(
         ],
         limits,
     )?;
-    let arguments = structure::check(&call.name, &call.arguments_json, limits)?;
+    let (arguments, held) = structure::check(&call.name, &call.arguments_json, limits, budget)?;
     // 3. Tool and version, and whether the model was shown this definition.
     let tool = resolve::resolve(catalog, &call.name, call.version.as_deref(), caller)?;
     seen.tool = Some(tool);
@@ -90,6 +93,7 @@ pub(crate) fn decide<'c>(
         tool,
         arguments,
         arguments_sha256,
+        held,
     })
 }
 

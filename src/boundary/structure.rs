@@ -1,16 +1,75 @@
 //! Stages 1 and 2: normalize the call id, then check the call's structure — identifiers within
 //! their length limit and printable ASCII, a tool name, and arguments that are one JSON object
-//! within the size and nesting limits. Depth is measured on the raw text without recursion,
-//! before anything is parsed.
+//! within the size and nesting limits. Depth and values are counted on the raw text without
+//! recursion, before anything is parsed; what the parsed arguments will take is then charged to
+//! the sidecar's [`ArgumentsBudget`] for the rest of the call.
 
 use std::{borrow::Cow, sync::Arc};
 
 use serde_json::Value;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::{
     error::{Reason, Refusal, Stage},
-    settings::LimitsConfig,
+    settings::{LimitsConfig, parsed_arguments_bytes},
 };
+
+/// What the calls in flight may hold of parsed arguments (`limits.max_parsed_arguments_bytes_in_flight`):
+/// a call takes its share before its arguments are parsed and keeps it until it ends, so many
+/// slow calls with large arguments cannot hold more than this between them.
+#[derive(Debug)]
+pub struct ArgumentsBudget {
+    units: Arc<Semaphore>,
+    max_bytes: usize,
+}
+
+/// Charged in units of this many bytes.
+const UNIT: usize = 1024;
+
+/// A call's share of the [`ArgumentsBudget`], given back when dropped.
+#[derive(Debug)]
+pub struct ArgumentsHeld {
+    _permit: OwnedSemaphorePermit,
+    bytes: usize,
+}
+
+impl ArgumentsHeld {
+    /// The bytes charged.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl ArgumentsBudget {
+    pub fn new(max_bytes: usize) -> Self {
+        ArgumentsBudget {
+            units: Arc::new(Semaphore::new(
+                (max_bytes / UNIT).clamp(1, Semaphore::MAX_PERMITS),
+            )),
+            max_bytes,
+        }
+    }
+
+    /// Takes `bytes` for a call, or refuses it as `overloaded` (retryable) when the calls in
+    /// flight hold too much already.
+    pub fn take(&self, bytes: usize) -> Result<ArgumentsHeld, Refusal> {
+        let units = u32::try_from(bytes.div_ceil(UNIT).max(1)).unwrap_or(u32::MAX);
+        match self.units.clone().try_acquire_many_owned(units) {
+            Ok(permit) => Ok(ArgumentsHeld {
+                _permit: permit,
+                bytes,
+            }),
+            Err(_) => Err(Refusal::new(
+                Stage::Structure,
+                Reason::Overloaded,
+                format!(
+                    "the calls in flight hold {} bytes of parsed arguments (limits.max_parsed_arguments_bytes_in_flight); retry shortly",
+                    self.max_bytes
+                ),
+            )),
+        }
+    }
+}
 
 /// A blank call id becomes `tool_step_<step>_<index>`.
 pub fn normalize_call_id(call_id: &str, step: u32, index: usize) -> Cow<'_, str> {
@@ -62,8 +121,14 @@ pub fn reported_call_id(call_id: &str, limit: usize) -> Arc<str> {
     Arc::from(super::truncate_utf8(call_id, limit))
 }
 
-/// Checks the name and parses the arguments; the value returned is always a JSON object.
-pub fn check(name: &str, arguments_json: &str, limits: &LimitsConfig) -> Result<Value, Refusal> {
+/// Checks the name and parses the arguments, charging what they will take parsed to `budget`
+/// first; the value returned is always a JSON object.
+pub fn check(
+    name: &str,
+    arguments_json: &str,
+    limits: &LimitsConfig,
+    budget: &ArgumentsBudget,
+) -> Result<(Value, ArgumentsHeld), Refusal> {
     let refuse = |reason, message: String| Err(Refusal::new(Stage::Structure, reason, message));
     if name.trim().is_empty() {
         return refuse(Reason::ToolNameMissing, "the call names no tool".into());
@@ -84,12 +149,12 @@ pub fn check(name: &str, arguments_json: &str, limits: &LimitsConfig) -> Result<
             "arguments are empty; send a JSON object such as {}".into(),
         );
     }
-    match scan(
+    let values = match scan(
         arguments_json,
         limits.max_arguments_depth,
         limits.max_arguments_values,
     ) {
-        Some(Exceeded::Depth(depth)) => {
+        Err(Exceeded::Depth(depth)) => {
             return refuse(
                 Reason::ArgumentsTooDeep,
                 format!(
@@ -99,7 +164,7 @@ pub fn check(name: &str, arguments_json: &str, limits: &LimitsConfig) -> Result<
             );
         }
         // Each parsed value takes ~72 bytes: a megabyte of `1,1,1,…` would take 40 MiB.
-        Some(Exceeded::Values) => {
+        Err(Exceeded::Values) => {
             return refuse(
                 Reason::ArgumentsTooLarge,
                 format!(
@@ -108,10 +173,12 @@ pub fn check(name: &str, arguments_json: &str, limits: &LimitsConfig) -> Result<
                 ),
             );
         }
-        None => {}
-    }
+        Ok(values) => values,
+    };
+    // Charged before parsing: the parse itself is what would take the memory.
+    let held = budget.take(parsed_arguments_bytes(arguments_json.len(), values))?;
     match serde_json::from_str::<Value>(arguments_json) {
-        Ok(object @ Value::Object(_)) => Ok(object),
+        Ok(object @ Value::Object(_)) => Ok((object, held)),
         Ok(other) => refuse(
             Reason::ArgumentsNotObject,
             format!("arguments must be a JSON object, not {}", kind(&other)),
@@ -134,8 +201,8 @@ enum Exceeded {
 
 /// Scans brackets and separators outside strings: the depth reached once it passes `max_depth`,
 /// or whether the text can hold more than `max_values` values (each value after the first
-/// follows a `,` or opens a container, so their count bounds it).
-fn scan(text: &str, max_depth: usize, max_values: usize) -> Option<Exceeded> {
+/// follows a `,` or opens a container, so their count bounds it); within both, that bound.
+fn scan(text: &str, max_depth: usize, max_values: usize) -> Result<usize, Exceeded> {
     let bytes = text.as_bytes();
     let mut depth = 0usize;
     let mut values = 1usize;
@@ -147,7 +214,12 @@ fn scan(text: &str, max_depth: usize, max_values: usize) -> Option<Exceeded> {
             // byte; most of the arguments' bytes are string contents. An escape's next byte is
             // never the end of the string. Unterminated: nothing more to count.
             b'"' => loop {
-                let found = memchr::memchr2(b'"', b'\\', bytes.get(at..)?)?;
+                let Some(found) = bytes
+                    .get(at..)
+                    .and_then(|rest| memchr::memchr2(b'"', b'\\', rest))
+                else {
+                    return Ok(values);
+                };
                 let special = bytes[at + found];
                 at += found + 1;
                 if special == b'"' {
@@ -159,7 +231,7 @@ fn scan(text: &str, max_depth: usize, max_values: usize) -> Option<Exceeded> {
                 depth += 1;
                 values += 1;
                 if depth > max_depth {
-                    return Some(Exceeded::Depth(depth));
+                    return Err(Exceeded::Depth(depth));
                 }
             }
             b'}' | b']' => depth = depth.saturating_sub(1),
@@ -167,10 +239,10 @@ fn scan(text: &str, max_depth: usize, max_values: usize) -> Option<Exceeded> {
             _ => {}
         }
         if values > max_values {
-            return Some(Exceeded::Values);
+            return Err(Exceeded::Values);
         }
     }
-    None
+    Ok(values)
 }
 
 fn kind(value: &Value) -> &'static str {
@@ -189,7 +261,7 @@ mod tests {
     use super::*;
 
     /// The scan as first written, byte by byte: the reference for the one that skips strings.
-    fn scan_bytewise(text: &str, max_depth: usize, max_values: usize) -> Option<Exceeded> {
+    fn scan_bytewise(text: &str, max_depth: usize, max_values: usize) -> Result<usize, Exceeded> {
         let (mut depth, mut values, mut in_string, mut escaped) = (0usize, 1usize, false, false);
         for byte in text.bytes() {
             if in_string {
@@ -207,7 +279,7 @@ mod tests {
                     depth += 1;
                     values += 1;
                     if depth > max_depth {
-                        return Some(Exceeded::Depth(depth));
+                        return Err(Exceeded::Depth(depth));
                     }
                 }
                 b'}' | b']' => depth = depth.saturating_sub(1),
@@ -215,10 +287,10 @@ mod tests {
                 _ => {}
             }
             if values > max_values {
-                return Some(Exceeded::Values);
+                return Err(Exceeded::Values);
             }
         }
-        None
+        Ok(values)
     }
 
     #[test]
@@ -256,8 +328,33 @@ mod tests {
         }
     }
 
+    fn budget() -> ArgumentsBudget {
+        ArgumentsBudget::new(1 << 20)
+    }
+
     fn reason(name: &str, args: &str) -> Reason {
-        check(name, args, &limits()).unwrap_err().reason
+        check(name, args, &limits(), &budget()).unwrap_err().reason
+    }
+
+    #[test]
+    fn parsed_arguments_are_charged_before_parsing_and_given_back_when_dropped() {
+        let limits = LimitsConfig::default();
+        let args = r#"{"a":[1,2,3]}"#;
+        // The text and 80 bytes for each of its (at most) 5 values, in whole KiB.
+        let budget = ArgumentsBudget::new(2 * 1024);
+        let (_, first) = check("t", args, &limits, &budget).unwrap();
+        assert_eq!(first.bytes(), args.len() + 5 * 80);
+        let (_, second) = check("t", args, &limits, &budget).unwrap();
+        let refused = check("t", args, &limits, &budget).unwrap_err();
+        assert_eq!(refused.reason, Reason::Overloaded);
+        assert!(refused.retryable);
+        assert!(
+            refused
+                .message
+                .contains("max_parsed_arguments_bytes_in_flight")
+        );
+        drop((first, second));
+        assert!(check("t", args, &limits, &budget).is_ok(), "given back");
     }
 
     #[test]
@@ -277,12 +374,23 @@ mod tests {
             reason("t", r#"{"a":{"b":{"c":{}}}}"#),
             Reason::ArgumentsTooDeep
         );
-        assert_eq!(check("t", "{}", &limits()).unwrap(), serde_json::json!({}));
+        assert_eq!(
+            check("t", "{}", &limits(), &budget()).unwrap().0,
+            serde_json::json!({})
+        );
         assert_eq!(
             reason("t", r#"{"a":[1,2,3,4,5,6,7,8]}"#),
             Reason::ArgumentsTooLarge
         );
-        assert!(check("t", r#"{"a":[1,2,3],"b":"x,y,z,w,v,u,t,s"}"#, &limits()).is_ok());
+        assert!(
+            check(
+                "t",
+                r#"{"a":[1,2,3],"b":"x,y,z,w,v,u,t,s"}"#,
+                &limits(),
+                &budget()
+            )
+            .is_ok()
+        );
         let too_long = "x".repeat(257);
         let bad = [
             ("call_id", Some("a\u{1b}[2J")),
@@ -297,6 +405,6 @@ mod tests {
             check_identifiers(&[("call_id", Some("call-1 ok")), ("x", None)], &limits()).is_ok()
         );
         // Brackets inside strings do not count.
-        assert!(check("t", r#"{"a":"[[[[{{{{\"]]"}"#, &limits()).is_ok());
+        assert!(check("t", r#"{"a":"[[[[{{{{\"]]"}"#, &limits(), &budget()).is_ok());
     }
 }

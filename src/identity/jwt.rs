@@ -212,6 +212,18 @@ pub struct JwtVerifier {
     max_identity_bytes: usize,
 }
 
+/// Most bytes of a token's `kid` a refusal repeats: enough to tell keys apart, not a megabyte.
+const MAX_ECHOED_KID: usize = 64;
+
+/// The start of a token's `kid`, cut on a character boundary.
+fn echoed_kid(kid: &str) -> &str {
+    let mut cut = kid.len().min(MAX_ECHOED_KID);
+    while !kid.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    &kid[..cut]
+}
+
 impl JwtVerifier {
     /// A verifier with its own, empty token cache: tokens verified under other settings (keys,
     /// audience) are never trusted by it.
@@ -273,7 +285,8 @@ impl JwtVerifier {
                 header
                     .kid
                     .as_deref()
-                    .map(|k| format!(" and kid {k:?}"))
+                    // The kid is the caller's text: only its start is echoed.
+                    .map(|k| format!(" and kid {:?}", echoed_kid(k)))
                     .unwrap_or_default()
             )));
         }

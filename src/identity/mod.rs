@@ -10,8 +10,6 @@ use std::{collections::BTreeSet, net::SocketAddr, sync::Arc};
 
 use http::HeaderName;
 
-use tonic::metadata::MetadataMap;
-
 pub use jwt::{JwtSettings, JwtVerifier};
 
 use crate::{clock::SharedClock, settings::FieldError};
@@ -204,7 +202,8 @@ impl IdentityResolver {
     }
 
     /// A bearer token wins when present; dev headers are read only when dev identity is on.
-    pub fn resolve(&self, metadata: &MetadataMap) -> Result<Arc<Caller>, IdentityError> {
+    /// The caller named by a request's headers (gRPC metadata).
+    pub fn resolve(&self, metadata: &http::HeaderMap) -> Result<Arc<Caller>, IdentityError> {
         if let Some(auth) = text(metadata, &http::header::AUTHORIZATION)? {
             let token = auth
                 .strip_prefix("Bearer ")
@@ -239,10 +238,10 @@ impl IdentityResolver {
 }
 
 fn text<'a>(
-    metadata: &'a MetadataMap,
+    metadata: &'a http::HeaderMap,
     key: &'static HeaderName,
 ) -> Result<Option<&'a str>, IdentityError> {
-    AsRef::<http::HeaderMap>::as_ref(metadata)
+    metadata
         .get(key)
         .map(|v| {
             v.to_str()
@@ -263,6 +262,7 @@ pub fn split_scopes(text: &str) -> BTreeSet<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tonic::metadata::MetadataMap;
 
     fn resolver(dev: bool) -> IdentityResolver {
         IdentityResolver::new(
@@ -277,12 +277,12 @@ mod tests {
         )
     }
 
-    fn metadata(pairs: &[(&'static str, &str)]) -> MetadataMap {
+    fn metadata(pairs: &[(&'static str, &str)]) -> http::HeaderMap {
         let mut map = MetadataMap::new();
         for (k, v) in pairs {
             map.insert(*k, v.parse().unwrap());
         }
-        map
+        map.into_headers()
     }
 
     #[test]
@@ -305,7 +305,7 @@ mod tests {
         assert_eq!(err, Err(IdentityError::DevIdentityDisabled));
         let err = resolver(true).resolve(&metadata(&[(SUBJECT_HEADER, "alice")]));
         assert_eq!(err, Err(IdentityError::MissingTenantHeader));
-        let err = resolver(false).resolve(&MetadataMap::new());
+        let err = resolver(false).resolve(MetadataMap::new().as_ref());
         assert_eq!(err, Err(IdentityError::MissingCredentials));
     }
 

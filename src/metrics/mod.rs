@@ -66,6 +66,51 @@ struct ReasonLabels {
     reason: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ListenerLabels {
+    listener: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ListenerReasonLabels {
+    listener: &'static str,
+    reason: &'static str,
+}
+
+/// The listeners' metrics (`crate::server`): RPCs refused before any call began, and
+/// connections open and closed by the sidecar.
+struct TransportMetrics {
+    rpcs_refused: Family<ListenerReasonLabels, Counter>,
+    connections_open: Family<ListenerLabels, Gauge>,
+    connections_closed: Family<ListenerReasonLabels, Counter>,
+}
+
+impl TransportMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let metrics = TransportMetrics {
+            rpcs_refused: Family::default(),
+            connections_open: Family::default(),
+            connections_closed: Family::default(),
+        };
+        registry.register(
+            "rpcs_refused",
+            "toolgate RPCs refused before any call began, by listener and reason (unauthenticated, in_flight, tenant_share, request_bytes, body_timeout, draining)",
+            metrics.rpcs_refused.clone(),
+        );
+        registry.register(
+            "connections_open",
+            "Client connections open, by listener",
+            metrics.connections_open.clone(),
+        );
+        registry.register(
+            "connections_closed",
+            "Client connections the sidecar closed, by listener and reason (over_cap, handshake_timeout, idle)",
+            metrics.connections_closed.clone(),
+        );
+        metrics
+    }
+}
+
 /// The shadow catalog's metrics (`crate::shadow`).
 struct ShadowMetrics {
     compared: Counter,
@@ -230,6 +275,7 @@ pub struct Metrics {
     revision: Family<RevisionLabels, Gauge>,
     current_revision: Mutex<String>,
     shadow: ShadowMetrics,
+    transport: TransportMetrics,
     state_up: Gauge,
     state_failures: Family<ConcernLabels, Counter>,
     rate_limit_local: Counter,
@@ -342,8 +388,10 @@ impl Metrics {
             rate_limit_local.clone(),
         );
         let shadow = ShadowMetrics::register(&mut registry);
+        let transport = TransportMetrics::register(&mut registry);
         Metrics {
             shadow,
+            transport,
             state_up,
             state_failures,
             rate_limit_local,
@@ -425,6 +473,38 @@ impl Metrics {
             .get_or_create(&ConcernLabels {
                 concern: concern.to_owned(),
             })
+            .inc();
+    }
+
+    /// A toolgate RPC refused before any call began.
+    pub fn rpc_refused(&self, listener: &'static str, reason: &'static str) {
+        self.transport
+            .rpcs_refused
+            .get_or_create(&ListenerReasonLabels { listener, reason })
+            .inc();
+    }
+
+    /// A connection accepted and kept.
+    pub fn connection_opened(&self, listener: &'static str) {
+        self.transport
+            .connections_open
+            .get_or_create(&ListenerLabels { listener })
+            .inc();
+    }
+
+    /// A kept connection gone, however it ended.
+    pub fn connection_ended(&self, listener: &'static str) {
+        self.transport
+            .connections_open
+            .get_or_create(&ListenerLabels { listener })
+            .dec();
+    }
+
+    /// A connection the sidecar closed: `over_cap` (at once), `handshake_timeout` or `idle`.
+    pub fn connection_closed(&self, listener: &'static str, reason: &'static str) {
+        self.transport
+            .connections_closed
+            .get_or_create(&ListenerReasonLabels { listener, reason })
             .inc();
     }
 

@@ -151,10 +151,7 @@ struct Held {
 impl Shared {
     /// Steps 1-4 of the module docs; the refusal as an HTTP response otherwise.
     #[allow(clippy::result_large_err)]
-    fn admit(
-        &self,
-        request: &mut http::Request<tonic::body::Body>,
-    ) -> Result<Held, tonic::Status> {
+    fn admit(&self, request: &mut http::Request<tonic::body::Body>) -> Result<Held, tonic::Status> {
         let connection = request.extensions().get::<Connection>().cloned();
         let listener = connection.as_ref().map_or(Listener::Tcp, |c| c.listener);
         if self.draining.load(Ordering::SeqCst) {
@@ -181,7 +178,7 @@ impl Shared {
                 listener,
                 "tenant_share",
                 format_args!(
-                    "a tenant has {} RPCs in flight (limits.max_in_flight_per_tenant)",
+                    "rpc refused: a tenant has {} RPCs in flight (limits.max_in_flight_per_tenant)",
                     self.tenants.max
                 ),
             );
@@ -216,7 +213,7 @@ impl Shared {
                 self.refusals.rpc(
                     listener,
                     "unauthenticated",
-                    format_args!("caller of {rpc}: {err}"),
+                    format_args!("caller refused ({rpc}): {err}"),
                 );
                 self.refused.record(
                     self.boundary.audit(),
@@ -238,7 +235,7 @@ impl Shared {
         self.refusals.rpc(
             listener,
             "in_flight",
-            format_args!("the sidecar has {max} RPCs in flight{whose}"),
+            format_args!("rpc refused: the sidecar has {max} RPCs in flight{whose}"),
         );
         tonic::Status::resource_exhausted(format!(
             "the sidecar has {max} calls in flight{whose}; retry shortly"
@@ -385,7 +382,7 @@ impl http_body::Body for Metered {
                         self.listener,
                         "request_bytes",
                         format_args!(
-                            "the sidecar holds {max_bytes} bytes of requests (limits.max_request_bytes_in_flight)"
+                            "rpc refused: the sidecar holds {max_bytes} bytes of requests (limits.max_request_bytes_in_flight)"
                         ),
                     );
                     return Poll::Ready(Some(Err(tonic::Status::resource_exhausted(format!(
@@ -411,10 +408,7 @@ impl http_body::Body for Metered {
 
 impl Metered {
     /// The body has not arrived yet: wait, until its deadline.
-    fn wait(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
+    fn wait(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
         if self.ended {
             return Poll::Pending;
         }
@@ -431,7 +425,7 @@ impl Metered {
             self.listener,
             "body_timeout",
             format_args!(
-                "a request body did not arrive within {timeout_ms} ms (limits.request_body_timeout)"
+                "rpc refused: a request body did not arrive within {timeout_ms} ms (limits.request_body_timeout)"
             ),
         );
         Poll::Ready(Some(Err(tonic::Status::deadline_exceeded(format!(

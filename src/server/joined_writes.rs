@@ -48,6 +48,11 @@ impl<T> JoinedWrites<T> {
         }
     }
 
+    /// The connection itself.
+    pub fn get_ref(&self) -> &T {
+        &self.io
+    }
+
     /// Each connection a listener's `incoming` stream accepts, wrapped; errors pass through.
     pub fn each<E>(
         incoming: impl Stream<Item = Result<T, E>>,

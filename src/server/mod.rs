@@ -3,12 +3,14 @@
 //! graceful shutdown (stop accepting, let in-flight calls finish within the grace period, drain
 //! the audit queue).
 
+mod admission;
 mod catalog_updates;
+mod connections;
 pub mod convert;
 mod deadline;
 pub mod explain;
-mod in_flight;
 mod joined_writes;
+mod refusals;
 mod services;
 
 pub use joined_writes::JoinedWrites;
@@ -39,8 +41,10 @@ use crate::{
     metrics::{AdminState, Metrics, Snapshot, serve_admin},
     telemetry::spans::TraceContextLayer,
 };
+use admission::AdmissionLayer;
+use connections::Listener;
 use deadline::DeadlineLayer;
-use in_flight::InFlightLayer;
+use refusals::Refusals;
 use services::{ApprovalsService, IdentityHandle, ToolGateService};
 
 /// Why the server could not start.
@@ -94,8 +98,8 @@ pub struct Running {
     admin: Option<AdminBinding>,
     /// The state backend's health check and its reporter, with Redis.
     state_health: Option<[JoinHandle<()>; 2]>,
-    /// The caps on calls in flight; also what shutdown drains.
-    in_flight: InFlightLayer,
+    /// The admission of RPCs (identity, caps on calls in flight); also what shutdown drains.
+    in_flight: AdmissionLayer,
 }
 
 impl Running {
@@ -303,8 +307,6 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
     }
     let gate = services::Gate {
         boundary: boundary.clone(),
-        identity: identity.clone(),
-        refused: refused.clone(),
     };
 
     // Every service gets explicit message limits both ways: nothing it sends or accepts can be
@@ -360,7 +362,14 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha);
-    let in_flight = InFlightLayer::new(limits.max_in_flight, limits.max_request_bytes_in_flight);
+    let refusals = Arc::new(Refusals::new(metrics.clone()));
+    let in_flight = AdmissionLayer::new(
+        &limits,
+        boundary.clone(),
+        identity.clone(),
+        refused.clone(),
+        refusals.clone(),
+    );
 
     let (shutdown, shutdown_rx) = watch::channel(false);
     let signal = move || {
@@ -399,13 +408,18 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
     let mut tasks = Vec::new();
     let local_addr = tcp.as_ref().map(|(_, bound)| *bound);
     if let Some((listener, bound)) = tcp {
+        let admission = connections::Admission::new(Listener::Tcp, &limits, refusals.clone());
         let server = builder(&limits, &in_flight)
             .add_routes(routes.clone())
             .serve_with_incoming_shutdown(
                 // Serving an incoming stream bypasses the builder's tcp_nodelay; without it every
                 // small response waits for a delayed ACK (~40 ms).
-                JoinedWrites::each(
-                    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+                admission.each(
+                    JoinedWrites::each(
+                        tonic::transport::server::TcpIncoming::from(listener)
+                            .with_nodelay(Some(true)),
+                    ),
+                    |io| io.get_ref().peer_addr().ok(),
                 ),
                 signal(),
             );
@@ -413,10 +427,14 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         tracing::info!(addr = %bound, "serving gRPC over TCP");
     }
     if let (Some(listener), Some(path)) = (unix, &unix_socket) {
+        let admission = connections::Admission::new(Listener::Unix, &limits, refusals.clone());
         let server = builder(&limits, &in_flight)
             .add_routes(routes)
             .serve_with_incoming_shutdown(
-                JoinedWrites::each(UnixListenerStream::new(listener)),
+                admission.each(
+                    JoinedWrites::each(UnixListenerStream::new(listener)),
+                    |_| None,
+                ),
                 signal(),
             );
         tasks.push(tokio::spawn(server));
@@ -598,15 +616,16 @@ type LayeredServer = tonic::transport::server::Server<
         DeadlineLayer,
         tower::layer::util::Stack<
             TraceContextLayer,
-            tower::layer::util::Stack<InFlightLayer, tower::layer::util::Identity>,
+            tower::layer::util::Stack<AdmissionLayer, tower::layer::util::Identity>,
         >,
     >,
 >;
 
-/// The transport stack. Layers are transport concerns only, in this order: the sidecar-wide cap
-/// on calls in flight first (overload is refused before any work), then the caller's trace
-/// context and deadline. Each connection may open only so many streams.
-fn builder(limits: &crate::config::LimitsConfig, in_flight: &InFlightLayer) -> LayeredServer {
+/// The transport stack. Layers are transport concerns only, in this order: admission first
+/// (identity from the headers, then the caps on calls in flight: overload and unknown callers
+/// are refused before any work), then the caller's trace context and deadline. Each connection
+/// may open only so many streams.
+fn builder(limits: &crate::config::LimitsConfig, in_flight: &AdmissionLayer) -> LayeredServer {
     tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .tcp_nodelay(true)

@@ -1,5 +1,5 @@
-//! The `toolgate.v1` service implementations: identify the caller, convert, call the boundary,
-//! convert back. No decisions are made here.
+//! The `toolgate.v1` service implementations: take the caller the admission layer identified,
+//! convert, call the boundary, convert back. No decisions are made here.
 
 use std::sync::Arc;
 
@@ -12,7 +12,6 @@ use arc_swap::ArcSwap;
 
 use crate::{
     approvals,
-    audit::RefusedCallers,
     boundary::{Boundary, ResponseBudget, Turn},
     config::LimitsConfig,
     identity::{Caller, IdentityResolver},
@@ -24,32 +23,21 @@ use crate::{
 /// so tokens verified under old keys are forgotten with it.
 pub type IdentityHandle = Arc<ArcSwap<IdentityResolver>>;
 
-/// What both services need to identify callers and record the ones refused.
+/// What both services need: the boundary. Callers were identified by the admission layer.
 #[derive(Clone)]
 pub struct Gate {
     pub boundary: Arc<Boundary>,
-    pub identity: IdentityHandle,
-    pub refused: Arc<RefusedCallers>,
 }
 
-impl Gate {
-    /// The caller, from metadata only. A refused caller is logged and audited (bounded in rate),
-    /// without any token material.
-    fn identify<T>(&self, request: &Request<T>, rpc: &str) -> Result<Arc<Caller>, Status> {
-        self.identity
-            .load()
-            .resolve(request.metadata())
-            .map_err(|err| {
-                tracing::info!(error = %err, rpc, "caller refused");
-                self.refused.record(
-                    self.boundary.audit(),
-                    rpc,
-                    request.remote_addr().map(|a| a.to_string()),
-                    &err.to_string(),
-                );
-                convert::identity_status(&err)
-            })
-    }
+/// The caller the admission layer identified from the request's metadata.
+#[allow(clippy::result_large_err)]
+fn caller<T>(request: &Request<T>) -> Result<Arc<Caller>, Status> {
+    request
+        .extensions()
+        .get::<super::admission::Identified>()
+        .map(|identified| identified.0.clone())
+        // Only a server built without the admission layer gets here: refuse, never guess.
+        .ok_or_else(|| Status::unauthenticated("the caller was not identified"))
 }
 
 pub struct ToolGateService {
@@ -67,8 +55,8 @@ impl ToolGateService {
     }
 
     /// The caller, run, step, shown revision and client deadline common to a request's calls.
-    fn turn<T: TurnFields>(&self, request: &Request<T>, rpc: &str) -> Result<Turn, Status> {
-        let caller = self.gate.identify(request, rpc)?;
+    fn turn<T: TurnFields>(&self, request: &Request<T>) -> Result<Turn, Status> {
+        let caller = caller(request)?;
         let body = request.get_ref();
         // Request-level identifiers: a bad one refuses the whole request, before any call.
         for (field, value) in [
@@ -145,7 +133,7 @@ impl ToolGate for ToolGateService {
         &self,
         request: Request<proto::ListToolsRequest>,
     ) -> Result<Response<proto::ListToolsResponse>, Status> {
-        let caller = self.gate.identify(&request, "ListTools")?;
+        let caller = caller(&request)?;
         let boundary = self.boundary();
         let mut span =
             spans::list_tools(boundary.tracer(), &caller.tenant, &remote_context(&request));
@@ -169,7 +157,7 @@ impl ToolGate for ToolGateService {
         'life0: 'async_trait,
         Self: 'async_trait,
     {
-        let turn_and_call = self.turn(&request, "ExecuteTool").and_then(|turn| {
+        let turn_and_call = self.turn(&request).and_then(|turn| {
             let call = request
                 .into_inner()
                 .call
@@ -196,7 +184,7 @@ impl ToolGate for ToolGateService {
         &self,
         request: Request<proto::ExecuteToolsRequest>,
     ) -> Result<Response<proto::ExecuteToolsResponse>, Status> {
-        let mut turn = self.turn(&request, "ExecuteTools")?;
+        let mut turn = self.turn(&request)?;
         let body = request.into_inner();
         if body.calls.len() > self.limits.max_batch_calls {
             return Err(Status::invalid_argument(format!(
@@ -230,7 +218,7 @@ impl ToolGate for ToolGateService {
         &self,
         request: Request<proto::ExplainToolRequest>,
     ) -> Result<Response<proto::ExplainToolResponse>, Status> {
-        let turn = self.turn(&request, "ExplainTool")?;
+        let turn = self.turn(&request)?;
         super::explain::authorize(&turn.caller)?;
         let call = request
             .into_inner()
@@ -247,7 +235,7 @@ impl ToolGate for ToolGateService {
         &self,
         request: Request<proto::ExplainListToolsRequest>,
     ) -> Result<Response<proto::ExplainListToolsResponse>, Status> {
-        let caller = self.gate.identify(&request, "ExplainListTools")?;
+        let caller = caller(&request)?;
         super::explain::authorize(&caller)?;
         let explained = self.boundary().explain_visibility(&caller);
         Ok(Response::new(super::explain::visibility(explained)))
@@ -275,7 +263,7 @@ impl Approvals for ApprovalsService {
         &self,
         request: Request<proto::ListApprovalsRequest>,
     ) -> Result<Response<proto::ListApprovalsResponse>, Status> {
-        let approver = self.gate.identify(&request, "ListApprovals")?;
+        let approver = caller(&request)?;
         let body = request.into_inner();
         let state = convert::approval_state_filter(body.state)?;
         let page_size = match body.page_size {
@@ -310,7 +298,7 @@ impl Approvals for ApprovalsService {
         &self,
         request: Request<proto::GetApprovalRequest>,
     ) -> Result<Response<proto::GetApprovalResponse>, Status> {
-        let approver = self.gate.identify(&request, "GetApproval")?;
+        let approver = caller(&request)?;
         let approval = self
             .gate
             .boundary
@@ -326,7 +314,7 @@ impl Approvals for ApprovalsService {
         &self,
         request: Request<proto::DecideApprovalRequest>,
     ) -> Result<Response<proto::DecideApprovalResponse>, Status> {
-        let approver = self.gate.identify(&request, "DecideApproval")?;
+        let approver = caller(&request)?;
         let body = request.into_inner();
         let approval = self
             .gate

@@ -110,6 +110,20 @@ pub struct LimitsConfig {
     pub max_request_bytes_in_flight: usize,
     /// HTTP/2 streams one connection may have open; beyond it the stream is refused.
     pub max_streams_per_connection: u32,
+    /// ToolGate RPCs one tenant may have in flight: no tenant takes the whole `max_in_flight`.
+    pub max_in_flight_per_tenant: usize,
+    /// Of `max_in_flight`, what only the Unix socket (the agent in the pod) may use.
+    pub in_flight_reserved_for_unix_socket: usize,
+    /// Connections each listener holds at once; beyond it a new connection is closed at once.
+    pub max_connections_per_listener: usize,
+    /// How long a new connection has to send the HTTP/2 preface and its first frame.
+    pub handshake_timeout: Duration,
+    /// How long a request's body may take to arrive once its headers have.
+    pub request_body_timeout: Duration,
+    /// A connection that carries no ToolGate RPC for this long is closed.
+    pub idle_connection_timeout: Duration,
+    /// Bytes of parsed arguments held by calls in flight (estimated before parsing).
+    pub max_parsed_arguments_bytes_in_flight: usize,
     /// Bytes of recently handed-out catalog revisions remembered (for `catalog_revision`).
     pub revision_log_max_bytes: usize,
     /// Bytes of verified JWTs remembered.
@@ -135,6 +149,13 @@ impl Default for LimitsConfig {
             max_in_flight: 1024,
             max_request_bytes_in_flight: 32 * 1024 * 1024,
             max_streams_per_connection: 256,
+            max_in_flight_per_tenant: 256,
+            in_flight_reserved_for_unix_socket: 64,
+            max_connections_per_listener: 512,
+            handshake_timeout: Duration::from_secs(5),
+            request_body_timeout: Duration::from_secs(10),
+            idle_connection_timeout: Duration::from_secs(120),
+            max_parsed_arguments_bytes_in_flight: 64 * 1024 * 1024,
             revision_log_max_bytes: 8 * 1024 * 1024,
             token_cache_max_bytes: 4 * 1024 * 1024,
         }
@@ -146,6 +167,16 @@ impl Default for LimitsConfig {
 pub const RESULT_RESERVE_BYTES: usize = 4 * 1024;
 /// Room kept for a response's own framing.
 pub const RESPONSE_MARGIN_BYTES: usize = 16 * 1024;
+
+/// What one JSON value of a call's arguments is taken to cost once parsed (a `serde_json::Value`
+/// and its share of the map or vector holding it; measured at 72–80 bytes).
+pub const PARSED_VALUE_BYTES: usize = 80;
+
+/// The most a call's arguments can take once parsed, from what is counted before parsing: the
+/// text (strings are copied out of it) and a value's cost for each value.
+pub fn parsed_arguments_bytes(text_bytes: usize, values: usize) -> usize {
+    text_bytes.saturating_add(values.saturating_mul(PARSED_VALUE_BYTES))
+}
 
 /// What the idempotency store may hold.
 #[derive(Debug, Clone, Copy)]
@@ -489,6 +520,39 @@ fn build_limits(raw: &raw::RawLimits) -> Result<LimitsConfig, FieldError> {
                 "must be at most 2^32-1",
             )
         })?,
+        max_in_flight_per_tenant: positive(
+            raw.max_in_flight_per_tenant,
+            "limits.max_in_flight_per_tenant",
+            d.max_in_flight_per_tenant,
+        )?,
+        in_flight_reserved_for_unix_socket: raw
+            .in_flight_reserved_for_unix_socket
+            .unwrap_or(d.in_flight_reserved_for_unix_socket),
+        max_connections_per_listener: positive(
+            raw.max_connections_per_listener,
+            "limits.max_connections_per_listener",
+            d.max_connections_per_listener,
+        )?,
+        handshake_timeout: opt_duration(
+            &raw.handshake_timeout,
+            "limits.handshake_timeout",
+            d.handshake_timeout,
+        )?,
+        request_body_timeout: opt_duration(
+            &raw.request_body_timeout,
+            "limits.request_body_timeout",
+            d.request_body_timeout,
+        )?,
+        idle_connection_timeout: opt_duration(
+            &raw.idle_connection_timeout,
+            "limits.idle_connection_timeout",
+            d.idle_connection_timeout,
+        )?,
+        max_parsed_arguments_bytes_in_flight: positive(
+            raw.max_parsed_arguments_bytes_in_flight,
+            "limits.max_parsed_arguments_bytes_in_flight",
+            d.max_parsed_arguments_bytes_in_flight,
+        )?,
         revision_log_max_bytes: positive(
             raw.revision_log_max_bytes,
             "limits.revision_log_max_bytes",
@@ -506,6 +570,50 @@ fn build_limits(raw: &raw::RawLimits) -> Result<LimitsConfig, FieldError> {
             format!(
                 "{} is less than limits.max_message_bytes ({}): a request of the largest size could never be read",
                 limits.max_request_bytes_in_flight, limits.max_message_bytes
+            ),
+        ));
+    }
+    // Defaults that only make sense below max_in_flight follow a smaller max_in_flight, unless
+    // set; set explicitly above it, they are an error.
+    let limits = LimitsConfig {
+        max_in_flight_per_tenant: match raw.max_in_flight_per_tenant {
+            None => limits.max_in_flight_per_tenant.min(limits.max_in_flight),
+            Some(n) if n > limits.max_in_flight => {
+                return Err(FieldError::new(
+                    "limits.max_in_flight_per_tenant",
+                    format!(
+                        "{n} is more than limits.max_in_flight ({})",
+                        limits.max_in_flight
+                    ),
+                ));
+            }
+            Some(n) => n,
+        },
+        in_flight_reserved_for_unix_socket: match raw.in_flight_reserved_for_unix_socket {
+            None => limits
+                .in_flight_reserved_for_unix_socket
+                .min(limits.max_in_flight / 4),
+            Some(n) if n >= limits.max_in_flight => {
+                return Err(FieldError::new(
+                    "limits.in_flight_reserved_for_unix_socket",
+                    format!(
+                        "{n} leaves nothing of limits.max_in_flight ({}) for TCP callers",
+                        limits.max_in_flight
+                    ),
+                ));
+            }
+            Some(n) => n,
+        },
+        ..limits
+    };
+    let largest_call =
+        parsed_arguments_bytes(limits.max_arguments_bytes, limits.max_arguments_values);
+    if limits.max_parsed_arguments_bytes_in_flight < largest_call {
+        return Err(FieldError::new(
+            "limits.max_parsed_arguments_bytes_in_flight",
+            format!(
+                "{} is less than one call of the largest arguments may take parsed ({largest_call}: limits.max_arguments_bytes plus {PARSED_VALUE_BYTES} bytes per value of limits.max_arguments_values)",
+                limits.max_parsed_arguments_bytes_in_flight
             ),
         ));
     }

@@ -287,6 +287,28 @@ pub struct RawLimits {
     pub max_request_bytes_in_flight: Option<usize>,
     /// HTTP/2 streams one client connection may have open at once (default 256).
     pub max_streams_per_connection: Option<usize>,
+    /// ToolGate and Approvals RPCs one tenant may have in flight, so that no tenant takes the
+    /// whole of max_in_flight (default 256, or max_in_flight if smaller).
+    pub max_in_flight_per_tenant: Option<usize>,
+    /// Of max_in_flight, the RPCs only the Unix socket (the agent in the pod) may use: TCP
+    /// callers get the rest (default 64, or a quarter of max_in_flight if smaller; 0 for none).
+    pub in_flight_reserved_for_unix_socket: Option<usize>,
+    /// Connections each listener (TCP, Unix socket) holds at once; beyond it a new connection
+    /// is closed at once (default 512).
+    pub max_connections_per_listener: Option<usize>,
+    /// How long a new connection has to send the HTTP/2 preface and its first frame before it
+    /// is closed (default 5s).
+    pub handshake_timeout: Option<String>,
+    /// How long a request's body may take to arrive once its headers have; then the RPC is
+    /// refused with DEADLINE_EXCEEDED and its slot freed (default 10s).
+    pub request_body_timeout: Option<String>,
+    /// A connection that carries no ToolGate or Approvals RPC for this long is closed; clients
+    /// reconnect on their next call (default 2m).
+    pub idle_connection_timeout: Option<String>,
+    /// Bytes of parsed arguments the calls in flight may hold, estimated before parsing as the
+    /// text plus 80 bytes per JSON value; beyond it a call is refused UNAVAILABLE/overloaded
+    /// (default 67108864, 64 MiB).
+    pub max_parsed_arguments_bytes_in_flight: Option<usize>,
     /// Bytes of recently listed catalog revisions remembered for `catalog_revision` checks
     /// (default 8388608, 8 MiB).
     pub revision_log_max_bytes: Option<usize>,

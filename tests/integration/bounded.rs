@@ -626,3 +626,59 @@ tools:
     wait_until(server.builtins().watch_slow_in_flight(), |n| n == 0).await;
     server.stop().await;
 }
+
+#[tokio::test]
+async fn parsed_arguments_of_slow_calls_are_bounded_sidecar_wide() {
+    let yaml = r#"version: 1
+identity: { dev_identity: true }
+audit: { sink: none }
+tenants: { acme: {} }
+tools:
+  - { name: wait, description: Waits., risk_level: read_only, timeout: 30s, executor: { builtin: slow_task }, input_schema: { type: object, properties: { ms: { type: integer }, pad: { type: array } } } }
+"#;
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_file(dir.path(), yaml);
+    let pid = server.child.id();
+    let mut grpc = client(&server.addr).await;
+    exec(&mut grpc, &who("acme"), call("wait", r#"{"ms":1}"#)).await;
+    let peak_before = status_kib(pid, "VmHWM:");
+    // As in the report: 60 slow calls, each ~200 KB of text holding ~100,000 values, 12 MB of
+    // requests in all (well under max_request_bytes_in_flight), which parsed would take ~470 MiB.
+    let pad = vec!["1"; 99_990].join(",");
+    let args = format!(r#"{{"ms":3000,"pad":[{pad}]}}"#);
+    let results = join_all((0..60).map(|_| {
+        let mut grpc = grpc.clone();
+        let args = args.clone();
+        async move { exec(&mut grpc, &who("acme"), call("wait", &args)).await }
+    }))
+    .await;
+    let ran = results
+        .iter()
+        .filter(|r| r.status() == ToolStatus::Ok)
+        .count();
+    for r in results.iter().filter(|r| r.status() != ToolStatus::Ok) {
+        assert_eq!(
+            (
+                r.status(),
+                r.error_type.as_str(),
+                r.refused_by.as_str(),
+                r.retryable
+            ),
+            (ToolStatus::Unavailable, "overloaded", "structure", true),
+            "{}",
+            r.error_message
+        );
+        assert!(
+            r.error_message
+                .contains("max_parsed_arguments_bytes_in_flight"),
+            "{}",
+            r.error_message
+        );
+    }
+    // The default budget (64 MiB) holds a handful of these at once, and refuses the rest.
+    assert!((1..60).contains(&ran), "{ran} of 60 ran");
+    let grown_mib = (status_kib(pid, "VmHWM:") - peak_before) / 1024;
+    assert!(grown_mib < 200, "peak RSS grew by {grown_mib} MiB");
+    drop(grpc);
+    stop(server).await;
+}

@@ -18,6 +18,7 @@ mod explain;
 mod hardening_audit;
 mod hardening_identity;
 mod hardening_policy;
+mod hardening_transport;
 mod http_hardening;
 mod identity;
 mod identity_jwt;
