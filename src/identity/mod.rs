@@ -130,7 +130,7 @@ pub enum IdentityError {
         len: usize,
         max: usize,
     },
-    #[error("the caller's {0} must be printable ASCII")]
+    #[error("the caller's {0} holds a control character")]
     NotPrintable(&'static str),
 }
 

@@ -48,7 +48,7 @@ async fn every_executed_call_and_every_decision_has_exactly_one_event_under_a_st
     let yaml = STAGES.replacen(
         "version: 1\n",
         &format!(
-            "version: 1\nserver: {{ shutdown_grace: 5s }}\naudit: {{ sink: file, path: {}, queue_capacity: 8 }}\n",
+            "version: 1\nserver: {{ shutdown_grace: 5s }}\naudit: {{ sink: file, path: {}, queue_capacity: 32 }}\n",
             fifo.display()
         ),
         1,
@@ -57,7 +57,7 @@ async fn every_executed_call_and_every_decision_has_exactly_one_event_under_a_st
     let mut client = server.client().await;
     let alice = who("acme").subject("alice");
     let mut approval_ids = Vec::new();
-    for i in 0..3 {
+    for i in 0..5 {
         let r = exec(
             &mut client,
             &alice,
@@ -66,36 +66,53 @@ async fn every_executed_call_and_every_decision_has_exactly_one_event_under_a_st
         .await;
         approval_ids.push(r.approval_id);
     }
-    // Calls and decisions whose clients give up after 300 ms, while the sink is stuck.
-    let calls = (0..40).map(|i| {
-        let mut client = client.clone();
-        async move {
-            let mut c = call("echo", &format!(r#"{{"text":"{i}"}}"#));
-            c.call_id = format!("c-{i}");
-            let mut request = who("acme").request(execute_request(c));
-            request.set_timeout(Duration::from_millis(300));
-            client.execute_tool(request).await.map(|_| ())
-        }
-    });
-    let decisions = approval_ids.iter().map(|id| {
+    // Calls whose clients give up after `timeout`, and decisions likewise.
+    let calls = |range: std::ops::Range<usize>, timeout: Duration| {
+        let client = client.clone();
+        range.map(move |i| {
+            let mut client = client.clone();
+            async move {
+                let mut c = call("echo", &format!(r#"{{"text":"{i}"}}"#));
+                c.call_id = format!("c-{i}");
+                let mut request = who("acme").request(execute_request(c));
+                request.set_timeout(timeout);
+                client.execute_tool(request).await.map(|_| ())
+            }
+        })
+    };
+    let decide = |ids: &[String], timeout: Duration| {
         let server = &server;
-        async move {
-            let mut approvals = server.approvals().await;
-            let mut request = who("acme")
-                .subject("bob")
-                .scopes("toolgate:approve")
-                .request(proto::DecideApprovalRequest {
-                    approval_id: id.clone(),
-                    decision: ApprovalDecision::Approve as i32,
-                    reason: "fine".into(),
-                });
-            request.set_timeout(Duration::from_millis(300));
-            approvals.decide_approval(request).await.map(|_| ())
-        }
-    });
+        ids.iter()
+            .cloned()
+            .map(move |id| async move {
+                let mut approvals = server.approvals().await;
+                let mut request = who("acme")
+                    .subject("bob")
+                    .scopes("toolgate:approve")
+                    .request(proto::DecideApprovalRequest {
+                        approval_id: id,
+                        decision: ApprovalDecision::Approve as i32,
+                        reason: "fine".into(),
+                    });
+                request.set_timeout(timeout);
+                approvals.decide_approval(request).await.map(|_| ())
+            })
+            .collect::<Vec<_>>()
+    };
+    // The flood's first wave: twenty calls, whose events (with the five above) are more than
+    // the pipe holds, so the writer is stuck from here on; the queue still has room for them.
+    let first = futures::future::join_all(calls(0..20, Duration::from_secs(10))).await;
+    assert!(first.iter().all(Result::is_ok), "{first:?}");
+    // Three decisions reach the server while the sink is stuck and the queue has room: each
+    // takes its slot and is applied.
+    let applied =
+        futures::future::join_all(decide(&approval_ids[..3], Duration::from_secs(10))).await;
+    assert!(applied.iter().all(Result::is_ok), "{applied:?}");
+    // The second wave fills the queue: calls and two more decisions wait for slots that do not
+    // come, and their clients give up after 300 ms.
     let (call_results, decision_results) = tokio::join!(
-        futures::future::join_all(calls),
-        futures::future::join_all(decisions)
+        futures::future::join_all(calls(20..60, Duration::from_millis(300))),
+        futures::future::join_all(decide(&approval_ids[3..], Duration::from_millis(300)))
     );
     let gave_up = call_results
         .iter()
@@ -128,6 +145,10 @@ async fn every_executed_call_and_every_decision_has_exactly_one_event_under_a_st
         }
     }
     let executed = server.builtins().executions();
+    assert!(
+        executed >= 20 && decided >= 3,
+        "{executed} calls ran and {decided} decisions took effect under the stuck sink"
+    );
     release.send(()).unwrap();
     server.stop().await;
     let events: Vec<Value> = reader

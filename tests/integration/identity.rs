@@ -341,3 +341,28 @@ async fn line_separators_and_bidirectional_controls_in_claims_stay_inside_one_au
     );
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_claim_holding_a_control_character_is_refused_as_not_printable() {
+    let server = jwt_server().await;
+    for (claim, value) in [
+        ("tenant", "ac\u{1b}[2Jme"),
+        ("sub", "alice\nINFO forged"),
+        ("agent", "bot\u{7f}"),
+    ] {
+        let mut claims = claims();
+        claims[claim] = json!(value);
+        let status = refused(&server, &Who::token(&hs256(&claims))).await;
+        assert_eq!(status.code(), Code::Unauthenticated, "{claim}: {status:?}");
+        let field = match claim {
+            "sub" => "subject",
+            other => other,
+        };
+        assert_eq!(
+            status.message(),
+            format!("the caller's {field} holds a control character"),
+            "{claim}"
+        );
+    }
+    server.stop().await;
+}
