@@ -276,6 +276,10 @@ async fn approvals_are_listed_in_pages_of_bounded_previews() {
     let big = "b".repeat(900 * 1024);
     let mut large = Vec::new();
     for i in 0..6 {
+        // Pairs share a millisecond: creation time orders them, then ids within a pair.
+        if i % 2 == 0 {
+            server.clock.advance(Duration::from_millis(7));
+        }
         let r = exec(
             &mut grpc,
             &alice,
@@ -306,6 +310,22 @@ async fn approvals_are_listed_in_pages_of_bounded_previews() {
         .into_inner();
     assert_eq!(all.approvals.len(), 7);
     assert!(all.next_page_token.is_empty());
+    // Oldest first, ties by id: the order the listing promises, computed here from the
+    // approvals' own fields.
+    let listed: Vec<(i64, String)> = all
+        .approvals
+        .iter()
+        .map(|a| (a.created_at_unix_ms, a.approval_id.clone()))
+        .collect();
+    let mut by_creation = listed.clone();
+    by_creation.sort();
+    assert_eq!(listed, by_creation);
+    let times: std::collections::BTreeSet<i64> = listed.iter().map(|(t, _)| *t).collect();
+    assert_eq!(
+        times.len(),
+        3,
+        "three creation times, each shared by two or more"
+    );
     assert!(all.approvals.iter().any(|a| a.approval_id == legit));
     for a in &all.approvals {
         assert!(a.arguments_preview.len() <= 1024 && a.arguments_json.is_empty());
@@ -681,4 +701,155 @@ tools:
     assert!(grown_mib < 200, "peak RSS grew by {grown_mib} MiB");
     drop(grpc);
     stop(server).await;
+}
+
+/// Calls `echo` with an idempotency key and about 10 KiB of text; whether it was a replay.
+async fn keyed_echo(
+    grpc: &mut toolgate::proto::tool_gate_client::ToolGateClient<tonic::transport::Channel>,
+    tenant: &str,
+    key: &str,
+) -> bool {
+    let mut c = call(
+        "echo",
+        &format!(r#"{{"text":"{key}{}"}}"#, "t".repeat(10 * 1024)),
+    );
+    c.idempotency_key = key.to_owned();
+    let r = exec(grpc, &who(tenant), c).await;
+    assert_eq!(r.status(), ToolStatus::Ok, "{}", r.error_message);
+    r.idempotent_replay
+}
+
+#[tokio::test]
+async fn over_the_sidecar_wide_idempotency_budget_the_tenant_holding_the_most_gives_way() {
+    // Each tenant may hold ~64 KiB, the sidecar 96 KiB: less than two tenants' shares.
+    let catalog = STAGES.replace(
+        "limits: { max_arguments_bytes: 4096,",
+        "limits: { idempotency_max_bytes_per_tenant: 65536, idempotency_max_bytes: 98304, max_arguments_bytes: 16384,",
+    );
+    let server = TestServer::start(&catalog).await;
+    let mut grpc = server.client().await;
+    // acme keeps five results (~50 KiB), within its own share.
+    for i in 0..5 {
+        assert!(!keyed_echo(&mut grpc, "acme", &format!("acme-{i}")).await);
+    }
+    // globex's five (~50 KiB) put the sidecar over its total: acme, holding as much and older,
+    // loses its oldest, and only as many as needed.
+    for i in 0..5 {
+        assert!(!keyed_echo(&mut grpc, "globex", &format!("globex-{i}")).await);
+    }
+    let (_, page) = http_get(server.admin_addr(), "/metrics").await;
+    let held = metric(&page, "toolgate_idempotency_bytes", &[]);
+    assert!(held <= 98304.0, "{held} bytes held");
+    for i in 0..5 {
+        assert!(
+            keyed_echo(&mut grpc, "globex", &format!("globex-{i}")).await,
+            "globex-{i} was evicted, though globex holds less"
+        );
+    }
+    assert!(
+        keyed_echo(&mut grpc, "acme", "acme-4").await,
+        "acme's newest was evicted"
+    );
+    let executed = server.builtins().executions();
+    assert!(
+        !keyed_echo(&mut grpc, "acme", "acme-0").await,
+        "acme's oldest was kept over the total budget"
+    );
+    assert_eq!(server.builtins().executions(), executed + 1, "it ran again");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn over_the_sidecar_wide_approvals_budget_the_tenant_holding_the_most_gives_way() {
+    let catalog = STAGES
+        .replacen(
+            "version: 1\n",
+            "version: 1\napprovals: { max_bytes_per_tenant: 65536, max_bytes: 98304 }\n",
+            1,
+        )
+        .replace("max_arguments_bytes: 4096", "max_arguments_bytes: 16384");
+    let server = TestServer::start(&catalog).await;
+    let mut grpc = server.client().await;
+    let mut approvals = server.approvals().await;
+    let request = |tenant: &str, order: String| {
+        let mut grpc = grpc.clone();
+        let tenant = tenant.to_owned();
+        async move {
+            let r = exec(
+                &mut grpc,
+                &who(&tenant).subject("alice"),
+                call(
+                    "approve_me",
+                    &format!(r#"{{"order":"{order}{}"}}"#, "o".repeat(10 * 1024)),
+                ),
+            )
+            .await;
+            assert_eq!(
+                r.status(),
+                ToolStatus::ApprovalRequired,
+                "{}",
+                r.error_message
+            );
+            r.approval_id
+        }
+    };
+    let approver = |tenant: &str| who(tenant).subject("bob").scopes("toolgate:approve");
+    // acme's five approvals, rejected: finished, so they may be forgotten.
+    let mut acme = Vec::new();
+    for i in 0..5 {
+        server.clock.advance(Duration::from_millis(1));
+        let id = request("acme", format!("a{i}")).await;
+        approvals
+            .decide_approval(approver("acme").request(proto::DecideApprovalRequest {
+                approval_id: id.clone(),
+                decision: proto::ApprovalDecision::Reject as i32,
+                reason: "no".into(),
+            }))
+            .await
+            .unwrap();
+        acme.push(id);
+    }
+    // globex's five, the first two rejected too: it could give way, but holds less.
+    let mut globex = Vec::new();
+    for i in 0..5 {
+        let id = request("globex", format!("g{i}")).await;
+        if i < 2 {
+            approvals
+                .decide_approval(approver("globex").request(proto::DecideApprovalRequest {
+                    approval_id: id.clone(),
+                    decision: proto::ApprovalDecision::Reject as i32,
+                    reason: "no".into(),
+                }))
+                .await
+                .unwrap();
+        }
+        globex.push(id);
+    }
+    let exists = |tenant: &'static str, id: String| {
+        let mut approvals = approvals.clone();
+        async move {
+            match approvals
+                .get_approval(
+                    approver(tenant).request(proto::GetApprovalRequest { approval_id: id }),
+                )
+                .await
+            {
+                Ok(_) => true,
+                Err(status) if status.code() == Code::NotFound => false,
+                Err(status) => panic!("{status:?}"),
+            }
+        }
+    };
+    for id in &globex {
+        assert!(exists("globex", id.clone()).await, "globex lost {id}");
+    }
+    assert!(!exists("acme", acme[0].clone()).await, "acme's oldest kept");
+    assert!(
+        exists("acme", acme[4].clone()).await,
+        "acme's newest forgotten"
+    );
+    let (_, page) = http_get(server.admin_addr(), "/metrics").await;
+    let held = metric(&page, "toolgate_approvals_bytes", &[]);
+    assert!(held <= 98304.0, "{held} bytes held");
+    server.stop().await;
 }
