@@ -853,3 +853,99 @@ async fn over_the_sidecar_wide_approvals_budget_the_tenant_holding_the_most_give
     assert!(held <= 98304.0, "{held} bytes held");
     server.stop().await;
 }
+
+/// A catalog whose `note` says `note`; acme sees three tools, initech only `echo`.
+fn revisions_catalog(note: &str, log_bytes: usize) -> String {
+    format!(
+        r#"version: 1
+identity: {{ dev_identity: true }}
+limits: {{ revision_log_max_bytes: {log_bytes} }}
+tenants: {{ acme: {{}}, initech: {{ allow: [echo] }} }}
+tools:
+  - {{ name: echo, description: Echo., risk_level: read_only, executor: {{ builtin: echo }}, input_schema: {{ type: object, properties: {{ text: {{ type: string }} }} }} }}
+  - {{ name: note, description: "{note}", risk_level: read_only, executor: {{ builtin: echo }}, input_schema: {{ type: object }} }}
+  - {{ name: other, description: Other., risk_level: read_only, executor: {{ builtin: echo }}, input_schema: {{ type: object }} }}
+"#
+    )
+}
+
+/// The revision `tenant`'s model is shown, and the revision log's bytes after listing it.
+async fn list_revision(server: &TestServer, tenant: &str) -> (String, f64) {
+    let mut grpc = server.client().await;
+    let revision = grpc
+        .list_tools(who(tenant).request(proto::ListToolsRequest {}))
+        .await
+        .unwrap()
+        .into_inner()
+        .catalog_revision;
+    let (_, page) = http_get(server.admin_addr(), "/metrics").await;
+    (revision, metric(&page, "toolgate_revision_log_bytes", &[]))
+}
+
+/// Calls echo as acme, saying the model was shown `revision`.
+async fn echo_shown(server: &TestServer, revision: &str) -> proto::ToolResult {
+    let mut grpc = server.client().await;
+    let mut request = execute_request(call("echo", r#"{"text":"hi"}"#));
+    request.catalog_revision = revision.to_owned();
+    grpc.execute_tool(who("acme").request(request))
+        .await
+        .unwrap()
+        .into_inner()
+        .result
+        .unwrap()
+}
+
+#[tokio::test]
+async fn forgotten_revisions_are_checked_against_the_current_one() {
+    // Room for acme's revision or initech's, not both.
+    let small = TestServer::start_file(&revisions_catalog("Notes.", 700)).await;
+    let (acme, with_acme) = list_revision(&small, "acme").await;
+    let (_, with_initech) = list_revision(&small, "initech").await;
+    assert!(
+        with_acme > 0.0 && with_initech > 0.0 && with_initech < with_acme && with_acme <= 700.0,
+        "acme's revision ({with_acme} bytes) was not replaced by initech's ({with_initech})"
+    );
+    // Forgotten, but still what acme would be shown now: the call runs (and it is remembered
+    // again).
+    let r = echo_shown(&small, &acme).await;
+    assert_eq!(r.status(), ToolStatus::Ok, "{}", r.error_message);
+    list_revision(&small, "initech").await;
+    // A reload changes `note`, which the call does not use. A remembered revision would show
+    // that echo is unchanged; a forgotten one can only be compared whole with today's.
+    let large = TestServer::start_file(&revisions_catalog("Notes.", 1 << 20)).await;
+    let (kept, _) = list_revision(&large, "acme").await;
+    assert_eq!(kept, acme, "the same catalog, the same revision");
+    small.write_catalog(
+        &small.catalog_file(),
+        &revisions_catalog("Changed notes.", 700),
+    );
+    large.write_catalog(
+        &large.catalog_file(),
+        &revisions_catalog("Changed notes.", 1 << 20),
+    );
+    small.reload().await.expect("reloaded");
+    large.reload().await.expect("reloaded");
+    let remembered = echo_shown(&large, &acme).await;
+    assert_eq!(
+        remembered.status(),
+        ToolStatus::Ok,
+        "{}",
+        remembered.error_message
+    );
+    let forgotten = echo_shown(&small, &acme).await;
+    assert_eq!(
+        forgotten.status(),
+        ToolStatus::StaleCatalog,
+        "{}",
+        forgotten.error_message
+    );
+    assert!(
+        forgotten
+            .error_message
+            .contains("not known to this sidecar"),
+        "{}",
+        forgotten.error_message
+    );
+    small.stop().await;
+    large.stop().await;
+}
