@@ -12,7 +12,7 @@ use toolgate::proto::ToolStatus;
 
 use crate::{
     executors::{counting_listener, http_catalog, upstream},
-    support::{TestServer, call, exec, execute_request, who},
+    support::{TestServer, call, exec, execute_request, valid_traceparent, who},
 };
 
 /// An upstream whose routes redirect to the given targets, recording the headers it saw.
@@ -182,23 +182,6 @@ async fn cidr_entries_and_urls_the_client_cannot_use_are_refused_at_load() {
     assert_eq!(err.path, "upstreams.u.url", "{err}");
     let err = load(r#"{ url: "https://example.com:0/api" }"#);
     assert_eq!(err.path, "upstreams.u.url", "{err}");
-}
-
-/// A W3C traceparent: version 00, 32 and 16 lowercase hex digits (not all zero), two for flags.
-fn valid_traceparent(text: &str) -> bool {
-    let parts: Vec<&str> = text.split('-').collect();
-    let hex = |s: &str, n: usize| {
-        s.len() == n
-            && s.bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-            && s.bytes().any(|b| b != b'0')
-    };
-    parts.len() == 4
-        && parts[0] == "00"
-        && hex(parts[1], 32)
-        && hex(parts[2], 16)
-        && parts[3].len() == 2
-        && parts[3].bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 /// A version-4 UUID in its usual text form.

@@ -625,3 +625,20 @@ tools:
     executor: { builtin: echo_arguments }
     input_schema: { type: object, properties: { amount: { type: number }, order: { type: string } } }
 "#;
+
+/// A W3C traceparent: version 00, 32 and 16 lowercase hex digits (not all zero), two for flags.
+pub fn valid_traceparent(text: &str) -> bool {
+    let parts: Vec<&str> = text.split('-').collect();
+    let hex = |s: &str, n: usize| {
+        s.len() == n
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            && s.bytes().any(|b| b != b'0')
+    };
+    parts.len() == 4
+        && parts[0] == "00"
+        && hex(parts[1], 32)
+        && hex(parts[2], 16)
+        && parts[3].len() == 2
+        && parts[3].bytes().all(|b| b.is_ascii_hexdigit())
+}
