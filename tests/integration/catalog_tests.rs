@@ -292,3 +292,36 @@ fn the_readme_explain_and_test_sessions_are_what_the_binary_prints() {
     }
     crate::process::stop_blocking(spawned);
 }
+
+#[test]
+fn the_cases_never_touch_the_shared_state() {
+    // The demo, with its state in a Redis that would answer nobody: a listener that is never
+    // accepted from, so any connection attempt would be left waiting in its backlog.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let demo = std::fs::read_to_string(root().join("examples/demo.yaml")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let catalog = write(
+        dir.path(),
+        "catalog.yaml",
+        &demo.replacen(
+            "version: 1\n",
+            &format!(
+                "version: 1\nstate:\n  backend: redis\n  redis: {{ url: \"redis://127.0.0.1:{port}\", timeout: 200ms, connect_timeout: 200ms }}\n"
+            ),
+            1,
+        ),
+    );
+    let tests = root().join("examples/demo.tests.yaml");
+    let (code, stdout, stderr) = toolgate_test(
+        &["--config", &catalog, tests.to_str().unwrap(), "--coverage"],
+        &[],
+    );
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(stdout.contains(" 0 failed"), "{stdout}");
+    match listener.accept() {
+        Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {}
+        other => panic!("toolgate test connected to the shared state: {other:?}"),
+    }
+}
