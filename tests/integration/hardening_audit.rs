@@ -458,6 +458,10 @@ async fn a_partial_write_is_continued_never_repeated_or_torn() {
         assert_eq!(r.status(), ToolStatus::Ok);
     }
     server.wait_for_log("audit sink write failed", 1);
+    // Each failed write is counted, as it is logged.
+    let (_, page) = http_get(server.admin_addr.parse().unwrap(), "/metrics").await;
+    let errors = metric(&page, "toolgate_audit_write_errors", &[]);
+    assert!(errors >= 1.0, "toolgate_audit_write_errors {errors}");
     set_file_size_limit(server.child.id(), libc::RLIM_INFINITY);
     crate::process::stop(server).await;
     let text = std::fs::read_to_string(&audit).unwrap();
