@@ -74,7 +74,12 @@ and the servers to send them to (each runs until SIGINT/SIGTERM; the bare echo t
 the collector ten minutes):
        cargo bench --bench load -- --write-catalog DIR   (DIR/bench.yaml; audit to DIR/audit.jsonl)
        cargo bench --bench load -- --serve-bare-echo 127.0.0.1:PORT
-       cargo bench --bench load -- --serve-collector 127.0.0.1:PORT   (OTLP/gRPC; counts spans)";
+       cargo bench --bench load -- --serve-collector 127.0.0.1:PORT   (OTLP/gRPC; counts spans)
+interleaved A/B of two toolgate executables, each its own process with the bench catalog, audit
+to a file and spans to the harness's collector, measured in turn every round (the order swapped
+each round), max rate and the fixed rates; a table per round, then the medians and B / A:
+       cargo bench --bench load -- --ab PATH_B [--binary PATH_A] [--rounds N] [--duration D] \
+[--rate RPS] [--connections N] [--concurrency M]";
 
 /// The rows of the results table.
 const BARE: &str = "bare echo, in-process";
@@ -228,9 +233,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let result = match options.send_only {
-        Some(addr) => send_only(&options, addr),
-        None => run(&options),
+    let result = match (options.send_only, &options.ab) {
+        (Some(addr), _) => send_only(&options, addr),
+        (None, Some(other)) => ab(&options, other),
+        (None, None) => run(&options),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,
@@ -275,6 +281,8 @@ struct Options {
     /// The toolgate executable measured as its own process; by default the one cargo built for
     /// this bench (`target/release/toolgate`).
     binary: PathBuf,
+    /// Interleaved A/B: `binary` (A) against this one (B), and nothing else.
+    ab: Option<PathBuf>,
 }
 
 impl Options {
@@ -298,6 +306,7 @@ impl Options {
                 calls: 1000,
                 tool: "echo".into(),
                 binary: PathBuf::from(env!("CARGO_BIN_EXE_toolgate")),
+                ab: None,
             }
         } else {
             Options {
@@ -318,6 +327,7 @@ impl Options {
                 calls: 1000,
                 tool: "echo".into(),
                 binary: PathBuf::from(env!("CARGO_BIN_EXE_toolgate")),
+                ab: None,
             }
         }
     }
@@ -378,6 +388,8 @@ impl Options {
                 "--tool" => return Err(bad("echo or slow")),
                 "--binary" if Path::new(&value).is_file() => options.binary = value.into(),
                 "--binary" => return Err(bad("the path of a toolgate executable")),
+                "--ab" if Path::new(&value).is_file() => options.ab = Some(value.into()),
+                "--ab" => return Err(bad("the path of a toolgate executable")),
                 "--send-rate" => options.send_rate = Some(count()?.max(1)),
                 "--send-only" => {
                     let addr = value
@@ -949,6 +961,156 @@ fn send_only(options: &Options, addr: SocketAddr) -> anyhow::Result<bool> {
         stats.ms(0.99)
     );
     Ok(stats.failed == 0)
+}
+
+// --- interleaved A/B -----------------------------------------------------------------------------
+
+/// A number read off a row (throughput, a percentile, CPU per call).
+type RowValue = fn(&Row) -> Option<f64>;
+
+/// The two executables' rows in the A/B mode.
+const AB_A: &str = "A (--binary)";
+const AB_B: &str = "B (--ab)";
+
+/// Interleaved A/B (`--ab`): two toolgate executables, started once each with the same catalog
+/// (audit to a file, JWT, spans to the collector) and measured in turn within each round, A then B
+/// in even rounds and B then A in odd ones, so a slow stretch of the machine lands on both and
+/// neither always goes first. Prints each round, then each binary's median (min–max) over the
+/// rounds and the ratios B / A taken per round.
+fn ab(options: &Options, other: &Path) -> anyhow::Result<bool> {
+    let collector_listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let otlp_endpoint = format!("http://{}", collector_listener.local_addr()?);
+    let load_at_start = load_average();
+    let dir = tempfile::tempdir()?;
+    let collector_rt = runtime("bench-otlp", 1)?;
+    let client_rt = runtime("bench-client", 2)?;
+    let collector = collector_rt.block_on(otlp_collector::start_on(collector_listener, 10_000));
+    let text = "x".repeat(options.payload);
+    let request = proto::ExecuteToolRequest {
+        call: Some(proto::ToolCall {
+            name: "echo".into(),
+            arguments_json: serde_json::json!({ "text": text }).to_string(),
+            ..Default::default()
+        }),
+        run_id: "run-bench".into(),
+        step: 0,
+        catalog_revision: String::new(),
+    };
+    let auth: MetadataValue<Ascii> = format!("Bearer {}", token(None)?).parse()?;
+    let endpoint = [("OTEL_EXPORTER_OTLP_ENDPOINT", otlp_endpoint.as_str())];
+    let mut binaries = Vec::new();
+    for (name, exe, service) in [
+        (AB_A, options.binary.as_path(), "toolgate-bench-a"),
+        (AB_B, other, "toolgate-bench-b"),
+    ] {
+        let config = dir.path().join(format!("{service}.yaml"));
+        std::fs::write(
+            &config,
+            catalog(&dir.path().join(format!("audit-{service}.jsonl"))),
+        )?;
+        let binary = Spawned::spawn(exe, &config, dir.path(), service, &endpoint)?
+            .wait_serving(&client_rt)?
+            .0;
+        println!("{name}: {} (pid {})", exe.display(), binary.pid());
+        binaries.push((name, binary));
+    }
+    println!("load average at start: {load_at_start}");
+    let mut rows = Vec::new();
+    let mut rounds: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
+    let mut ok = true;
+    for round in 0..options.rounds {
+        let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        for at in order {
+            let (name, binary) = &binaries[at];
+            let target = Target {
+                server_pid: Some(binary.pid()),
+                ..Target::new(name, binary.addr, &request, &auth, &text)
+            };
+            let from = rows.len();
+            ok &= measure(options, &client_rt, &target, true, &mut rows)?.ok;
+            rounds.push((round, from..rows.len()));
+        }
+    }
+    let received = collector_rt
+        .block_on(collector.wait_until_quiet(options.span_quiet, Duration::from_secs(60)));
+    for (_, binary) in &mut binaries {
+        binary.stop()?;
+    }
+    println!("\nEach round (server CPU from /proc/PID/stat, per answered call):\n");
+    println!(
+        "| round | binary | mode | throughput (calls/s) | p50 ms | p99 ms | server CPU µs/call |"
+    );
+    println!("|---:|---|---|---:|---:|---:|---:|");
+    for (round, range) in &rounds {
+        for row in &rows[range.clone()] {
+            println!(
+                "| {} | {} | {} | {:.0} | {:.3} | {:.3} | {} |",
+                round + 1,
+                row.target,
+                row.mode,
+                row.throughput,
+                row.stats.ms(0.5),
+                row.stats.ms(0.99),
+                row.server_cpu_us
+                    .map_or("—".into(), |us| format!("{us:.1}")),
+            );
+        }
+    }
+    // Rows of one binary in one mode, in round order.
+    let of = |name: &str, mode: &str| -> Vec<&Row> {
+        rows.iter()
+            .filter(|r| r.target == name && r.mode == mode)
+            .collect()
+    };
+    let modes: Vec<String> = rows
+        .iter()
+        .filter(|r| r.target == AB_A)
+        .map(|r| r.mode.clone())
+        .fold(Vec::new(), |mut modes, mode| {
+            if !modes.contains(&mode) {
+                modes.push(mode);
+            }
+            modes
+        });
+    let show = |values: Vec<f64>, digits: usize| {
+        Spread::of(values).map_or("—".into(), |s| s.show(digits))
+    };
+    println!(
+        "\nMedian (min–max) over {} rounds; B / A per round:\n",
+        options.rounds
+    );
+    println!("| mode | what | A | B | B / A |");
+    println!("|---|---|---:|---:|---:|");
+    for mode in &modes {
+        let (a, b) = (of(AB_A, mode), of(AB_B, mode));
+        let pairs = || a.iter().zip(b.iter());
+        let metrics: [(&str, RowValue, usize); 3] = [
+            ("throughput (calls/s)", |r| Some(r.throughput), 0),
+            ("p99 ms", |r| Some(r.stats.ms(0.99)), 3),
+            ("server CPU µs/call", |r| r.server_cpu_us, 1),
+        ];
+        for (what, value, digits) in metrics {
+            println!(
+                "| {mode} | {what} | {} | {} | {} |",
+                show(a.iter().filter_map(|r| value(r)).collect(), digits),
+                show(b.iter().filter_map(|r| value(r)).collect(), digits),
+                show(
+                    pairs()
+                        .filter_map(|(a, b)| Some(value(b)? / value(a)?))
+                        .collect(),
+                    3
+                ),
+            );
+        }
+    }
+    let calls: u64 = rows.iter().map(|r| r.stats.ok).sum();
+    println!(
+        "\nOTLP spans received: {received} (from A: {}, from B: {}); calls answered in the measured phases: {calls}",
+        collector.received_from("toolgate-bench-a"),
+        collector.received_from("toolgate-bench-b"),
+    );
+    println!("load average at end: {}", load_average());
+    Ok(ok)
 }
 
 // --- the bare echo -------------------------------------------------------------------------------
