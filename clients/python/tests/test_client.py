@@ -283,3 +283,14 @@ def test_transport_retries_only_where_a_repeat_cannot_run_a_tool_twice(closed_po
         with pytest.raises(UnavailableError):
             down.execute(ToolCall("create_ticket", {"title": "t"}, idempotency_key="k1"))
         assert len(sleeps) == 3
+
+        # The approval reads change nothing, so they are retried; a decision is not.
+        for read in (down.list_approvals, lambda: list(down.iter_approvals()), lambda: down.get_approval("apr_x")):
+            sleeps.clear()
+            with pytest.raises(UnavailableError):
+                read()
+            assert len(sleeps) == 3, read
+        sleeps.clear()
+        with pytest.raises(UnavailableError):
+            down.approve("apr_x")
+        assert sleeps == [], "a decision whose answer was lost must not be sent again"

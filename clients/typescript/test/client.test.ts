@@ -226,6 +226,20 @@ describe('ToolgateClient', () => {
     assert.deepEqual(sleeps, [], 'without an idempotency key a lost answer may hide a call that ran');
     await assert.rejects(down.execute({ name: 'create_ticket', arguments: { title: 't' }, idempotencyKey: 'k1' }), UnavailableError);
     assert.equal(sleeps.length, 3);
+    // The approval reads change nothing, so they are retried; a decision is not.
+    const reads: [string, () => Promise<unknown>][] = [
+      ['listApprovals', () => down.listApprovals()],
+      ['iterApprovals', async () => { for await (const _ of down.iterApprovals()); }],
+      ['getApproval', () => down.getApproval('apr_x')],
+    ];
+    for (const [name, read] of reads) {
+      sleeps.length = 0;
+      await assert.rejects(read(), UnavailableError);
+      assert.equal(sleeps.length, 3, name);
+    }
+    sleeps.length = 0;
+    await assert.rejects(down.approve('apr_x'), UnavailableError);
+    assert.deepEqual(sleeps, [], 'a decision whose answer was lost must not be sent again');
     down.close();
   });
 
