@@ -135,6 +135,16 @@ def test_a_tool_past_its_timeout_is_a_timeout_result(client):
     assert result.retryable, "slow_task is read-only, so a repeat is safe"
 
 
+@pytest.mark.parametrize("form", ["unix://{}", "unix:{}"])
+def test_the_client_talks_to_the_sidecar_over_its_unix_socket(unix_toolgate, run_id, form):
+    server, socket_path = unix_toolgate
+    with Client(form.format(socket_path), identity=demo_identity()) as over_socket:
+        assert "echo" in {t.name for t in over_socket.list_tools()}
+        result = over_socket.execute("echo", {"text": "over the socket"}, run_id=run_id)
+    assert (result.status, result.model_text) == (ToolStatus.OK, "over the socket"), result
+    assert events_of(server, lambda e: e.get("run_id") == run_id, 1)[0]["status"] == "OK"
+
+
 def test_a_sidecar_that_never_answers_raises_deadline_exceeded(silent_listener):
     with Client(silent_listener, identity=demo_identity(), timeout=0.5) as hung:
         with pytest.raises(DeadlineExceededError) as raised:
