@@ -63,6 +63,11 @@ async def test_the_async_client_talks_to_the_sidecar_over_its_unix_socket(unix_t
     assert events_of(server, lambda e: e.get("run_id") == run_id, 1)[0]["status"] == "OK"
 
 
+async def test_an_async_call_its_own_deadline_ends_is_a_timeout_result(aclient):
+    result = await aclient.execute("slow_task", {"ms": 5000}, timeout=0.9)
+    assert (result.status, result.error_type) == (ToolStatus.TIMEOUT, "timeout"), result
+
+
 async def test_async_deadline_against_a_hung_sidecar(silent_listener):
     async with AsyncClient(silent_listener, identity=BearerToken("x"), timeout=0.5) as hung:
         with pytest.raises(DeadlineExceededError) as raised:

@@ -135,6 +135,15 @@ def test_a_tool_past_its_timeout_is_a_timeout_result(client):
     assert result.retryable, "slow_task is read-only, so a repeat is safe"
 
 
+def test_a_call_its_own_deadline_ends_is_a_timeout_result_not_deadline_exceeded(client):
+    # slow_task's own timeout is 1 s: the client's 0.9 s deadline comes first. The sidecar stops the
+    # tool a tenth of the deadline early (90 ms) so that its answer arrives in time; a sidecar that
+    # answered at the deadline itself would lose the race and the client would raise.
+    result = client.execute("slow_task", {"ms": 5000}, timeout=0.9)
+    assert (result.status, result.error_type) == (ToolStatus.TIMEOUT, "timeout"), result
+    assert "the client's deadline" in result.model_text
+
+
 @pytest.mark.parametrize("form", ["unix://{}", "unix:{}"])
 def test_the_client_talks_to_the_sidecar_over_its_unix_socket(unix_toolgate, run_id, form):
     server, socket_path = unix_toolgate

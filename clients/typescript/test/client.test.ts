@@ -97,6 +97,15 @@ describe('ToolgateClient', () => {
     assert.deepEqual([result.status, result.retryable], ['TIMEOUT', true]);
   });
 
+  it('gets a TIMEOUT result, not DEADLINE_EXCEEDED, when its own deadline ends the call', t, async () => {
+    // slow_task's own timeout is 1 s: the client's 900 ms deadline comes first. The sidecar stops
+    // the tool a tenth of the deadline early (90 ms) so that its answer arrives in time; a sidecar
+    // that answered at the deadline itself would lose the race and the client would throw.
+    const result = await client().execute('slow_task', { ms: 5000 }, { timeoutMs: 900 });
+    assert.deepEqual([result.status, result.errorType], ['TIMEOUT', 'timeout']);
+    assert.ok(result.errorMessage.includes("the client's deadline"), result.errorMessage);
+  });
+
   it('talks to the sidecar over its Unix socket', t, async () => {
     const dir = mkdtempSync(path.join(tmpdir(), 'toolgate-unix-'));
     const socket = path.join(dir, 'toolgate.sock');
