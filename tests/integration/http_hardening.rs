@@ -120,7 +120,11 @@ async fn a_cidr_allow_list_opens_one_private_range_and_metadata_stays_closed() {
          \x20 metadata_all_private:\n    url: http://metadata.test:{cport}\n    allow_schemes: [http]\n    resolve: {{ metadata.test: [\"169.254.169.254\"] }}\n    allow_private_addresses: true\n\
          \x20 metadata_range:\n    url: http://metadata.test:{cport}\n    allow_schemes: [http]\n    resolve: {{ metadata.test: [\"169.254.169.254\"] }}\n    allow_private_cidrs: [\"169.254.0.0/16\"]\n\
          \x20 metadata_v6:\n    url: http://[fd00:ec2::254]:{cport}\n    allow_schemes: [http]\n    allow_private_addresses: true\n\
-         \x20 metadata_mapped:\n    url: http://[::ffff:169.254.169.254]:{cport}\n    allow_schemes: [http]\n    allow_private_cidrs: [\"169.254.0.0/16\"]\n",
+         \x20 metadata_mapped:\n    url: http://[::ffff:169.254.169.254]:{cport}\n    allow_schemes: [http]\n    allow_private_cidrs: [\"169.254.0.0/16\"]\n\
+         \x20 metadata_pod_identity:\n    url: http://pod-identity.test:{cport}\n    allow_schemes: [http]\n    resolve: {{ pod-identity.test: [\"169.254.170.23\"] }}\n    allow_private_addresses: true\n\
+         \x20 metadata_pod_identity_v6:\n    url: http://[fd00:ec2::23]:{cport}\n    allow_schemes: [http]\n    allow_private_cidrs: [\"fd00::/8\"]\n\
+         \x20 metadata_oracle:\n    url: http://oracle.test:{cport}\n    allow_schemes: [http]\n    resolve: {{ oracle.test: [\"192.0.0.192\"] }}\n    allow_private_cidrs: [\"192.0.0.0/24\"]\n\
+         \x20 metadata_oracle_all_private:\n    url: http://[::ffff:192.0.0.192]:{cport}\n    allow_schemes: [http]\n    allow_private_addresses: true\n",
         cport = closed.port()
     );
     let yaml = http_catalog(
@@ -133,6 +137,10 @@ async fn a_cidr_allow_list_opens_one_private_range_and_metadata_stays_closed() {
             ("e", "metadata_range", ""),
             ("f", "metadata_v6", ""),
             ("g", "metadata_mapped", ""),
+            ("h", "metadata_pod_identity", ""),
+            ("i", "metadata_pod_identity_v6", ""),
+            ("j", "metadata_oracle", ""),
+            ("k", "metadata_oracle_all_private", ""),
         ],
     );
     let server = TestServer::start(&yaml).await;
@@ -147,6 +155,10 @@ async fn a_cidr_allow_list_opens_one_private_range_and_metadata_stays_closed() {
         ("e", "metadata"),
         ("f", "metadata"),
         ("g", "metadata"),
+        ("h", "metadata"),
+        ("i", "metadata"),
+        ("j", "metadata"),
+        ("k", "metadata"),
     ] {
         let r = exec(&mut client, &who("acme"), call(tool, "{}")).await;
         assert_eq!(
