@@ -7,6 +7,7 @@
 
 pub mod raw;
 mod state;
+pub mod yaml_bounds;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -269,8 +270,9 @@ impl fmt::Display for Rate {
     }
 }
 
-/// The file as written, its shape checked.
+/// The file as written, its shape checked; a text past [`yaml_bounds`] is refused unparsed.
 pub fn parse_yaml(text: &str) -> Result<RawConfig, FieldError> {
+    yaml_bounds::check(text).map_err(|message| FieldError::new(".", message))?;
     let deserializer = serde_yaml_ng::Deserializer::from_str(text);
     serde_path_to_error::deserialize(deserializer).map_err(|err| {
         let path = err.path().to_string();
@@ -629,7 +631,12 @@ impl Loaded {
     /// Reads what `text` (a catalog in `base_dir`) references; files that cannot be read count
     /// as missing, which is itself part of the fingerprint.
     pub fn of(text: &str, base_dir: &Path) -> Self {
-        let sections: serde_yaml_ng::Mapping = serde_yaml_ng::from_str(text).unwrap_or_default();
+        // A text past the bounds is not parsed here either: its fingerprint is its bytes alone,
+        // and loading it is refused with the bound's error.
+        let sections: serde_yaml_ng::Mapping = match yaml_bounds::check(text) {
+            Ok(()) => serde_yaml_ng::from_str(text).unwrap_or_default(),
+            Err(_) => serde_yaml_ng::Mapping::default(),
+        };
         let section = |name: &str| {
             sections
                 .get(name)
