@@ -64,10 +64,10 @@ impl Config {
             path: ".".into(),
             message: format!("cannot resolve the path: {err}"),
         })?;
-        let text = std::fs::read_to_string(path).map_err(|err| ConfigError {
+        let text = settings::yaml_bounds::read_bounded(path).map_err(|message| ConfigError {
             file: source.clone(),
             path: ".".into(),
-            message: format!("cannot read file: {err}"),
+            message,
         })?;
         let base_dir = catalog_dir(path);
         let loaded = Loaded::of(&text, &base_dir);

@@ -911,6 +911,9 @@ const MAX_DETAIL_BYTES: usize = 1024;
 /// A backend failure as a refusal. The backend's own text goes to the caller; records carry it
 /// only for tools that record their arguments, with the `redact` values taken out.
 fn exec_refusal(err: ExecError, permit: &Permit) -> Refusal {
+    // A write that may have reached its backend may have written, as one that timed out may have:
+    // not retryable, so an idempotency key keeps the result and its retry cannot write twice.
+    let outcome_unknown = err.outcome_unknown() && permit.tool().risk_level != RiskLevel::ReadOnly;
     let (reason, message, detail) = match err {
         ExecError::Failed { message, detail } => (Reason::ToolFailed, message, detail),
         ExecError::Unavailable(m) | ExecError::NotReached(m) => {
@@ -926,6 +929,12 @@ fn exec_refusal(err: ExecError, permit: &Permit) -> Refusal {
         _ => Stage::Execute,
     };
     let mut refusal = Refusal::new(stage, reason, message);
+    if outcome_unknown {
+        refusal
+            .message
+            .push_str("; the outcome is unknown and changes may have been made");
+        refusal = refusal.with_retryable(false);
+    }
     if let Some(detail) = detail {
         let detail = truncate_utf8(detail.trim(), MAX_DETAIL_BYTES).to_owned();
         let tool = permit.tool();

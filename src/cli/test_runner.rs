@@ -155,7 +155,9 @@ pub fn load(path: &Path, catalog: &Catalog) -> Result<TestFile, TestFileError> {
         file: file.clone(),
         message,
     };
-    let text = std::fs::read_to_string(path).map_err(|err| error(format!("cannot read: {err}")))?;
+    let text = crate::settings::yaml_bounds::read_bounded(path).map_err(error)?;
+    // Deep nesting makes the parser's work grow faster than the text: bounded before parsing.
+    crate::settings::yaml_bounds::check(&text).map_err(error)?;
     let deserializer = serde_yaml_ng::Deserializer::from_str(&text);
     let tests: TestFile = serde_path_to_error::deserialize(deserializer).map_err(|err| {
         let path = err.path().to_string();

@@ -126,7 +126,8 @@ pub enum ExecError {
         message: String,
         detail: Option<String>,
     },
-    /// A transient failure after the request may have reached the backend.
+    /// A transient failure after the request may have reached the backend: retryable for
+    /// read-only tools, an unknown outcome for the others.
     #[error("{0}")]
     Unavailable(String),
     /// A transient failure before anything reached the backend (connection refused, server not
@@ -164,6 +165,15 @@ impl ExecError {
             message: message.into(),
             detail: Some(detail).filter(|d| !d.trim().is_empty()),
         }
+    }
+
+    /// Whether a transient failure came after the request may have reached the backend (a 5xx
+    /// answer, a connection that broke after sending, an MCP call whose connection closed): the
+    /// backend may have acted on it, so for a tool that writes the outcome is unknown and a retry
+    /// could write twice. Only failures that provably reached nothing ([`ExecError::NotReached`])
+    /// are safe to repeat.
+    pub fn outcome_unknown(&self) -> bool {
+        matches!(self, ExecError::Unavailable(_))
     }
 
     /// Whether the request may have reached the backend, so its effects are unknown.

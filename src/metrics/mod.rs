@@ -117,6 +117,7 @@ struct ShadowMetrics {
     differences: Family<DifferenceLabels, Counter>,
     skipped: Family<ReasonLabels, Counter>,
     loads: Family<ReloadLabels, Counter>,
+    parses: Counter,
     revision: Family<RevisionLabels, Gauge>,
     current_revision: Mutex<Option<String>>,
 }
@@ -128,6 +129,7 @@ impl ShadowMetrics {
             differences: Family::default(),
             skipped: Family::default(),
             loads: Family::default(),
+            parses: Counter::default(),
             revision: Family::default(),
             current_revision: Mutex::new(None),
         };
@@ -150,6 +152,11 @@ impl ShadowMetrics {
             "shadow_catalog_loads",
             "Loads of the shadow catalog file by result (ok, refused)",
             metrics.loads.clone(),
+        );
+        registry.register(
+            "shadow_catalog_parses",
+            "Times the shadow catalog file's text was parsed: when it was new or changed, and for each load (an unchanged file is not parsed)",
+            metrics.parses.clone(),
         );
         registry.register(
             "shadow_catalog_revision_info",
@@ -566,6 +573,11 @@ impl Metrics {
                 result: result.to_owned(),
             })
             .inc();
+    }
+
+    /// The shadow catalog file's text was parsed.
+    pub fn shadow_parse(&self) {
+        self.shadow.parses.inc();
     }
 
     /// The shadow catalog revision now compared, if any.

@@ -7,6 +7,8 @@
 
 pub mod raw;
 mod state;
+mod watch;
+pub mod yaml_bounds;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -20,6 +22,7 @@ use std::{
 use raw::RawConfig;
 use sha2::Digest;
 pub use state::{OnUnavailable, RedisConfig, Secret, StateBackend, StateConfig};
+pub use watch::{CatalogWatch, Polled};
 
 /// The embedded demo catalog, served when no config is given.
 pub const DEMO_CATALOG: &str = include_str!("../../examples/demo.yaml");
@@ -300,8 +303,9 @@ impl fmt::Display for Rate {
     }
 }
 
-/// The file as written, its shape checked.
+/// The file as written, its shape checked; a text past [`yaml_bounds`] is refused unparsed.
 pub fn parse_yaml(text: &str) -> Result<RawConfig, FieldError> {
+    yaml_bounds::check(text).map_err(|message| FieldError::new(".", message))?;
     let deserializer = serde_yaml_ng::Deserializer::from_str(text);
     serde_path_to_error::deserialize(deserializer).map_err(|err| {
         let path = err.path().to_string();
@@ -737,33 +741,25 @@ impl Loaded {
     /// Reads what `text` (a catalog in `base_dir`) references; files that cannot be read count
     /// as missing, which is itself part of the fingerprint.
     pub fn of(text: &str, base_dir: &Path) -> Self {
-        let sections: serde_yaml_ng::Mapping = serde_yaml_ng::from_str(text).unwrap_or_default();
+        // A text past the bounds is not parsed here either: its fingerprint is its bytes alone,
+        // and loading it is refused with the bound's error.
+        let sections: serde_yaml_ng::Mapping = match yaml_bounds::check(text) {
+            Ok(()) => serde_yaml_ng::from_str(text).unwrap_or_default(),
+            Err(_) => serde_yaml_ng::Mapping::default(),
+        };
         let section = |name: &str| {
             sections
                 .get(name)
                 .map(|v| serde_yaml_ng::to_string(v).unwrap_or_default())
                 .unwrap_or_default()
         };
-        let referenced = parse_yaml(text)
-            .map(|raw| raw.referenced_files(base_dir))
-            .unwrap_or_default();
-        let mut all = sha2::Sha256::new();
-        all.update(text.as_bytes());
+        let referenced = referenced_files(text, base_dir);
+        let digests = file_digests(&referenced);
         let mut identity = sha2::Sha256::new();
         identity.update(section("identity").as_bytes());
-        for file in &referenced {
-            let digest: [u8; 32] = match std::fs::read(file) {
-                Ok(bytes) => sha2::Sha256::digest(&bytes).into(),
-                Err(_) => [0; 32],
-            };
-            for hasher in [&mut all, &mut identity] {
-                hasher.update(file.as_os_str().as_encoded_bytes());
-                hasher.update([0]);
-                hasher.update(digest);
-            }
-        }
+        hash_files(&mut identity, &referenced, &digests);
         Loaded {
-            fingerprint: all.finalize().into(),
+            fingerprint: fingerprint(text.as_bytes(), &referenced, &digests),
             identity_fingerprint: identity.finalize().into(),
             restart_sections: RESTART_SECTIONS
                 .iter()
@@ -779,6 +775,41 @@ impl Loaded {
             .filter(|name| self.restart_sections.get(*name) != other.restart_sections.get(*name))
             .copied()
             .collect()
+    }
+}
+
+/// The files a catalog text (in `base_dir`) references: JWT keys and secrets, header values from
+/// `file:`. Parses the text (none for a text that does not parse or is past the bounds).
+pub fn referenced_files(text: &str, base_dir: &Path) -> Vec<PathBuf> {
+    parse_yaml(text)
+        .map(|raw| raw.referenced_files(base_dir))
+        .unwrap_or_default()
+}
+
+/// The SHA-256 of each file; a file that cannot be read counts as missing (all zeros).
+pub fn file_digests(files: &[PathBuf]) -> Vec<[u8; 32]> {
+    files
+        .iter()
+        .map(|file| match std::fs::read(file) {
+            Ok(bytes) => sha2::Sha256::digest(&bytes).into(),
+            Err(_) => [0; 32],
+        })
+        .collect()
+}
+
+/// A catalog's fingerprint: its text and, by name, the content of every file it references.
+pub fn fingerprint(text: &[u8], referenced: &[PathBuf], digests: &[[u8; 32]]) -> [u8; 32] {
+    let mut all = sha2::Sha256::new();
+    all.update(text);
+    hash_files(&mut all, referenced, digests);
+    all.finalize().into()
+}
+
+fn hash_files(hasher: &mut sha2::Sha256, files: &[PathBuf], digests: &[[u8; 32]]) {
+    for (file, digest) in files.iter().zip(digests) {
+        hasher.update(file.as_os_str().as_encoded_bytes());
+        hasher.update([0]);
+        hasher.update(digest);
     }
 }
 

@@ -1,7 +1,8 @@
 //! Loading the shadow candidate and keeping it current: the file named by the served catalog's
 //! `shadow_catalog` is read at start, whenever the served catalog is reloaded, when MCP servers
 //! list their tools, and every `server.reload_interval` when its content (or a file it
-//! references) changed. A candidate that does not load is refused loudly — an error log, the
+//! references) changed — an unchanged one is not parsed again (see [`CatalogWatch`]). A
+//! candidate that does not load is refused loudly — an error log, the
 //! `toolgate_shadow_catalog_loads_total{result="refused"}` counter, the loader's status — and the
 //! previous candidate, if any, keeps being compared; the served catalog is never affected.
 //!
@@ -18,8 +19,9 @@ use super::{Candidate, LoadStatus};
 use crate::{
     boundary::Boundary,
     catalog::Catalog,
-    config::{Config, Env, Loaded, catalog_dir},
+    config::{Config, Env, catalog_dir},
     executor::mcp::{Discovered, McpServerConfig},
+    settings::CatalogWatch,
 };
 
 /// What the loader needs besides the boundary.
@@ -40,6 +42,8 @@ pub async fn watch(boundary: Arc<Boundary>, mut loader: Loader) {
     let mut discoveries_open = true;
     // The fingerprint of the last content tried, good or bad.
     let mut tried: Option<(PathBuf, [u8; 32])> = None;
+    // What the last poll saw, so that an unchanged candidate is not parsed again.
+    let mut watched = CatalogWatch::default();
     let mut forced = true;
     loop {
         let current = path.borrow_and_update().clone();
@@ -57,7 +61,18 @@ pub async fn watch(boundary: Arc<Boundary>, mut loader: Loader) {
             }
             Some(file) => {
                 let discovered = loader.discovered.borrow().clone();
-                load(&boundary, &loader, file, &discovered, &mut tried, forced).await;
+                let polled = look(&boundary, file.clone(), watched).await;
+                watched = polled.1;
+                load(
+                    &boundary,
+                    &loader,
+                    file,
+                    polled.0,
+                    &discovered,
+                    &mut tried,
+                    forced,
+                )
+                .await;
             }
         }
         forced = tokio::select! {
@@ -76,31 +91,48 @@ pub async fn watch(boundary: Arc<Boundary>, mut loader: Loader) {
     }
 }
 
+/// Looks at the candidate file off the async workers: its fingerprint (`None` when it cannot be
+/// read), parsing it only when its text changed. Counts the poll, and the parse if any.
+async fn look(
+    boundary: &Boundary,
+    file: PathBuf,
+    mut watched: CatalogWatch,
+) -> (Option<[u8; 32]>, CatalogWatch) {
+    let (polled, watched) = tokio::task::spawn_blocking(move || {
+        let polled = watched.poll(&file, &catalog_dir(&file));
+        (polled, watched)
+    })
+    .await
+    // A poll that panicked (it should not) starts over: the next one reads and parses anew.
+    .unwrap_or_else(|_| (None, CatalogWatch::default()));
+    let parsed = polled.is_some_and(|p| p.parsed);
+    if parsed {
+        boundary.metrics().shadow_parse();
+    }
+    boundary.shadow().status.send_modify(|s| {
+        s.polls += 1;
+        s.parses += u64::from(parsed);
+    });
+    (polled.map(|p| p.fingerprint), watched)
+}
+
 /// Loads the candidate if it changed since it was last tried (always when `forced`).
 async fn load(
     boundary: &Boundary,
     loader: &Loader,
     file: PathBuf,
+    fingerprint: Option<[u8; 32]>,
     discovered: &Discovered,
     tried: &mut Option<(PathBuf, [u8; 32])>,
     forced: bool,
 ) {
-    let read = {
-        let file = file.clone();
-        tokio::task::spawn_blocking(move || {
-            std::fs::read_to_string(&file)
-                .ok()
-                .map(|text| Loaded::of(&text, &catalog_dir(&file)).fingerprint)
-        })
-        .await
-        .ok()
-        .flatten()
-    };
-    let fingerprint = read.unwrap_or([0; 32]);
+    let fingerprint = fingerprint.unwrap_or([0; 32]);
     if !forced && tried.as_ref() == Some(&(file.clone(), fingerprint)) {
         return;
     }
     *tried = Some((file.clone(), fingerprint));
+    boundary.metrics().shadow_parse();
+    boundary.shadow().status.send_modify(|s| s.parses += 1);
     let built = {
         let file = file.clone();
         let env = loader.env.clone();

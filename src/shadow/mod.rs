@@ -57,6 +57,11 @@ pub struct Candidate {
 pub struct LoadStatus {
     /// Load attempts so far (each reload of the file, good or bad).
     pub attempts: u64,
+    /// Times the loader looked at the file (every poll, and every forced look).
+    pub polls: u64,
+    /// Times it parsed the file's text: when the text was new or changed (to learn the files it
+    /// references), and for each load attempt. An unchanged file is not parsed.
+    pub parses: u64,
     /// The revision of the candidate in use, if any.
     pub revision: Option<String>,
     /// Why the last attempt was refused (the previous candidate, if any, stays in use).

@@ -769,7 +769,7 @@ async fn over_the_sidecar_wide_approvals_budget_the_tenant_holding_the_most_give
         )
         .replace("max_arguments_bytes: 4096", "max_arguments_bytes: 16384");
     let server = TestServer::start(&catalog).await;
-    let mut grpc = server.client().await;
+    let grpc = server.client().await;
     let mut approvals = server.approvals().await;
     let request = |tenant: &str, order: String| {
         let mut grpc = grpc.clone();

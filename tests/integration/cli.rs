@@ -1,5 +1,6 @@
 //! The operator client verbs of the real binary (`toolgate tools`, `call`, `approvals`,
-//! `approve`, `reject`, `schema`) against the real binary serving the demo.
+//! `approve`, `reject`, `schema`) against the real binary serving the demo; and YAML past the size
+//! and nesting bounds, refused unparsed by `check`, `test` and a reload.
 //!
 //! The README's "Try it" session is read from README.md when the test runs and replayed command
 //! by command, exactly as written (through `sh`, with `toolgate` on PATH and `TOOLGATE_ADDR`
@@ -383,4 +384,116 @@ fn token_sends_a_jwt_and_schema_prints_the_published_schema() {
     )
     .unwrap();
     assert_eq!(printed, published);
+}
+
+/// The demo catalog with one more tool whose input schema nests `depth` flow sequences: what made
+/// the YAML parser's work grow with the square of the depth (20,000 levels: 9 s in `check`).
+fn deeply_nested_catalog(depth: usize) -> String {
+    format!(
+        "{}  - name: deep\n    description: d\n    risk_level: read_only\n    executor: {{ builtin: echo }}\n    input_schema: {{ type: object, default: {}{} }}\n",
+        toolgate::config::DEMO_CATALOG,
+        "[".repeat(depth),
+        "]".repeat(depth)
+    )
+}
+
+const DEPTH_REFUSAL: &str =
+    "collections nested more than 128 levels deep; at most 128 are accepted";
+
+#[test]
+fn check_and_test_refuse_yaml_past_the_size_and_nesting_bounds_unparsed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    std::fs::write(path("deep.yaml"), deeply_nested_catalog(20_000)).unwrap();
+    // Within the bounds: 100 levels load (as far as the YAML goes).
+    std::fs::write(path("fine.yaml"), deeply_nested_catalog(100)).unwrap();
+    // A file of comments only, one byte over 4 MiB.
+    std::fs::write(path("big.yaml"), "#".repeat(4 * 1024 * 1024 + 1)).unwrap();
+    std::fs::write(path("demo.yaml"), toolgate::config::DEMO_CATALOG).unwrap();
+    let cases = format!(
+        "version: 1\ncases:\n  - name: deep\n    identity: {{ tenant: acme }}\n    call: {{ name: echo, arguments: {{ text: {}{} }} }}\n    expect: {{ status: OK }}\n",
+        "[".repeat(20_000),
+        "]".repeat(20_000)
+    );
+    std::fs::write(path("deep.tests.yaml"), cases).unwrap();
+    std::fs::write(path("big.tests.yaml"), "#".repeat(4 * 1024 * 1024 + 1)).unwrap();
+
+    let (code, _, err) = toolgate(&["check", "--config", &path("deep.yaml")], "127.0.0.1:1");
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains(DEPTH_REFUSAL), "{err}");
+    let (code, out, err) = toolgate(&["check", "--config", &path("fine.yaml")], "127.0.0.1:1");
+    assert_eq!(code, Some(0), "{out}{err}");
+    let (code, _, err) = toolgate(&["check", "--config", &path("big.yaml")], "127.0.0.1:1");
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("the file is over 4 MiB"), "{err}");
+
+    for tests in ["deep.tests.yaml", "big.tests.yaml"] {
+        let (code, out, err) = toolgate(
+            &["test", "--config", &path("demo.yaml"), &path(tests)],
+            "127.0.0.1:1",
+        );
+        assert_eq!(code, Some(1), "{tests}: {out}{err}");
+        let expected = if tests.starts_with("deep") {
+            DEPTH_REFUSAL
+        } else {
+            "the file is over 4 MiB"
+        };
+        assert!(err.contains(expected), "{tests}: {out}{err}");
+    }
+}
+
+#[tokio::test]
+async fn a_reloaded_catalog_past_the_nesting_bound_is_refused_and_the_old_one_keeps_serving() {
+    use toolgate::proto::tool_gate_client::ToolGateClient;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("catalog.yaml");
+    // Polling is off for practical purposes: only the signal causes the reload.
+    let demo = toolgate::config::DEMO_CATALOG.replace(
+        "  shutdown_grace: 10s\n",
+        "  shutdown_grace: 10s\n  reload_interval: 1h\n",
+    );
+    std::fs::write(&config, &demo).unwrap();
+    let spawned = spawn(&["--config", config.to_str().unwrap()]);
+    std::fs::write(
+        &config,
+        deeply_nested_catalog(20_000).replace(
+            "  shutdown_grace: 10s\n",
+            "  shutdown_grace: 10s\n  reload_interval: 1h\n",
+        ),
+    )
+    .unwrap();
+    let pid = spawned.child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let spawned = tokio::task::spawn_blocking(move || {
+        spawned.wait_for_log("SIGHUP: catalog reload refused", 1);
+        spawned
+    })
+    .await
+    .unwrap();
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", spawned.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = ToolGateClient::new(channel);
+    let tools = crate::support::visible(&mut client, &crate::support::who("acme")).await;
+    assert!(
+        tools.contains(&"echo".to_owned()) && !tools.contains(&"deep".to_owned()),
+        "{tools:?}"
+    );
+    let r = crate::support::exec(
+        &mut client,
+        &crate::support::who("acme"),
+        crate::support::call("echo", r#"{"text":"still here"}"#),
+    )
+    .await;
+    assert_eq!(r.model_text, "still here", "{r:?}");
+    let logs = crate::process::stop(spawned).await;
+    assert!(logs.contains(DEPTH_REFUSAL), "{logs}");
 }

@@ -1,7 +1,8 @@
 //! Executor promises of the README beyond executors.rs: http header values from `file:`, a
 //! redirect to a scheme the upstream may not use; process `working_dir` and `max_stderr_bytes`,
 //! and a client cancel or oversized output killing the program's whole process group; a tool's
-//! own `max_concurrency`.
+//! own `max_concurrency`; and writes that failed after their backend started (an MCP server gone
+//! mid-call, a program killed), which are never reported retryable.
 
 use std::{
     net::SocketAddr,
@@ -332,5 +333,125 @@ async fn a_tools_max_concurrency_refuses_at_once_instead_of_queueing() {
     // The slot is free again.
     let third = exec(&mut c, &who("acme"), call("slow", r#"{"ms":1}"#)).await;
     assert_eq!(third.status(), ToolStatus::Ok, "{third:?}");
+    server.stop().await;
+}
+
+/// A call of a write tool with an idempotency key.
+fn keyed(tool: &str, args: &str, key: &str) -> toolgate::proto::ToolCall {
+    toolgate::proto::ToolCall {
+        idempotency_key: key.into(),
+        ..call(tool, args)
+    }
+}
+
+#[tokio::test]
+async fn an_mcp_write_whose_server_went_away_mid_call_is_an_unknown_outcome() {
+    let yaml = format!(
+        "version: 1\nidentity: {{ dev_identity: true }}\ntenants: {{ acme: {{}} }}\nmcp_servers:\n  dyn:\n    command: [\"{py}\", \"{dir}/tests/fixtures/mcp_dynamic_server.py\"]\n    env: [PATH, HOME]\n    tools:\n      wait: {{ risk_level: write_draft, timeout: 30s }}\ntools: []\n",
+        py = python(),
+        dir = env!("CARGO_MANIFEST_DIR")
+    );
+    let server = TestServer::start_with_env(&yaml, &env_with_path()).await;
+    crate::executors::wait_for_tool(&server, &who("acme"), "dyn.wait").await;
+    let client = server.client().await;
+    let mcp = server.boundary().executors().mcp.clone();
+    let pid = mcp.pid("dyn").expect("stdio server pid");
+    let waiting = tokio::spawn({
+        let mut client = client.clone();
+        async move {
+            exec(
+                &mut client,
+                &who("acme"),
+                keyed("dyn.wait", r#"{"seconds": 20}"#, "k-mcp"),
+            )
+            .await
+        }
+    });
+    // The request was sent (the MCP client holds it in flight); then the server dies.
+    let mut in_flight = mcp.watch_in_flight();
+    tokio::time::timeout(Duration::from_secs(10), in_flight.wait_for(|n| *n >= 1))
+        .await
+        .expect("the call reached the MCP client")
+        .unwrap();
+    std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap();
+    let broken = tokio::time::timeout(Duration::from_secs(20), waiting)
+        .await
+        .expect("an answer before the call's own end")
+        .unwrap();
+    assert_eq!(
+        (
+            broken.status(),
+            broken.error_type.as_str(),
+            broken.retryable
+        ),
+        (ToolStatus::Error, "upstream_unavailable", false),
+        "{broken:?}"
+    );
+    assert!(
+        broken.error_message.contains("the outcome is unknown"),
+        "{}",
+        broken.error_message
+    );
+    // The key kept that outcome: once the server is back, the retry is its replay, not a second
+    // call (while it is away, resolve refuses the tool, retryably, before any key is looked at).
+    crate::executors::wait_for_tool(&server, &who("acme"), "dyn.wait").await;
+    assert_ne!(mcp.pid("dyn"), Some(pid), "a new server process");
+    let mut client = client.clone();
+    let retry = exec(
+        &mut client,
+        &who("acme"),
+        keyed("dyn.wait", r#"{"seconds": 20}"#, "k-mcp"),
+    )
+    .await;
+    assert_eq!(
+        (
+            retry.error_type.as_str(),
+            retry.retryable,
+            retry.idempotent_replay
+        ),
+        ("upstream_unavailable", false, true),
+        "{retry:?}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_process_write_killed_after_writing_is_not_retryable_and_runs_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let writes = dir.path().join("writes");
+    let script = format!(
+        "import os, signal\nwith open({path:?}, 'a') as f: f.write('w\\n')\nos.kill(os.getpid(), signal.SIGKILL)",
+        path = writes.display().to_string()
+    );
+    let tools = process_tool("killed_write", &script, "")
+        .replace("risk_level: read_only", "risk_level: write_draft");
+    let server = TestServer::start_with_env(&catalog(&tools), &env_with_path()).await;
+    let mut client = server.client().await;
+    for attempt in 1..=2 {
+        let r = exec(
+            &mut client,
+            &who("acme"),
+            keyed("killed_write", "{}", "k-proc"),
+        )
+        .await;
+        assert_eq!(
+            (
+                r.status(),
+                r.error_type.as_str(),
+                r.retryable,
+                r.idempotent_replay
+            ),
+            (ToolStatus::Error, "tool_failed", false, attempt == 2),
+            "attempt {attempt}: {r:?}"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(&writes).unwrap(),
+        "w\n",
+        "written once"
+    );
     server.stop().await;
 }

@@ -137,12 +137,25 @@ async fn descendants_that_leave_the_session_are_killed_and_reaped() {
 
 #[tokio::test]
 async fn output_over_the_limit_is_output_too_large_promptly() {
-    let tools = process_tool(
-        "flood",
-        "import sys\nwhile True: sys.stdout.write('y' * 65536)",
-        "    max_output_bytes: 1000\n",
-    )
-    .replace("timeout: 2s", "timeout: 20s");
+    // The program would write 50 MiB (far more than a pipe holds), noting each 64 KiB chunk the
+    // pipe took and, at the end, that it finished. Cut off promptly, it is killed after the first
+    // chunk or few: the pipe holds 64 KiB and toolgate reads past its 1,000-byte limit at once. A
+    // sidecar that read on (or waited for the end) would let it finish.
+    let dir = tempfile::tempdir().unwrap();
+    let progress = dir.path().join("progress");
+    let script = format!(
+        "import os\n\
+         p = {path:?}\n\
+         open(p, 'w').write(str(os.getpid()) + '\\n')\n\
+         chunk = b'y' * 65536\n\
+         for _ in range(800):\n\
+         \x20   os.write(1, chunk)\n\
+         \x20   open(p, 'a').write('.')\n\
+         open(p, 'a').write('finished')\n",
+        path = progress.display().to_string()
+    );
+    let tools = process_tool("flood", &script, "    max_output_bytes: 1000\n")
+        .replace("timeout: 2s", "timeout: 60s");
     let server = TestServer::start_with_env(&process_catalog(&tools), &env_with_path()).await;
     let mut client = server.client().await;
     let r = exec(&mut client, &who("acme"), call("flood", "{}")).await;
@@ -155,6 +168,20 @@ async fn output_over_the_limit_is_output_too_large_promptly() {
         ),
         (ToolStatus::Error, "output_too_large", false, "result"),
         "{r:?}"
+    );
+    // Once the program is gone, what it wrote is final.
+    let written = std::fs::read_to_string(&progress).unwrap();
+    let pid: i32 = written.lines().next().unwrap().parse().unwrap();
+    wait_reaped(&[pid]).await;
+    let written = std::fs::read_to_string(&progress).unwrap();
+    let chunks = written.matches('.').count();
+    assert!(
+        !written.ends_with("finished"),
+        "the program wrote all {chunks} chunks: its output was read to the end"
+    );
+    assert!(
+        chunks < 16,
+        "the program wrote {chunks} chunks of 64 KiB before it was stopped"
     );
     server.stop().await;
 }

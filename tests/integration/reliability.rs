@@ -985,7 +985,6 @@ async fn the_per_call_future_stays_small() {
     let budget = toolgate::boundary::ResponseBudget::new(4 << 20, 1);
     let future = server.boundary().execute(&turn, call, 0, &budget);
     let size = std::mem::size_of_val(&future);
-    eprintln!("FUTURE SIZE {size}");
     assert!(size <= 1536, "Boundary::execute's future is {size} bytes");
     // Still a working call: the future measured is the real one.
     let outcome = future.await;

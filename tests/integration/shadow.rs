@@ -525,3 +525,62 @@ async fn the_binary_logs_a_broken_candidate_and_check_fails_on_it() {
         "{stderr}"
     );
 }
+
+/// Waits (bounded) until the loader's status satisfies `what`; returns it.
+async fn status_when(server: &TestServer, what: impl Fn(&LoadStatus) -> bool) -> LoadStatus {
+    let mut status = server.boundary().shadow().watch_status();
+    tokio::time::timeout(Duration::from_secs(10), status.wait_for(|s| what(s)))
+        .await
+        .expect("the shadow loader within 10s")
+        .expect("loader running")
+        .clone()
+}
+
+#[tokio::test]
+async fn an_unchanged_candidate_is_not_parsed_again_on_every_poll() {
+    let served_yaml = SERVED.replace("CANDIDATE", "candidate.yaml").replace(
+        "version: 1\n",
+        "version: 1\nserver: { reload_interval: 20ms }\n",
+    );
+    let server = TestServer::start_file(&served_yaml).await;
+    let candidate_file = server.dir().join("candidate.yaml");
+    write_atomically(&candidate_file, &candidate());
+    let loaded = status_when(&server, |s| s.revision.is_some()).await;
+    let parses = || async {
+        metric(
+            &metrics(&server).await,
+            "toolgate_shadow_catalog_parses_total",
+            &[],
+        )
+    };
+    let parsed = parses().await;
+    assert!(
+        parsed >= 2.0,
+        "its text parsed once to fingerprint it, once to load it"
+    );
+
+    // Twenty polls of the unchanged file: nothing parsed, nothing loaded.
+    let after = status_when(&server, |s| s.polls >= loaded.polls + 20).await;
+    assert_eq!(
+        (after.parses, after.attempts),
+        (loaded.parses, loaded.attempts),
+        "{after:?}"
+    );
+    assert_eq!(parses().await, parsed);
+
+    // Written again with the same bytes (new metadata): read and hashed, still not parsed.
+    write_atomically(&candidate_file, &candidate());
+    let rewritten = status_when(&server, |s| s.polls >= after.polls + 20).await;
+    assert_eq!(
+        (rewritten.parses, rewritten.attempts),
+        (loaded.parses, loaded.attempts),
+        "{rewritten:?}"
+    );
+
+    // Changed: parsed to fingerprint it, and loaded.
+    write_atomically(&candidate_file, &format!("{}# changed\n", candidate()));
+    let changed = status_when(&server, |s| s.attempts > loaded.attempts).await;
+    assert_eq!(changed.parses, loaded.parses + 2, "{changed:?}");
+    assert_eq!(parses().await, parsed + 2.0);
+    server.stop().await;
+}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import socket
 import sys
+import tempfile
 import time
 import urllib.request
 import uuid
@@ -58,6 +59,22 @@ def toolgate() -> Iterator[ToolgateServer]:
 def fresh_toolgate() -> Iterator[ToolgateServer]:
     """A server of its own: fresh quotas and no approvals yet."""
     yield from _serve()
+
+
+@pytest.fixture(scope="module")
+def unix_toolgate() -> Iterator[tuple[ToolgateServer, str]]:
+    """The demo catalog served on a Unix socket too (as the Kubernetes manifests give the agent),
+    with the socket's path. The directory is made under /tmp: a socket path may not be longer
+    than 107 bytes."""
+    with tempfile.TemporaryDirectory(prefix="toolgate-unix-", dir="/tmp") as directory:
+        socket_path = str(Path(directory) / "toolgate.sock")
+        demo = (REPO_ROOT / "examples" / "demo.yaml").read_text()
+        assert "  shutdown_grace: 10s\n" in demo
+        config = Path(directory) / "catalog.yaml"
+        config.write_text(demo.replace("  shutdown_grace: 10s\n", f"  shutdown_grace: 10s\n  unix_socket: {socket_path}\n"))
+        server = toolgate_process.start(["--config", str(config)])
+        yield server, socket_path
+        assert toolgate_process.stop(server) == 0
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import time
 import grpc
 import pytest
 import toolgate_process
-from conftest import REPO_ROOT, events_of, wait_for_calls_in_flight
+from conftest import REPO_ROOT, demo_identity, events_of, wait_for_calls_in_flight
 
 from toolgate import (
     ApprovalState,
@@ -53,6 +53,19 @@ async def test_async_approval_round_trip_with_paging(aclient, aapprover, run_id)
     again = await aclient.execute(ToolCall("delete_ticket", arguments, approval_id=first.approval_id), run_id=run_id)
     assert (again.status, again.error_type) == (ToolStatus.DENIED, "approval_rejected")
     assert "not this one" in again.model_text
+
+
+async def test_the_async_client_talks_to_the_sidecar_over_its_unix_socket(unix_toolgate, run_id):
+    server, socket_path = unix_toolgate
+    async with AsyncClient(f"unix://{socket_path}", identity=demo_identity()) as over_socket:
+        result = await over_socket.execute("echo", {"text": "over the socket"}, run_id=run_id)
+    assert (result.status, result.model_text) == (ToolStatus.OK, "over the socket"), result
+    assert events_of(server, lambda e: e.get("run_id") == run_id, 1)[0]["status"] == "OK"
+
+
+async def test_an_async_call_its_own_deadline_ends_is_a_timeout_result(aclient):
+    result = await aclient.execute("slow_task", {"ms": 5000}, timeout=0.9)
+    assert (result.status, result.error_type) == (ToolStatus.TIMEOUT, "timeout"), result
 
 
 async def test_async_deadline_against_a_hung_sidecar(silent_listener):

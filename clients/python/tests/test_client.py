@@ -135,6 +135,25 @@ def test_a_tool_past_its_timeout_is_a_timeout_result(client):
     assert result.retryable, "slow_task is read-only, so a repeat is safe"
 
 
+def test_a_call_its_own_deadline_ends_is_a_timeout_result_not_deadline_exceeded(client):
+    # slow_task's own timeout is 1 s: the client's 0.9 s deadline comes first. The sidecar stops the
+    # tool a tenth of the deadline early (90 ms) so that its answer arrives in time; a sidecar that
+    # answered at the deadline itself would lose the race and the client would raise.
+    result = client.execute("slow_task", {"ms": 5000}, timeout=0.9)
+    assert (result.status, result.error_type) == (ToolStatus.TIMEOUT, "timeout"), result
+    assert "the client's deadline" in result.model_text
+
+
+@pytest.mark.parametrize("form", ["unix://{}", "unix:{}"])
+def test_the_client_talks_to_the_sidecar_over_its_unix_socket(unix_toolgate, run_id, form):
+    server, socket_path = unix_toolgate
+    with Client(form.format(socket_path), identity=demo_identity()) as over_socket:
+        assert "echo" in {t.name for t in over_socket.list_tools()}
+        result = over_socket.execute("echo", {"text": "over the socket"}, run_id=run_id)
+    assert (result.status, result.model_text) == (ToolStatus.OK, "over the socket"), result
+    assert events_of(server, lambda e: e.get("run_id") == run_id, 1)[0]["status"] == "OK"
+
+
 def test_a_sidecar_that_never_answers_raises_deadline_exceeded(silent_listener):
     with Client(silent_listener, identity=demo_identity(), timeout=0.5) as hung:
         with pytest.raises(DeadlineExceededError) as raised:
@@ -283,3 +302,14 @@ def test_transport_retries_only_where_a_repeat_cannot_run_a_tool_twice(closed_po
         with pytest.raises(UnavailableError):
             down.execute(ToolCall("create_ticket", {"title": "t"}, idempotency_key="k1"))
         assert len(sleeps) == 3
+
+        # The approval reads change nothing, so they are retried; a decision is not.
+        for read in (down.list_approvals, lambda: list(down.iter_approvals()), lambda: down.get_approval("apr_x")):
+            sleeps.clear()
+            with pytest.raises(UnavailableError):
+                read()
+            assert len(sleeps) == 3, read
+        sleeps.clear()
+        with pytest.raises(UnavailableError):
+            down.approve("apr_x")
+        assert sleeps == [], "a decision whose answer was lost must not be sent again"

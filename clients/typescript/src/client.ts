@@ -5,6 +5,8 @@
  * Transport failures throw TransportError subclasses with the gRPC code; a tool's refusal is a
  * ToolResult unless `check: true`.
  */
+import { connect as connectSocket } from 'node:net';
+
 import { type CallOptions, createClient } from '@connectrpc/connect';
 import { Http2SessionManager, createGrpcTransport } from '@connectrpc/connect-node';
 
@@ -43,7 +45,10 @@ export class PageLimitError extends ToolgateError {
 }
 
 export interface ClientOptions {
-  /** `host:port` of the sidecar (default 127.0.0.1:50051), or give `baseUrl`. */
+  /**
+   * `host:port` of the sidecar (default 127.0.0.1:50051), or its Unix socket as
+   * `unix:///path/to/toolgate.sock` (also `unix:/path`, or `unix:relative/path`); or give `baseUrl`.
+   */
   address?: string;
   /** e.g. `http://127.0.0.1:50051`; overrides `address`. */
   baseUrl?: string;
@@ -103,13 +108,20 @@ export class ToolgateClient {
 
   constructor(options: ClientOptions) {
     if (!options.identity) throw new TypeError('identity is required: devIdentity, bearerToken or tokenProvider');
-    const baseUrl = options.baseUrl ?? `http://${options.address ?? DEFAULT_ADDRESS}`;
+    const socketPath = options.baseUrl === undefined ? unixSocketPath(options.address) : undefined;
+    // Over a Unix socket the URL only names the `:authority`: `localhost`, as gRPC clients send
+    // for Unix targets (the socket's path is not a host name, and HTTP/2 servers refuse it as one).
+    const baseUrl = options.baseUrl ?? (socketPath !== undefined ? 'http://localhost' : `http://${options.address ?? DEFAULT_ADDRESS}`);
     this.identity = options.identity;
     this.timeoutMs = checkTimeout(options.timeoutMs ?? DEFAULT_TIMEOUT_MS);
     this.retry = options.retry ? resolveRetryPolicy(options.retry) : undefined;
     this.extraHeaders = { ...options.headers };
     // Our own session manager, so close() ends the HTTP/2 connection and lets the process exit.
-    this.sessions = new Http2SessionManager(baseUrl);
+    this.sessions = new Http2SessionManager(
+      baseUrl,
+      undefined,
+      socketPath === undefined ? undefined : { createConnection: () => connectSocket(socketPath) },
+    );
     const transport = createGrpcTransport({ baseUrl, sessionManager: this.sessions });
     this.toolgate = createClient(ToolGate, transport);
     this.approvals = createClient(Approvals, transport);
@@ -287,6 +299,15 @@ export class ToolgateClient {
       await policy!.sleep(delay);
     }
   }
+}
+
+/** The socket path of a `unix:` address (`unix:///abs`, `unix:/abs`, `unix:rel`), else undefined. */
+function unixSocketPath(address: string | undefined): string | undefined {
+  if (!address?.startsWith('unix:')) return undefined;
+  const rest = address.slice('unix:'.length);
+  const path = rest.startsWith('//') ? rest.slice(2) : rest;
+  if (!path) throw new TypeError(`no socket path in ${JSON.stringify(address)}`);
+  return path;
 }
 
 function checkTimeout(timeoutMs: number): number {

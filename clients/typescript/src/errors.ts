@@ -104,9 +104,24 @@ const BY_CODE: Partial<Record<GrpcCode, typeof TransportError>> = {
 /** The typed error for a failed RPC. */
 export function transportError(method: string, error: unknown): TransportError {
   const connect = ConnectError.from(error);
-  const code = CODE_NAMES[connect.code] ?? 'UNKNOWN';
+  // A Unix socket path with no socket (the sidecar not up yet) is as unavailable as a refused TCP
+  // port, and nothing was sent; connect-node reports it as INTERNAL.
+  const grpcCode = connect.code === Code.Internal && socketMissing(error) ? Code.Unavailable : connect.code;
+  const code = CODE_NAMES[grpcCode] ?? 'UNKNOWN';
   const Kind = BY_CODE[code] ?? TransportError;
-  return new Kind(method, code, connect.code, connect.rawMessage, { cause: error });
+  return new Kind(method, code, grpcCode, connect.rawMessage, { cause: error });
+}
+
+/** Whether connecting failed because the socket file does not exist (ENOENT from `connect`). */
+function socketMissing(error: unknown): boolean {
+  const seen = new Set<unknown>();
+  // Bounded: a cause chain that loops is walked once.
+  for (let e = error; e instanceof Error && !seen.has(e); e = e.cause) {
+    seen.add(e);
+    const { code, syscall } = e as Error & { code?: unknown; syscall?: unknown };
+    if (code === 'ENOENT' && syscall === 'connect') return true;
+  }
+  return false;
 }
 
 /** A call did not return OK; thrown only on request (`check: true`, `raiseForStatus`). */

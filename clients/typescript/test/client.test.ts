@@ -31,13 +31,11 @@ import { REPO_ROOT, ToolgateProcess } from './toolgate-process.js';
 const t = { timeout: TEST_TIMEOUT_MS };
 const { server, client } = serverForThisFile();
 
-/** A loopback port nothing listens on. */
-async function closedPort(): Promise<number> {
-  const probe = createServer();
-  await new Promise<void>((resolve) => probe.listen(0, '127.0.0.1', resolve));
-  const { port } = probe.address() as AddressInfo;
-  await new Promise((resolve) => probe.close(resolve));
-  return port;
+/** The address of a sidecar that is down: a Unix socket path in a fresh directory of ours, where
+ * nothing is or will be (a TCP port probed and freed could meanwhile be taken by anyone, and
+ * Node cannot hold one bound without listening). */
+function downAddress(): string {
+  return `unix://${path.join(mkdtempSync(path.join(tmpdir(), 'toolgate-down-')), 'absent.sock')}`;
 }
 
 describe('ToolgateClient', () => {
@@ -99,6 +97,39 @@ describe('ToolgateClient', () => {
     assert.deepEqual([result.status, result.retryable], ['TIMEOUT', true]);
   });
 
+  it('gets a TIMEOUT result, not DEADLINE_EXCEEDED, when its own deadline ends the call', t, async () => {
+    // slow_task's own timeout is 1 s: the client's 900 ms deadline comes first. The sidecar stops
+    // the tool a tenth of the deadline early (90 ms) so that its answer arrives in time; a sidecar
+    // that answered at the deadline itself would lose the race and the client would throw.
+    const result = await client().execute('slow_task', { ms: 5000 }, { timeoutMs: 900 });
+    assert.deepEqual([result.status, result.errorType], ['TIMEOUT', 'timeout']);
+    assert.ok(result.errorMessage.includes("the client's deadline"), result.errorMessage);
+  });
+
+  it('talks to the sidecar over its Unix socket', t, async () => {
+    const dir = mkdtempSync(path.join(tmpdir(), 'toolgate-unix-'));
+    const socket = path.join(dir, 'toolgate.sock');
+    const demo = readFileSync(path.join(REPO_ROOT, 'examples', 'demo.yaml'), 'utf8');
+    assert.ok(demo.includes('  shutdown_grace: 10s\n'));
+    const config = path.join(dir, 'catalog.yaml');
+    writeFileSync(config, demo.replace('  shutdown_grace: 10s\n', `  shutdown_grace: 10s\n  unix_socket: ${socket}\n`));
+    const unix = await ToolgateProcess.start({ args: ['--config', config] });
+    const agents = [`unix://${socket}`, `unix:${socket}`].map((address) => new ToolgateClient({ address, identity: alice() }));
+    try {
+      for (const [n, agent] of agents.entries()) {
+        const runId = `ts-unix-${n}-${randomUUID()}`;
+        const result = await agent.execute('echo', { text: 'over the socket' }, { runId });
+        assert.deepEqual([result.status, result.modelText], ['OK', 'over the socket']);
+        assert.ok((await agent.listTools()).tools.some((tool) => tool.name === 'echo'));
+        const event = await unix.waitForAuditEvent((e) => e.run_id === runId);
+        assert.equal(event.status, 'OK');
+      }
+    } finally {
+      agents.forEach((agent) => agent.close());
+      assert.equal((await unix.stop()).code, 0);
+    }
+  });
+
   it('throws DeadlineExceededError when the sidecar never answers', t, async () => {
     const hung = createServer(() => {}); // accepts TCP, never speaks HTTP/2
     await new Promise<void>((resolve) => hung.listen(0, '127.0.0.1', resolve));
@@ -115,7 +146,7 @@ describe('ToolgateClient', () => {
   });
 
   it('throws UnavailableError when the sidecar is down, and typed request errors', t, async () => {
-    const down = new ToolgateClient({ address: `127.0.0.1:${await closedPort()}`, identity: alice() });
+    const down = new ToolgateClient({ address: downAddress(), identity: alice() });
     await assert.rejects(down.listTools(), (e: unknown) => e instanceof UnavailableError && e.code === 'UNAVAILABLE');
     down.close();
     await assert.rejects(client(devIdentity({ tenant: '' })).listTools(), UnauthenticatedError);
@@ -218,7 +249,7 @@ describe('ToolgateClient', () => {
     }
 
     const sleeps: number[] = [];
-    const down = new ToolgateClient({ address: `127.0.0.1:${await closedPort()}`, identity: alice(), retry: { maxAttempts: 4, sleep: async (ms) => void sleeps.push(ms) } });
+    const down = new ToolgateClient({ address: downAddress(), identity: alice(), retry: { maxAttempts: 4, sleep: async (ms) => void sleeps.push(ms) } });
     await assert.rejects(down.listTools(), UnavailableError);
     assert.equal(sleeps.length, 3);
     sleeps.length = 0;
@@ -226,6 +257,20 @@ describe('ToolgateClient', () => {
     assert.deepEqual(sleeps, [], 'without an idempotency key a lost answer may hide a call that ran');
     await assert.rejects(down.execute({ name: 'create_ticket', arguments: { title: 't' }, idempotencyKey: 'k1' }), UnavailableError);
     assert.equal(sleeps.length, 3);
+    // The approval reads change nothing, so they are retried; a decision is not.
+    const reads: [string, () => Promise<unknown>][] = [
+      ['listApprovals', () => down.listApprovals()],
+      ['iterApprovals', async () => { for await (const _ of down.iterApprovals()); }],
+      ['getApproval', () => down.getApproval('apr_x')],
+    ];
+    for (const [name, read] of reads) {
+      sleeps.length = 0;
+      await assert.rejects(read(), UnavailableError);
+      assert.equal(sleeps.length, 3, name);
+    }
+    sleeps.length = 0;
+    await assert.rejects(down.approve('apr_x'), UnavailableError);
+    assert.deepEqual(sleeps, [], 'a decision whose answer was lost must not be sent again');
     down.close();
   });
 

@@ -590,8 +590,9 @@ fn summary(text: &str) -> String {
     }
 }
 
-/// Maps a client error to a refusal (SSRF), a configuration mistake, or a retryable outage;
-/// never leaks addresses.
+/// Maps a client error to a refusal (SSRF), a configuration mistake, an upstream never reached
+/// (retryable), or a failure after the request may have reached it (an unknown outcome for a
+/// write); never leaks addresses.
 fn classify(upstream: &str, err: &reqwest::Error) -> ExecError {
     if let Some(refused) = refusal_in(err) {
         return ExecError::Refused(if err.is_redirect() {
@@ -608,12 +609,14 @@ fn classify(upstream: &str, err: &reqwest::Error) -> ExecError {
             "upstream {upstream} is misconfigured: its request cannot be built"
         ));
     }
+    if err.is_connect() {
+        // Nothing was sent: the connection was never made (refused, reset during the TLS
+        // handshake, or past `connect_timeout`, which is a connect error too).
+        return ExecError::NotReached(format!("upstream {upstream} is unreachable"));
+    }
+    // Anything else failed after the request may have been sent, and may have been acted on.
     if err.is_timeout() {
         return ExecError::Unavailable(format!("upstream {upstream} timed out"));
-    }
-    if err.is_connect() {
-        // Nothing was sent: the connection was never made.
-        return ExecError::NotReached(format!("upstream {upstream} is unreachable"));
     }
     ExecError::Unavailable(format!("upstream {upstream} failed: the connection broke"))
 }

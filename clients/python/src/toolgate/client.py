@@ -109,6 +109,14 @@ def _transport_delay(
     return policy.wait_for(attempts.made, 0)
 
 
+def _channel_options(target: str) -> list[tuple[str, str]]:
+    # grpcio sends a Unix target's percent-encoded path as the `:authority`, which is no host name
+    # and which HTTP/2 servers (toolgate's among them) refuse; gRPC clients send `localhost`.
+    if target.startswith(("unix:", "unix-abstract:")):
+        return [("grpc.default_authority", "localhost")]
+    return []
+
+
 class _Common:
     def __init__(
         self,
@@ -158,7 +166,9 @@ class Client(_Common):
         """`target` is host:port or `unix:///path/to.sock`; or pass your own `channel`."""
         super().__init__(identity, timeout, retry, metadata)
         self._owns_channel = channel is None
-        self._channel = channel if channel is not None else grpc.insecure_channel(target)
+        self._channel = (
+            channel if channel is not None else grpc.insecure_channel(target, options=_channel_options(target))
+        )
         self._toolgate = pb_grpc.ToolGateStub(self._channel)
         self._approvals = pb_grpc.ApprovalsStub(self._channel)
 
@@ -375,7 +385,9 @@ class AsyncClient(_Common):
     ):
         super().__init__(identity, timeout, retry, metadata)
         self._owns_channel = channel is None
-        self._channel = channel if channel is not None else grpc.aio.insecure_channel(target)
+        self._channel = (
+            channel if channel is not None else grpc.aio.insecure_channel(target, options=_channel_options(target))
+        )
         self._toolgate = pb_grpc.ToolGateStub(self._channel)
         self._approvals = pb_grpc.ApprovalsStub(self._channel)
 

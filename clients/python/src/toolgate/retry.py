@@ -1,9 +1,12 @@
 """Opt-in retries: only what the sidecar marks `retryable`, waiting at least `retry_after_ms`.
 
 A tool result is retried when `retryable` is true (rate limited, approval still pending, a
-read-only tool timing out, an unreachable backend, overload): the sidecar decided that a repeat is
-safe. A transport failure (UNAVAILABLE by default) is retried only for calls that cannot run a tool
-twice: ListTools, the approval reads, and ExecuteTool(s) calls that carry an idempotency key.
+read-only tool timing out, a backend that was never reached, overload) and never otherwise: the
+sidecar alone decides that a repeat is safe, and a write that may have reached its backend (a
+timeout, a 5xx answer, a connection broken after sending) is not. Nothing is guessed from the
+status or error type. A transport failure (UNAVAILABLE by default) is retried only for calls that
+cannot run a tool twice: ListTools, the approval reads, and ExecuteTool(s) calls that carry an
+idempotency key (the sidecar answers their repeat from its record of the key).
 """
 
 from __future__ import annotations
