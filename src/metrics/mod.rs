@@ -279,6 +279,8 @@ pub struct Metrics {
     /// Gauges read from a [`Snapshot`] at each scrape, by field.
     snapshot_gauges: SnapshotGauges,
     reloads: Family<ReloadLabels, Counter>,
+    catalog_polls: Counter,
+    catalog_parses: Counter,
     revision: Family<RevisionLabels, Gauge>,
     current_revision: Mutex<String>,
     shadow: ShadowMetrics,
@@ -368,6 +370,18 @@ impl Metrics {
             "Catalog reloads by result (ok, refused, restart_required)",
             reloads.clone(),
         );
+        let catalog_polls = Counter::default();
+        registry.register(
+            "catalog_file_polls",
+            "Times the catalog file was looked at for changes",
+            catalog_polls.clone(),
+        );
+        let catalog_parses = Counter::default();
+        registry.register(
+            "catalog_file_parses",
+            "Times the catalog file's text was parsed: when it was new or changed, and for each reload (an unchanged file is not parsed)",
+            catalog_parses.clone(),
+        );
         let revision = Family::<RevisionLabels, Gauge>::default();
         registry.register(
             "catalog_revision_info",
@@ -415,6 +429,8 @@ impl Metrics {
             audit_dropped,
             snapshot_gauges,
             reloads,
+            catalog_polls,
+            catalog_parses,
             revision,
             current_revision: Mutex::new(String::new()),
         }
@@ -573,6 +589,19 @@ impl Metrics {
                 result: result.to_owned(),
             })
             .inc();
+    }
+
+    /// The catalog file was looked at; `parsed` when its text was parsed.
+    pub fn catalog_file_polled(&self, parsed: bool) {
+        self.catalog_polls.inc();
+        if parsed {
+            self.catalog_parses.inc();
+        }
+    }
+
+    /// The catalog file was parsed to be loaded.
+    pub fn catalog_file_parsed(&self) {
+        self.catalog_parses.inc();
     }
 
     /// The shadow catalog file's text was parsed.

@@ -36,6 +36,7 @@ use crate::{
     config::{Config, Env, Loaded, catalog_dir},
     executor::mcp::Discovered,
     identity::IdentityResolver,
+    settings::CatalogWatch,
 };
 
 /// A reload request and where to send its outcome: the new revision, or why it was refused.
@@ -67,6 +68,8 @@ struct Watched {
     tried: [u8; 32],
     /// What the served config was built from.
     served: Loaded,
+    /// What the last poll saw, so that an unchanged file is not read or parsed again.
+    polls: CatalogWatch,
 }
 
 /// Runs until the server shuts down.
@@ -80,6 +83,7 @@ pub async fn run(
     let mut watched = source.as_ref().map(|s| Watched {
         tried: s.loaded.fingerprint,
         served: s.loaded.clone(),
+        polls: CatalogWatch::default(),
     });
     let poll_every = source
         .as_ref()
@@ -131,15 +135,19 @@ async fn reload(
     let path = source.path.clone();
     let env = source.env.clone();
     // Reading, parsing and compiling schemas is blocking work: keep it off the async workers.
+    // A poll of an unchanged file reads only the small files it references (CatalogWatch).
+    let mut polls = std::mem::take(&mut watched.polls);
     let loaded = tokio::task::spawn_blocking(move || {
-        let now = std::fs::read_to_string(&path)
-            .ok()
-            .map(|text| Loaded::of(&text, &catalog_dir(&path)));
-        (now, move || Config::load_file(&path, &env))
+        let now = polls.poll(&path, &catalog_dir(&path));
+        (now, polls, move || Config::load_file(&path, &env))
     })
     .await
     .map_err(|err| format!("reload task failed: {err}"))?;
-    let (now, load) = loaded;
+    let (now, polls, load) = loaded;
+    watched.polls = polls;
+    boundary
+        .metrics()
+        .catalog_file_polled(now.is_some_and(|polled| polled.parsed));
     let Some(now) = now else {
         // Unreadable for now (mid-swap, or removed): keep serving, look again next time.
         return if forced {
@@ -152,6 +160,7 @@ async fn reload(
         return Ok(boundary.catalog().catalog.revision().to_owned());
     }
     watched.tried = now.fingerprint;
+    boundary.metrics().catalog_file_parsed();
     let config = match tokio::task::spawn_blocking(load)
         .await
         .map_err(|err| format!("reload task failed: {err}"))?

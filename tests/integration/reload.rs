@@ -292,3 +292,65 @@ async fn reloads_under_concurrent_calls_lose_nothing() {
     assert_eq!(server.audit_events().await.len(), 160);
     server.stop().await;
 }
+
+/// A counter of the server's /metrics.
+async fn counter(server: &TestServer, name: &str) -> f64 {
+    let (_, page) = crate::support::http_get(server.admin_addr(), "/metrics").await;
+    crate::support::metric(&page, name, &[])
+}
+
+/// Waits until the catalog file has been polled `n` more times than `since`.
+async fn polled(server: &TestServer, since: f64, n: f64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while counter(server, "toolgate_catalog_file_polls_total").await < since + n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the catalog file was not polled"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn an_unchanged_catalog_file_is_not_parsed_again_on_every_poll() {
+    let yaml = STAGES.replacen(
+        "version: 1\n",
+        "version: 1\nserver: { reload_interval: 20ms }\n",
+        1,
+    );
+    let server = TestServer::start_file(&yaml).await;
+    polled(&server, 0.0, 2.0).await;
+    let parses = counter(&server, "toolgate_catalog_file_parses_total").await;
+    let polls = counter(&server, "toolgate_catalog_file_polls_total").await;
+    // Twenty polls of the same file: nothing parsed.
+    polled(&server, polls, 20.0).await;
+    assert_eq!(
+        counter(&server, "toolgate_catalog_file_parses_total").await,
+        parses
+    );
+    // Written again with the same text: read and hashed, still not parsed.
+    server.write_catalog(&server.catalog_file(), &yaml);
+    let polls = counter(&server, "toolgate_catalog_file_polls_total").await;
+    polled(&server, polls, 20.0).await;
+    assert_eq!(
+        counter(&server, "toolgate_catalog_file_parses_total").await,
+        parses
+    );
+    // Changed: parsed (to fingerprint it, then to load it) and served.
+    let added = yaml.replace("tools:\n", "tools:\n  - { name: echo2, description: Echo again., risk_level: read_only, executor: { builtin: echo }, input_schema: { type: object } }\n");
+    server.write_catalog(&server.catalog_file(), &added);
+    let mut client = server.client().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !visible(&mut client, &who("acme"))
+        .await
+        .contains(&"echo2".to_owned())
+    {
+        assert!(tokio::time::Instant::now() < deadline, "not reloaded");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        counter(&server, "toolgate_catalog_file_parses_total").await,
+        parses + 2.0
+    );
+    server.stop().await;
+}
