@@ -325,3 +325,73 @@ fn the_cases_never_touch_the_shared_state() {
         other => panic!("toolgate test connected to the shared state: {other:?}"),
     }
 }
+
+#[test]
+fn explain_json_says_what_the_text_says() {
+    let spawned = crate::process::spawn(&[]);
+    let run = |command: &str| {
+        let (code, stdout, stderr) = crate::cli::run_shell(command, &spawned.addr);
+        let value: serde_json::Value = serde_json::from_str(&stdout)
+            .unwrap_or_else(|e| panic!("`{command}` printed no JSON ({e}): {stdout}{stderr}"));
+        (code, value)
+    };
+    // A model that picks another tenant's documents: refused by bind, which names the path.
+    let (code, refused) = run(
+        r#"toolgate explain rag_search --args '{"query":"q","filter":{"tenant":"globex"}}' --tenant acme --subject alice --json"#,
+    );
+    assert_eq!(code, Some(4));
+    assert_eq!(refused["decision"]["status"], "DENIED");
+    assert_eq!(refused["decision"]["refused_by"], "bind");
+    assert_eq!(refused["decision"]["error_type"], "bound_argument_override");
+    assert_eq!(refused["would_execute"], false);
+    assert_eq!(
+        refused["bound_override_attempts"],
+        serde_json::json!(["filter.tenant"])
+    );
+    let stages: Vec<(&str, &str)> = refused["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["stage"].as_str().unwrap(), s["result"].as_str().unwrap()))
+        .collect();
+    let refused_at: Vec<&str> = stages
+        .iter()
+        .filter(|(_, result)| *result == "refused")
+        .map(|(stage, _)| *stage)
+        .collect();
+    assert_eq!(refused_at, ["bind"], "{stages:?}");
+    assert!(stages.contains(&("access", "passed")), "{stages:?}");
+    assert!(stages.contains(&("rate_limit", "not_reached")), "{stages:?}");
+    // The same call within bounds: it would execute, with the bound value from the caller.
+    let (code, allowed) = run(
+        r#"toolgate explain rag_search --args '{"query":"q"}' --tenant acme --subject alice --json"#,
+    );
+    assert_eq!(code, Some(0));
+    assert_eq!(allowed["decision"]["status"], "OK");
+    assert_eq!(allowed["would_execute"], true);
+    assert_eq!(allowed["final_arguments"]["filter"]["tenant"], "acme");
+    let bind = allowed["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["stage"] == "bind")
+        .expect("a bind stage");
+    assert_eq!(bind["bound_arguments"][0]["path"], "filter.tenant");
+    assert_eq!(bind["bound_arguments"][0]["value"], "acme");
+    assert_eq!(
+        allowed["arguments_sha256"].as_str().map(str::len),
+        Some(64)
+    );
+    // The listing: rag_search is visible to acme.
+    let (code, list) = run("toolgate explain --list --tenant acme --json");
+    assert_eq!(code, Some(0));
+    let rag = list["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "rag_search")
+        .expect("rag_search listed");
+    assert_eq!(rag["visible"], true);
+    assert_eq!(list["catalog_revision"].as_str().map(str::len), Some(32));
+    crate::process::stop_blocking(spawned);
+}
