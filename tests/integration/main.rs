@@ -38,6 +38,7 @@ mod reliability;
 mod reload;
 mod shadow;
 mod shared_state;
+mod state_secrets;
 mod shutdown;
 mod support;
 mod traces;
