@@ -24,16 +24,15 @@ use crate::{
     catalog::{Catalog, RiskLevel},
     error::Reason,
     identity::Caller,
-    state::{Concern, Redis, StateError, redis::Reply},
+    state::{
+        Concern, Redis, StateError,
+        redis::{Op, Reply},
+    },
 };
 
 /// What every approval script starts with: Redis's time, and an approval's state as of now
 /// (pending and approved ones past their expiry are expired, and are saved as such).
 const PRELUDE: &str = r#"
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
 local function settle(key, now)
   local f = redis.call('HMGET', key, 'state', 'expires')
   if not f[1] then return nil end
@@ -54,7 +53,7 @@ end
 /// Forgets index entries whose approval is gone, then the tenant's oldest finished approvals
 /// while over budget; refuses ({0}) when only open ones remain. {1, created, expires} otherwise.
 const CREATE: &str = r#"
-local now = now_ms()
+local now = now_ms
 local index, key, id = KEYS[1], KEYS[2], ARGV[1]
 local ttl, retention = tonumber(ARGV[2]), tonumber(ARGV[3])
 local max_count, max_bytes, size, prefix = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
@@ -90,13 +89,13 @@ return {1, now, expires}
 
 /// KEYS: an approval. Its fields as of now, or {} when there is none.
 const LOAD: &str = r#"
-if not settle(KEYS[1], now_ms()) then return {} end
+if not settle(KEYS[1], now_ms) then return {} end
 return redis.call('HGETALL', KEYS[1])
 "#;
 
 /// KEYS: an approval. Approved -> used: {'ok'}; otherwise {state, reason} or {'missing'}.
 const CONSUME: &str = r#"
-local state = settle(KEYS[1], now_ms())
+local state = settle(KEYS[1], now_ms)
 if not state then return {'missing'} end
 if state == 'approved' then
   redis.call('HSET', KEYS[1], 'state', 'used')
@@ -116,7 +115,7 @@ return 1
 /// KEYS: an approval. ARGV: approver, 1 to approve or 0 to reject, reason.
 /// {'ok', fields} | {'missing'} | {'self'} | {'not_pending', state}.
 const DECIDE: &str = r#"
-local state = settle(KEYS[1], now_ms())
+local state = settle(KEYS[1], now_ms)
 if not state then return {'missing'} end
 if redis.call('HGET', KEYS[1], 'subject') == ARGV[1] then return {'self'} end
 if state ~= 'pending' then return {'not_pending', state} end
@@ -131,7 +130,7 @@ return {'ok', redis.call('HGETALL', KEYS[1])}
 /// start), the tenant's approval key prefix, most index entries to read.
 /// {more (0/1), member the next page starts after, approvals' fields...}.
 const LIST: &str = r#"
-local now = now_ms()
+local now = now_ms
 local page, limit, prefix = tonumber(ARGV[2]), tonumber(ARGV[5]), ARGV[4]
 local from = '-'
 if ARGV[3] ~= '' then from = '(' .. ARGV[3] end
@@ -162,7 +161,7 @@ return reply
 /// KEYS: index. ARGV: the tenant's approval key prefix, then every (tool, version, definition)
 /// of the new catalog as `tool\0version\0hash`. Open approvals of anything else become invalid.
 const INVALIDATE: &str = r#"
-local now = now_ms()
+local now = now_ms
 local valid = {}
 for i = 2, #ARGV do valid[ARGV[i]] = true end
 local n = 0
@@ -182,7 +181,7 @@ return n
 "#;
 
 fn script(body: &str) -> Script {
-    Script::new(&format!("{PRELUDE}{body}"))
+    crate::state::redis::script(&format!("{PRELUDE}{body}"))
 }
 
 static CREATE_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(CREATE));
@@ -222,18 +221,17 @@ impl RedisApprovals {
 
     async fn run(
         &self,
-        script: &Script,
+        script: &'static Script,
         keys: &[&str],
         args: &[&str],
     ) -> Result<redis::Value, StateError> {
-        let mut invocation = script.prepare_invoke();
+        let mut op = Op::new(script);
         for key in keys {
-            invocation.key(*key);
+            op = op.key(*key);
         }
-        for arg in args {
-            invocation.arg(*arg);
-        }
-        self.redis.invoke(Concern::Approvals, &invocation).await
+        self.redis
+            .invoke(Concern::Approvals, &op.args(args.iter()))
+            .await
     }
 
     /// Creates a pending approval, within the tenant's budgets.
@@ -482,12 +480,11 @@ impl RedisApprovals {
         for tenant in catalog.tenants.keys() {
             let index = self.index(tenant);
             let prefix = self.prefix(tenant);
-            let mut invocation = INVALIDATE_SCRIPT.prepare_invoke();
-            invocation.key(&index).arg(&prefix);
-            for definition in &definitions {
-                invocation.arg(definition);
-            }
-            match self.redis.invoke(Concern::Approvals, &invocation).await {
+            let op = Op::new(&INVALIDATE_SCRIPT)
+                .key(index)
+                .arg(prefix)
+                .args(&definitions);
+            match self.redis.invoke(Concern::Approvals, &op).await {
                 Ok(redis::Value::Int(n)) => invalidated += usize::try_from(n).unwrap_or(0),
                 Ok(_) => {}
                 Err(err) => {
