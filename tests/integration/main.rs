@@ -1,5 +1,6 @@
 //! Integration tests: the real server on an ephemeral port, driven through the generated client.
 
+mod approval_reasons;
 mod approvals;
 mod approvals_more;
 mod audit;
