@@ -41,6 +41,7 @@ mod shadow;
 mod shared_state;
 mod shutdown;
 mod state_late;
+mod state_refusals;
 mod state_secrets;
 mod support;
 mod traces;
