@@ -40,6 +40,7 @@ mod reload;
 mod shadow;
 mod shared_state;
 mod shutdown;
+mod state_approvals;
 mod state_late;
 mod state_refusals;
 mod state_secrets;

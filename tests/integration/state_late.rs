@@ -35,6 +35,7 @@ upstreams:
   bank: {{ url: "http://{bank}/pay", allow_schemes: [http], allow_private_addresses: true }}
 tools:
   - {{ name: note, description: Notes., risk_level: write_draft, timeout: 1s, executor: {{ builtin: echo_arguments }}, input_schema: {{ type: object }} }}
+  - {{ name: sign, description: Signs once approved., risk_level: write_confirmed, executor: {{ builtin: echo_arguments }}, input_schema: {{ type: object }} }}
   - {{ name: once, description: Once a minute., risk_level: read_only, rate_limit: 1/min, executor: {{ builtin: echo_arguments }}, input_schema: {{ type: object }} }}
   - {{ name: often, description: Plenty., risk_level: read_only, rate_limit: 1000/min, executor: {{ builtin: echo_arguments }}, input_schema: {{ type: object }} }}
   - {{ name: look, description: Reads at the bank., risk_level: read_only, timeout: 2s, executor: {{ http: {{ upstream: bank }} }}, input_schema: {{ type: object }} }}
@@ -194,6 +195,40 @@ async fn a_quota_is_not_used_by_a_call_refused_during_a_pause() {
     assert_eq!(first.status(), ToolStatus::Ok, "{first:?}");
     let second = exec(&mut client, &alice, call("once", "{}")).await;
     assert_eq!(second.status(), ToolStatus::RateLimited, "{second:?}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn an_approval_request_refused_during_a_pause_leaves_no_approval_behind() {
+    let redis = RedisServer::start();
+    let server = sidecar(&redis, "").await;
+    let mut client = server.client().await;
+    let warm = exec(&mut client, &who("acme"), call("sign", r#"{"n":0}"#)).await;
+    assert_eq!(warm.status(), ToolStatus::ApprovalRequired, "{warm:?}");
+    let before = scripts_seen(&redis).await;
+    pause(&redis, 1500).await;
+    let refused = exec(&mut client, &who("acme"), call("sign", r#"{"n":1}"#)).await;
+    refused_by_the_state(&refused, "approval");
+    after_the_pause(&redis, before, 1).await;
+    // Only the approval asked for before the pause is waiting for an approver: none was made
+    // for a request its caller was told had failed.
+    let listed = server
+        .approvals()
+        .await
+        .list_approvals(
+            who("acme")
+                .subject("bob")
+                .scopes("toolgate:approve")
+                .request(proto::ListApprovalsRequest::default()),
+        )
+        .await
+        .unwrap()
+        .into_inner()
+        .approvals;
+    assert_eq!(
+        listed.iter().map(|a| &a.approval_id).collect::<Vec<_>>(),
+        [&warm.approval_id]
+    );
     server.stop().await;
 }
 
