@@ -1042,7 +1042,10 @@ identity: {{ dev_identity: true }}
             "tenant quota",
             "toolgate:{tenant-0007}:rl:tenant:1000/60s/1000",
         ),
-        ("approval index", "toolgate:{tenant-0007}:apr:index"),
+        ("approvals pending", "toolgate:{tenant-0007}:apr:st:pending"),
+        ("approvals due", "toolgate:{tenant-0007}:apr:due"),
+        ("approvals sizes", "toolgate:{tenant-0007}:apr:sizes"),
+        ("approvals usage", "toolgate:{tenant-0007}:apr:usage"),
         ("idempotency index", "toolgate:{tenant-0007}:idem:index"),
         ("idempotency sizes", "toolgate:{tenant-0007}:idem:sizes"),
         ("idempotency usage", "toolgate:{tenant-0007}:idem:usage"),
@@ -1075,9 +1078,9 @@ identity: {{ dev_identity: true }}
     for (what, bytes) in &sizes {
         println!("  {what}: {bytes} bytes (MEMORY USAGE)");
     }
-    // An approval and its index, an idempotency entry and its three keys; of the quotas' two,
-    // those of the last tenants called may not have expired yet.
-    assert!((6 * 1000..=8 * 1000).contains(&keys), "{keys} keys");
+    // An approval and its four sets and totals, an idempotency entry and its three keys; of
+    // the quotas' two, those of the last tenants called may not have expired yet.
+    assert!((9 * 1000..=11 * 1000).contains(&keys), "{keys} keys");
     assert!(after - before < 8 * 1024 * 1000, "{} bytes", after - before);
     server.stop().await;
 }
