@@ -320,7 +320,12 @@ async fn claims_whose_lease_has_passed_no_longer_hold_the_tenants_budget() {
         bank.addr,
         "idempotency_max_entries_per_tenant: 2",
     )
-    .replace("timeout: 200ms", "timeout: 5s");
+    .replace("timeout: 200ms", "timeout: 5s")
+    // A lease of 4 s + 5 s: far longer than the second sidecar takes to start.
+    .replace(
+        "risk_level: read_only, timeout: 2s",
+        "risk_level: read_only, timeout: 4s",
+    );
     let first = spawn_on(dir.path(), &yaml);
     // Two read-only keyed calls are running at the bank when their sidecar dies.
     let calls = vec![keyed("look", "{}", "r1"), keyed("look", "{}", "r2")];
@@ -328,7 +333,7 @@ async fn claims_whose_lease_has_passed_no_longer_hold_the_tenants_budget() {
     kill(first);
     let second = spawn_on(dir.path(), &yaml);
     let mut client = tools(&second).await;
-    // Their claims hold the tenant's two keys while their lease lasts (the tool's 2 s timeout
+    // Their claims hold the tenant's two keys while their lease lasts (the tool's 4 s timeout
     // plus 5 s), then free them: a new key is claimed without waiting for the 10 min window.
     let full = exec(&mut client, &who("acme"), keyed("often", "{}", "new")).await;
     assert_eq!(
