@@ -87,19 +87,68 @@ impl Approval {
         !matches!(self.state, ApprovalState::Pending | ApprovalState::Approved)
     }
 
-    /// What keeping it costs, as the budgets count it.
+    /// What keeping it costs, as the budgets count it: from its creation on, with room for its
+    /// decision (a reason of up to [`MAX_REASON_BYTES`] and the approver), so deciding never
+    /// takes a tenant over its budget.
     pub fn bytes(&self) -> usize {
         APPROVAL_OVERHEAD
             + self.id.len()
             + self.binding.bytes()
             + self.arguments_json.len()
-            + self.decided_by.len()
-            + self.reason.len()
+            + (self.decided_by.len() + self.reason.len()).max(DECISION_RESERVE)
     }
 }
 
 /// Bytes an approval costs beyond its strings (map slot, timestamps, enum fields).
 const APPROVAL_OVERHEAD: usize = 256;
+/// The longest reason an approver may give (bytes of UTF-8).
+pub const MAX_REASON_BYTES: usize = 1024;
+/// What an approval's budget holds for its decision: the longest reason and an approver's name
+/// of the default identity limit.
+pub const DECISION_RESERVE: usize = MAX_REASON_BYTES + 256;
+
+/// Checks an approver's reason: at most [`MAX_REASON_BYTES`], and printable — no control
+/// characters, line or paragraph separators or bidirectional controls, which would break or
+/// disguise the audit lines and listings it is shown in. Refused rather than cut: a decision
+/// record must say exactly what its approver wrote (a cut can drop the "not" that mattered),
+/// and the approver learns at once, before anything is decided.
+pub fn check_reason(reason: &str) -> Result<(), DecideError> {
+    if reason.len() > MAX_REASON_BYTES {
+        return Err(DecideError::InvalidReason(format!(
+            "the reason is {} bytes; at most {MAX_REASON_BYTES} are kept",
+            reason.len()
+        )));
+    }
+    let unprintable = |c: char| {
+        c.is_control()
+            || matches!(
+                c,
+                '\u{2028}' | '\u{2029}' | '\u{061c}' | '\u{200e}' | '\u{200f}'
+            )
+            || ('\u{202a}'..='\u{202e}').contains(&c)
+            || ('\u{2066}'..='\u{2069}').contains(&c)
+    };
+    if let Some(c) = reason.chars().find(|c| unprintable(*c)) {
+        return Err(DecideError::InvalidReason(format!(
+            "the reason holds the unprintable character U+{:04X}",
+            u32::from(c)
+        )));
+    }
+    Ok(())
+}
+
+/// `text` cut to at most [`MAX_REASON_BYTES`] on a character boundary: for reasons stored
+/// before the limit existed, so no listing carries more.
+pub fn bounded_reason(mut text: String) -> String {
+    if text.len() > MAX_REASON_BYTES {
+        let mut end = MAX_REASON_BYTES;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
+}
 
 /// What a call's approval check found: an approval it may use when it reaches the backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,6 +174,8 @@ pub enum DecideError {
     NotPending { id: String, state: ApprovalState },
     #[error("a decision must be approve or reject")]
     NoDecision,
+    #[error("invalid reason: {0}")]
+    InvalidReason(String),
     #[error("invalid page_token: pass the next_page_token of the previous page")]
     InvalidPageToken,
     #[error("the audit log cannot keep up; the decision was not applied")]
@@ -267,6 +318,7 @@ impl Approvals {
         approve: bool,
         reason: &str,
     ) -> Result<Approval, DecideError> {
+        check_reason(reason)?;
         match self {
             Approvals::Memory(store) => store.decide(approver, id, approve, reason),
             Approvals::Shared(store) => {
@@ -501,7 +553,9 @@ impl ApprovalStore {
             .ok_or_else(|| DecideError::NotFound(id.to_owned()))
     }
 
-    /// Approves or rejects a pending approval of the approver's own tenant.
+    /// Approves or rejects a pending approval of the approver's own tenant. A decision that
+    /// outgrows what its approval held for it (an approver's name over 256 bytes) makes room
+    /// as a new approval would, from the tenant's oldest finished ones.
     pub fn decide(
         &self,
         approver: &Caller,
@@ -512,6 +566,7 @@ impl ApprovalStore {
         if !approver.has_scope(APPROVE_SCOPE) {
             return Err(DecideError::MissingScope);
         }
+        check_reason(reason)?;
         let mut approvals = self.lock();
         self.expire(&mut approvals);
         let approval = approvals
@@ -534,7 +589,17 @@ impl ApprovalStore {
         };
         approval.decided_by = approver.subject.clone();
         approval.reason = reason.to_owned();
-        Ok(approval.clone())
+        let decided = approval.clone();
+        let tenant = &decided.binding.tenant;
+        while usage(&approvals, tenant).1 > self.budget.max_bytes_per_tenant
+            || approvals.values().map(Approval::bytes).sum::<usize>() > self.budget.max_bytes
+        {
+            let Some(victim) = oldest_finished_but(&approvals, tenant, id) else {
+                break;
+            };
+            approvals.remove(&victim);
+        }
+        Ok(decided)
     }
 
     /// After a catalog reload: open approvals whose tool definition changed can no longer be used.
@@ -671,9 +736,18 @@ fn usage(approvals: &HashMap<String, Approval>, tenant: &str) -> (usize, usize) 
 
 /// The id of a tenant's oldest finished approval.
 fn oldest_finished(approvals: &HashMap<String, Approval>, tenant: &str) -> Option<String> {
+    oldest_finished_but(approvals, tenant, "")
+}
+
+/// The id of a tenant's oldest finished approval other than `keep`.
+fn oldest_finished_but(
+    approvals: &HashMap<String, Approval>,
+    tenant: &str,
+    keep: &str,
+) -> Option<String> {
     approvals
         .values()
-        .filter(|a| a.binding.tenant == tenant && a.finished())
+        .filter(|a| a.binding.tenant == tenant && a.finished() && a.id != keep)
         .min_by(|a, b| a.created_at_ms.cmp(&b.created_at_ms).then(a.id.cmp(&b.id)))
         .map(|a| a.id.clone())
 }
@@ -843,7 +917,44 @@ mod tests {
             .create(binding("h"), huge, RiskLevel::Destructive)
             .unwrap_err();
         assert_eq!(err.0, Reason::Overloaded);
-        assert!(store.bytes() < 4096);
+        // Four small approvals, each with room for its decision: the huge one is not held.
+        assert!(store.bytes() < 4 * (DECISION_RESERVE + 1024));
+    }
+
+    #[test]
+    fn reasons_are_bounded_printable_and_held_for_from_the_start() {
+        let clock = ManualClock::new(0);
+        let store = store(&clock);
+        let a = create(&store, "h");
+        let held = store.bytes();
+        let bob = caller("acme", "bob", &[APPROVE_SCOPE]);
+        for bad in [
+            "x".repeat(MAX_REASON_BYTES + 1),
+            "two\nlines".into(),
+            "tab\there".into(),
+            "a\u{2028}b".into(),
+            "\u{202e}desrever".into(),
+            "\u{2066}isolate".into(),
+        ] {
+            assert!(
+                matches!(
+                    store.decide(&bob, &a.id, true, &bad),
+                    Err(DecideError::InvalidReason(_))
+                ),
+                "{bad:?}"
+            );
+        }
+        // Nothing was decided by the refused ones.
+        assert_eq!(
+            store.get(&bob, &a.id).unwrap().state,
+            ApprovalState::Pending
+        );
+        // The longest reason, in any script, fits what the approval held for it.
+        let longest = "é".repeat(MAX_REASON_BYTES / 2);
+        let decided = store.decide(&bob, &a.id, false, &longest).unwrap();
+        assert_eq!(decided.reason, longest);
+        assert_eq!(store.bytes(), held);
+        assert_eq!(bounded_reason("é".repeat(600)).len(), MAX_REASON_BYTES);
     }
 
     #[test]

@@ -1,201 +1,39 @@
 //! Approvals shared through Redis: created on one sidecar, listed and decided through another,
-//! redeemed on a third, and kept across restarts of any of them. Every change is one Lua script,
-//! so transitions are atomic across sidecars: of several redeemers at the same moment exactly
-//! one gets past `consume`. The rules are [`ApprovalStore`](super::ApprovalStore)'s — the same
-//! binding check ([`super::check_binding`]), expiry, single use and per-tenant budgets —
-//! with time from Redis (`TIME`).
+//! redeemed on a third, and kept across restarts of any of them. Every change is one Lua script
+//! ([`scripts`], which also describes the key layout), so transitions are atomic across
+//! sidecars: of several redeemers at the same moment exactly one gets past `consume`. The rules
+//! are [`ApprovalStore`](super::ApprovalStore)'s — the same binding check
+//! ([`super::check_binding`]), expiry, single use and per-tenant budgets — with time from Redis.
 //!
-//! Keys, all under the tenant's hash tag: `apr:<id>` (a hash per approval) and `apr:index` (a
-//! sorted set of `<created_at_ms, 15 digits>:<id>` in creation order, for listing and budgets).
-//! An approval's key expires one TTL after the approval itself does (it is reported expired
-//! meanwhile); the index expires with its newest approval. The per-tenant budgets hold here
-//! (count and bytes); the sidecar-wide byte budget does not, since a tenant's keys are all a
-//! script may touch on Redis Cluster: bound the whole with Redis's `maxmemory`.
+//! The per-tenant budgets (count and bytes) hold here, kept incrementally so that no script's
+//! work grows with the tenant's approvals; the sidecar-wide byte budget does not, since a
+//! tenant's keys are all a script may touch on Redis Cluster: bound the whole with Redis's
+//! `maxmemory`.
 
-use std::{collections::HashMap, sync::Arc, sync::LazyLock, time::Duration};
+mod scripts;
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use redis::Script;
+use tokio::time::Instant;
 
 use super::{
-    Approval, ApprovalState, Binding, Budget, Checked, Cursor, DecideError, Page, RedeemError,
-    check_binding, not_found, state_error,
+    Approval, ApprovalState, Binding, Budget, Checked, Cursor, DECISION_RESERVE, DecideError, Page,
+    RedeemError, bounded_reason, check_binding, not_found, state_error,
 };
 use crate::{
     catalog::{Catalog, RiskLevel},
     error::Reason,
     identity::Caller,
-    state::{Concern, Redis, StateError, redis::Reply},
+    state::{
+        Concern, Redis, StateError,
+        redis::{Op, Reply},
+    },
 };
-
-/// What every approval script starts with: Redis's time, and an approval's state as of now
-/// (pending and approved ones past their expiry are expired, and are saved as such).
-const PRELUDE: &str = r#"
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-local function settle(key, now)
-  local f = redis.call('HMGET', key, 'state', 'expires')
-  if not f[1] then return nil end
-  local state = f[1]
-  if (state == 'pending' or state == 'approved') and now >= tonumber(f[2]) then
-    state = 'expired'
-    redis.call('HSET', key, 'state', state)
-  end
-  return state
-end
-local function open(state)
-  return state == 'pending' or state == 'approved'
-end
-"#;
-
-/// KEYS: index, the new approval. ARGV: id, ttl ms, retention ms, max count, max bytes, its
-/// size, the tenant's approval key prefix, then its fields as name, value pairs.
-/// Forgets index entries whose approval is gone, then the tenant's oldest finished approvals
-/// while over budget; refuses ({0}) when only open ones remain. {1, created, expires} otherwise.
-const CREATE: &str = r#"
-local now = now_ms()
-local index, key, id = KEYS[1], KEYS[2], ARGV[1]
-local ttl, retention = tonumber(ARGV[2]), tonumber(ARGV[3])
-local max_count, max_bytes, size, prefix = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
-local count, bytes, finished = 0, 0, {}
-for _, member in ipairs(redis.call('ZRANGE', index, 0, -1)) do
-  local other = prefix .. string.sub(member, 17)
-  local state = settle(other, now)
-  if not state then
-    redis.call('ZREM', index, member)
-  else
-    local b = tonumber(redis.call('HGET', other, 'bytes')) or 0
-    count, bytes = count + 1, bytes + b
-    if not open(state) then table.insert(finished, {member, other, b}) end
-  end
-end
-local next_victim = 1
-while count >= max_count or bytes + size > max_bytes do
-  local victim = finished[next_victim]
-  if not victim then return {0} end
-  redis.call('DEL', victim[2])
-  redis.call('ZREM', index, victim[1])
-  count, bytes, next_victim = count - 1, bytes - victim[3], next_victim + 1
-end
-local expires = now + ttl
-redis.call('HSET', key, 'id', id, 'created', now, 'expires', expires, 'state', 'pending', 'bytes', size, unpack(ARGV, 8))
-redis.call('PEXPIREAT', key, expires + retention)
-redis.call('ZADD', index, 0, string.format('%015d', now) .. ':' .. id)
-if redis.call('PEXPIRETIME', index) < expires + retention then
-  redis.call('PEXPIREAT', index, expires + retention)
-end
-return {1, now, expires}
-"#;
-
-/// KEYS: an approval. Its fields as of now, or {} when there is none.
-const LOAD: &str = r#"
-if not settle(KEYS[1], now_ms()) then return {} end
-return redis.call('HGETALL', KEYS[1])
-"#;
-
-/// KEYS: an approval. Approved -> used: {'ok'}; otherwise {state, reason} or {'missing'}.
-const CONSUME: &str = r#"
-local state = settle(KEYS[1], now_ms())
-if not state then return {'missing'} end
-if state == 'approved' then
-  redis.call('HSET', KEYS[1], 'state', 'used')
-  return {'ok'}
-end
-return {state, redis.call('HGET', KEYS[1], 'reason') or ''}
-"#;
-
-/// KEYS: an approval. Used -> approved (its call never reached the backend).
-const RELEASE: &str = r#"
-if redis.call('HGET', KEYS[1], 'state') == 'used' then
-  redis.call('HSET', KEYS[1], 'state', 'approved')
-end
-return 1
-"#;
-
-/// KEYS: an approval. ARGV: approver, 1 to approve or 0 to reject, reason.
-/// {'ok', fields} | {'missing'} | {'self'} | {'not_pending', state}.
-const DECIDE: &str = r#"
-local state = settle(KEYS[1], now_ms())
-if not state then return {'missing'} end
-if redis.call('HGET', KEYS[1], 'subject') == ARGV[1] then return {'self'} end
-if state ~= 'pending' then return {'not_pending', state} end
-local decided = 'rejected'
-if ARGV[2] == '1' then decided = 'approved' end
-redis.call('HSET', KEYS[1], 'state', decided, 'decided_by', ARGV[1], 'reason', ARGV[3])
-redis.call('HINCRBY', KEYS[1], 'bytes', #ARGV[1] + #ARGV[3])
-return {'ok', redis.call('HGETALL', KEYS[1])}
-"#;
-
-/// KEYS: index. ARGV: state wanted, page size, index member to start after ('' from the
-/// start), the tenant's approval key prefix, most index entries to read.
-/// {more (0/1), member the next page starts after, approvals' fields...}.
-const LIST: &str = r#"
-local now = now_ms()
-local page, limit, prefix = tonumber(ARGV[2]), tonumber(ARGV[5]), ARGV[4]
-local from = '-'
-if ARGV[3] ~= '' then from = '(' .. ARGV[3] end
-local members = redis.call('ZRANGE', KEYS[1], from, '+', 'BYLEX', 'LIMIT', 0, limit)
-local found, last = {}, ''
-for _, member in ipairs(members) do
-  local key = prefix .. string.sub(member, 17)
-  local state = settle(key, now)
-  if not state then
-    redis.call('ZREM', KEYS[1], member)
-  elseif state == ARGV[1] then
-    if #found == page then
-      local reply = {1, last}
-      for _, f in ipairs(found) do table.insert(reply, f) end
-      return reply
-    end
-    table.insert(found, redis.call('HGETALL', key))
-    last = member
-  end
-end
-local more, after = 0, ''
-if #members == limit then more, after = 1, members[#members] end
-local reply = {more, after}
-for _, f in ipairs(found) do table.insert(reply, f) end
-return reply
-"#;
-
-/// KEYS: index. ARGV: the tenant's approval key prefix, then every (tool, version, definition)
-/// of the new catalog as `tool\0version\0hash`. Open approvals of anything else become invalid.
-const INVALIDATE: &str = r#"
-local now = now_ms()
-local valid = {}
-for i = 2, #ARGV do valid[ARGV[i]] = true end
-local n = 0
-for _, member in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-  local key = ARGV[1] .. string.sub(member, 17)
-  local state = settle(key, now)
-  if state and open(state) then
-    local f = redis.call('HMGET', key, 'tool', 'version', 'definition')
-    if not valid[f[1] .. '\0' .. f[2] .. '\0' .. f[3]] then
-      redis.call('HSET', key, 'state', 'invalidated', 'reason',
-        'tool ' .. f[1] .. ' version ' .. f[2] .. ' changed or was removed after the approval was requested')
-      n = n + 1
-    end
-  end
-end
-return n
-"#;
-
-fn script(body: &str) -> Script {
-    Script::new(&format!("{PRELUDE}{body}"))
-}
-
-static CREATE_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(CREATE));
-static LOAD_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(LOAD));
-static CONSUME_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(CONSUME));
-static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(RELEASE));
-static DECIDE_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(DECIDE));
-static LIST_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(LIST));
-static INVALIDATE_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(INVALIDATE));
-
-/// Most index entries one ListApprovals page reads: a page may come back short (with a next
-/// token) when a tenant holds many approvals in other states, but no script runs long.
-const LIST_SCAN_LIMIT: usize = 1000;
+use scripts::{
+    CONSUME_SCRIPT, CREATE_SCRIPT, DECIDE_SCRIPT, FORGET_SCRIPT, INVALIDATE_SCRIPT, LIST_SCRIPT,
+    LOAD_SCRIPT, RELEASE_SCRIPT, WORK,
+};
 
 /// Approvals in Redis.
 pub struct RedisApprovals {
@@ -208,35 +46,20 @@ impl RedisApprovals {
         RedisApprovals { redis, budget }
     }
 
-    fn key(&self, tenant: &str, id: &str) -> String {
-        self.redis.key(tenant, format_args!("apr:{id}"))
+    /// A script call on `tenant`'s approvals: routed by its totals' key, told its key prefix.
+    fn op(&self, script: &'static Script, tenant: &str) -> Op {
+        Op::new(script)
+            .key(self.redis.key(tenant, format_args!("apr:usage")))
+            .arg(self.redis.key(tenant, format_args!("apr:")))
     }
 
-    fn index(&self, tenant: &str) -> String {
-        self.redis.key(tenant, format_args!("apr:index"))
+    async fn run(&self, op: &Op) -> Result<Reply, StateError> {
+        Reply::new(self.redis.invoke(Concern::Approvals, op).await?)
     }
 
-    fn prefix(&self, tenant: &str) -> String {
-        self.redis.key(tenant, format_args!("apr:"))
-    }
-
-    async fn run(
-        &self,
-        script: &Script,
-        keys: &[&str],
-        args: &[&str],
-    ) -> Result<redis::Value, StateError> {
-        let mut invocation = script.prepare_invoke();
-        for key in keys {
-            invocation.key(*key);
-        }
-        for arg in args {
-            invocation.arg(*arg);
-        }
-        self.redis.invoke(Concern::Approvals, &invocation).await
-    }
-
-    /// Creates a pending approval, within the tenant's budgets.
+    /// Creates a pending approval, within the tenant's budgets. Should Redis not answer in
+    /// time, an approval it may still have made just before is forgotten again from a task of
+    /// its own: nobody was told its id.
     pub async fn create(
         &self,
         binding: Binding,
@@ -265,66 +88,66 @@ impl RedisApprovals {
             ));
         }
         let ttl = millis(self.budget.ttl);
-        let size_text = size.to_string();
-        let risk = approval.risk_level.as_str();
         let b = &approval.binding;
-        let mut args: Vec<&str> = Vec::with_capacity(32);
-        let (ttl_text, max_count, max_bytes) = (
-            ttl.to_string(),
-            self.budget.max_per_tenant.to_string(),
-            self.budget.max_bytes_per_tenant.to_string(),
-        );
-        let prefix = self.prefix(&tenant);
-        args.extend([
-            approval.id.as_str(),
-            &ttl_text,
+        let op = self
+            .op(&CREATE_SCRIPT, &tenant)
+            .arg(&approval.id)
+            .arg(ttl)
             // Kept one more TTL after expiring, so a late redeemer hears "expired".
-            &ttl_text,
-            &max_count,
-            &max_bytes,
-            &size_text,
-            &prefix,
-        ]);
-        args.extend([
-            "tenant",
-            b.tenant.as_str(),
-            "subject",
-            &b.subject,
-            "agent",
-            &b.agent,
-            "run_id",
-            &b.run_id,
-            "tool",
-            &b.tool,
-            "version",
-            &b.tool_version,
-            "definition",
-            &b.definition_hash,
-            "args_sha",
-            &b.arguments_sha256,
-            "args",
-            &approval.arguments_json,
-            "risk",
-            risk,
-            "decided_by",
-            "",
-            "reason",
-            "",
-        ]);
-        let key = self.key(&tenant, &approval.id);
-        let index = self.index(&tenant);
-        let reply = self
-            .run(&CREATE_SCRIPT, &[&index, &key], &args)
-            .await
-            .and_then(Reply::new)
-            .map_err(redeem_unavailable)?;
+            .arg(ttl)
+            .arg(self.budget.max_per_tenant)
+            .arg(self.budget.max_bytes_per_tenant)
+            .arg(size)
+            .args([
+                "tenant",
+                b.tenant.as_str(),
+                "subject",
+                &b.subject,
+                "agent",
+                &b.agent,
+                "run_id",
+                &b.run_id,
+                "tool",
+                &b.tool,
+                "version",
+                &b.tool_version,
+                "definition",
+                &b.definition_hash,
+                "args_sha",
+                &b.arguments_sha256,
+                "args",
+                &approval.arguments_json,
+                "risk",
+                approval.risk_level.as_str(),
+                "decided_by",
+                "",
+                "reason",
+                "",
+            ]);
+        let reply = match self.run(&op).await {
+            Ok(reply) => reply,
+            Err(err) => {
+                if matches!(err, StateError::Timeout(_)) {
+                    self.redis.retry_later(
+                        Concern::Approvals,
+                        self.op(&FORGET_SCRIPT, &tenant).arg(&approval.id),
+                        Instant::now() + self.budget.ttl,
+                        "forget an approval whose creation timed out",
+                    );
+                }
+                return Err(redeem_unavailable(err));
+            }
+        };
         if reply.int(0).map_err(redeem_unavailable)? == 0 {
-            return Err((
-                Reason::Overloaded,
-                format!(
+            let why = match reply.text(1).unwrap_or_default().as_str() {
+                "busy" => format!(
+                    "tenant {tenant} is over its approval budget and {WORK} finished approvals were not enough room; retry shortly"
+                ),
+                _ => format!(
                     "tenant {tenant} has too many open approvals (its budget is used by open ones); decide some first"
                 ),
-            ));
+            };
+            return Err((Reason::Overloaded, why));
         }
         approval.created_at_ms = reply.int(1).map_err(redeem_unavailable)?;
         approval.expires_at_ms = reply.int(2).map_err(redeem_unavailable)?;
@@ -336,8 +159,7 @@ impl RedisApprovals {
         if !valid_id(id) {
             return Ok(None);
         }
-        let key = self.key(tenant, id);
-        let reply = Reply::new(self.run(&LOAD_SCRIPT, &[&key], &[]).await?)?;
+        let reply = self.run(&self.op(&LOAD_SCRIPT, tenant).arg(id)).await?;
         if reply.is_empty() {
             return Ok(None);
         }
@@ -353,23 +175,38 @@ impl RedisApprovals {
         check_binding(approval.as_ref(), id, call)
     }
 
-    /// Uses the approval up: exactly one caller, on any sidecar, gets past this.
+    /// Uses the approval up: exactly one caller, on any sidecar, gets past this. Should Redis
+    /// not answer in time, a use it may still have recorded just before is given back from a
+    /// task of its own (the call does not run) — only that use, marked with its own token, so
+    /// another redeemer's is never undone.
     pub async fn consume(&self, tenant: &str, id: &str) -> Result<(), RedeemError> {
         if !valid_id(id) {
             return Err(not_found(id));
         }
-        let key = self.key(tenant, id);
-        let reply = self
-            .run(&CONSUME_SCRIPT, &[&key], &[])
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let reply = match self
+            .run(&self.op(&CONSUME_SCRIPT, tenant).arg(id).arg(&token))
             .await
-            .and_then(Reply::new)
-            .map_err(redeem_unavailable)?;
+        {
+            Ok(reply) => reply,
+            Err(err) => {
+                if matches!(err, StateError::Timeout(_)) {
+                    self.redis.retry_later(
+                        Concern::Approvals,
+                        self.op(&RELEASE_SCRIPT, tenant).arg(id).arg(&token),
+                        Instant::now() + self.budget.ttl,
+                        "give back an approval whose use timed out",
+                    );
+                }
+                return Err(redeem_unavailable(err));
+            }
+        };
         match reply.text(0).map_err(redeem_unavailable)?.as_str() {
             "ok" => Ok(()),
             "missing" => Err(not_found(id)),
             state => {
                 let state = parse_state(state).map_err(redeem_unavailable)?;
-                let reason = reply.text(1).unwrap_or_default();
+                let reason = bounded_reason(reply.text(1).unwrap_or_default());
                 Err(state_error(id, state, &reason))
             }
         }
@@ -378,8 +215,8 @@ impl RedisApprovals {
     /// Gives a consumed approval back; when Redis cannot be reached it stays used (the caller
     /// then needs a new approval), and that is logged.
     pub async fn release(&self, tenant: &str, id: &str) {
-        let key = self.key(tenant, id);
-        if let Err(err) = self.run(&RELEASE_SCRIPT, &[&key], &[]).await {
+        let op = self.op(&RELEASE_SCRIPT, tenant).arg(id).arg("");
+        if let Err(err) = self.redis.invoke(Concern::Approvals, &op).await {
             tracing::warn!(approval_id = %id, error = %err, "could not give back an approval whose call never reached its backend; it stays used");
         }
     }
@@ -392,24 +229,14 @@ impl RedisApprovals {
         page_size: usize,
         after: Option<&Cursor>,
     ) -> Result<Page, DecideError> {
-        let tenant = &approver.tenant;
-        let index = self.index(tenant);
-        let prefix = self.prefix(tenant);
-        let after = after.map(member).unwrap_or_default();
-        let (want, page, limit) = (
-            state_name(state),
-            page_size.to_string(),
-            LIST_SCAN_LIMIT.max(page_size + 1).to_string(),
-        );
-        let reply = self
-            .run(
-                &LIST_SCRIPT,
-                &[&index],
-                &[want, &page, &after, &prefix, &limit],
-            )
-            .await
-            .and_then(Reply::new)
-            .map_err(decide_unavailable)?;
+        let op = self
+            .op(&LIST_SCRIPT, &approver.tenant)
+            .arg(state_name(state))
+            .arg(page_size)
+            .arg(after.map(member).unwrap_or_default())
+            // The page and the one after it, and as many more as may have expired unseen.
+            .arg(page_size + 1 + WORK);
+        let reply = self.run(&op).await.map_err(decide_unavailable)?;
         let read = || -> Result<Page, StateError> {
             let more = reply.int(0)? == 1;
             let next = reply.text(1)?;
@@ -446,16 +273,21 @@ impl RedisApprovals {
         if !valid_id(id) {
             return Err(DecideError::NotFound(id.to_owned()));
         }
-        let key = self.key(&approver.tenant, id);
-        let reply = self
-            .run(
-                &DECIDE_SCRIPT,
-                &[&key],
-                &[&approver.subject, if approve { "1" } else { "0" }, reason],
-            )
-            .await
-            .and_then(Reply::new)
-            .map_err(decide_unavailable)?;
+        let op = self
+            .op(&DECIDE_SCRIPT, &approver.tenant)
+            .arg(id)
+            .arg(&approver.subject)
+            .arg(if approve { "1" } else { "0" })
+            .arg(reason)
+            .arg(DECISION_RESERVE);
+        let reply = self.run(&op).await.map_err(|err| match err {
+            // A decision is a write: it may have been applied just before the sidecar gave up.
+            StateError::Timeout(_) => DecideError::Unavailable(format!(
+                "{}, so the decision may or may not have been applied: read the approval before deciding again",
+                err.for_caller()
+            )),
+            err => decide_unavailable(err),
+        })?;
         let read = || -> Result<Result<Approval, DecideError>, StateError> {
             Ok(match reply.text(0)?.as_str() {
                 "ok" => Ok(parse(id, &reply.nested(1)?)?),
@@ -471,27 +303,42 @@ impl RedisApprovals {
     }
 
     /// After a catalog reload: open approvals of the catalog's tenants whose tool definition
-    /// changed become invalid. Redis being unreachable only delays this: redeeming still
-    /// compares the definition the approval was requested against.
+    /// changed become invalid, [`WORK`] at a time per script. Redis being unreachable only
+    /// delays this: redeeming still compares the definition the approval was requested
+    /// against.
     pub async fn invalidate_changed(&self, catalog: &Catalog) -> usize {
         let definitions: Vec<String> = catalog
             .versions()
             .map(|v| format!("{}\0{}\0{}", v.name, v.version, v.definition_hash))
             .collect();
+        // Every open approval of a tenant in pages, and a margin for those created meanwhile.
+        let most_pages = self.budget.max_per_tenant / WORK + 2;
         let mut invalidated = 0;
         for tenant in catalog.tenants.keys() {
-            let index = self.index(tenant);
-            let prefix = self.prefix(tenant);
-            let mut invocation = INVALIDATE_SCRIPT.prepare_invoke();
-            invocation.key(&index).arg(&prefix);
-            for definition in &definitions {
-                invocation.arg(definition);
-            }
-            match self.redis.invoke(Concern::Approvals, &invocation).await {
-                Ok(redis::Value::Int(n)) => invalidated += usize::try_from(n).unwrap_or(0),
-                Ok(_) => {}
-                Err(err) => {
-                    tracing::warn!(tenant = %tenant, error = %err, "could not mark the approvals of changed tools invalid");
+            for state in [ApprovalState::Pending, ApprovalState::Approved] {
+                let mut after = String::new();
+                for _ in 0..most_pages {
+                    let op = self
+                        .op(&INVALIDATE_SCRIPT, tenant)
+                        .arg(state_name(state))
+                        .arg(&after)
+                        .args(&definitions);
+                    let page = self.run(&op).await.and_then(|reply| {
+                        Ok((usize::try_from(reply.int(0)?).unwrap_or(0), reply.text(1)?))
+                    });
+                    match page {
+                        Ok((n, next)) => {
+                            invalidated += n;
+                            if next.is_empty() {
+                                break;
+                            }
+                            after = next;
+                        }
+                        Err(err) => {
+                            tracing::warn!(tenant = %tenant, error = %err, "could not mark the approvals of changed tools invalid");
+                            break;
+                        }
+                    }
                 }
             }
         }
@@ -586,7 +433,7 @@ fn parse(id: &str, reply: &Reply) -> Result<Approval, StateError> {
         created_at_ms: number(take("created"), "created")?,
         expires_at_ms: number(take("expires"), "expires")?,
         decided_by: take("decided_by"),
-        reason: take("reason"),
+        reason: bounded_reason(take("reason")),
     })
 }
 

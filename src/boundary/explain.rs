@@ -519,8 +519,9 @@ impl Explainer<'_> {
         let views = self
             .rate_limits
             .view(&caller.tenant, tool, tenant_rate)
-            .await
-            .unwrap_or_default();
+            .await;
+        let unknown = views.is_err();
+        let views = views.unwrap_or_default();
         let quotas: Vec<QuotaTrail> = [("tool", tool.rate_limit), ("tenant", tenant_rate)]
             .into_iter()
             .filter_map(|(scope, rate)| {
@@ -567,6 +568,18 @@ impl Explainer<'_> {
                 Stage::RateLimit,
                 StageResult::NotApplicable,
                 "no quota applies to this call",
+            ),
+            None if unknown => StageTrail::new(
+                Stage::RateLimit,
+                StageResult::Passed,
+                format!(
+                    "what {} leave now is unknown: the shared state cannot be read (nothing was consumed)",
+                    quotas
+                        .iter()
+                        .map(|q| format!("the {} quota {}", q.scope, q.rate))
+                        .collect::<Vec<_>>()
+                        .join(" and ")
+                ),
             ),
             None => StageTrail::new(
                 Stage::RateLimit,

@@ -23,7 +23,10 @@ use crate::{
     catalog::ToolVersion,
     error::{Reason, Refusal, Stage},
     settings::{OnUnavailable, Rate},
-    state::{Concern, Redis, StateError, redis::Reply},
+    state::{
+        Concern, Redis, StateError,
+        redis::{Op, Reply, script},
+    },
 };
 
 /// GCRA over the call's quotas (KEYS, at most two, in the order tool then tenant). ARGV[1] is
@@ -32,8 +35,7 @@ use crate::{
 /// `take` answers {1} when admitted, or {0, index of the refusing key, wait in µs}; `view`
 /// answers the calls each quota would admit now.
 const GCRA: &str = r#"
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local now = now_us
 local take = ARGV[1] == 'take'
 local tats = {}
 local remaining = {}
@@ -63,7 +65,7 @@ end
 return {1}
 "#;
 
-static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(GCRA));
+static SCRIPT: LazyLock<Script> = LazyLock::new(|| script(GCRA));
 
 /// The quotas of one catalog, decided in Redis.
 pub struct SharedQuotas {
@@ -123,15 +125,14 @@ impl SharedQuotas {
     }
 
     async fn run(&self, mode: &str, quotas: &[Quota]) -> Result<Reply, StateError> {
-        let mut invocation = SCRIPT.prepare_invoke();
-        invocation.arg(mode);
+        let mut op = Op::new(&SCRIPT).arg(mode);
         for quota in quotas {
-            invocation
-                .key(&quota.key)
+            op = op
+                .key(quota.key.as_str())
                 .arg(quota.gcra.emission())
                 .arg(quota.gcra.tolerance());
         }
-        Reply::new(self.redis.invoke(Concern::RateLimits, &invocation).await?)
+        Reply::new(self.redis.invoke(Concern::RateLimits, &op).await?)
     }
 
     /// Admits one call if both its quotas have room, in one round trip.
@@ -207,7 +208,10 @@ impl SharedQuotas {
             .collect()
     }
 
-    /// Redis did not answer: refuse (fail closed), or decide with this sidecar's own limiter.
+    /// Redis did not decide: refuse (fail closed), or — only while it cannot be reached —
+    /// decide with this sidecar's own limiter. A Redis that answers but refused this operation
+    /// (out of memory, a replica) is still the one deciding everyone else's quotas: deciding
+    /// alone would let this sidecar's callers past a quota the others keep.
     fn unavailable(
         &self,
         err: StateError,
@@ -215,7 +219,8 @@ impl SharedQuotas {
         tool: &ToolVersion,
         tenant_rate: Option<Rate>,
     ) -> Result<(), Refusal> {
-        let Some(local) = &self.fallback else {
+        let outage = matches!(err, StateError::Timeout(_) | StateError::Unreachable(_));
+        let Some(local) = self.fallback.as_ref().filter(|_| outage) else {
             return Err(unavailable(err));
         };
         self.redis.metrics().rate_limit_local_decision();

@@ -191,7 +191,9 @@ pub fn decide_status(err: &DecideError) -> GrpcStatus {
         DecideError::MissingScope | DecideError::SelfApproval => Code::PermissionDenied,
         DecideError::NotFound(_) => Code::NotFound,
         DecideError::NotPending { .. } => Code::FailedPrecondition,
-        DecideError::NoDecision | DecideError::InvalidPageToken => Code::InvalidArgument,
+        DecideError::NoDecision | DecideError::InvalidPageToken | DecideError::InvalidReason(_) => {
+            Code::InvalidArgument
+        }
         DecideError::AuditUnavailable | DecideError::Unavailable(_) => Code::Unavailable,
     };
     GrpcStatus::new(code, err.to_string())

@@ -279,10 +279,13 @@ fn build_redis(raw: &RawRedis, base_dir: &Path, env: &Env) -> Result<RedisConfig
 /// A Redis URL: `redis://` or `rediss://`, a host, an optional port and database number, and no
 /// credentials (they would end up in logs and in the catalog's ConfigMap).
 fn parse_url(text: &str) -> Result<url::Url, FieldError> {
+    // Every message quotes the URL without what may be credentials: a URL with a password and
+    // another mistake would otherwise print the password (in `check`, `serve` and reloads).
+    let shown = redacted(text);
     let bad = |why: &str| {
         FieldError::new(
             "state.redis.url",
-            format!("invalid Redis URL {text:?}: {why}"),
+            format!("invalid Redis URL {shown:?}: {why}"),
         )
     };
     let url = url::Url::parse(text).map_err(|err| bad(&err.to_string()))?;
@@ -312,6 +315,17 @@ fn parse_url(text: &str) -> Result<url::Url, FieldError> {
     Ok(url)
 }
 
+/// `text` with anything that may be credentials replaced: whatever precedes the last `@` after
+/// the scheme (`redis://[redacted]@host`). It works on text that is not a valid URL, and errs
+/// towards hiding: a password may itself hold `/`, `:` or `@`.
+fn redacted(text: &str) -> String {
+    let Some(at) = text.rfind('@') else {
+        return text.to_owned();
+    };
+    let start = text.find("://").map_or(0, |i| i + 3).min(at);
+    format!("{}[redacted]{}", &text[..start], &text[at..])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -336,6 +350,14 @@ mod tests {
             ("redis://127.0.0.1/x", "database number"),
             ("redis://127.0.0.1?protocol=resp3", "query"),
             ("redis://127.0.0.1:0", "port 0"),
+            // A URL with credentials and another mistake: the other mistake is named, the
+            // credentials are not quoted.
+            ("http://:hunter2@127.0.0.1", "redis://"),
+            ("redis://:hunter2@127.0.0.1:99999", "invalid port"),
+            ("redis://u:hunter2@", "[redacted]@"),
+            ("redis:hunter2@host", "no host"),
+            ("redis://:pa/hunter2@h", "[redacted]@h"),
+            ("redis://:hunter2@hunter2@h/x", "credentials"),
         ] {
             let err = build_redis(&redis(url), dir, &env).unwrap_err();
             assert!(err.message.contains(why), "{url}: {}", err.message);

@@ -6,23 +6,32 @@
 //! Every state change of a concern is one script, so it is atomic across sidecars and costs one
 //! round trip. Times come from Redis (`TIME` inside the scripts), so the sidecars' clocks do not
 //! matter. Nothing here decides policy; the concerns map a [`StateError`] to their refusals.
+//!
+//! An operation the sidecar gave up on must not act later: a command already sent when the
+//! timeout fires still runs once Redis gets to it (after a pause, a slow script, a full
+//! socket). So every script starts with [`GUARD`], and [`Redis::invoke`] passes it the moment the
+//! sidecar gives up, in Redis time: a script that starts later does nothing and answers
+//! `TOOLGATE_LATE`. Redis time is reckoned from a lower bound of the offset between Redis's
+//! clock and ours ([`RedisClock`]), sampled with `TIME` by the health check every second and
+//! before the first operation: a script that passes the guard ran before the sidecar gave up.
 
 use std::{
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicUsize, Ordering},
     },
     time::Duration,
 };
 
 use redis::{
-    Client, ConnectionInfo, ErrorKind, FromRedisValue, IntoConnectionInfo, RedisError,
-    ScriptInvocation, ServerErrorKind, TlsCertificates, Value,
-    aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig},
+    Client, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError, Script, ServerErrorKind,
+    TlsCertificates, Value,
+    aio::{ConnectionManager, ConnectionManagerConfig},
     cluster::{ClusterClientBuilder, ClusterConfig},
     cluster_async::ClusterConnection,
+    cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo},
 };
-use tokio::{sync::watch, task::JoinHandle};
+use tokio::{sync::watch, task::JoinHandle, time::Instant};
 
 use super::Concern;
 use crate::{
@@ -62,8 +71,142 @@ impl StateError {
     }
 }
 
-/// How often an idle sidecar checks that Redis answers (and so recovers readiness on its own).
+/// How often an idle sidecar checks that Redis answers (and so recovers readiness on its own),
+/// and samples Redis's clock.
 pub const HEALTH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// What every script starts with. The sidecar appends its give-up time (Redis time, µs) as the
+/// last argument; a script that starts at or after it does nothing, since nobody waits for its
+/// answer any more. `now_us` and `now_ms` are Redis's time for the rest of the script.
+pub const GUARD: &str = r#"
+local give_up = tonumber(table.remove(ARGV))
+local clock = redis.call('TIME')
+local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+if not give_up or now_us >= give_up then
+  return redis.error_reply('TOOLGATE_LATE the sidecar gave up on this operation before it started')
+end
+local now_ms = math.floor(now_us / 1000)
+"#;
+
+/// The error code of a script that started after its sidecar gave up.
+const LATE: &str = "TOOLGATE_LATE";
+
+/// A script of a concern: `body` after the [`GUARD`], so none can run without it.
+pub fn script(body: &str) -> Script {
+    Script::new(&format!("{GUARD}{body}"))
+}
+
+/// One script call: the script, its keys and its arguments (the give-up time is added by
+/// [`Redis::invoke`]). Owned, so it can be sent again by a task of its own.
+#[derive(Clone)]
+pub struct Op {
+    script: &'static Script,
+    keys: Vec<String>,
+    args: Vec<String>,
+}
+
+impl Op {
+    pub fn new(script: &'static Script) -> Op {
+        Op {
+            script,
+            keys: Vec::new(),
+            args: Vec::new(),
+        }
+    }
+
+    pub fn key(mut self, key: impl Into<String>) -> Op {
+        self.keys.push(key.into());
+        self
+    }
+
+    pub fn arg(mut self, arg: impl std::fmt::Display) -> Op {
+        self.args.push(arg.to_string());
+        self
+    }
+
+    pub fn args<I: IntoIterator<Item = T>, T: std::fmt::Display>(mut self, args: I) -> Op {
+        self.args.extend(args.into_iter().map(|a| a.to_string()));
+        self
+    }
+}
+
+/// Most a sampled offset is taken to drift per second since it was sampled: 1,000 ppm, twice
+/// what NTP slews a clock by, for the two clocks together.
+const DRIFT_PER_SECOND_US: i64 = 1_000;
+/// A sample older than this is taken again before an operation (the health check normally
+/// renews it every second).
+const MAX_SAMPLE_AGE: Duration = Duration::from_secs(5);
+
+/// Redis's clock as seen from ours: a lower bound of `redis_time - local_time`. A `TIME` answer
+/// received at local time `t` was made at or before `t`, so `answer - t` is never more than the
+/// true offset; the deadline a script gets (`give_up + bound`) is then at or before the Redis
+/// time at which the sidecar gives up. Assumes Redis's clock does not step backwards between
+/// samples (NTP slews it; a step back by a person would let late scripts through for as long).
+#[derive(Debug)]
+struct RedisClock {
+    base: Instant,
+    bound: Mutex<Option<Bound>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Bound {
+    offset_us: i64,
+    at: Instant,
+}
+
+impl RedisClock {
+    fn new() -> RedisClock {
+        RedisClock {
+            base: Instant::now(),
+            bound: Mutex::new(None),
+        }
+    }
+
+    fn local_us(&self, at: Instant) -> i64 {
+        i64::try_from(at.saturating_duration_since(self.base).as_micros()).unwrap_or(i64::MAX)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Bound>> {
+        // One assignment per update: a panic cannot leave half a bound.
+        self.bound
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Takes in a `TIME` answer (µs) received at `received`, keeping the tighter of it and the
+    /// previous bound (less the drift since).
+    fn record(&self, redis_us: i64, received: Instant) {
+        let fresh = redis_us.saturating_sub(self.local_us(received));
+        let mut bound = self.lock();
+        let kept = bound.map(|old| old.offset_us.saturating_sub(drift(old.at, received)));
+        *bound = Some(Bound {
+            offset_us: kept.map_or(fresh, |kept| kept.max(fresh)),
+            at: received,
+        });
+    }
+
+    /// The Redis time (µs) at or before which `give_up` falls, if a recent enough sample
+    /// allows saying so.
+    fn deadline_us(&self, give_up: Instant) -> Option<i64> {
+        let bound = (*self.lock())?;
+        if Instant::now().saturating_duration_since(bound.at) > MAX_SAMPLE_AGE {
+            return None;
+        }
+        Some(
+            self.local_us(give_up)
+                .saturating_add(bound.offset_us)
+                .saturating_sub(drift(bound.at, give_up)),
+        )
+    }
+}
+
+/// The most two clocks may have drifted apart between `from` and `to` (µs, rounded up).
+fn drift(from: Instant, to: Instant) -> i64 {
+    let elapsed = i64::try_from(to.saturating_duration_since(from).as_micros()).unwrap_or(i64::MAX);
+    (elapsed / 1_000_000)
+        .saturating_mul(DRIFT_PER_SECOND_US)
+        .saturating_add((elapsed % 1_000_000) * DRIFT_PER_SECOND_US / 1_000_000 + 1)
+}
 
 /// A connection to Redis: one server (reconnecting by itself), or a cluster (one connection per
 /// node, routing each operation by its first key's slot, following MOVED and ASK).
@@ -74,24 +217,40 @@ enum Link {
 }
 
 impl Link {
-    async fn invoke(&self, invocation: &ScriptInvocation<'_>) -> Result<Value, RedisError> {
+    async fn invoke(&self, op: &Op, give_up_us: i64) -> Result<Value, RedisError> {
+        let mut invocation = op.script.prepare_invoke();
+        for key in &op.keys {
+            invocation.key(key);
+        }
+        for arg in &op.args {
+            invocation.arg(arg);
+        }
+        invocation.arg(give_up_us);
         match self.clone() {
             Link::Node(mut c) => invocation.invoke_async(&mut c).await,
             Link::Cluster(mut c) => invocation.invoke_async(&mut c).await,
         }
     }
 
-    async fn query<T: FromRedisValue>(&self, command: &redis::Cmd) -> Result<T, RedisError> {
-        async fn on<C: ConnectionLike, T: FromRedisValue>(
-            mut c: C,
-            command: &redis::Cmd,
-        ) -> Result<T, RedisError> {
-            command.query_async(&mut c).await
-        }
-        match self.clone() {
-            Link::Node(c) => on(c, command).await,
-            Link::Cluster(c) => on(c, command).await,
-        }
+    /// Redis's `TIME` in µs; on a cluster, the earliest of its primaries' (scripts may run on
+    /// any of them, and the earliest clock gives the bound that holds for all).
+    async fn time_us(&self) -> Result<i64, RedisError> {
+        let command = redis::cmd("TIME");
+        let answers = match self.clone() {
+            Link::Node(mut c) => vec![command.query_async::<Value>(&mut c).await?],
+            Link::Cluster(mut c) => {
+                let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+                match c.route_command(command, routing).await? {
+                    Value::Map(nodes) => nodes.into_iter().map(|(_, answer)| answer).collect(),
+                    single => vec![single],
+                }
+            }
+        };
+        answers
+            .iter()
+            .map(parse_time)
+            .reduce(|a, b| Ok(a?.min(b?)))
+            .unwrap_or_else(|| Err(malformed_time()))
     }
 }
 
@@ -106,6 +265,8 @@ pub struct Redis {
     /// Whether the last operation or health check got an answer.
     up: watch::Sender<bool>,
     metrics: Arc<Metrics>,
+    /// Redis's clock, for the scripts' give-up times.
+    clock: RedisClock,
 }
 
 impl std::fmt::Debug for Redis {
@@ -197,6 +358,7 @@ impl Redis {
             rate_limits_on_unavailable: state.rate_limits_on_unavailable,
             up: watch::channel(false).0,
             metrics,
+            clock: RedisClock::new(),
         })
     }
 
@@ -235,36 +397,85 @@ impl Redis {
         key
     }
 
-    /// Runs a script within the timeout on the next connection.
-    pub async fn invoke(
-        &self,
-        concern: Concern,
-        invocation: &ScriptInvocation<'_>,
-    ) -> Result<Value, StateError> {
+    /// Runs a script on the next connection, giving up after the timeout; the script is told
+    /// when that is, so it does nothing should it start later (see [`GUARD`]). Without a recent
+    /// sample of Redis's clock, one is taken first, within the same timeout.
+    pub async fn invoke(&self, concern: Concern, op: &Op) -> Result<Value, StateError> {
+        let give_up = Instant::now() + self.timeout;
         let index = self.next.fetch_add(1, Ordering::Relaxed) % self.connections.len();
-        let outcome =
-            tokio::time::timeout(self.timeout, self.connections[index].invoke(invocation)).await;
+        let link = &self.connections[index];
+        let outcome = tokio::time::timeout_at(give_up, async {
+            let give_up_us = match self.clock.deadline_us(give_up) {
+                Some(us) => us,
+                None => {
+                    self.sample(link).await?;
+                    self.clock.deadline_us(give_up).ok_or_else(malformed_time)?
+                }
+            };
+            link.invoke(op, give_up_us).await
+        })
+        .await;
         match outcome {
             Ok(Ok(value)) => {
                 self.answered();
                 Ok(value)
             }
-            Ok(Err(err)) => Err(self.failed(concern, classify(&err))),
+            Ok(Err(err)) => Err(self.failed(concern, self.classify(&err))),
             Err(_elapsed) => Err(self.failed(concern, StateError::Timeout(self.timeout))),
         }
     }
 
-    /// PING on every connection. A connection being (re-)established may take the connect
-    /// timeout as well as the operation's.
+    /// Sends `op` again from a task of its own, a few times within `until`, until Redis answers
+    /// it: for settling what an operation that timed out may have left (a claim, a used
+    /// approval). `op` must be safe to repeat.
+    pub fn retry_later(
+        self: &Arc<Self>,
+        concern: Concern,
+        op: Op,
+        until: Instant,
+        what: &'static str,
+    ) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let redis = self.clone();
+        runtime.spawn(async move {
+            let mut pause = Duration::from_millis(50);
+            let mut last = None;
+            for _ in 0..RETRIES {
+                match redis.invoke(concern, &op).await {
+                    Ok(_) => return,
+                    Err(err) => last = Some(err),
+                }
+                if Instant::now() + pause + redis.timeout >= until {
+                    break;
+                }
+                tokio::time::sleep(pause).await;
+                pause *= 4;
+            }
+            if let Some(err) = last {
+                tracing::warn!(concern = concern.as_str(), operation = what, error = %err, "could not settle an operation that timed out");
+            }
+        });
+    }
+
+    /// Samples Redis's clock on `link`; an answer is also a sign of life.
+    async fn sample(&self, link: &Link) -> Result<(), RedisError> {
+        let redis_us = link.time_us().await?;
+        self.clock.record(redis_us, Instant::now());
+        Ok(())
+    }
+
+    /// `TIME` on every connection, which also samples Redis's clock. A connection being
+    /// (re-)established may take the connect timeout as well as the operation's.
     pub async fn ping(&self) -> Result<(), StateError> {
         let within = self.timeout + self.connect_timeout;
         for connection in &self.connections {
-            // On a cluster, PING goes to every node.
-            let outcome =
-                tokio::time::timeout(within, connection.query::<Value>(&redis::cmd("PING"))).await;
+            // On a cluster, TIME goes to every primary.
+            let outcome = tokio::time::timeout(within, self.sample(connection)).await;
             match outcome {
-                Ok(Ok(_)) => {}
-                Ok(Err(err)) => return Err(self.failed(Concern::Health, classify(&err))),
+                Ok(Ok(())) => {}
+                Ok(Err(err)) => return Err(self.failed(Concern::Health, self.classify(&err))),
                 Err(_) => return Err(self.failed(Concern::Health, StateError::Timeout(within))),
             }
         }
@@ -321,25 +532,69 @@ impl Redis {
     }
 }
 
-/// Whether a Redis error means it cannot be used now (an outage) or that it refused this one
-/// operation.
-fn classify(err: &RedisError) -> StateError {
-    let refused = matches!(
-        err.kind(),
-        ErrorKind::Server(
-            ServerErrorKind::ResponseError
-                | ServerErrorKind::NoScript
-                | ServerErrorKind::ExecAbort
-                | ServerErrorKind::CrossSlot
-                | ServerErrorKind::NoPerm
-        ) | ErrorKind::Parse
-            | ErrorKind::UnexpectedReturnType
-    );
-    if refused {
-        StateError::Refused(err.to_string())
-    } else {
-        StateError::Unreachable(err.to_string())
+/// Times a background settlement is tried.
+const RETRIES: usize = 4;
+
+impl Redis {
+    /// Whether a Redis error means it cannot be used now (an outage) or that it refused this
+    /// one operation. A Redis that answers refuses only that operation — out of memory
+    /// (`OOM`, at `maxmemory` with `noeviction`), a replica (`READONLY`), a permission — and
+    /// keeps deciding the others, so those are not an outage: the sidecar stays reachable and
+    /// rate limits do not fall back to the local limiter. A Redis that cannot run anything
+    /// now (`BUSY` in a long script, `LOADING`, a cluster down, a refused login) is one. A
+    /// script that started after its give-up time reports as the timeout it was.
+    fn classify(&self, err: &RedisError) -> StateError {
+        if err.code() == Some(LATE) {
+            return StateError::Timeout(self.timeout);
+        }
+        let outage = match err.kind() {
+            ErrorKind::Server(kind) => matches!(
+                kind,
+                ServerErrorKind::BusyLoading
+                    | ServerErrorKind::TryAgain
+                    | ServerErrorKind::ClusterDown
+                    | ServerErrorKind::MasterDown
+            ),
+            // Writes refused while reads work (NOREPLICAS, MISCONF) are like READONLY.
+            ErrorKind::Extension => matches!(err.code(), Some("BUSY" | "NOAUTH" | "WRONGPASS")),
+            ErrorKind::Parse | ErrorKind::UnexpectedReturnType => false,
+            _ => true,
+        };
+        if outage {
+            StateError::Unreachable(err.to_string())
+        } else {
+            StateError::Refused(err.to_string())
+        }
     }
+}
+
+/// A `TIME` answer in µs.
+fn parse_time(value: &Value) -> Result<i64, RedisError> {
+    let number = |v: &Value| -> Option<i64> {
+        match v {
+            Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse().ok(),
+            Value::SimpleString(text) => text.parse().ok(),
+            Value::Int(n) => Some(*n),
+            _ => None,
+        }
+    };
+    match value {
+        Value::Array(parts) if parts.len() == 2 => {
+            let (Some(seconds), Some(micros)) = (number(&parts[0]), number(&parts[1])) else {
+                return Err(malformed_time());
+            };
+            seconds
+                .checked_mul(1_000_000)
+                .and_then(|us| us.checked_add(micros))
+                .ok_or_else(malformed_time)
+        }
+        Value::ServerError(err) => Err(RedisError::from(err.clone())),
+        _ => Err(malformed_time()),
+    }
+}
+
+fn malformed_time() -> RedisError {
+    RedisError::from((ErrorKind::UnexpectedReturnType, "unexpected answer to TIME"))
 }
 
 /// Reads a script's array reply.
@@ -432,6 +687,37 @@ mod tests {
             redis.key("a}b{c%", format_args!("x")),
             "tg:{a%7Db%7Bc%25}:x"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_give_up_time_is_never_later_in_redis_time_than_the_give_up_itself() {
+        let clock = RedisClock::new();
+        // Redis's clock runs 1,000 s ahead of ours; an answer takes 3 ms to come back, made
+        // 1 ms after sending.
+        let offset_us = 1_000_000_000;
+        let sent = Instant::now();
+        let redis_us = clock.local_us(sent) + 1_000 + offset_us;
+        tokio::time::advance(Duration::from_millis(3)).await;
+        clock.record(redis_us, Instant::now());
+        let give_up = Instant::now() + Duration::from_millis(50);
+        let deadline = clock.deadline_us(give_up).unwrap();
+        let truth = clock.local_us(give_up) + offset_us;
+        assert!(deadline <= truth, "{deadline} > {truth}");
+        // At most the answer's way back (2 ms) and the drift allowance early.
+        assert!(truth - deadline <= 2_000 + 100, "{}", truth - deadline);
+        // A looser sample later does not loosen the bound; drift is allowed for as it ages.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        clock.record(
+            clock.local_us(Instant::now()) + offset_us - 40_000,
+            Instant::now(),
+        );
+        let give_up = Instant::now() + Duration::from_millis(50);
+        let deadline = clock.deadline_us(give_up).unwrap();
+        let truth = clock.local_us(give_up) + offset_us;
+        assert!(deadline <= truth && truth - deadline <= 2_000 + 1_100);
+        // An old sample is not trusted: the next operation samples again.
+        tokio::time::advance(MAX_SAMPLE_AGE + Duration::from_millis(1)).await;
+        assert_eq!(clock.deadline_us(Instant::now()), None);
     }
 
     #[tokio::test]

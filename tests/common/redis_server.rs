@@ -41,6 +41,18 @@ impl RedisServer {
         Self::start_on_free_ports(extra, true)
     }
 
+    /// One attempt on `port` (no TLS): `None` when no redis-server of ours answers there.
+    pub fn try_start_on(port: u16, extra: &[&str]) -> Option<RedisServer> {
+        let mut server = RedisServer {
+            child: None,
+            port,
+            tls_port: None,
+            dir: tempfile::tempdir().expect("temp dir for redis"),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        server.spawn().then_some(server)
+    }
+
     fn start_on_free_ports(extra: &[&str], tls: bool) -> RedisServer {
         let mut server = RedisServer {
             child: None,
@@ -61,7 +73,9 @@ impl RedisServer {
         panic!("redis-server did not start on free loopback ports");
     }
 
-    /// Runs redis-server on `self.port`; true once it answers PING.
+    /// Runs redis-server on `self.port`; true once it answers, and is the one we started:
+    /// another Redis already on the probed port answers PING too, while ours exits (the port is
+    /// taken), so the answer is only taken as ours when `INFO server` names our child's pid.
     fn spawn(&mut self) -> bool {
         let mut command = Command::new("redis-server");
         command
@@ -101,7 +115,7 @@ impl RedisServer {
                 // Exited: most likely the port was taken.
                 return false;
             }
-            if ping(self.port) {
+            if ping(self.port) && server_pid(self.port, self.password()) == Some(child.id()) {
                 self.child = Some(child);
                 return true;
             }
@@ -114,6 +128,15 @@ impl RedisServer {
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The `--requirepass` it was started with, if any.
+    fn password(&self) -> Option<&str> {
+        self.extra
+            .iter()
+            .position(|arg| arg == "--requirepass")
+            .and_then(|at| self.extra.get(at + 1))
+            .map(String::as_str)
     }
 
     /// The TLS port of a server started with [`Self::start_tls`].
@@ -159,9 +182,33 @@ impl RedisServer {
 
     /// Runs one command and returns its answer.
     pub async fn command(&self, args: &[&str]) -> redis::Value {
+        self.command_within(args, Duration::from_secs(5)).await
+    }
+
+    /// Runs one command as a client that logs in with `password` (`--requirepass`).
+    pub async fn command_authed(&self, password: &str, args: &[&str]) -> redis::Value {
+        let client = redis::Client::open(format!("redis://:{password}@127.0.0.1:{}", self.port))
+            .expect("redis client");
+        let mut connection = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to the test redis");
+        let mut command = redis::cmd(args[0]);
+        for arg in &args[1..] {
+            command.arg(*arg);
+        }
+        command
+            .query_async(&mut connection)
+            .await
+            .unwrap_or_else(|err| panic!("redis {args:?}: {err}"))
+    }
+
+    /// Runs one command, waiting up to `within` for its answer (e.g. through a `CLIENT PAUSE`).
+    pub async fn command_within(&self, args: &[&str], within: Duration) -> redis::Value {
+        let config = redis::AsyncConnectionConfig::new().set_response_timeout(Some(within));
         let mut connection = self
             .client()
-            .get_multiplexed_async_connection()
+            .get_multiplexed_async_connection_with_config(&config)
             .await
             .expect("connect to the test redis");
         let mut command = redis::cmd(args[0]);
@@ -201,6 +248,41 @@ fn ping(port: u16) -> bool {
     }
     let mut answer = [0u8; 5];
     stream.read_exact(&mut answer).is_ok() && (&answer == b"+PONG" || &answer == b"-NOAU")
+}
+
+/// The `process_id` a Redis on this port reports in `INFO server` (after `AUTH`, with a
+/// password), or `None` when it does not answer with one.
+fn server_pid(port: u16, password: Option<&str>) -> Option<u32> {
+    use std::io::{BufRead, BufReader, Read, Write};
+    fn resp(args: &[&str]) -> Vec<u8> {
+        let mut out = format!("*{}\r\n", args.len()).into_bytes();
+        for arg in args {
+            out.extend_from_slice(format!("${}\r\n{arg}\r\n", arg.len()).as_bytes());
+        }
+        out
+    }
+    let stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    let mut reader = BufReader::new(stream.try_clone().ok()?);
+    let mut writer = stream;
+    let mut line = String::new();
+    if let Some(password) = password {
+        writer.write_all(&resp(&["AUTH", password])).ok()?;
+        reader.read_line(&mut line).ok()?;
+        if !line.starts_with("+OK") {
+            return None;
+        }
+    }
+    writer.write_all(&resp(&["INFO", "server"])).ok()?;
+    line.clear();
+    reader.read_line(&mut line).ok()?;
+    let length: usize = line.strip_prefix('$')?.trim().parse().ok()?;
+    let mut body = vec![0u8; length];
+    reader.read_exact(&mut body).ok()?;
+    String::from_utf8_lossy(&body)
+        .lines()
+        .find_map(|l| l.strip_prefix("process_id:"))
+        .and_then(|pid| pid.trim().parse().ok())
 }
 
 /// A Redis Cluster of throwaway servers on loopback: each a [`RedisServer`] with cluster mode

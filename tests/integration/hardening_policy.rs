@@ -21,6 +21,7 @@ on_both_backends!(
     only_final_outcomes_are_kept_for_replays,
     one_tenant_cannot_evict_another_tenants_idempotency_entries,
     a_call_refused_by_the_tenant_quota_consumes_no_tool_quota,
+    a_call_refused_by_the_tool_quota_consumes_no_tenant_quota,
 );
 
 const APPROVE: &str = "toolgate:approve";
@@ -409,6 +410,54 @@ tools:
     server.clock.advance(Duration::from_secs(15 * 60));
     let second = exec(&mut client, &acme, call("metered", "{}")).await;
     assert_eq!(second.status(), ToolStatus::Ok, "{second:?}");
+    server.stop().await;
+}
+
+async fn a_call_refused_by_the_tool_quota_consumes_no_tenant_quota(backend: Backend) {
+    let catalog = r#"version: 1
+identity: { dev_identity: true }
+tenants: { acme: { rate_limit: 4/h } }
+tools:
+  - { name: free, description: No quota of its own., risk_level: read_only, executor: { builtin: echo_arguments }, input_schema: { type: object } }
+  - { name: metered, description: Two an hour., risk_level: read_only, rate_limit: 2/h, executor: { builtin: echo_arguments }, input_schema: { type: object } }
+"#;
+    let server = TestServer::start_on(backend, catalog).await;
+    let mut client = server.client().await;
+    let acme = who("acme");
+    for _ in 0..2 {
+        let used = exec(&mut client, &acme, call("metered", "{}")).await;
+        assert_eq!(used.status(), ToolStatus::Ok, "{used:?}");
+    }
+    // metered's 2/h is used up; these are refused by it and must not touch the tenant's 4/h,
+    // which has two calls left.
+    for _ in 0..3 {
+        let refused = exec(&mut client, &acme, call("metered", "{}")).await;
+        assert_eq!(refused.status(), ToolStatus::RateLimited);
+        assert!(
+            refused.error_message.contains("rate limit 2/h for metered"),
+            "refused by the wrong quota: {refused:?}"
+        );
+    }
+    let state = server.boundary().catalog();
+    let metered = state.catalog.resolve("metered", None, "acme").unwrap();
+    let views = state
+        .rate_limits
+        .view("acme", metered, state.catalog.tenants["acme"].rate_limit)
+        .await
+        .unwrap();
+    let remaining: Vec<(&str, u64)> = views.iter().map(|v| (v.scope, v.remaining)).collect();
+    assert_eq!(remaining, [("tool", 0), ("tenant", 2)]);
+    // The tenant's two calls are there for another tool, and then it is used up.
+    for _ in 0..2 {
+        let other = exec(&mut client, &acme, call("free", "{}")).await;
+        assert_eq!(other.status(), ToolStatus::Ok, "{other:?}");
+    }
+    let over = exec(&mut client, &acme, call("free", "{}")).await;
+    assert!(
+        over.status() == ToolStatus::RateLimited
+            && over.error_message.contains("overall rate limit"),
+        "{over:?}"
+    );
     server.stop().await;
 }
 

@@ -1,5 +1,6 @@
 //! Integration tests: the real server on an ephemeral port, driven through the generated client.
 
+mod approval_reasons;
 mod approvals;
 mod approvals_more;
 mod audit;
@@ -40,6 +41,10 @@ mod reload;
 mod shadow;
 mod shared_state;
 mod shutdown;
+mod state_approvals;
+mod state_late;
+mod state_refusals;
+mod state_secrets;
 mod support;
 mod traces;
 mod transport;

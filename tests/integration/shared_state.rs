@@ -32,15 +32,15 @@ const APPROVE: &str = "toolgate:approve";
 
 /// An HTTP upstream every sidecar calls: it counts the requests that reached it, and holds them
 /// while its gate is closed.
-struct Bank {
-    addr: std::net::SocketAddr,
+pub(crate) struct Bank {
+    pub(crate) addr: std::net::SocketAddr,
     paid: Arc<AtomicUsize>,
-    arrived: watch::Receiver<usize>,
-    gate: watch::Sender<bool>,
+    pub(crate) arrived: watch::Receiver<usize>,
+    pub(crate) gate: watch::Sender<bool>,
 }
 
 impl Bank {
-    async fn open() -> Bank {
+    pub(crate) async fn open() -> Bank {
         let paid = Arc::new(AtomicUsize::new(0));
         let (arrived_tx, arrived) = watch::channel(0usize);
         let (gate, gate_rx) = watch::channel(true);
@@ -71,7 +71,7 @@ impl Bank {
         }
     }
 
-    fn paid(&self) -> usize {
+    pub(crate) fn paid(&self) -> usize {
         self.paid.load(Ordering::SeqCst)
     }
 }
@@ -111,7 +111,7 @@ fn sidecars(dir: &std::path::Path, yaml: &str, n: usize) -> Vec<Spawned> {
     (0..n).map(|_| spawn(&["--config", &path])).collect()
 }
 
-async fn connect(addr: &str) -> Channel {
+pub(crate) async fn connect(addr: &str) -> Channel {
     tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect()
@@ -119,7 +119,7 @@ async fn connect(addr: &str) -> Channel {
         .unwrap()
 }
 
-async fn tools(sidecar: &Spawned) -> ToolGateClient<Channel> {
+pub(crate) async fn tools(sidecar: &Spawned) -> ToolGateClient<Channel> {
     ToolGateClient::new(connect(&sidecar.addr).await)
 }
 
@@ -135,7 +135,7 @@ fn bob() -> Who {
     who("acme").subject("bob").scopes(APPROVE)
 }
 
-fn keyed(tool: &str, args: &str, key: &str) -> proto::ToolCall {
+pub(crate) fn keyed(tool: &str, args: &str, key: &str) -> proto::ToolCall {
     let mut c = call(tool, args);
     c.idempotency_key = key.into();
     c
@@ -653,7 +653,7 @@ async fn a_flushed_script_cache_is_reloaded_transparently() {
 }
 
 /// `number_of_cached_scripts` from an `INFO memory` answer.
-fn number_of_cached_scripts(info: &redis::Value) -> u64 {
+pub(crate) fn number_of_cached_scripts(info: &redis::Value) -> u64 {
     let text = match info {
         redis::Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
         redis::Value::VerbatimString { text, .. } => text.clone(),
@@ -1042,7 +1042,10 @@ identity: {{ dev_identity: true }}
             "tenant quota",
             "toolgate:{tenant-0007}:rl:tenant:1000/60s/1000",
         ),
-        ("approval index", "toolgate:{tenant-0007}:apr:index"),
+        ("approvals pending", "toolgate:{tenant-0007}:apr:st:pending"),
+        ("approvals due", "toolgate:{tenant-0007}:apr:due"),
+        ("approvals sizes", "toolgate:{tenant-0007}:apr:sizes"),
+        ("approvals usage", "toolgate:{tenant-0007}:apr:usage"),
         ("idempotency index", "toolgate:{tenant-0007}:idem:index"),
         ("idempotency sizes", "toolgate:{tenant-0007}:idem:sizes"),
         ("idempotency usage", "toolgate:{tenant-0007}:idem:usage"),
@@ -1075,9 +1078,9 @@ identity: {{ dev_identity: true }}
     for (what, bytes) in &sizes {
         println!("  {what}: {bytes} bytes (MEMORY USAGE)");
     }
-    // An approval and its index, an idempotency entry and its three keys; of the quotas' two,
-    // those of the last tenants called may not have expired yet.
-    assert!((6 * 1000..=8 * 1000).contains(&keys), "{keys} keys");
+    // An approval and its four sets and totals, an idempotency entry and its three keys; of
+    // the quotas' two, those of the last tenants called may not have expired yet.
+    assert!((9 * 1000..=11 * 1000).contains(&keys), "{keys} keys");
     assert!(after - before < 8 * 1024 * 1000, "{} bytes", after - before);
     server.stop().await;
 }
@@ -1449,4 +1452,23 @@ async fn explain_on_one_sidecar_reads_what_the_others_did() {
     .await;
     assert!(replayed.idempotent_replay, "{replayed:?}");
     assert_eq!(bank.paid(), 2);
+}
+
+/// The throwaway Redis of a test is the one the test started: another Redis answering on the
+/// port it probed is not taken for it (the one we started exits, the port being taken).
+#[tokio::test]
+async fn a_redis_already_on_the_probed_port_is_not_taken_for_ours() {
+    let theirs = RedisServer::start();
+    assert!(
+        crate::redis_server::RedisServer::try_start_on(theirs.port(), &[]).is_none(),
+        "a Redis we did not start was taken for ours"
+    );
+    // With a password too (INFO needs AUTH then), ours is recognised as ours.
+    let ours = RedisServer::start_with(&["--requirepass", "pw"]);
+    assert!(ours.pid().is_some());
+    // And the other Redis still serves, untouched.
+    assert_eq!(
+        theirs.command(&["PING"]).await,
+        redis::Value::SimpleString("PONG".into())
+    );
 }

@@ -33,7 +33,10 @@ use super::{Budget, Key, Stored, outcome_unknown, overloaded, too_large_to_keep}
 use crate::{
     catalog::RiskLevel,
     error::{Reason, Refusal, Stage},
-    state::{Concern, Redis, StateError, redis::Reply},
+    state::{
+        self, Concern, Redis, StateError,
+        redis::{Op, Reply},
+    },
 };
 
 /// How much longer than its tool's timeout a claim holds when its sidecar goes silent.
@@ -43,10 +46,6 @@ const FIRST_POLL: Duration = Duration::from_millis(10);
 const MAX_POLL: Duration = Duration::from_millis(200);
 
 const PRELUDE: &str = r#"
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
 local entry, index, sizes, usage = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local function forget(prefix, member)
   local b = tonumber(redis.call('HGET', sizes, member)) or 0
@@ -82,7 +81,7 @@ end
 /// its bytes, the tenant's entry key prefix, this entry's member.
 /// {'owner'} | {'done', result} | {'running', ms left on its lease} | {'conflict'} | {'overloaded'}.
 const CLAIM: &str = r#"
-local now = now_ms()
+local now = now_ms
 local prefix, member = ARGV[11], ARGV[12]
 local window, lease = tonumber(ARGV[4]), tonumber(ARGV[3])
 for _, old in ipairs(redis.call('ZRANGEBYSCORE', index, '-inf', now, 'LIMIT', 0, 64)) do
@@ -113,9 +112,13 @@ local function over()
   return redis.call('ZCARD', index) >= max_entries or used() + base > max_bytes
 end
 if over() then
+  -- The oldest finished entries make room; so does a running claim whose lease has passed (its
+  -- sidecar went silent): nothing holds it any more, and it is as finished as a write whose
+  -- outcome is unknown.
   for _, old in ipairs(redis.call('ZRANGE', index, 0, 255)) do
     if not over() then break end
-    if redis.call('HGET', prefix .. old, 'state') ~= 'running' then forget(prefix, old) end
+    local g = redis.call('HMGET', prefix .. old, 'state', 'lease')
+    if g[1] ~= 'running' or now >= (tonumber(g[2]) or 0) then forget(prefix, old) end
   end
   if over() then return {'overloaded'} end
 end
@@ -135,7 +138,7 @@ return {'owner'}
 /// Keeps the result if this owner still holds the claim; over the tenant's byte budget, its
 /// oldest finished entries go first, then the result is replaced by the "too large" one.
 const FINISH: &str = r#"
-local now = now_ms()
+local now = now_ms
 local f = redis.call('HMGET', entry, 'owner', 'state', 'bytes')
 if f[1] ~= ARGV[1] or f[2] ~= 'running' then return 'stale' end
 local old = tonumber(f[3]) or 0
@@ -166,7 +169,7 @@ return 1
 /// changing nothing (ExplainTool): {'fresh'} | {'conflict'} | {'done', result} | {'running'} |
 /// {'lost', 1 for a write} (the owner's lease ran out).
 const PEEK: &str = r#"
-local now = now_ms()
+local now = now_ms
 local f = redis.call('HMGET', entry, 'args', 'state', 'lease', 'result', 'write')
 if not f[1] then return {'fresh'} end
 if f[1] ~= ARGV[1] then return {'conflict'} end
@@ -176,7 +179,7 @@ return {'lost', f[5]}
 "#;
 
 fn script(body: &str) -> Script {
-    Script::new(&format!("{PRELUDE}{body}"))
+    state::redis::script(&format!("{PRELUDE}{body}"))
 }
 
 static CLAIM_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(CLAIM));
@@ -233,22 +236,8 @@ impl RedisIdempotency {
         }
     }
 
-    async fn run(&self, script: &Script, keys: &Keys, args: &[&str]) -> Result<Reply, StateError> {
-        let mut invocation = script.prepare_invoke();
-        invocation
-            .key(&keys.entry)
-            .key(&keys.index)
-            .key(&keys.sizes)
-            .key(&keys.usage);
-        for arg in args {
-            invocation.arg(*arg);
-        }
-        let value = self.redis.invoke(Concern::Idempotency, &invocation).await?;
-        match value {
-            redis::Value::Array(_) => Reply::new(value),
-            // Single answers ('kept', 'stale', 1) are wrapped, so every reply reads alike.
-            other => Reply::new(redis::Value::Array(vec![other])),
-        }
+    async fn run(&self, op: &Op) -> Result<Reply, StateError> {
+        read(self.redis.invoke(Concern::Idempotency, op).await?)
     }
 
     /// What claiming `key` would find now, changing nothing; a claim whose sidecar went silent
@@ -261,7 +250,7 @@ impl RedisIdempotency {
     ) -> Result<super::Peek, Refusal> {
         let keys = self.keys(key);
         let reply = self
-            .run(&PEEK_SCRIPT, &keys, &[arguments_sha256])
+            .run(&keys.op(&PEEK_SCRIPT).arg(arguments_sha256))
             .await
             .map_err(unavailable)?;
         Ok(match reply.text(0).map_err(unavailable)?.as_str() {
@@ -301,35 +290,42 @@ impl RedisIdempotency {
             tool_version: tool_version.to_owned(),
         });
         let base = key.entry_bytes();
-        let (lease_ms, window_ms, max_entries, max_bytes, base_text, unknown_bytes) = (
-            millis(lease).to_string(),
-            millis(self.budget.window).to_string(),
-            self.budget.max_entries_per_tenant.to_string(),
-            self.budget.max_bytes_per_tenant.to_string(),
-            base.to_string(),
-            (base + unknown.1).to_string(),
-        );
-        let args = [
+        let op = keys.op(&CLAIM_SCRIPT).args([
             arguments_sha256,
             &owner,
-            &lease_ms,
-            &window_ms,
-            &max_entries,
-            &max_bytes,
-            &base_text,
+            &millis(lease).to_string(),
+            &millis(self.budget.window).to_string(),
+            &self.budget.max_entries_per_tenant.to_string(),
+            &self.budget.max_bytes_per_tenant.to_string(),
+            &base.to_string(),
             if write { "1" } else { "0" },
             &unknown.0,
-            &unknown_bytes,
+            &(base + unknown.1).to_string(),
             &keys.prefix,
             &keys.member,
-        ];
+        ]);
         let mut pause = FIRST_POLL;
         // Bounded by `wait_until` in time; the count bounds it whatever the clock does.
         for _ in 0..10_000 {
-            let reply = self
-                .run(&CLAIM_SCRIPT, &keys, &args)
-                .await
-                .map_err(unavailable)?;
+            let claimed_at = Instant::now();
+            let reply = match self.run(&op).await {
+                Ok(reply) => reply,
+                Err(err) => {
+                    if matches!(err, StateError::Timeout(_)) {
+                        // The claim may have been written just before the sidecar gave up
+                        // (a later start does nothing). This call never runs the tool, so the
+                        // claim is released — while its lease lasts, after which it is taken
+                        // over anyway.
+                        self.redis.retry_later(
+                            Concern::Idempotency,
+                            keys.release(&owner),
+                            claimed_at + lease,
+                            "release a claim that timed out",
+                        );
+                    }
+                    return Err(unavailable(err));
+                }
+            };
             match reply.text(0).map_err(unavailable)?.as_str() {
                 "owner" => {
                     return Ok(SharedClaim::Owner(SharedSlot {
@@ -342,6 +338,7 @@ impl RedisIdempotency {
                         write,
                         tool_version: tool_version.to_owned(),
                         base,
+                        lease_ends: claimed_at + lease,
                     }));
                 }
                 "done" => {
@@ -383,6 +380,25 @@ impl RedisIdempotency {
     }
 }
 
+impl Keys {
+    /// A script call on this key's four keys.
+    fn op(&self, script: &'static Script) -> Op {
+        Op::new(script)
+            .key(self.entry.as_str())
+            .key(self.index.as_str())
+            .key(self.sizes.as_str())
+            .key(self.usage.as_str())
+    }
+
+    /// Forgets the claim if `owner` still holds it (safe to repeat).
+    fn release(&self, owner: &str) -> Op {
+        self.op(&RELEASE_SCRIPT)
+            .arg(owner)
+            .arg(&self.prefix)
+            .arg(&self.member)
+    }
+}
+
 /// The right to run a keyed call. Dropped unfinished (the call was cancelled), it releases the
 /// key — unless a write's tool had started: then its outcome is unknown and kept as such. The
 /// drop cannot wait, so that is sent from a task of its own.
@@ -397,36 +413,40 @@ pub struct SharedSlot<'a> {
     tool_version: String,
     /// The entry's bytes before a result, as the in-memory store counts them.
     base: usize,
+    /// When the claim ends by itself if nothing settles it (as this sidecar reckons it).
+    lease_ends: Instant,
 }
 
 impl SharedSlot<'_> {
-    /// Keeps a final result for replays, or releases the key for a retryable one.
+    /// Keeps a final result for replays, or releases the key for a retryable one. If Redis
+    /// does not answer in time, the same is tried again from a task of its own while the lease
+    /// lasts (both are safe to repeat: they act only while this owner holds the claim).
     pub async fn finish(mut self, result: &Result<String, Refusal>) {
         self.finished = true;
-        let outcome = match result {
-            Err(refusal) if refusal.retryable => {
-                release(
-                    self.store.redis.clone(),
-                    self.keys.clone(),
-                    self.owner.clone(),
-                )
-                .await
-            }
-            _ => {
-                let stored = Stored {
-                    result: result.clone(),
-                    tool_version: self.tool_version.clone(),
-                };
-                self.keep(stored).await
-            }
+        let op = match result {
+            Err(refusal) if refusal.retryable => self.keys.release(&self.owner),
+            _ => self.keep(Stored {
+                result: result.clone(),
+                tool_version: self.tool_version.clone(),
+            }),
         };
-        if let Err(err) = outcome {
-            // The claim then ends with its lease: a write is kept as "outcome unknown".
-            tracing::warn!(error = %err, "could not store an idempotent call's outcome in the shared state");
+        if let Err(err) = self.store.redis.invoke(Concern::Idempotency, &op).await {
+            if matches!(err, StateError::Timeout(_)) {
+                self.store.redis.retry_later(
+                    Concern::Idempotency,
+                    op,
+                    self.lease_ends,
+                    "settle an idempotent call",
+                );
+            } else {
+                // The claim then ends with its lease: a write is kept as "outcome unknown".
+                tracing::warn!(error = %err, "could not store an idempotent call's outcome in the shared state");
+            }
         }
     }
 
-    async fn keep(&self, stored: Stored) -> Result<(), StateError> {
+    /// The script that keeps `stored` under this claim, within the tenant's byte budget.
+    fn keep(&self, stored: Stored) -> Op {
         let base = self.base;
         let budget = self.store.budget;
         let too_large = too_large_to_keep(&self.key, stored.clone());
@@ -437,30 +457,17 @@ impl SharedSlot<'_> {
         };
         let (result, result_bytes) = encode(&stored);
         let (fallback, fallback_bytes) = encode(&too_large);
-        let (bytes, fallback_bytes, window, max_bytes) = (
-            (base + result_bytes).to_string(),
-            (base + fallback_bytes).to_string(),
-            millis(budget.window).to_string(),
-            budget.max_bytes_per_tenant.to_string(),
-        );
-        self.store
-            .run(
-                &FINISH_SCRIPT,
-                &self.keys,
-                &[
-                    &self.owner,
-                    &result,
-                    &bytes,
-                    &fallback,
-                    &fallback_bytes,
-                    &window,
-                    &max_bytes,
-                    &self.keys.prefix,
-                    &self.keys.member,
-                ],
-            )
-            .await
-            .map(|_| ())
+        self.keys.op(&FINISH_SCRIPT).args([
+            self.owner.as_str(),
+            &result,
+            &(base + result_bytes).to_string(),
+            &fallback,
+            &(base + fallback_bytes).to_string(),
+            &millis(budget.window).to_string(),
+            &budget.max_bytes_per_tenant.to_string(),
+            &self.keys.prefix,
+            &self.keys.member,
+        ])
     }
 }
 
@@ -469,65 +476,35 @@ impl Drop for SharedSlot<'_> {
         if self.finished {
             return;
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let redis = self.store.redis.clone();
-        let keys = self.keys.clone();
-        let owner = self.owner.clone();
-        if self.started.load(Ordering::Acquire) && self.write {
-            let stored = Stored {
+        // The drop cannot wait: the outcome is sent (and retried) from a task of its own.
+        let (op, what) = if self.started.load(Ordering::Acquire) && self.write {
+            let unknown = Stored {
                 result: Err(outcome_unknown(&self.key)),
                 tool_version: self.tool_version.clone(),
             };
-            let (result, result_bytes) = encode(&stored);
-            let bytes = (self.base + result_bytes).to_string();
-            let window = millis(self.store.budget.window).to_string();
-            let max_bytes = self.store.budget.max_bytes_per_tenant.to_string();
-            runtime.spawn(async move {
-                let mut invocation = FINISH_SCRIPT.prepare_invoke();
-                invocation
-                    .key(&keys.entry)
-                    .key(&keys.index)
-                    .key(&keys.sizes)
-                    .key(&keys.usage)
-                    .arg(&owner)
-                    .arg(&result)
-                    .arg(&bytes)
-                    .arg(&result)
-                    .arg(&bytes)
-                    .arg(&window)
-                    .arg(&max_bytes)
-                    .arg(&keys.prefix)
-                    .arg(&keys.member);
-                if let Err(err) = redis.invoke(Concern::Idempotency, &invocation).await {
-                    tracing::warn!(error = %err, "could not record an idempotent write cancelled after it started; its key ends with its lease as outcome unknown");
-                }
-            });
+            (
+                self.keep(unknown),
+                "record an idempotent write cancelled after it started",
+            )
         } else {
-            runtime.spawn(async move {
-                if let Err(err) = release(redis, keys, owner).await {
-                    tracing::warn!(error = %err, "could not release a cancelled idempotent call's key; it ends with its lease");
-                }
-            });
-        }
+            (
+                self.keys.release(&self.owner),
+                "release a cancelled idempotent call's key",
+            )
+        };
+        self.store
+            .redis
+            .retry_later(Concern::Idempotency, op, self.lease_ends, what);
     }
 }
 
-async fn release(redis: Arc<Redis>, keys: Keys, owner: String) -> Result<(), StateError> {
-    let mut invocation = RELEASE_SCRIPT.prepare_invoke();
-    invocation
-        .key(&keys.entry)
-        .key(&keys.index)
-        .key(&keys.sizes)
-        .key(&keys.usage)
-        .arg(&owner)
-        .arg(&keys.prefix)
-        .arg(&keys.member);
-    redis
-        .invoke(Concern::Idempotency, &invocation)
-        .await
-        .map(|_| ())
+/// A script's reply as an array: single answers ('kept', 'stale', 1) are wrapped, so every
+/// reply reads alike.
+fn read(value: redis::Value) -> Result<Reply, StateError> {
+    match value {
+        redis::Value::Array(_) => Reply::new(value),
+        other => Reply::new(redis::Value::Array(vec![other])),
+    }
 }
 
 fn millis(duration: Duration) -> u64 {
