@@ -361,7 +361,10 @@ fn explain_json_says_what_the_text_says() {
         .collect();
     assert_eq!(refused_at, ["bind"], "{stages:?}");
     assert!(stages.contains(&("access", "passed")), "{stages:?}");
-    assert!(stages.contains(&("rate_limit", "not_reached")), "{stages:?}");
+    assert!(
+        stages.contains(&("rate_limit", "not_reached")),
+        "{stages:?}"
+    );
     // The same call within bounds: it would execute, with the bound value from the caller.
     let (code, allowed) = run(
         r#"toolgate explain rag_search --args '{"query":"q"}' --tenant acme --subject alice --json"#,
@@ -378,10 +381,7 @@ fn explain_json_says_what_the_text_says() {
         .expect("a bind stage");
     assert_eq!(bind["bound_arguments"][0]["path"], "filter.tenant");
     assert_eq!(bind["bound_arguments"][0]["value"], "acme");
-    assert_eq!(
-        allowed["arguments_sha256"].as_str().map(str::len),
-        Some(64)
-    );
+    assert_eq!(allowed["arguments_sha256"].as_str().map(str::len), Some(64));
     // The listing: rag_search is visible to acme.
     let (code, list) = run("toolgate explain --list --tenant acme --json");
     assert_eq!(code, Some(0));
