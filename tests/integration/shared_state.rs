@@ -847,6 +847,11 @@ async fn list_approvals_pages_through_the_tenants_approvals_in_creation_order(ba
     let mut client = server.client().await;
     let mut ids = Vec::new();
     for i in 0..7 {
+        // In memory, pairs share a millisecond of the test's clock (Redis's own clock decides
+        // there): creation time orders them, then ids within a millisecond.
+        if i % 2 == 0 {
+            server.clock.advance(std::time::Duration::from_millis(3));
+        }
         let id = exec(
             &mut client,
             &alice(),
@@ -875,16 +880,23 @@ async fn list_approvals_pages_through_the_tenants_approvals_in_creation_order(ba
             .into_inner();
         pages += 1;
         assert!(page.approvals.len() <= 3);
-        seen.extend(page.approvals.into_iter().map(|a| a.approval_id));
+        seen.extend(
+            page.approvals
+                .into_iter()
+                .map(|a| (a.created_at_unix_ms, a.approval_id)),
+        );
         token = page.next_page_token;
         if token.is_empty() {
             break;
         }
     }
-    // Created in the same millisecond, approvals still come in a stable order: by id.
+    // Across the pages: oldest first, ties by id, computed from the approvals' own fields.
+    let mut by_creation = seen.clone();
+    by_creation.sort();
+    assert_eq!(seen, by_creation, "the pages' order");
     let mut expected = ids.clone();
     expected.sort();
-    let mut got = seen.clone();
+    let mut got: Vec<String> = seen.iter().map(|(_, id)| id.clone()).collect();
     got.sort();
     assert_eq!(got, expected, "every approval exactly once");
     assert_eq!(pages, 3, "{seen:?}");
@@ -944,15 +956,27 @@ async fn the_password_comes_from_the_environment_is_checked_and_never_logged() {
     assert!(!logs.contains(secret), "{logs}");
 }
 
-/// What a Redis holds for 1,000 tenants, each with a tool quota and a tenant quota in use, one
-/// pending approval and one stored idempotent result (docs/performance.md, "What a Redis costs").
-/// A measurement rather than a check, so not run by default:
-/// `cargo test --test integration redis_cost -- --ignored --nocapture`.
+/// What a Redis holds for 1,000 tenants (docs/performance.md, "What a Redis costs"): the
+/// measurement, not run by default (`cargo test --test integration redis_cost -- --ignored
+/// --nocapture`).
 #[tokio::test]
 #[ignore = "a measurement for docs/performance.md; takes a minute in a debug build"]
 async fn redis_cost_per_1000_tenants() {
+    redis_cost(1000).await;
+}
+
+/// The same for 50 tenants, run by default: the keys and bytes per tenant the docs state hold.
+#[tokio::test]
+async fn redis_cost_per_50_tenants() {
+    redis_cost(50).await;
+}
+
+/// What a Redis holds for `n` tenants (a multiple of 50, at least 8), each with a tool quota and a
+/// tenant quota in use, one pending approval and one stored idempotent result; prints it and
+/// checks it against the per-tenant bounds docs/performance.md states.
+async fn redis_cost(n: usize) {
     let redis = RedisServer::start();
-    let tenants: String = (0..1000)
+    let tenants: String = (0..n)
         .map(|i| format!("  tenant-{i:04}: {{ rate_limit: 1000/min }}\n"))
         .collect();
     let yaml = format!(
@@ -987,7 +1011,7 @@ identity: {{ dev_identity: true }}
     exec(&mut client, &who("tenant-0000"), call("search", "{}")).await;
     redis.command(&["FLUSHALL"]).await;
     let before = used_memory(redis.command(&["INFO", "memory"]).await);
-    for chunk in 0..20 {
+    for chunk in 0..n / 50 {
         let calls = (0..50).map(|j| {
             let mut client = client.clone();
             let tenant = format!("tenant-{:04}", chunk * 50 + j);
@@ -1072,7 +1096,7 @@ identity: {{ dev_identity: true }}
         ));
     }
     println!(
-        "1,000 tenants: {keys} keys, used_memory grew by {} bytes",
+        "{n} tenants: {keys} keys, used_memory grew by {} bytes",
         after - before
     );
     for (what, bytes) in &sizes {
@@ -1080,8 +1104,31 @@ identity: {{ dev_identity: true }}
     }
     // An approval and its four sets and totals, an idempotency entry and its three keys; of
     // the quotas' two, those of the last tenants called may not have expired yet.
-    assert!((9 * 1000..=11 * 1000).contains(&keys), "{keys} keys");
-    assert!(after - before < 8 * 1024 * 1000, "{} bytes", after - before);
+    // What all the keys hold, per tenant (the docs' ~3.7 KB), and used_memory's growth, which
+    // also counts Redis's fixed costs (its tables grow in powers of two): under 1 MiB of those.
+    let mut held = 0;
+    if let redis::Value::Array(all) = redis.command(&["KEYS", "*"]).await {
+        for key in all {
+            if let redis::Value::BulkString(bytes) = key {
+                let key = String::from_utf8(bytes).unwrap();
+                if let redis::Value::Int(bytes) = redis.command(&["MEMORY", "USAGE", &key]).await {
+                    held += bytes;
+                }
+            }
+        }
+    }
+    println!(
+        "  all keys: {held} bytes (MEMORY USAGE), {} per tenant",
+        held / i64::try_from(n).unwrap()
+    );
+    let n = i64::try_from(n).unwrap();
+    assert!((9 * n..=11 * n).contains(&keys), "{keys} keys");
+    assert!(held < 4096 * n, "{held} bytes in the keys");
+    assert!(
+        after - before < 8 * 1024 * n + 1024 * 1024,
+        "{} bytes",
+        after - before
+    );
     server.stop().await;
 }
 
