@@ -811,7 +811,7 @@ fn describe_quota(quota: &QuotaTrail) -> String {
     match quota.remaining {
         Some(left) => format!("the {} quota {} ({left} left now)", quota.scope, quota.rate),
         None => format!(
-            "the {} quota {} (not kept by the served catalog: counted as full)",
+            "the {} quota {} (not kept by the served catalog: taken as unused, all of it left)",
             quota.scope, quota.rate
         ),
     }

@@ -31,7 +31,8 @@ enum Group {
     },
     Bound {
         tool: String,
-        paths: String,
+        /// The candidate's bound paths, as the event lists them.
+        paths: Vec<String>,
     },
 }
 
@@ -68,9 +69,9 @@ impl Group {
                 "{count} {calls} of {tool} would resolve to version {would} instead of {was}"
             ),
             Group::Bound { tool, paths } => {
-                let paths = match paths.as_str() {
-                    "" => String::new(),
-                    paths => format!(" ({paths})"),
+                let paths = match paths.is_empty() {
+                    true => String::new(),
+                    false => format!(" ({})", paths.join(", ")),
                 };
                 format!("{count} {calls} of {tool} would send other bound arguments{paths}")
             }
@@ -220,15 +221,17 @@ fn groups_of(event: &Value, candidate: &Value) -> Vec<Group> {
         });
     }
     if differences.contains(&"bound_arguments") {
-        let paths: Vec<&str> = candidate
+        let paths = candidate
             .get("bound_arguments")
             .and_then(Value::as_array)
-            .map(|p| p.iter().filter_map(Value::as_str).collect())
+            .map(|p| {
+                p.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_owned)
+                    .collect()
+            })
             .unwrap_or_default();
-        groups.push(Group::Bound {
-            tool,
-            paths: paths.join(", "),
-        });
+        groups.push(Group::Bound { tool, paths });
     }
     groups
 }

@@ -345,6 +345,17 @@ async fn differences_are_recorded_exactly_and_the_served_decisions_are_unchanged
     assert_eq!(differences("lookup", "tool_version"), 1.0);
     assert_eq!(metric(&text, "toolgate_shadow_differences_total", &[]), 4.0);
     assert_eq!(metric(&text, "toolgate_shadow_skipped_total", &[]), 0.0);
+    // The candidate's revision, as the loader reported it.
+    let revision = status.revision.clone().expect("loaded");
+    assert_eq!(
+        metric(
+            &text,
+            "toolgate_shadow_catalog_revision_info",
+            &[("revision", &revision)]
+        ),
+        1.0,
+        "{text}"
+    );
 
     // The report over the audit file, from the real binary.
     let out = Command::new(env!("CARGO_BIN_EXE_toolgate"))
@@ -361,6 +372,30 @@ async fn differences_are_recorded_exactly_and_the_served_decisions_are_unchanged
     ] {
         assert!(report.contains(line), "no {line:?} in:\n{report}");
     }
+    // The same for machines: each group with its count, most frequent first (ties by tool).
+    let out = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args([
+            "shadow-report",
+            "--json",
+            &server.audit_path.display().to_string(),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let report: Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    assert_eq!(report["events"], 3);
+    assert_eq!(report["unreadable_lines"], 0);
+    assert_eq!(report["candidate_revisions"][&revision], 3);
+    assert_eq!(
+        report["differences"],
+        serde_json::json!([
+            {"count": 1, "kind": "decision", "tool": "create_ticket", "was": "OK",
+             "status": "DENIED", "refused_by": "access", "error_type": "denied_by_policy",
+             "rule": "tenants.globex.deny[1]", "rule_pattern": "create_*"},
+            {"count": 1, "kind": "tool_version", "tool": "lookup", "was": "1", "would": "2"},
+            {"count": 1, "kind": "bound_arguments", "tool": "search", "paths": ["filter.owner"]},
+        ])
+    );
     server.stop().await;
 }
 
@@ -583,4 +618,149 @@ async fn an_unchanged_candidate_is_not_parsed_again_on_every_poll() {
     assert_eq!(changed.parses, loaded.parses + 2, "{changed:?}");
     assert_eq!(parses().await, parsed + 2.0);
     server.stop().await;
+}
+
+#[tokio::test]
+async fn a_quota_the_candidate_adds_or_changes_starts_unused() {
+    // The candidate changes limited's quota (2/min to 5/min) and gives echo one it did not have:
+    // the served calls built no state for either, so the candidate takes both as unused, as a
+    // sidecar serving it would on its first day. (Unchanged quotas are read from the served
+    // state: the first test's limited calls differ in nothing.)
+    let dir = tempfile::tempdir().unwrap();
+    let candidate_file = dir.path().join("candidate.yaml");
+    let candidate = SERVED.replace("rate_limit: 2/min", "rate_limit: 5/min").replace(
+        "    description: Returns text.\n    risk_level: read_only\n    executor: { builtin: echo }\n",
+        "    description: Returns text.\n    risk_level: read_only\n    rate_limit: 1/min\n    executor: { builtin: echo }\n",
+    );
+    assert_eq!(candidate.matches("rate_limit:").count(), 2);
+    std::fs::write(&candidate_file, candidate).unwrap();
+    let server = TestServer::start(&served(&candidate_file)).await;
+    loaded(&server, 1).await;
+    let mut client = server.client().await;
+    // Served: two limited calls pass and the third is refused; echo has no quota.
+    for (id, tool, status) in [
+        ("limited-1", "limited", ToolStatus::Ok),
+        ("limited-2", "limited", ToolStatus::Ok),
+        ("limited-3", "limited", ToolStatus::RateLimited),
+        ("echo-1", "echo", ToolStatus::Ok),
+    ] {
+        let r = exec(
+            &mut client,
+            &who("acme"),
+            with_id(id, tool, r#"{"text":"x"}"#),
+        )
+        .await;
+        assert_eq!(r.status(), status, "{id}: {r:?}");
+    }
+    compared(&server, 4.0).await;
+    // The candidate's 5/min had all of its calls left for the third; its 1/min for echo had one.
+    let events = server.audit_events().await;
+    let shadow: Vec<(&str, &str, &str)> = events
+        .iter()
+        .filter(|e| e["kind"] == "shadow_decision")
+        .map(|e| {
+            (
+                e["call_id"].as_str().unwrap(),
+                e["status"].as_str().unwrap(),
+                e["candidate"]["status"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(shadow, [("limited-3", "RATE_LIMITED", "OK")]);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_difference_finding_the_audit_queue_full_is_counted_not_waited_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("audit.fifo");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    // The sink: a FIFO whose reader reads nothing until released.
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let reader_path = fifo.clone();
+    let reader = std::thread::spawn(move || {
+        let mut file = std::fs::File::open(reader_path).unwrap();
+        // SAFETY: F_SETPIPE_SZ on a pipe this thread owns; one page, so a few events fill it.
+        unsafe {
+            libc::fcntl(
+                std::os::fd::AsRawFd::as_raw_fd(&file),
+                libc::F_SETPIPE_SZ,
+                4096,
+            );
+        }
+        released.recv().unwrap();
+        let mut all = String::new();
+        std::io::Read::read_to_string(&mut file, &mut all).unwrap();
+        all
+    });
+    // Every echo of acme differs: the candidate denies it.
+    let candidate_file = dir.path().join("candidate.yaml");
+    std::fs::write(
+        &candidate_file,
+        SERVED.replace("  acme: {}\n", "  acme: { deny: [echo] }\n"),
+    )
+    .unwrap();
+    let yaml = served(&candidate_file).replacen(
+        "version: 1\n",
+        &format!(
+            "version: 1\nserver: {{ shutdown_grace: 5s }}\naudit: {{ sink: file, path: {}, queue_capacity: 8 }}\n",
+            fifo.display()
+        ),
+        1,
+    );
+    let server = TestServer::start_raw(&yaml).await;
+    loaded(&server, 1).await;
+    let executions = server.builtins().executions();
+    // Thirty calls at once whose clients give up after 300 ms: the first take the queue's
+    // slots (and the pipe's room) before any difference is found; the rest wait.
+    let client = server.client().await;
+    let calls = (0..30).map(|i| {
+        let mut client = client.clone();
+        async move {
+            let mut request = who("acme").request(crate::support::execute_request(with_id(
+                &format!("c-{i}"),
+                "echo",
+                r#"{"text":"x"}"#,
+            )));
+            request.set_timeout(Duration::from_millis(300));
+            client.execute_tool(request).await.map(|_| ())
+        }
+    });
+    let results = futures::future::join_all(calls).await;
+    assert!(results.iter().any(Result::is_err), "the queue never filled");
+    let ran = server.builtins().executions() - executions;
+    assert!(ran > 0, "nothing ran");
+    // Every call that ran is compared, and differs; the differences that found no free slot
+    // are counted as skipped, not waited for.
+    compared(&server, ran as f64).await;
+    let text = metrics(&server).await;
+    let skipped = metric(
+        &text,
+        "toolgate_shadow_skipped_total",
+        &[("reason", "audit_full")],
+    );
+    assert!(skipped >= 1.0, "{text}");
+    assert_eq!(
+        metric(&text, "toolgate_shadow_differences_total", &[]),
+        2.0 * ran as f64,
+        "status and refused_by of each, counted whether or not audited"
+    );
+    release.send(()).unwrap();
+    server.stop().await;
+    let written: Vec<Value> = reader
+        .join()
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("whole JSON lines"))
+        .collect();
+    let decisions = written
+        .iter()
+        .filter(|e| e["kind"] == "shadow_decision")
+        .count();
+    assert_eq!(
+        decisions as f64,
+        ran as f64 - skipped,
+        "each difference audited or skipped"
+    );
 }
