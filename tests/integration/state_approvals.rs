@@ -371,3 +371,123 @@ async fn a_reload_invalidates_every_open_approval_however_many() {
     assert_eq!(invalidated, expected);
     server.stop().await;
 }
+
+/// Redis's own time (µs) of each script it ran since the last `SLOWLOG RESET`, by whether its
+/// keys are `tenant`'s: (the tenant's, everyone else's).
+async fn script_times(redis: &RedisServer, tenant: &str) -> (Vec<u64>, Vec<u64>) {
+    let tag = format!("{{{tenant}}}");
+    let (mut ours, mut others) = (Vec::new(), Vec::new());
+    let redis::Value::Array(entries) = redis.command(&["SLOWLOG", "GET", "-1"]).await else {
+        panic!("SLOWLOG answered otherwise");
+    };
+    for entry in entries {
+        let redis::Value::Array(fields) = entry else {
+            continue;
+        };
+        let (Some(redis::Value::Int(us)), Some(redis::Value::Array(args))) =
+            (fields.get(2), fields.get(3))
+        else {
+            continue;
+        };
+        if args.first() != Some(&redis::Value::BulkString(b"EVALSHA".to_vec())) {
+            continue;
+        }
+        let names_tenant = args.iter().any(|arg| {
+            matches!(arg, redis::Value::BulkString(bytes) if String::from_utf8_lossy(bytes).contains(&tag))
+        });
+        match names_tenant {
+            true => ours.push(*us as u64),
+            false => others.push(*us as u64),
+        }
+    }
+    ours.sort_unstable();
+    others.sort_unstable();
+    (ours, others)
+}
+
+#[tokio::test]
+async fn a_tenant_flooding_approval_requests_leaves_a_quiet_tenant_unaffected() {
+    let redis = RedisServer::start_with(&[
+        "--slowlog-log-slower-than",
+        "0",
+        "--slowlog-max-len",
+        "100000",
+    ]);
+    let yaml = catalog(
+        &redis,
+        "{ ttl: 1h, max_per_tenant: 1000, max_bytes_per_tenant: 16777216 }",
+    )
+    .replace(
+        "tools:\n",
+        "tools:\n  - { name: counted, description: Echo with a quota., risk_level: read_only, rate_limit: 100000/min, executor: { builtin: echo }, input_schema: { type: object, properties: { text: { type: string } } } }\n",
+    );
+    let server = TestServer::start(&yaml).await;
+    // acme at its budget: each new request makes room by forgetting its oldest finished one.
+    fill_with_finished(&server, "acme", 1000).await;
+    redis.command(&["SLOWLOG", "RESET"]).await;
+    let client = server.client().await;
+    let quiet = |n: usize| {
+        let client = client.clone();
+        async move {
+            let mut client = client;
+            let mut statuses = Vec::new();
+            for i in 0..n {
+                let r = exec(
+                    &mut client,
+                    &who("globex"),
+                    call("counted", &format!(r#"{{"text":"{i}"}}"#)),
+                )
+                .await;
+                statuses.push((r.status(), r.error_type));
+            }
+            statuses
+        }
+    };
+    // At the same time: acme's 240 requests from eight clients, globex's 100 quota checks.
+    let flood = join_all((0..8).map(|c| {
+        let mut client = client.clone();
+        async move {
+            for i in 0..30 {
+                let asked = exec(
+                    &mut client,
+                    &who("acme"),
+                    call("approve_me", &format!(r#"{{"flood":{}}}"#, c * 30 + i)),
+                )
+                .await;
+                assert_eq!(asked.status(), ToolStatus::ApprovalRequired, "{asked:?}");
+            }
+        }
+    }));
+    let (_, statuses) = tokio::join!(flood, quiet(100));
+    assert!(
+        statuses.iter().all(|(status, _)| *status == ToolStatus::Ok),
+        "{statuses:?}"
+    );
+    let (acme, globex) = script_times(&redis, "acme").await;
+    // SLOWLOG keeps the latest 100,000 entries (the scripts' own commands are logged too).
+    assert!(!acme.is_empty() && !globex.is_empty());
+    // What the quiet tenant's scripts waited behind: acme's, each short (the old layout's took
+    // 2-4 ms each at a thousand approvals, read from SLOWLOG the same way).
+    let p90 = acme[acme.len() * 9 / 10];
+    println!(
+        "acme's requests: median {} µs, p90 {p90} µs; globex's quota checks: median {} µs",
+        acme[acme.len() / 2],
+        globex[globex.len() / 2]
+    );
+    assert!(
+        p90 < 1000,
+        "acme's approval requests took {p90} µs of Redis (p90)"
+    );
+    // Every one of globex's quotas was decided by Redis, none locally or refused.
+    let (_, page) = crate::support::http_get(server.admin_addr(), "/metrics").await;
+    assert_eq!(
+        crate::support::metric(&page, "toolgate_rate_limit_local_decisions_total", &[]),
+        0.0
+    );
+    assert_eq!(
+        crate::support::metric(&page, "toolgate_state_failures_total", &[]),
+        0.0,
+        "{page}"
+    );
+    server.stop().await;
+}
