@@ -32,6 +32,9 @@ use crate::{
 };
 
 mod json;
+mod shadow;
+
+pub use shadow::{CandidateDecision, ShadowRecord};
 
 /// What an event records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -97,7 +100,7 @@ pub struct AuditEvent {
     pub suppressed: Option<u64>,
     /// For shadow decisions: what differs, and the candidate catalog's decision.
     #[serde(flatten)]
-    pub shadow: Option<Box<crate::shadow::ShadowRecord>>,
+    pub shadow: Option<Box<ShadowRecord>>,
 }
 
 /// When an event happened, in Unix milliseconds; written as RFC 3339 with milliseconds. Kept as a
@@ -205,7 +208,7 @@ fn as_display<T: fmt::Display, S: Serializer>(
 /// metric and in the next event written.
 #[derive(Debug)]
 pub struct RefusedCallers {
-    quota: crate::limits::SingleQuota,
+    quota: crate::gcra::SingleQuota,
     suppressed_since: AtomicU64,
     suppressed_total: AtomicU64,
     clock: crate::clock::SharedClock,
@@ -218,7 +221,7 @@ const MAX_REFUSED_REASON: usize = 256;
 impl RefusedCallers {
     pub fn new(rate: crate::settings::Rate, clock: crate::clock::SharedClock) -> Self {
         RefusedCallers {
-            quota: crate::limits::SingleQuota::new(rate, clock.clone()),
+            quota: crate::gcra::SingleQuota::new(rate, clock.clone()),
             suppressed_since: AtomicU64::new(0),
             suppressed_total: AtomicU64::new(0),
             clock,

@@ -10,7 +10,7 @@
 use serde_json::Value;
 
 use super::{
-    Boundary, CallOutcome, CallRequest, Turn, access,
+    Boundary, CallRequest, Turn, access,
     idempotency::Peek,
     policy::{self, Decided, Seen},
     redact, scopes, structure, visibility,
@@ -20,6 +20,7 @@ use crate::{
     error::{Reason, Refusal, Stage},
     identity::Caller,
     limits::{Quotas, describe},
+    outcome::CallOutcome,
 };
 
 /// The scope a JWT caller needs to call ExplainTool (dev identity callers need none).

@@ -12,7 +12,7 @@ pub mod access;
 pub mod bind;
 pub mod explain;
 pub mod idempotency;
-pub mod outcome;
+mod observer;
 mod permit;
 mod policy;
 pub mod resolve;
@@ -35,7 +35,7 @@ use futures::{FutureExt, StreamExt, stream};
 use opentelemetry::trace::{SpanId, TraceId};
 use tokio::time::Instant;
 
-pub use outcome::CallOutcome;
+pub(crate) use observer::{CallObserver, FinishedCall};
 pub use permit::Permit;
 
 use crate::{
@@ -49,6 +49,7 @@ use crate::{
     identity::Caller,
     limits::Quotas,
     metrics::Metrics,
+    outcome::CallOutcome,
     settings::LimitsConfig,
     state,
     telemetry::spans,
@@ -170,8 +171,8 @@ pub struct Boundary {
     metrics: Arc<Metrics>,
     /// Set when the shutdown grace period is over: running calls end as CANCELLED.
     hard_stop: tokio::sync::watch::Sender<bool>,
-    /// The shadow candidate catalog, compared with every call off the response path.
-    shadow: crate::shadow::Shadow,
+    /// Told of every finished call (the shadow catalog's worker), once the server registers it.
+    observer: std::sync::OnceLock<Arc<dyn CallObserver>>,
     /// Makes the calls' spans; off unless traces are exported.
     tracer: spans::Tracer,
     /// What the calls in flight may hold of parsed arguments.
@@ -224,7 +225,7 @@ impl Boundary {
             clock,
             metrics,
             hard_stop: tokio::sync::watch::channel(false).0,
-            shadow: crate::shadow::Shadow::new(),
+            observer: std::sync::OnceLock::new(),
             tracer: spans::Tracer::off(),
             arguments_budget,
         }
@@ -241,9 +242,9 @@ impl Boundary {
         &self.tracer
     }
 
-    /// The shadow candidate catalog and its queue.
-    pub fn shadow(&self) -> &crate::shadow::Shadow {
-        &self.shadow
+    /// Has `observer` told of every call finished from now on; `false` if one already is.
+    pub(crate) fn observe_calls(&self, observer: Arc<dyn CallObserver>) -> bool {
+        self.observer.set(observer).is_ok()
     }
 
     /// The catalog in force now.
@@ -465,17 +466,24 @@ impl Boundary {
             if let Some(arguments) = &trail.arguments {
                 spans::record_content(&mut span, arguments, &outcome);
             }
-            // The shadow candidate, if any, decides the same call later, off the response path.
-            let request = || CallRequest {
-                call_id: call.call_id,
-                name: outcome.tool.clone(),
-                arguments_json: call.arguments_json,
-                version: call.version,
-                idempotency_key: call.idempotency_key,
-                approval_id: call.approval_id,
-            };
-            self.shadow
-                .offer(self, turn, index, request, &outcome, trail);
+            // An observer (the shadow candidate) decides the same call later, off the response
+            // path.
+            if let Some(observer) = self.observer.get().filter(|o| o.wants_calls()) {
+                observer.finished(FinishedCall {
+                    turn,
+                    index,
+                    request: CallRequest {
+                        call_id: call.call_id,
+                        name: outcome.tool.clone(),
+                        arguments_json: call.arguments_json,
+                        version: call.version,
+                        idempotency_key: call.idempotency_key,
+                        approval_id: call.approval_id,
+                    },
+                    outcome: &outcome,
+                    trail,
+                });
+            }
             guard.finish(&outcome);
             outcome
         }

@@ -13,9 +13,9 @@ use super::{CallRequest, bind, resolve, schema, scopes, structure};
 use crate::{
     approvals, canonical,
     catalog::{Catalog, ToolVersion},
-    config::LimitsConfig,
     error::Refusal,
     identity::Caller,
+    settings::LimitsConfig,
 };
 
 /// What stages 1–7 let through: the tool and the final arguments the backend would receive.

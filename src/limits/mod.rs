@@ -13,7 +13,6 @@
 //! [`Quotas`] is what the boundary calls: this memory limiter, or the quotas shared by every
 //! sidecar through Redis ([`redis`]).
 
-pub mod gcra;
 pub mod redis;
 
 use std::{
@@ -22,6 +21,7 @@ use std::{
     time::Duration,
 };
 
+use crate::gcra::{self, Gcra};
 use crate::{
     catalog::{Catalog, ToolVersion},
     clock::SharedClock,
@@ -29,7 +29,6 @@ use crate::{
     settings::Rate,
     state::{self, StateError},
 };
-use gcra::Gcra;
 use redis::SharedQuotas;
 
 /// The rate limiter of one catalog: this sidecar's memory, or shared through Redis.
@@ -333,38 +332,6 @@ fn find_rate(limiters: &[(Rate, Arc<Cells>)], rate: Rate) -> Option<Arc<Cells>> 
         .iter()
         .find(|(limiter_rate, _)| *limiter_rate == rate)
         .map(|(_, cells)| cells.clone())
-}
-
-/// One quota with no keys, e.g. for audit events of refused callers: a flood costs a counter,
-/// not the disk.
-#[derive(Debug)]
-pub struct SingleQuota {
-    gcra: Gcra,
-    tat: Mutex<Option<u64>>,
-    clock: SharedClock,
-}
-
-impl SingleQuota {
-    pub fn new(rate: Rate, clock: SharedClock) -> Self {
-        SingleQuota {
-            gcra: Gcra::new(rate),
-            tat: Mutex::new(None),
-            clock,
-        }
-    }
-
-    /// Takes one cell if there is one.
-    pub fn try_take(&self) -> bool {
-        let now = gcra::nanos(self.clock.monotonic());
-        let mut tat = self.tat.lock().unwrap_or_else(PoisonError::into_inner);
-        match self.gcra.decide(*tat, now) {
-            Ok(next) => {
-                *tat = Some(next);
-                true
-            }
-            Err(_) => false,
-        }
-    }
 }
 
 /// How often idle rate-limit keys are shed.

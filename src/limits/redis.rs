@@ -1,6 +1,6 @@
 //! Rate limits shared through Redis: both quotas of a call decided by one Lua script, so the
 //! decision is atomic across every sidecar and costs one round trip. The script runs
-//! [`Gcra::decide`](super::gcra::Gcra::decide) in microseconds on Redis's own clock (`TIME`), so
+//! [`Gcra::decide`](crate::gcra::Gcra::decide) in microseconds on Redis's own clock (`TIME`), so
 //! sidecar clock skew does not matter; a call refused by one quota consumes neither.
 //!
 //! Keys are `<prefix>{<tenant>}:rl:tool:<tool>:<rate>` and `<prefix>{<tenant>}:rl:tenant:<rate>`:
@@ -18,7 +18,8 @@ use std::{
 
 use redis::Script;
 
-use super::{QuotaView, RateLimits, gcra::Gcra, tenant_refusal, tool_refusal};
+use super::{QuotaView, RateLimits, tenant_refusal, tool_refusal};
+use crate::gcra::Gcra;
 use crate::{
     catalog::ToolVersion,
     error::{Reason, Refusal, Stage},

@@ -21,7 +21,7 @@ use prometheus_client::{
 };
 use tokio::{net::TcpListener, task::JoinHandle};
 
-use crate::{boundary::CallOutcome, error::Status};
+use crate::{error::Status, outcome::CallOutcome};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CallLabels {

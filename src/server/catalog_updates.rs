@@ -37,6 +37,7 @@ use crate::{
     executor::mcp::Discovered,
     identity::IdentityResolver,
     settings::CatalogWatch,
+    shadow::Shadow,
 };
 
 /// A reload request and where to send its outcome: the new revision, or why it was refused.
@@ -60,6 +61,8 @@ pub struct Updater {
     pub restart_required: Arc<AtomicBool>,
     /// The TCP address served, whose exposure dev identity must respect.
     pub listen: Option<SocketAddr>,
+    /// The shadow candidate, re-read with each reload.
+    pub shadow: Arc<Shadow>,
 }
 
 /// What the file watcher last saw and last served.
@@ -229,7 +232,7 @@ async fn reload(
         );
     }
     // The shadow candidate is read again too (its path may have changed).
-    boundary.shadow().configure(shadow_catalog);
+    updater.shadow.configure(shadow_catalog);
     boundary.metrics().reload("ok");
     updater.restart_required.store(false, Ordering::Relaxed);
     watched.served = loaded;

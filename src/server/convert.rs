@@ -7,10 +7,11 @@ use tonic::{Code, Status as GrpcStatus};
 
 use crate::{
     approvals::{Approval, ApprovalState, DecideError},
-    boundary::{CallOutcome, CallRequest},
+    boundary::CallRequest,
     catalog::{RiskLevel, ToolVersion},
     error::Status,
     identity::IdentityError,
+    outcome::CallOutcome,
     proto,
 };
 

@@ -39,6 +39,7 @@ use crate::{
 };
 use crate::{
     metrics::{AdminState, Metrics, Snapshot, serve_admin},
+    shadow::Shadow,
     telemetry::spans::TraceContextLayer,
 };
 use admission::AdmissionLayer;
@@ -100,6 +101,8 @@ pub struct Running {
     state_health: Option<[JoinHandle<()>; 2]>,
     /// The admission of RPCs (identity, caps on calls in flight); also what shutdown drains.
     in_flight: AdmissionLayer,
+    /// The shadow candidate catalog and its queue.
+    shadow: Arc<Shadow>,
 }
 
 impl Running {
@@ -119,6 +122,11 @@ impl Running {
 
     pub fn boundary(&self) -> &Arc<Boundary> {
         &self.boundary
+    }
+
+    /// The shadow candidate catalog (`shadow_catalog`) and what its loader did.
+    pub fn shadow(&self) -> &Arc<Shadow> {
+        &self.shadow
     }
 
     /// Re-reads the catalog file now; returns the new revision, or why the file was refused
@@ -281,6 +289,8 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
     };
     let listen = options.listen.or(config.server.listen);
     let restart_required = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // The shadow candidate (`shadow_catalog`): told of every call, compared by its worker.
+    let shadow = Shadow::observe(&boundary);
     let catalog_updates = tokio::spawn(catalog_updates::run(
         catalog_updates::Updater {
             boundary: boundary.clone(),
@@ -288,6 +298,7 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
             clock: clock.clone(),
             restart_required: restart_required.clone(),
             listen,
+            shadow: shadow.clone(),
         },
         config.catalog_inputs,
         source,
@@ -295,11 +306,14 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         reload_requests,
     ));
     let mut background = vec![catalog_updates];
-    // The shadow candidate (`shadow_catalog`): its loader and the worker comparing calls.
-    boundary.shadow().configure(config.shadow_catalog.clone());
-    background.push(tokio::spawn(crate::shadow::run(boundary.clone())));
-    background.push(tokio::spawn(crate::shadow::candidate::watch(
+    // Its loader and the worker comparing calls.
+    shadow.configure(config.shadow_catalog.clone());
+    background.push(tokio::spawn(crate::shadow::run(
         boundary.clone(),
+        shadow.clone(),
+    )));
+    background.push(tokio::spawn(crate::shadow::candidate::watch(
+        shadow.clone(),
         shadow_loader,
     )));
     if options.reload_on_sighup {
@@ -483,6 +497,7 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         admin,
         state_health,
         in_flight,
+        shadow,
     })
 }
 

@@ -15,16 +15,15 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use tokio::sync::watch;
 
-use super::{Candidate, LoadStatus};
+use super::{Candidate, LoadStatus, Shadow};
 use crate::{
-    boundary::Boundary,
     catalog::Catalog,
     config::{Config, Env, catalog_dir},
     executor::mcp::{Discovered, McpServerConfig},
     settings::CatalogWatch,
 };
 
-/// What the loader needs besides the boundary.
+/// What the loader needs besides the shadow it loads for.
 pub struct Loader {
     pub env: Env,
     pub poll_interval: Duration,
@@ -34,8 +33,8 @@ pub struct Loader {
 }
 
 /// Runs until the server stops.
-pub async fn watch(boundary: Arc<Boundary>, mut loader: Loader) {
-    let mut path = boundary.shadow().path.subscribe();
+pub async fn watch(shadow: Arc<Shadow>, mut loader: Loader) {
+    let mut path = shadow.path.subscribe();
     let mut poll = tokio::time::interval(loader.poll_interval);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     poll.tick().await;
@@ -49,10 +48,10 @@ pub async fn watch(boundary: Arc<Boundary>, mut loader: Loader) {
         let current = path.borrow_and_update().clone();
         match current {
             None => {
-                if boundary.shadow().candidate.swap(None).is_some() {
+                if shadow.candidate.swap(None).is_some() {
                     tracing::info!("shadow catalog off");
-                    boundary.metrics().shadow_revision(None);
-                    boundary.shadow().status.send_modify(|s| {
+                    shadow.metrics.shadow_revision(None);
+                    shadow.status.send_modify(|s| {
                         s.revision = None;
                         s.error = None;
                     });
@@ -61,10 +60,10 @@ pub async fn watch(boundary: Arc<Boundary>, mut loader: Loader) {
             }
             Some(file) => {
                 let discovered = loader.discovered.borrow().clone();
-                let polled = look(&boundary, file.clone(), watched).await;
+                let polled = look(&shadow, file.clone(), watched).await;
                 watched = polled.1;
                 load(
-                    &boundary,
+                    &shadow,
                     &loader,
                     file,
                     polled.0,
@@ -94,7 +93,7 @@ pub async fn watch(boundary: Arc<Boundary>, mut loader: Loader) {
 /// Looks at the candidate file off the async workers: its fingerprint (`None` when it cannot be
 /// read), parsing it only when its text changed. Counts the poll, and the parse if any.
 async fn look(
-    boundary: &Boundary,
+    shadow: &Shadow,
     file: PathBuf,
     mut watched: CatalogWatch,
 ) -> (Option<[u8; 32]>, CatalogWatch) {
@@ -107,9 +106,9 @@ async fn look(
     .unwrap_or_else(|_| (None, CatalogWatch::default()));
     let parsed = polled.is_some_and(|p| p.parsed);
     if parsed {
-        boundary.metrics().shadow_parse();
+        shadow.metrics.shadow_parse();
     }
-    boundary.shadow().status.send_modify(|s| {
+    shadow.status.send_modify(|s| {
         s.polls += 1;
         s.parses += u64::from(parsed);
     });
@@ -118,7 +117,7 @@ async fn look(
 
 /// Loads the candidate if it changed since it was last tried (always when `forced`).
 async fn load(
-    boundary: &Boundary,
+    shadow: &Shadow,
     loader: &Loader,
     file: PathBuf,
     fingerprint: Option<[u8; 32]>,
@@ -131,8 +130,8 @@ async fn load(
         return;
     }
     *tried = Some((file.clone(), fingerprint));
-    boundary.metrics().shadow_parse();
-    boundary.shadow().status.send_modify(|s| s.parses += 1);
+    shadow.metrics.shadow_parse();
+    shadow.status.send_modify(|s| s.parses += 1);
     let built = {
         let file = file.clone();
         let env = loader.env.clone();
@@ -142,7 +141,6 @@ async fn load(
             .await
             .unwrap_or_else(|err| Err(format!("loading the shadow catalog failed: {err}")))
     };
-    let shadow = boundary.shadow();
     match built {
         Ok(catalog) => {
             let revision = crate::canonical::lower_hex(&fingerprint[..16]);
@@ -152,8 +150,8 @@ async fn load(
                 path: file,
                 revision: revision.clone(),
             })));
-            boundary.metrics().shadow_load("ok");
-            boundary.metrics().shadow_revision(Some(&revision));
+            shadow.metrics.shadow_load("ok");
+            shadow.metrics.shadow_revision(Some(&revision));
             shadow.status.send_modify(|s| {
                 s.attempts += 1;
                 s.revision = Some(revision);
@@ -163,7 +161,7 @@ async fn load(
         Err(error) => {
             let keeping = shadow.candidate().map(|c| c.revision.clone());
             tracing::error!(file = %file.display(), error = %error, keeping = keeping.as_deref().unwrap_or("none"), "shadow catalog refused; the served catalog is not affected, and the previous candidate (if any) is still compared");
-            boundary.metrics().shadow_load("refused");
+            shadow.metrics.shadow_load("refused");
             shadow.status.send_modify(|s| {
                 s.attempts += 1;
                 s.error = Some(error);

@@ -23,18 +23,19 @@ use std::{
 };
 
 use arc_swap::ArcSwapOption;
-use serde::Serialize;
 use tokio::sync::{mpsc, watch};
 
 use crate::{
-    audit::{AuditEvent, EventKind, EventTime, Party},
+    audit::{AuditEvent, CandidateDecision, EventKind, EventTime, Party, ShadowRecord},
     boundary::{
-        Boundary, CallOutcome, CallRequest, CallTrail, Turn,
+        Boundary, CallObserver, CallRequest, CallTrail, FinishedCall, Turn,
         explain::{Explanation, OwnEffects},
     },
     catalog::Catalog,
     error::{Stage, Status},
     identity::Caller,
+    metrics::Metrics,
+    outcome::CallOutcome,
 };
 
 /// Calls waiting to be shadowed, at most.
@@ -77,25 +78,28 @@ pub struct Shadow {
     queue: mpsc::Sender<Job>,
     receiver: Mutex<Option<mpsc::Receiver<Job>>>,
     queued_bytes: AtomicUsize,
-}
-
-impl Default for Shadow {
-    fn default() -> Self {
-        Self::new()
-    }
+    metrics: Arc<Metrics>,
 }
 
 impl Shadow {
-    pub fn new() -> Self {
+    /// The shadow of `boundary`'s calls: told of each one from now on, compared by [`run`].
+    pub fn observe(boundary: &Boundary) -> Arc<Self> {
         let (queue, receiver) = mpsc::channel(MAX_QUEUED);
-        Shadow {
+        let shadow = Arc::new(Shadow {
             candidate: ArcSwapOption::empty(),
             path: watch::channel(None).0,
             status: watch::channel(LoadStatus::default()).0,
             queue,
             receiver: Mutex::new(Some(receiver)),
             queued_bytes: AtomicUsize::new(0),
+            metrics: boundary.metrics().clone(),
+        });
+        if !boundary.observe_calls(shadow.clone()) {
+            tracing::error!(
+                "the boundary's calls are observed already; the shadow catalog sees none"
+            );
         }
+        shadow
     }
 
     /// Sets where the candidate is read from (the served catalog's `shadow_catalog`), and has
@@ -113,22 +117,22 @@ impl Shadow {
     pub fn watch_status(&self) -> watch::Receiver<LoadStatus> {
         self.status.subscribe()
     }
+}
 
-    /// Queues a finished call for comparison, if a candidate is loaded and there is room.
-    /// `call` is the request as the client sent it.
-    pub(crate) fn offer(
-        &self,
-        boundary: &Boundary,
-        turn: &Turn,
-        index: usize,
-        call: impl FnOnce() -> CallRequest,
-        outcome: &CallOutcome,
-        trail: &CallTrail,
-    ) {
-        if self.candidate.load().is_none() {
-            return;
-        }
-        let call = call();
+impl CallObserver for Shadow {
+    fn wants_calls(&self) -> bool {
+        self.candidate.load().is_some()
+    }
+
+    /// Queues a finished call for comparison, if there is room.
+    fn finished(&self, finished: FinishedCall<'_>) {
+        let FinishedCall {
+            turn,
+            index,
+            request: call,
+            outcome,
+            trail,
+        } = finished;
         let bytes = call.arguments_json.len() + JOB_OVERHEAD;
         let taken = self.queued_bytes.fetch_add(bytes, Ordering::AcqRel);
         let had_key = call.idempotency_key.is_some();
@@ -146,7 +150,7 @@ impl Shadow {
         };
         if taken + bytes > MAX_QUEUED_BYTES || self.queue.try_send(job).is_err() {
             self.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
-            boundary.metrics().shadow_skipped("queue_full");
+            self.metrics.shadow_skipped("queue_full");
         }
     }
 }
@@ -234,52 +238,10 @@ fn order(stage: Stage) -> usize {
         .unwrap_or(crate::boundary::explain::STAGES.len())
 }
 
-/// What differs and what the candidate would have decided, in a `shadow_decision` event.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ShadowRecord {
-    /// `status`, `refused_by`, `tool_version`, `bound_arguments`: what differs.
-    pub differences: Vec<&'static str>,
-    /// True when the served catalog's call reached its backend (its status is then the
-    /// backend's outcome; the candidate is compared with "would call the backend").
-    pub reached_backend: bool,
-    /// The served catalog's revision.
-    pub catalog_revision: String,
-    /// The candidate's decision.
-    pub candidate: CandidateDecision,
-}
-
-/// The candidate's decision of one call.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct CandidateDecision {
-    /// The status ExecuteTool would return under the candidate (`OK`: the backend would be
-    /// called).
-    pub status: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error_type: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub refused_by: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    /// Where the access rule that decided is defined, e.g. `tenants.globex.deny[1]`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub rule: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub rule_pattern: Option<String>,
-    pub tool_version: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub arguments_sha256: Option<String>,
-    /// The paths the candidate binds (values are not recorded).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub bound_arguments: Vec<String>,
-    /// Which candidate file decided: a hash of its content.
-    pub revision: String,
-}
-
 /// The worker: explains queued calls against the candidate, one at a time, until the server
 /// stops.
-pub async fn run(boundary: Arc<Boundary>) {
-    let receiver = boundary
-        .shadow()
+pub async fn run(boundary: Arc<Boundary>, shadow: Arc<Shadow>) {
+    let receiver = shadow
         .receiver
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -288,7 +250,6 @@ pub async fn run(boundary: Arc<Boundary>) {
         return;
     };
     while let Some(job) = receiver.recv().await {
-        let shadow = boundary.shadow();
         shadow.queued_bytes.fetch_sub(job.bytes, Ordering::AcqRel);
         let Some(candidate) = shadow.candidate() else {
             continue;
@@ -431,26 +392,30 @@ mod tests {
                 .await
                 .unwrap();
         let catalog = Config::demo(&Env::default()).unwrap().catalog;
-        boundary.shadow().candidate.store(Some(Arc::new(Candidate {
+        let shadow = Shadow::observe(&boundary);
+        shadow.candidate.store(Some(Arc::new(Candidate {
             catalog,
             path: PathBuf::new(),
             revision: "r".into(),
         })));
         let outcome = CallOutcome::ok("c".into(), "echo".into(), "1".into(), "x".into());
+        let turn = turn();
+        let trail = CallTrail::default();
         let offer = |arguments: &str| {
-            let arguments = arguments.to_owned();
-            boundary.shadow().offer(
-                &boundary,
-                &turn(),
-                0,
-                || CallRequest {
+            if !shadow.wants_calls() {
+                return;
+            }
+            shadow.finished(FinishedCall {
+                turn: &turn,
+                index: 0,
+                request: CallRequest {
                     name: "echo".into(),
-                    arguments_json: arguments,
+                    arguments_json: arguments.to_owned(),
                     ..CallRequest::default()
                 },
-                &outcome,
-                &CallTrail::default(),
-            )
+                outcome: &outcome,
+                trail: &trail,
+            })
         };
         let skipped = |boundary: &Boundary| {
             let text = boundary.metrics().render(Default::default());
@@ -467,7 +432,7 @@ mod tests {
         }
         assert_eq!(skipped(&boundary), 1);
         assert_eq!(
-            boundary.shadow().queued_bytes.load(Ordering::Acquire),
+            shadow.queued_bytes.load(Ordering::Acquire),
             2 * (big.len() + JOB_OVERHEAD)
         );
         // Then the count: MAX_QUEUED in all.
@@ -476,7 +441,7 @@ mod tests {
         }
         assert_eq!(skipped(&boundary), 1 + 2);
         // Without a candidate nothing is queued or counted.
-        boundary.shadow().candidate.store(None);
+        shadow.candidate.store(None);
         offer("{}");
         assert_eq!(skipped(&boundary), 3);
     }

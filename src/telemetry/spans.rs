@@ -18,7 +18,7 @@ use opentelemetry::{
 use opentelemetry_sdk::{propagation::TraceContextPropagator, trace::SdkTracer};
 
 use super::batch::SpanLosses;
-use crate::{boundary::CallOutcome, catalog::ToolVersion, error::Status, identity::Caller};
+use crate::{catalog::ToolVersion, error::Status, identity::Caller, outcome::CallOutcome};
 
 /// The caller's trace context, from request metadata.
 #[derive(Clone, Debug, Default)]

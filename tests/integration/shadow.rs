@@ -102,7 +102,7 @@ fn served(candidate: &Path) -> String {
 
 /// Waits (bounded) until the loader has made `attempts` attempts; returns its status.
 async fn loaded(server: &TestServer, attempts: u64) -> LoadStatus {
-    let mut status = server.boundary().shadow().watch_status();
+    let mut status = server.shadow().watch_status();
     tokio::time::timeout(
         Duration::from_secs(10),
         status.wait_for(|s| s.attempts >= attempts),
@@ -563,7 +563,7 @@ async fn the_binary_logs_a_broken_candidate_and_check_fails_on_it() {
 
 /// Waits (bounded) until the loader's status satisfies `what`; returns it.
 async fn status_when(server: &TestServer, what: impl Fn(&LoadStatus) -> bool) -> LoadStatus {
-    let mut status = server.boundary().shadow().watch_status();
+    let mut status = server.shadow().watch_status();
     tokio::time::timeout(Duration::from_secs(10), status.wait_for(|s| what(s)))
         .await
         .expect("the shadow loader within 10s")

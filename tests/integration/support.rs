@@ -300,6 +300,11 @@ impl TestServer {
         self.running().boundary()
     }
 
+    /// The shadow candidate catalog's state.
+    pub fn shadow(&self) -> &std::sync::Arc<toolgate::shadow::Shadow> {
+        self.running().shadow()
+    }
+
     pub fn builtins(&self) -> &Builtins {
         &self.running().boundary().executors().builtins
     }

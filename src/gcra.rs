@@ -7,9 +7,12 @@
 //! Deciding and committing are separate steps, so a caller can check several quotas and commit
 //! only when all of them admit.
 
-use std::time::Duration;
+use std::{
+    sync::{Mutex, PoisonError},
+    time::Duration,
+};
 
-use crate::settings::Rate;
+use crate::{clock::SharedClock, settings::Rate};
 
 /// One quota, in nanoseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +80,38 @@ impl Gcra {
     /// Whether a TAT says nothing a fresh key would not: the key can be forgotten.
     pub fn is_idle(tat: u64, now: u64) -> bool {
         tat <= now
+    }
+}
+
+/// One quota with no keys, e.g. for audit events of refused callers: a flood costs a counter,
+/// not the disk.
+#[derive(Debug)]
+pub struct SingleQuota {
+    gcra: Gcra,
+    tat: Mutex<Option<u64>>,
+    clock: SharedClock,
+}
+
+impl SingleQuota {
+    pub fn new(rate: Rate, clock: SharedClock) -> Self {
+        SingleQuota {
+            gcra: Gcra::new(rate),
+            tat: Mutex::new(None),
+            clock,
+        }
+    }
+
+    /// Takes one cell if there is one.
+    pub fn try_take(&self) -> bool {
+        let now = nanos(self.clock.monotonic());
+        let mut tat = self.tat.lock().unwrap_or_else(PoisonError::into_inner);
+        match self.gcra.decide(*tat, now) {
+            Ok(next) => {
+                *tat = Some(next);
+                true
+            }
+            Err(_) => false,
+        }
     }
 }
 

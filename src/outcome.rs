@@ -1,4 +1,5 @@
-//! What a call produced, in domain terms, and the `model_text` the runtime hands to the model.
+//! What a call produced, in domain terms, and the `model_text` the runtime hands to the model:
+//! made by the boundary, read by what records a call (metrics, spans) and by the doors.
 
 use std::time::Duration;
 
