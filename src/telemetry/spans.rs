@@ -1,6 +1,6 @@
 //! Span conventions, following the OpenTelemetry GenAI semantic conventions for tool execution,
 //! and W3C trace-context propagation. Every span toolgate makes is created here, so its names and
-//! attributes are in one place (and in the README's attribute table).
+//! attributes are in one place (and in docs/observability.md's attribute table).
 //!
 //! The caller's `traceparent`/`tracestate` is extracted by a tower layer ([`TraceContextLayer`])
 //! into the request's extensions; spans take it as their parent, so the agent's trace continues

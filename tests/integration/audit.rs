@@ -1,7 +1,7 @@
-//! Audit promises of the README ("Audit events"): opt-in `arguments` with `redact`, the call's
-//! `trace_id`/`span_id` in file events and in OTLP log records, `audit.endpoint` falling back to
-//! the traces endpoint, `fsync: never|batch|always` (seen in the real binary's system calls) and
-//! `sink: none`.
+//! Audit promises of docs/observability.md ("Audit events"): opt-in `arguments` with `redact`, the
+//! call's `trace_id`/`span_id` in file events and in OTLP log records, `audit.endpoint` falling
+//! back to the traces endpoint, `fsync: never|batch|always` (seen in the real binary's system
+//! calls) and `sink: none`.
 
 use std::{
     io::Read,

@@ -264,14 +264,14 @@ fn the_published_test_file_schema_is_current_and_accepts_the_demo_cases() {
     assert!(!validator.is_valid(&typo));
 }
 
-/// The README's "Explain a decision" and "Test a catalog" sessions, replayed command by command
-/// against the real binary serving the demo (as the "Try it" session is): the output must be
-/// exactly what the README shows.
+/// The "Explain a decision" and "Test a catalog" sessions of docs/explain-test-shadow.md,
+/// replayed command by command against the real binary serving the demo (as the README's "Try
+/// it" session is): the output must be exactly what the page shows.
 #[test]
-fn the_readme_explain_and_test_sessions_are_what_the_binary_prints() {
+fn the_documented_explain_and_test_sessions_are_what_the_binary_prints() {
     let spawned = crate::process::spawn(&[]);
-    for heading in ["### Explain a decision", "### Test a catalog"] {
-        for (command, expected) in crate::cli::readme_session(heading) {
+    for heading in ["## Explain a decision", "## Test a catalog"] {
+        for (command, expected) in crate::cli::doc_session("docs/explain-test-shadow.md", heading) {
             assert!(command.starts_with("toolgate "), "{command}");
             let (code, stdout, stderr) = crate::cli::run_shell(&command, &spawned.addr);
             assert_eq!(

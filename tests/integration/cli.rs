@@ -13,18 +13,18 @@ use serde_json::Value;
 
 use crate::process::spawn;
 
-/// The first console block under a README heading (e.g. `## Try it`): (command, expected
-/// stdout) in order.
-pub(crate) fn readme_session(heading: &str) -> Vec<(String, String)> {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-        .expect("README.md");
-    let section = readme
+/// The first console block under a heading of a Markdown file of the repository (e.g.
+/// `doc_session("README.md", "## Try it")`): (command, expected stdout) in order.
+pub(crate) fn doc_session(file: &str, heading: &str) -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(file))
+        .unwrap_or_else(|err| panic!("{file}: {err}"));
+    let section = text
         .split_once(&format!("\n{heading}\n"))
-        .unwrap_or_else(|| panic!("a {heading:?} section"))
+        .unwrap_or_else(|| panic!("a {heading:?} section in {file}"))
         .1;
     let block = section
         .split_once("```console\n")
-        .unwrap_or_else(|| panic!("a console block in {heading:?}"))
+        .unwrap_or_else(|| panic!("a console block in {heading:?} of {file}"))
         .1
         .split_once("\n```")
         .expect("the console block ends")
@@ -122,7 +122,7 @@ fn toolgate(args: &[&str], addr: &str) -> (Option<i32>, String, String) {
 
 #[test]
 fn the_readme_try_it_session_is_what_the_binary_prints() {
-    let session = readme_session("## Try it");
+    let session = doc_session("README.md", "## Try it");
     assert!(session.len() >= 5, "{session:?}");
     let readme_approval = session
         .iter()

@@ -232,14 +232,15 @@ fn the_published_config_schema_is_current_and_accepts_the_demo() {
 }
 
 #[test]
-fn the_readme_documents_every_error_type_with_its_status() {
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+fn the_boundary_page_documents_every_error_type_with_its_status() {
+    let page =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/boundary.md"))
+            .unwrap();
     for reason in toolgate::error::Reason::ALL {
         let row = format!("| `{}` | `{}` |", reason.status().as_str(), reason.code());
         assert!(
-            readme.contains(&row),
-            "README.md lacks the row starting {row}"
+            page.contains(&row),
+            "docs/boundary.md lacks the row starting {row}"
         );
     }
 }

@@ -1,9 +1,9 @@
-//! The README calls examples/http.yaml, process.yaml and mcp.yaml "complete, tested examples":
-//! each is served by the real binary and gets the call its comments describe. Only what cannot
-//! exist on a test machine is changed, each change asserted to apply exactly once: the billing
-//! upstream's URL (there is no billing.internal.example.com; a local HTTP server stands in, which
-//! needs plain http and a loopback address), the MCP HTTP server's port (3001 may be taken) and
-//! the Python interpreter that has mcp-server-time.
+//! docs/executors.md calls examples/http.yaml, process.yaml and mcp.yaml "complete, tested
+//! examples": each is served by the real binary and gets the call its comments describe. Only what
+//! cannot exist on a test machine is changed, each change asserted to apply exactly once: the
+//! billing upstream's URL (there is no billing.internal.example.com; a local HTTP server stands in,
+//! which needs plain http and a loopback address), the MCP HTTP server's port (3001 may be taken)
+//! and the Python interpreter that has mcp-server-time.
 
 use std::{
     net::SocketAddr,

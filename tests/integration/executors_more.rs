@@ -1,4 +1,4 @@
-//! Executor promises of the README beyond executors.rs: http header values from `file:`, a
+//! Executor promises of docs/executors.md beyond executors.rs: http header values from `file:`, a
 //! redirect to a scheme the upstream may not use; process `working_dir` and `max_stderr_bytes`,
 //! and a client cancel or oversized output killing the program's whole process group; a tool's
 //! own `max_concurrency`; and writes that failed after their backend started (an MCP server gone

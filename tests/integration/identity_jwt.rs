@@ -1,6 +1,6 @@
-//! The JWT settings the README documents, each through a real server: `hs256_secret_file`, the
-//! `claims:` mapping, scopes as a JSON array, the issuer check, a configured `leeway`, and a token
-//! without `exp`.
+//! The JWT settings docs/identity.md documents, each through a real server: `hs256_secret_file`,
+//! the `claims:` mapping, scopes as a JSON array, the issuer check, a configured `leeway`, and a
+//! token without `exp`.
 
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::{Value, json};

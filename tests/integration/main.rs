@@ -10,6 +10,7 @@ mod catalog_tests;
 mod cli;
 mod cli_and_logs;
 mod config;
+mod docs;
 mod examples;
 mod execution;
 mod executors;

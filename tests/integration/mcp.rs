@@ -1,6 +1,6 @@
-//! MCP promises of the README ("mcp"): the catalog revision changes when a server's tool list
-//! changes, a server that is down from the start makes its tools answer UNAVAILABLE at once, and
-//! a stdio server that fails is restarted with backoff (100 ms doubling to 10 s).
+//! MCP promises of docs/executors.md ("mcp"): the catalog revision changes when a server's tool
+//! list changes, a server that is down from the start makes its tools answer UNAVAILABLE at once,
+//! and a stdio server that fails is restarted with backoff (100 ms doubling to 10 s).
 
 use std::{path::Path, time::Duration};
 
@@ -204,9 +204,9 @@ async fn a_server_that_fails_to_start_is_retried_with_doubling_backoff() {
     server.stop().await;
 }
 
-/// A server that connects and lists its tools, then crashes, over and over: the README promises
-/// backoff for a crashed server too, so the delay must grow (it is reset only after a connection
-/// lasted a while), not restart it every 100 ms forever.
+/// A server that connects and lists its tools, then crashes, over and over: docs/executors.md
+/// promises backoff for a crashed server too, so the delay must grow (it is reset only after a
+/// connection lasted a while), not restart it every 100 ms forever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_looping_server_is_restarted_with_growing_backoff() {
     let dir = tempfile::tempdir().unwrap();

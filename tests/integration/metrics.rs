@@ -1,6 +1,6 @@
-//! Every metric the README lists appears on /metrics and moves as documented: calls in flight,
-//! the duration histogram, refusals, rate limits, pending approvals, catalog reloads and the
-//! revision, the audit queue's depth and the events written (dropped stays 0: only a dead audit
+//! Every metric docs/observability.md lists appears on /metrics and moves as documented: calls in
+//! flight, the duration histogram, refusals, rate limits, pending approvals, catalog reloads and
+//! the revision, the audit queue's depth and the events written (dropped stays 0: only a dead audit
 //! writer can drop, which no test can cause honestly).
 
 use std::{io::Read, time::Duration};

@@ -204,8 +204,8 @@ async fn spans_follow_the_caller_into_the_sidecar_and_on_to_the_upstream() {
         attribute(lookup, "gen_ai.tool.call.arguments").is_none(),
         "arguments are not recorded unless a tool opts in"
     );
-    // Exactly the attributes the README lists for a call that succeeded: nothing about the
-    // sidecar's insides (code location, threads, busy/idle time, the Rust module).
+    // Exactly the attributes docs/observability.md lists for a call that succeeded: nothing about
+    // the sidecar's insides (code location, threads, busy/idle time, the Rust module).
     let mut keys: Vec<&str> = lookup.attributes.iter().map(|a| a.key.as_str()).collect();
     keys.sort_unstable();
     assert_eq!(

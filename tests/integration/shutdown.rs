@@ -1,7 +1,7 @@
-//! Graceful shutdown of the real binary (README, "Running it"): on SIGTERM it stops accepting,
-//! `/readyz` answers 503 while it drains, calls that finish within `server.shutdown_grace` are
-//! answered, calls still running at the end of the grace period end CANCELLED with their audit
-//! events written, and it exits 0.
+//! Graceful shutdown of the real binary (docs/operations.md, "Draining and shutting down"): on
+//! SIGTERM it stops accepting, `/readyz` answers 503 while it drains, calls that finish within
+//! `server.shutdown_grace` are answered, calls still running at the end of the grace period end
+//! CANCELLED with their audit events written, and it exits 0.
 
 use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
 
@@ -180,9 +180,9 @@ async fn draining_refuses_new_calls_reports_not_ready_and_cancels_what_outlives_
     }
 }
 
-/// README: `UNAVAILABLE` while shutting down, also for a client whose connection was open before
-/// SIGTERM: the sidecar keeps its connections while it drains and answers their new calls
-/// UNAVAILABLE itself (a GOAWAY would make tonic fail the next call as CANCELLED).
+/// docs/operations.md: `UNAVAILABLE` while shutting down, also for a client whose connection was
+/// open before SIGTERM: the sidecar keeps its connections while it drains and answers their new
+/// calls UNAVAILABLE itself (a GOAWAY would make tonic fail the next call as CANCELLED).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_on_a_draining_connection_is_unavailable() {
     let dir = tempfile::tempdir().unwrap();

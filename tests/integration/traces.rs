@@ -1,7 +1,8 @@
-//! Trace promises of the README ("Traces") beyond observability.rs, from the real binary to the
-//! in-process OTLP collector: the sampler samples, `tracestate` is kept, OTEL_RESOURCE_ATTRIBUTES
-//! reaches the resource, process and MCP calls are CLIENT spans whose context reaches the MCP
-//! server, and the `execute_tools` and `list_tools` spans carry their attributes.
+//! Trace promises of docs/observability.md ("Traces") beyond observability.rs, from the real binary
+//! to the in-process OTLP collector: the sampler samples, `tracestate` is kept,
+//! OTEL_RESOURCE_ATTRIBUTES reaches the resource, process and MCP calls are CLIENT spans whose
+//! context reaches the MCP server, and the `execute_tools` and `list_tools` spans carry their
+//! attributes.
 
 use std::time::Duration;
 
