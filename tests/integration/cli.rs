@@ -407,8 +407,8 @@ fn check_and_test_refuse_yaml_past_the_size_and_nesting_bounds_unparsed() {
     std::fs::write(path("deep.yaml"), deeply_nested_catalog(20_000)).unwrap();
     // Within the bounds: 100 levels load (as far as the YAML goes).
     std::fs::write(path("fine.yaml"), deeply_nested_catalog(100)).unwrap();
-    // A file of comments only, one byte over 4 MiB.
-    std::fs::write(path("big.yaml"), "#".repeat(4 * 1024 * 1024 + 1)).unwrap();
+    // A file of comments only, one byte over 16 MiB.
+    std::fs::write(path("big.yaml"), "#".repeat(16 * 1024 * 1024 + 1)).unwrap();
     std::fs::write(path("demo.yaml"), toolgate::config::DEMO_CATALOG).unwrap();
     let cases = format!(
         "version: 1\ncases:\n  - name: deep\n    identity: {{ tenant: acme }}\n    call: {{ name: echo, arguments: {{ text: {}{} }} }}\n    expect: {{ status: OK }}\n",
@@ -416,7 +416,7 @@ fn check_and_test_refuse_yaml_past_the_size_and_nesting_bounds_unparsed() {
         "]".repeat(20_000)
     );
     std::fs::write(path("deep.tests.yaml"), cases).unwrap();
-    std::fs::write(path("big.tests.yaml"), "#".repeat(4 * 1024 * 1024 + 1)).unwrap();
+    std::fs::write(path("big.tests.yaml"), "#".repeat(16 * 1024 * 1024 + 1)).unwrap();
 
     let (code, _, err) = toolgate(&["check", "--config", &path("deep.yaml")], "127.0.0.1:1");
     assert_eq!(code, Some(1), "{err}");
@@ -425,7 +425,7 @@ fn check_and_test_refuse_yaml_past_the_size_and_nesting_bounds_unparsed() {
     assert_eq!(code, Some(0), "{out}{err}");
     let (code, _, err) = toolgate(&["check", "--config", &path("big.yaml")], "127.0.0.1:1");
     assert_eq!(code, Some(1), "{err}");
-    assert!(err.contains("the file is over 4 MiB"), "{err}");
+    assert!(err.contains("the file is over 16 MiB"), "{err}");
 
     for tests in ["deep.tests.yaml", "big.tests.yaml"] {
         let (code, out, err) = toolgate(
@@ -436,7 +436,7 @@ fn check_and_test_refuse_yaml_past_the_size_and_nesting_bounds_unparsed() {
         let expected = if tests.starts_with("deep") {
             DEPTH_REFUSAL
         } else {
-            "the file is over 4 MiB"
+            "the file is over 16 MiB"
         };
         assert!(err.contains(expected), "{tests}: {out}{err}");
     }
