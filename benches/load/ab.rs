@@ -1,0 +1,165 @@
+//! The interleaved A/B mode (`ab PATH_B [--binary PATH_A]`): two toolgate executables, each its
+//! own process with the bench catalog, measured in turn every round, with their own tables (each
+//! round's rows, then each binary's median and B / A per round). What a round measures is
+//! `measure`'s, as in the full run.
+
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use clap::Args;
+
+use crate::{
+    catalog::catalog,
+    load::runtime,
+    measure::{Row, measure},
+    options::{Options, executable},
+    otlp_collector,
+    processes::{Binary, Spawned, load_average, reserve_collector},
+    report::Spread,
+    targets::{EchoCall, Target},
+};
+
+/// The A/B mode's own argument; A is `--binary`.
+#[derive(Args)]
+pub struct AbArgs {
+    /// The toolgate executable measured as B
+    #[arg(value_name = "PATH_B", value_parser = executable)]
+    pub binary_b: PathBuf,
+}
+
+/// A number read off a row (throughput, a percentile, CPU per call).
+type RowValue = fn(&Row) -> Option<f64>;
+
+/// The two executables' rows in the A/B mode (named after the flags of its first spelling,
+/// `--ab PATH_B --binary PATH_A`, which still works).
+const AB_A: &str = "A (--binary)";
+const AB_B: &str = "B (--ab)";
+
+/// Interleaved A/B (`ab`): two toolgate executables, started once each with the same catalog
+/// (audit to a file, JWT, spans to the collector) and measured in turn within each round, A then B
+/// in even rounds and B then A in odd ones, so a slow stretch of the machine lands on both and
+/// neither always goes first. Prints each round, then each binary's median (min–max) over the
+/// rounds and the ratios B / A taken per round.
+pub fn ab(options: &Options, other: &Path) -> anyhow::Result<bool> {
+    let (collector_listener, otlp_endpoint) = reserve_collector()?;
+    let load_at_start = load_average();
+    let dir = tempfile::tempdir()?;
+    let collector_rt = runtime("bench-otlp", 1)?;
+    let client_rt = runtime("bench-client", 2)?;
+    let collector = collector_rt.block_on(otlp_collector::start_on(collector_listener, 10_000));
+    let call = EchoCall::new(options.payload)?;
+    let endpoint = [("OTEL_EXPORTER_OTLP_ENDPOINT", otlp_endpoint.as_str())];
+    let start = |name: &str, exe: &Path, service: &str| -> anyhow::Result<Binary> {
+        let config = dir.path().join(format!("{service}.yaml"));
+        std::fs::write(
+            &config,
+            catalog(&dir.path().join(format!("audit-{service}.jsonl"))),
+        )?;
+        let binary = Spawned::spawn(exe, &config, dir.path(), service, &endpoint)?
+            .wait_serving(&client_rt)?
+            .0;
+        println!("{name}: {} (pid {})", exe.display(), binary.pid());
+        Ok(binary)
+    };
+    let mut a = start(AB_A, &options.binary, "toolgate-bench-a")?;
+    let mut b = start(AB_B, other, "toolgate-bench-b")?;
+    println!("load average at start: {load_at_start}");
+    let mut rows = Vec::new();
+    let mut rounds: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
+    let mut ok = true;
+    for round in 0..options.rounds {
+        let (first, second) = ((AB_A, &a), (AB_B, &b));
+        let order = if round % 2 == 0 {
+            [first, second]
+        } else {
+            [second, first]
+        };
+        for (name, binary) in order {
+            let target = Target::binary(name, binary, &call);
+            let from = rows.len();
+            ok &= measure(options, &client_rt, &target, &mut rows)?.ok;
+            rounds.push((round, from..rows.len()));
+        }
+    }
+    let received = collector_rt
+        .block_on(collector.wait_until_quiet(options.span_quiet, Duration::from_secs(60)));
+    a.stop()?;
+    b.stop()?;
+    println!("\nEach round (server CPU from /proc/PID/stat, per answered call):\n");
+    println!(
+        "| round | binary | mode | throughput (calls/s) | p50 ms | p99 ms | server CPU µs/call |"
+    );
+    println!("|---:|---|---|---:|---:|---:|---:|");
+    for (round, range) in &rounds {
+        for row in &rows[range.clone()] {
+            println!(
+                "| {} | {} | {} | {:.0} | {:.3} | {:.3} | {} |",
+                round + 1,
+                row.target,
+                row.mode,
+                row.throughput,
+                row.stats.ms(0.5),
+                row.stats.ms(0.99),
+                row.server_cpu_us
+                    .map_or("—".into(), |us| format!("{us:.1}")),
+            );
+        }
+    }
+    // Rows of one binary in one mode, in round order.
+    let of = |name: &str, mode: &str| -> Vec<&Row> {
+        rows.iter()
+            .filter(|r| r.target == name && r.mode == mode)
+            .collect()
+    };
+    let modes: Vec<String> = rows
+        .iter()
+        .filter(|r| r.target == AB_A)
+        .map(|r| r.mode.clone())
+        .fold(Vec::new(), |mut modes, mode| {
+            if !modes.contains(&mode) {
+                modes.push(mode);
+            }
+            modes
+        });
+    let show = |values: Vec<f64>, digits: usize| {
+        Spread::of(values).map_or("—".into(), |s| s.show(digits))
+    };
+    println!(
+        "\nMedian (min–max) over {} rounds; B / A per round:\n",
+        options.rounds
+    );
+    println!("| mode | what | A | B | B / A |");
+    println!("|---|---|---:|---:|---:|");
+    for mode in &modes {
+        let (a, b) = (of(AB_A, mode), of(AB_B, mode));
+        let pairs = || a.iter().zip(b.iter());
+        let metrics: [(&str, RowValue, usize); 3] = [
+            ("throughput (calls/s)", |r| Some(r.throughput), 0),
+            ("p99 ms", |r| Some(r.stats.ms(0.99)), 3),
+            ("server CPU µs/call", |r| r.server_cpu_us, 1),
+        ];
+        for (what, value, digits) in metrics {
+            println!(
+                "| {mode} | {what} | {} | {} | {} |",
+                show(a.iter().filter_map(|r| value(r)).collect(), digits),
+                show(b.iter().filter_map(|r| value(r)).collect(), digits),
+                show(
+                    pairs()
+                        .filter_map(|(a, b)| Some(value(b)? / value(a)?))
+                        .collect(),
+                    3
+                ),
+            );
+        }
+    }
+    let calls: u64 = rows.iter().map(|r| r.stats.ok).sum();
+    println!(
+        "\nOTLP spans received: {received} (from A: {}, from B: {}); calls answered in the measured phases: {calls}",
+        collector.received_from("toolgate-bench-a"),
+        collector.received_from("toolgate-bench-b"),
+    );
+    println!("load average at end: {}", load_average());
+    Ok(ok)
+}
