@@ -3,6 +3,7 @@
 mod approval_reasons;
 mod approvals;
 mod approvals_more;
+mod architecture;
 mod audit;
 mod boundary;
 mod bounded;
