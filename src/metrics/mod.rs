@@ -1,27 +1,19 @@
-//! Prometheus metrics (prometheus-client) and the admin HTTP endpoint serving them with
-//! `/healthz` and `/readyz`.
+//! The Prometheus registry (prometheus-client) and the metrics of calls, catalog reloads and the
+//! state backend. Other concerns register their own families through [`Metrics::register`] (the
+//! shadow catalog, the listeners); the admin door serving them is `server::admin`.
 //!
 //! Label cardinality is bounded by the catalog: the `tool` label is a catalog tool name, or
 //! `(unknown)` for names the model made up; tenants, subjects and call ids are never labels (use
 //! traces and the audit log for per-tenant views).
 
-use std::{
-    net::SocketAddr,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicBool, Ordering},
-    },
-};
+use std::sync::{Arc, Mutex};
 
-use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, routing::get};
+use crate::{error::Status, outcome::CallOutcome};
 use prometheus_client::{
     encoding::{EncodeLabelSet, text::encode},
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
-    registry::Registry,
+    registry::{Metric, Registry},
 };
-use tokio::{net::TcpListener, task::JoinHandle};
-
-use crate::{error::Status, outcome::CallOutcome};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CallLabels {
@@ -53,118 +45,6 @@ struct ReloadLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RevisionLabels {
     revision: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct DifferenceLabels {
-    tool: String,
-    kind: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ReasonLabels {
-    reason: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ListenerLabels {
-    listener: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ListenerReasonLabels {
-    listener: &'static str,
-    reason: &'static str,
-}
-
-/// The listeners' metrics (`crate::server`): RPCs refused before any call began, and
-/// connections open and closed by the sidecar.
-struct TransportMetrics {
-    rpcs_refused: Family<ListenerReasonLabels, Counter>,
-    connections_open: Family<ListenerLabels, Gauge>,
-    connections_closed: Family<ListenerReasonLabels, Counter>,
-}
-
-impl TransportMetrics {
-    fn register(registry: &mut Registry) -> Self {
-        let metrics = TransportMetrics {
-            rpcs_refused: Family::default(),
-            connections_open: Family::default(),
-            connections_closed: Family::default(),
-        };
-        registry.register(
-            "rpcs_refused",
-            "toolgate RPCs refused before any call began, by listener and reason (unauthenticated, in_flight, tenant_share, request_bytes, body_timeout, draining)",
-            metrics.rpcs_refused.clone(),
-        );
-        registry.register(
-            "connections_open",
-            "Client connections open, by listener",
-            metrics.connections_open.clone(),
-        );
-        registry.register(
-            "connections_closed",
-            "Client connections the sidecar closed, by listener and reason (over_cap, handshake_timeout, idle)",
-            metrics.connections_closed.clone(),
-        );
-        metrics
-    }
-}
-
-/// The shadow catalog's metrics (`crate::shadow`).
-struct ShadowMetrics {
-    compared: Counter,
-    differences: Family<DifferenceLabels, Counter>,
-    skipped: Family<ReasonLabels, Counter>,
-    loads: Family<ReloadLabels, Counter>,
-    parses: Counter,
-    revision: Family<RevisionLabels, Gauge>,
-    current_revision: Mutex<Option<String>>,
-}
-
-impl ShadowMetrics {
-    fn register(registry: &mut Registry) -> Self {
-        let metrics = ShadowMetrics {
-            compared: Counter::default(),
-            differences: Family::default(),
-            skipped: Family::default(),
-            loads: Family::default(),
-            parses: Counter::default(),
-            revision: Family::default(),
-            current_revision: Mutex::new(None),
-        };
-        registry.register(
-            "shadow_compared",
-            "Calls explained against the shadow catalog and compared",
-            metrics.compared.clone(),
-        );
-        registry.register(
-            "shadow_differences",
-            "Calls the shadow catalog would decide differently, by tool and what differs (status, refused_by, tool_version, bound_arguments)",
-            metrics.differences.clone(),
-        );
-        registry.register(
-            "shadow_skipped",
-            "Calls not compared with the shadow catalog (queue_full) or whose difference was not audited (audit_full)",
-            metrics.skipped.clone(),
-        );
-        registry.register(
-            "shadow_catalog_loads",
-            "Loads of the shadow catalog file by result (ok, refused)",
-            metrics.loads.clone(),
-        );
-        registry.register(
-            "shadow_catalog_parses",
-            "Times the shadow catalog file's text was parsed: when it was new or changed, and for each load (an unchanged file is not parsed)",
-            metrics.parses.clone(),
-        );
-        registry.register(
-            "shadow_catalog_revision_info",
-            "1 for the shadow catalog revision being compared",
-            metrics.revision.clone(),
-        );
-        metrics
-    }
 }
 
 /// The label for tools not in the catalog.
@@ -266,7 +146,8 @@ impl SnapshotGauges {
 
 /// All of toolgate's metrics.
 pub struct Metrics {
-    registry: Registry,
+    /// Behind a lock so that each concern can register its own families at start.
+    registry: Mutex<Registry>,
     calls: Family<CallLabels, Counter>,
     durations: Family<ToolLabels, Histogram, fn() -> Histogram>,
     refusals: Family<RefusalLabels, Counter>,
@@ -283,8 +164,6 @@ pub struct Metrics {
     catalog_parses: Counter,
     revision: Family<RevisionLabels, Gauge>,
     current_revision: Mutex<String>,
-    shadow: ShadowMetrics,
-    transport: TransportMetrics,
     state_up: Gauge,
     state_failures: Family<ConcernLabels, Counter>,
     rate_limit_local: Counter,
@@ -408,16 +287,12 @@ impl Metrics {
             "Calls whose quota this sidecar decided alone because the shared state could not be reached (on_unavailable: local)",
             rate_limit_local.clone(),
         );
-        let shadow = ShadowMetrics::register(&mut registry);
-        let transport = TransportMetrics::register(&mut registry);
         Metrics {
-            shadow,
-            transport,
             state_up,
             state_failures,
             rate_limit_local,
             unknown_tool: Arc::from(UNKNOWN_TOOL),
-            registry,
+            registry: Mutex::new(registry),
             calls,
             durations,
             refusals,
@@ -434,6 +309,15 @@ impl Metrics {
             revision,
             current_revision: Mutex::new(String::new()),
         }
+    }
+
+    /// Registers a concern's metric family under `toolgate_<name>`: each concern (the shadow
+    /// catalog, the listeners) owns its families and registers them when it starts.
+    pub fn register(&self, name: &str, help: &str, metric: impl Metric) {
+        self.registry
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .register(name, help, metric);
     }
 
     /// Counts a call in flight for as long as the returned guard lives.
@@ -499,38 +383,6 @@ impl Metrics {
             .inc();
     }
 
-    /// A toolgate RPC refused before any call began.
-    pub fn rpc_refused(&self, listener: &'static str, reason: &'static str) {
-        self.transport
-            .rpcs_refused
-            .get_or_create(&ListenerReasonLabels { listener, reason })
-            .inc();
-    }
-
-    /// A connection accepted and kept.
-    pub fn connection_opened(&self, listener: &'static str) {
-        self.transport
-            .connections_open
-            .get_or_create(&ListenerLabels { listener })
-            .inc();
-    }
-
-    /// A kept connection gone, however it ended.
-    pub fn connection_ended(&self, listener: &'static str) {
-        self.transport
-            .connections_open
-            .get_or_create(&ListenerLabels { listener })
-            .dec();
-    }
-
-    /// A connection the sidecar closed: `over_cap` (at once), `handshake_timeout` or `idle`.
-    pub fn connection_closed(&self, listener: &'static str, reason: &'static str) {
-        self.transport
-            .connections_closed
-            .get_or_create(&ListenerReasonLabels { listener, reason })
-            .inc();
-    }
-
     /// A quota decided by this sidecar alone during an outage of the shared state.
     pub fn rate_limit_local_decision(&self) {
         self.rate_limit_local.inc();
@@ -555,42 +407,6 @@ impl Metrics {
         }
     }
 
-    /// A call compared with the shadow catalog.
-    pub fn shadow_compared(&self) {
-        self.shadow.compared.inc();
-    }
-
-    /// One way the shadow catalog would have decided a call differently.
-    pub fn shadow_difference(&self, tool: &str, kind: &str) {
-        self.shadow
-            .differences
-            .get_or_create(&DifferenceLabels {
-                tool: tool.to_owned(),
-                kind: kind.to_owned(),
-            })
-            .inc();
-    }
-
-    /// A call not compared (`queue_full`), or a difference not audited (`audit_full`).
-    pub fn shadow_skipped(&self, reason: &'static str) {
-        self.shadow
-            .skipped
-            .get_or_create(&ReasonLabels {
-                reason: reason.to_owned(),
-            })
-            .inc();
-    }
-
-    /// A load of the shadow catalog file: `ok` or `refused`.
-    pub fn shadow_load(&self, result: &'static str) {
-        self.shadow
-            .loads
-            .get_or_create(&ReloadLabels {
-                result: result.to_owned(),
-            })
-            .inc();
-    }
-
     /// The catalog file was looked at; `parsed` when its text was parsed.
     pub fn catalog_file_polled(&self, parsed: bool) {
         self.catalog_polls.inc();
@@ -604,34 +420,6 @@ impl Metrics {
         self.catalog_parses.inc();
     }
 
-    /// The shadow catalog file's text was parsed.
-    pub fn shadow_parse(&self) {
-        self.shadow.parses.inc();
-    }
-
-    /// The shadow catalog revision now compared, if any.
-    pub fn shadow_revision(&self, revision: Option<&str>) {
-        let mut current = self
-            .shadow
-            .current_revision
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if let Some(old) = current.take() {
-            self.shadow
-                .revision
-                .remove(&RevisionLabels { revision: old });
-        }
-        if let Some(revision) = revision {
-            self.shadow
-                .revision
-                .get_or_create(&RevisionLabels {
-                    revision: revision.to_owned(),
-                })
-                .set(1);
-            *current = Some(revision.to_owned());
-        }
-    }
-
     /// Prometheus text exposition.
     pub fn render(&self, snapshot: Snapshot) -> String {
         self.approvals_pending.set(snapshot.approvals_pending);
@@ -640,7 +428,8 @@ impl Metrics {
         self.audit_dropped.set(snapshot.audit_dropped);
         self.snapshot_gauges.set(&snapshot);
         let mut text = String::new();
-        if let Err(err) = encode(&mut text, &self.registry) {
+        let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        if let Err(err) = encode(&mut text, &registry) {
             tracing::error!(error = %err, "cannot encode metrics");
         }
         text
@@ -653,64 +442,5 @@ pub struct InFlight<'a>(&'a Gauge);
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.0.dec();
-    }
-}
-
-/// What the admin endpoint reads.
-pub struct AdminState {
-    pub metrics: Arc<Metrics>,
-    pub snapshot: Box<dyn Fn() -> Snapshot + Send + Sync>,
-    /// False once shutting down.
-    pub ready: AtomicBool,
-    /// Whether the state backend answers now.
-    pub state_reachable: Box<dyn Fn() -> bool + Send + Sync>,
-    /// Whether an unreachable state backend makes the sidecar not ready.
-    pub state_required: bool,
-}
-
-/// Serves `/metrics`, `/healthz` (the process is up) and `/readyz` (serving calls) until aborted.
-pub async fn serve_admin(
-    addr: SocketAddr,
-    state: Arc<AdminState>,
-) -> std::io::Result<(SocketAddr, JoinHandle<()>)> {
-    let listener = TcpListener::bind(addr).await?;
-    let bound = listener.local_addr()?;
-    let app = Router::new()
-        .route("/metrics", get(metrics_text))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readiness))
-        .with_state(state);
-    let task = tokio::spawn(async move {
-        if let Err(err) = axum::serve(listener, app).await {
-            tracing::error!(error = %err, "admin endpoint stopped");
-        }
-    });
-    Ok((bound, task))
-}
-
-async fn metrics_text(State(state): State<Arc<AdminState>>) -> impl IntoResponse {
-    let body = state.metrics.render((state.snapshot)());
-    (
-        [(
-            "content-type",
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        body,
-    )
-}
-
-/// Ready unless shutting down, or — when the config says so — the state backend is
-/// unreachable. The body says which, and whether the state backend answers.
-async fn readiness(State(state): State<Arc<AdminState>>) -> impl IntoResponse {
-    if !state.ready.load(Ordering::Relaxed) {
-        return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n");
-    }
-    match ((state.state_reachable)(), state.state_required) {
-        (true, _) => (StatusCode::OK, "ready\n"),
-        (false, false) => (StatusCode::OK, "ready; state backend unreachable\n"),
-        (false, true) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: state backend unreachable\n",
-        ),
     }
 }

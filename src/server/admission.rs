@@ -155,9 +155,7 @@ impl Shared {
         let connection = request.extensions().get::<Connection>().cloned();
         let listener = connection.as_ref().map_or(Listener::Tcp, |c| c.listener);
         if self.draining.load(Ordering::SeqCst) {
-            self.refusals
-                .metrics()
-                .rpc_refused(listener.as_str(), "draining");
+            self.refusals.rpc_counted(listener, "draining");
             return Err(tonic::Status::unavailable(
                 "the sidecar is shutting down; retry on another instance or after it restarts",
             ));

@@ -114,9 +114,7 @@ impl Admission {
             peer: peer(&io),
             activity: Arc::new(Activity::new()),
         };
-        self.refusals
-            .metrics()
-            .connection_opened(self.listener.as_str());
+        self.refusals.connection_opened(self.listener);
         Watched {
             io,
             connection,
@@ -248,10 +246,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
                     ),
                 ),
                 // Closing an idle connection is upkeep, not a refusal: counted, not logged.
-                _ => this
-                    .refusals
-                    .metrics()
-                    .connection_closed(listener.as_str(), why),
+                _ => this.refusals.connection_counted(listener, why),
             }
             return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, why)));
         }
@@ -302,9 +297,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
 
 impl<T> Drop for Watched<T> {
     fn drop(&mut self) {
-        self.refusals
-            .metrics()
-            .connection_ended(self.connection.listener.as_str());
+        self.refusals.connection_ended(self.connection.listener);
     }
 }
 

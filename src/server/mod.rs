@@ -3,6 +3,7 @@
 //! graceful shutdown (stop accepting, let in-flight calls finish within the grace period, drain
 //! the audit queue).
 
+mod admin;
 mod admission;
 mod catalog_updates;
 mod connections;
@@ -37,11 +38,8 @@ use crate::{
     identity::IdentityResolver,
     proto::{self, approvals_server::ApprovalsServer, tool_gate_server::ToolGateServer},
 };
-use crate::{
-    metrics::{AdminState, Metrics, Snapshot, serve_admin},
-    shadow::Shadow,
-    telemetry::spans::TraceContextLayer,
-};
+use crate::{metrics::Metrics, shadow::Shadow, telemetry::spans::TraceContextLayer};
+use admin::AdminBinding;
 use admission::AdmissionLayer;
 use connections::Listener;
 use deadline::DeadlineLayer;
@@ -376,7 +374,7 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha);
-    let refusals = Arc::new(Refusals::new(metrics.clone()));
+    let refusals = Arc::new(Refusals::new(&metrics));
     let in_flight = AdmissionLayer::new(
         &limits,
         boundary.clone(),
@@ -527,71 +525,6 @@ async fn report_state_health(
         if reachable.changed().await.is_err() {
             return;
         }
-    }
-}
-
-/// The admin endpoint, when enabled.
-struct AdminBinding {
-    addr: SocketAddr,
-    state: Arc<AdminState>,
-    task: JoinHandle<()>,
-}
-
-impl AdminBinding {
-    async fn start(
-        addr: Option<SocketAddr>,
-        boundary: &Arc<Boundary>,
-        identity: &IdentityHandle,
-        refused: &Arc<RefusedCallers>,
-        restart_required: &Arc<std::sync::atomic::AtomicBool>,
-        state_required: bool,
-    ) -> Result<Option<Self>, StartError> {
-        let Some(addr) = addr else { return Ok(None) };
-        let reader = boundary.clone();
-        let backend = boundary.state_backend().clone();
-        let identity = identity.clone();
-        let refused = refused.clone();
-        let restart_required = restart_required.clone();
-        let state = Arc::new(AdminState {
-            metrics: boundary.metrics().clone(),
-            snapshot: Box::new(move || {
-                let audit = reader.audit();
-                let stores = reader.store_bytes();
-                let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
-                let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-                Snapshot {
-                    approvals_pending: gauge(reader.pending_approvals()),
-                    audit_queue_depth: gauge(audit.queued()),
-                    audit_written: count(audit.written()),
-                    audit_dropped: count(audit.dropped()),
-                    audit_write_errors: count(audit.write_errors()),
-                    audit_refused_callers_suppressed: count(refused.suppressed()),
-                    spans_dropped: count(reader.tracer().losses().queue_full()),
-                    spans_export_failed: count(reader.tracer().losses().export_failed()),
-                    idempotency_bytes: gauge(stores.idempotency),
-                    approvals_bytes: gauge(stores.approvals),
-                    revision_log_bytes: gauge(stores.revision_log),
-                    token_cache_bytes: gauge(identity.load().cache_bytes()),
-                    restart_required: restart_required.load(std::sync::atomic::Ordering::Relaxed),
-                }
-            }),
-            ready: std::sync::atomic::AtomicBool::new(true),
-            state_reachable: Box::new(move || backend.reachable()),
-            state_required,
-        });
-        let (bound, task) =
-            serve_admin(addr, state.clone())
-                .await
-                .map_err(|source| StartError::Listen {
-                    addr: addr.to_string(),
-                    source,
-                })?;
-        tracing::info!(addr = %bound, "serving /metrics, /healthz and /readyz");
-        Ok(Some(AdminBinding {
-            addr: bound,
-            state,
-            task,
-        }))
     }
 }
 

@@ -4,12 +4,27 @@
 //! A flood of refusals is what an attack looks like, so the log is bounded: at most one line per
 //! reason every [`LOG_INTERVAL`], saying how many were left out since the last.
 
-use std::{collections::HashMap, fmt, sync::Arc, sync::Mutex, time::Duration};
+use std::{collections::HashMap, fmt, sync::Mutex, time::Duration};
 
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+};
 use tokio::time::Instant;
 
 use super::connections::Listener;
 use crate::metrics::Metrics;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ListenerLabels {
+    listener: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ListenerReasonLabels {
+    listener: &'static str,
+    reason: &'static str,
+}
 
 /// The shortest time between two log lines of the same reason.
 pub const LOG_INTERVAL: Duration = Duration::from_secs(10);
@@ -19,7 +34,9 @@ const MAX_LOGGED: usize = 256;
 
 /// See the module docs.
 pub struct Refusals {
-    metrics: Arc<Metrics>,
+    rpcs_refused: Family<ListenerReasonLabels, Counter>,
+    connections_open: Family<ListenerLabels, Gauge>,
+    connections_closed: Family<ListenerReasonLabels, Counter>,
     logged: Mutex<HashMap<&'static str, Logged>>,
 }
 
@@ -29,32 +46,80 @@ struct Logged {
 }
 
 impl Refusals {
-    pub fn new(metrics: Arc<Metrics>) -> Self {
-        Refusals {
-            metrics,
+    /// Registers the listeners' metrics: `toolgate_rpcs_refused_total{listener,reason}`,
+    /// `toolgate_connections_open{listener}`, `toolgate_connections_closed_total{listener,reason}`.
+    pub fn new(metrics: &Metrics) -> Self {
+        let refusals = Refusals {
+            rpcs_refused: Family::default(),
+            connections_open: Family::default(),
+            connections_closed: Family::default(),
             logged: Mutex::new(HashMap::new()),
-        }
+        };
+        metrics.register(
+            "rpcs_refused",
+            "toolgate RPCs refused before any call began, by listener and reason (unauthenticated, in_flight, tenant_share, request_bytes, body_timeout, draining)",
+            refusals.rpcs_refused.clone(),
+        );
+        metrics.register(
+            "connections_open",
+            "Client connections open, by listener",
+            refusals.connections_open.clone(),
+        );
+        metrics.register(
+            "connections_closed",
+            "Client connections the sidecar closed, by listener and reason (over_cap, handshake_timeout, idle)",
+            refusals.connections_closed.clone(),
+        );
+        refusals
     }
 
-    /// An RPC refused by the admission layer.
+    /// An RPC refused by the admission layer, counted and logged.
     pub fn rpc(&self, listener: Listener, reason: &'static str, message: fmt::Arguments<'_>) {
-        self.metrics.rpc_refused(listener.as_str(), reason);
+        self.rpc_counted(listener, reason);
         self.log(listener, reason, message);
     }
 
-    /// A connection the sidecar closed.
+    /// An RPC refused in the normal course of things (while draining): counted, not logged.
+    pub fn rpc_counted(&self, listener: Listener, reason: &'static str) {
+        let listener = listener.as_str();
+        self.rpcs_refused
+            .get_or_create(&ListenerReasonLabels { listener, reason })
+            .inc();
+    }
+
+    /// A connection the sidecar closed, counted and logged.
     pub fn connection(
         &self,
         listener: Listener,
         reason: &'static str,
         message: fmt::Arguments<'_>,
     ) {
-        self.metrics.connection_closed(listener.as_str(), reason);
+        self.connection_counted(listener, reason);
         self.log(listener, reason, message);
     }
 
-    pub fn metrics(&self) -> &Arc<Metrics> {
-        &self.metrics
+    /// A connection closed as upkeep (idle): counted, not logged.
+    pub fn connection_counted(&self, listener: Listener, reason: &'static str) {
+        let listener = listener.as_str();
+        self.connections_closed
+            .get_or_create(&ListenerReasonLabels { listener, reason })
+            .inc();
+    }
+
+    /// A connection accepted and kept, until [`Self::connection_ended`].
+    pub fn connection_opened(&self, listener: Listener) {
+        let listener = listener.as_str();
+        self.connections_open
+            .get_or_create(&ListenerLabels { listener })
+            .inc();
+    }
+
+    /// A kept connection gone, however it ended.
+    pub fn connection_ended(&self, listener: Listener) {
+        let listener = listener.as_str();
+        self.connections_open
+            .get_or_create(&ListenerLabels { listener })
+            .dec();
     }
 
     fn log(&self, listener: Listener, reason: &'static str, message: fmt::Arguments<'_>) {
@@ -101,7 +166,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_flood_logs_one_line_per_interval_and_counts_every_refusal() {
-        let refusals = Refusals::new(Arc::new(Metrics::new()));
+        let metrics = Metrics::new();
+        let refusals = Refusals::new(&metrics);
         for _ in 0..1000 {
             refusals.rpc(
                 Listener::Tcp,
@@ -118,7 +184,7 @@ mod tests {
             format_args!("rpc refused: full"),
         );
         assert_eq!(left_out(&refusals), 0, "the next interval logs again");
-        let metrics = refusals.metrics().render(Default::default());
+        let metrics = metrics.render(Default::default());
         assert!(
             metrics.contains(
                 "toolgate_rpcs_refused_total{listener=\"tcp\",reason=\"in_flight\"} 1001"

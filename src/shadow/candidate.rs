@@ -50,7 +50,7 @@ pub async fn watch(shadow: Arc<Shadow>, mut loader: Loader) {
             None => {
                 if shadow.candidate.swap(None).is_some() {
                     tracing::info!("shadow catalog off");
-                    shadow.metrics.shadow_revision(None);
+                    shadow.metrics.revision(None);
                     shadow.status.send_modify(|s| {
                         s.revision = None;
                         s.error = None;
@@ -106,7 +106,7 @@ async fn look(
     .unwrap_or_else(|_| (None, CatalogWatch::default()));
     let parsed = polled.is_some_and(|p| p.parsed);
     if parsed {
-        shadow.metrics.shadow_parse();
+        shadow.metrics.parse();
     }
     shadow.status.send_modify(|s| {
         s.polls += 1;
@@ -130,7 +130,7 @@ async fn load(
         return;
     }
     *tried = Some((file.clone(), fingerprint));
-    shadow.metrics.shadow_parse();
+    shadow.metrics.parse();
     shadow.status.send_modify(|s| s.parses += 1);
     let built = {
         let file = file.clone();
@@ -150,8 +150,8 @@ async fn load(
                 path: file,
                 revision: revision.clone(),
             })));
-            shadow.metrics.shadow_load("ok");
-            shadow.metrics.shadow_revision(Some(&revision));
+            shadow.metrics.load("ok");
+            shadow.metrics.revision(Some(&revision));
             shadow.status.send_modify(|s| {
                 s.attempts += 1;
                 s.revision = Some(revision);
@@ -161,7 +161,7 @@ async fn load(
         Err(error) => {
             let keeping = shadow.candidate().map(|c| c.revision.clone());
             tracing::error!(file = %file.display(), error = %error, keeping = keeping.as_deref().unwrap_or("none"), "shadow catalog refused; the served catalog is not affected, and the previous candidate (if any) is still compared");
-            shadow.metrics.shadow_load("refused");
+            shadow.metrics.load("refused");
             shadow.status.send_modify(|s| {
                 s.attempts += 1;
                 s.error = Some(error);

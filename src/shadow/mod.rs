@@ -13,6 +13,9 @@
 //! Loading and hot reload of the candidate live in [`candidate`].
 
 pub mod candidate;
+mod metrics;
+
+use metrics::ShadowMetrics;
 
 use std::{
     path::PathBuf,
@@ -34,7 +37,6 @@ use crate::{
     catalog::Catalog,
     error::{Stage, Status},
     identity::Caller,
-    metrics::Metrics,
     outcome::CallOutcome,
 };
 
@@ -78,7 +80,7 @@ pub struct Shadow {
     queue: mpsc::Sender<Job>,
     receiver: Mutex<Option<mpsc::Receiver<Job>>>,
     queued_bytes: AtomicUsize,
-    metrics: Arc<Metrics>,
+    metrics: ShadowMetrics,
 }
 
 impl Shadow {
@@ -92,7 +94,7 @@ impl Shadow {
             queue,
             receiver: Mutex::new(Some(receiver)),
             queued_bytes: AtomicUsize::new(0),
-            metrics: boundary.metrics().clone(),
+            metrics: ShadowMetrics::register(boundary.metrics()),
         });
         if !boundary.observe_calls(shadow.clone()) {
             tracing::error!(
@@ -150,7 +152,7 @@ impl CallObserver for Shadow {
         };
         if taken + bytes > MAX_QUEUED_BYTES || self.queue.try_send(job).is_err() {
             self.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
-            self.metrics.shadow_skipped("queue_full");
+            self.metrics.skipped("queue_full");
         }
     }
 }
@@ -254,11 +256,11 @@ pub async fn run(boundary: Arc<Boundary>, shadow: Arc<Shadow>) {
         let Some(candidate) = shadow.candidate() else {
             continue;
         };
-        compare(&boundary, &candidate, job).await;
+        compare(&boundary, &shadow, &candidate, job).await;
     }
 }
 
-async fn compare(boundary: &Boundary, candidate: &Candidate, job: Job) {
+async fn compare(boundary: &Boundary, shadow: &Shadow, candidate: &Candidate, job: Job) {
     let revision = &candidate.revision;
     let candidate = &candidate.catalog;
     let turn = Turn {
@@ -273,7 +275,7 @@ async fn compare(boundary: &Boundary, candidate: &Candidate, job: Job) {
     let explained = boundary
         .explain_against(candidate, &turn, &job.call, job.index, active.own_effects())
         .await;
-    boundary.metrics().shadow_compared();
+    shadow.metrics.compared();
     let differences = differences(&active, &explained);
     if differences.is_empty() {
         return;
@@ -286,10 +288,10 @@ async fn compare(boundary: &Boundary, candidate: &Candidate, job: Job) {
         crate::metrics::UNKNOWN_TOOL
     };
     for kind in &differences {
-        boundary.metrics().shadow_difference(label, kind);
+        shadow.metrics.difference(label, kind);
     }
     let Some(slot) = boundary.audit().try_reserve() else {
-        boundary.metrics().shadow_skipped("audit_full");
+        shadow.metrics.skipped("audit_full");
         return;
     };
     let refusal = explained.outcome.refusal.as_ref();
