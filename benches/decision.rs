@@ -31,9 +31,10 @@ use toolgate::{
     canonical,
     catalog::ToolVersion,
     clock::SharedClock,
-    config::{Config, Env, LimitsConfig, Rate},
+    config::Config,
     identity::{Caller, IdentityResolver},
     limits::{Quotas, RateLimits},
+    settings::{Env, LimitsConfig, Rate},
     state,
 };
 

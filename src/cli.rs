@@ -17,10 +17,11 @@ use serde_json::json;
 use tonic::{Request, metadata::MetadataValue, transport::Channel};
 
 use crate::{
-    config::{Config, Env},
+    config::Config,
     identity::{AGENT_HEADER, SCOPES_HEADER, SUBJECT_HEADER, TENANT_HEADER},
     proto::{self, approvals_client::ApprovalsClient, tool_gate_client::ToolGateClient},
     server::{StartOptions, run},
+    settings::Env,
     telemetry::{self, LogFormat},
 };
 
@@ -242,7 +243,7 @@ pub fn main() -> ExitCode {
             Some(Command::Schema { tests }) => {
                 let schema = match tests {
                     true => test_runner::json_schema(),
-                    false => crate::config::json_schema(),
+                    false => crate::settings::json_schema(),
                 };
                 println!(
                     "{}",
@@ -314,7 +315,7 @@ fn chain(err: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
-fn load(config: Option<&PathBuf>) -> Result<Config, crate::config::ConfigError> {
+fn load(config: Option<&PathBuf>) -> Result<Config, crate::settings::ConfigError> {
     let env = Env::from_process();
     match config {
         Some(path) => Config::load_file(path, &env),
@@ -324,7 +325,7 @@ fn load(config: Option<&PathBuf>) -> Result<Config, crate::config::ConfigError> 
 
 /// What in a loaded catalog cannot work on this machine (missing programs, working
 /// directories): not load errors, since a catalog may be checked elsewhere than it is served.
-fn host_problems(config: &Config) -> Vec<crate::config::FieldError> {
+fn host_problems(config: &Config) -> Vec<crate::settings::FieldError> {
     let tools = config
         .catalog
         .versions()
@@ -343,7 +344,7 @@ fn host_problems(config: &Config) -> Vec<crate::config::FieldError> {
 
 /// `check --connect`: whether the state backend answers.
 async fn connect_state(config: &Config) -> Result<String, String> {
-    let crate::config::StateBackend::Redis(redis) = &config.state.backend else {
+    let crate::settings::StateBackend::Redis(redis) = &config.state.backend else {
         return Ok("state backend: memory (nothing to connect to)".to_owned());
     };
     let metrics = std::sync::Arc::new(crate::metrics::Metrics::new());
@@ -599,7 +600,7 @@ async fn call_tool(
         },
     )?;
     if let Some(timeout) = timeout {
-        req.set_timeout(crate::config::parse_duration(&timeout).map_err(anyhow::Error::msg)?);
+        req.set_timeout(crate::settings::parse_duration(&timeout).map_err(anyhow::Error::msg)?);
     }
     let result = grpc
         .execute_tool(req)

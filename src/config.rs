@@ -9,6 +9,10 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use crate::settings::{
+    self, ApprovalsConfig, AuditConfig, ConfigError, DEMO_CATALOG, DEMO_SOURCE, Env, FieldError,
+    LimitsConfig, Loaded, Sections, ServerConfig, StateConfig, catalog_dir, raw, resolve_path,
+};
 use crate::{
     catalog::{Catalog, CatalogInputs},
     executor::{
@@ -17,13 +21,6 @@ use crate::{
     },
     identity::{IdentityConfig, JwtSettings},
     telemetry::{OtlpProtocol, TelemetryConfig},
-};
-// What callers of the loader also need, in one place.
-use crate::settings::{self, Sections};
-pub use crate::settings::{
-    ApprovalsConfig, AuditConfig, AuditSinkConfig, ConfigError, DEMO_CATALOG, DEMO_SOURCE, Env,
-    FieldError, LimitsConfig, Loaded, MAX_DURATION, Rate, RedisConfig, ServerConfig, StateBackend,
-    StateConfig, catalog_dir, json_schema, parse_duration, parse_rate, raw, resolve_path,
 };
 
 /// A loaded, validated configuration.

@@ -13,7 +13,7 @@
 //!
 //! | floor | modules | what lives there |
 //! |---|---|---|
-//! | 0 | `canonical`, `clock`, `error`, `gcra`, `outcome`, `settings`, `tls` | foundations: canonical JSON, time, the outcome table and a call's outcome, the GCRA arithmetic, plain configuration values, TLS setup |
+//! | 0 | `canonical`, `clock`, `error`, `gcra`, `outcome`, `settings`, `tls` | foundations: canonical JSON, time, the outcome table and a call's outcome, the GCRA arithmetic, plain configuration values (a tool's risk level among them), TLS setup |
 //! | 1 | `identity`, `metrics`, `state` | who is calling, the metrics registry, the shared state's connections |
 //! | 2 | `catalog`, `executor` | tool definitions and the backends that run them |
 //! | 3 | `approvals`, `audit`, `limits`, `telemetry` | what calls leave behind: approvals, audit events, quotas, spans |
@@ -21,6 +21,8 @@
 //! | 5 | `boundary` | the execution boundary: the chain of stages |
 //! | 6 | `shadow` | a candidate catalog compared with the boundary's decisions |
 //! | 7 | `cli`, `server` | the doors: the command line, and the gRPC services and listeners |
+//!
+//! Each type has one name: `config` assembles `settings` and re-exports none of it.
 //!
 //! One import goes up by design: executors take the boundary's sealed [`boundary::Permit`]
 //! (`executor` -> `boundary::Permit`), so that only the chain can make what an executor runs.

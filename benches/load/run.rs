@@ -6,11 +6,7 @@
 use std::{collections::BTreeMap, time::Duration};
 
 use anyhow::{Context, anyhow};
-use toolgate::{
-    StartOptions,
-    config::{Config, Env},
-    telemetry::LogFormat,
-};
+use toolgate::{StartOptions, config::Config, settings::Env, telemetry::LogFormat};
 
 use crate::{
     bare_echo,

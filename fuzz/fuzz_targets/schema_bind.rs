@@ -18,7 +18,7 @@ use toolgate::{
     boundary::{bind, schema, structure},
     canonical,
     catalog::{BindValue, BoundOverride, ToolVersion},
-    config::{Config, Env, LimitsConfig},
+    config::Config, settings::{Env, LimitsConfig},
     identity::{AuthMethod, Caller},
 };
 

@@ -8,7 +8,7 @@ use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 use toolgate::{
     boundary::structure::{ArgumentsBudget, check, normalize_call_id},
-    config::LimitsConfig,
+    settings::LimitsConfig,
 };
 
 /// Nesting depth of a parsed value: `{}` and `[]` are 1, scalars 0.

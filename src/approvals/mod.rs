@@ -17,10 +17,7 @@ pub mod redis;
 use std::{collections::HashMap, sync::Mutex};
 
 use crate::{
-    catalog::{Catalog, RiskLevel},
-    clock::SharedClock,
-    error::Reason,
-    identity::Caller,
+    catalog::Catalog, clock::SharedClock, error::Reason, identity::Caller, settings::RiskLevel,
     state,
 };
 use redis::RedisApprovals;

@@ -22,9 +22,10 @@ use super::{
     RedeemError, bounded_reason, check_binding, not_found, state_error,
 };
 use crate::{
-    catalog::{Catalog, RiskLevel},
+    catalog::Catalog,
     error::Reason,
     identity::Caller,
+    settings::RiskLevel,
     state::{
         Concern, Redis, StateError,
         redis::{Op, Reply},

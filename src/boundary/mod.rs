@@ -42,7 +42,7 @@ use crate::{
     approvals::{self, Approval, ApprovalState, Approvals, DecideError},
     audit::{AuditEvent, AuditLog, EventKind, EventTime, Party, Reservation},
     canonical,
-    catalog::{Catalog, RiskLevel, ToolVersion, revision_of},
+    catalog::{Catalog, ToolVersion, revision_of},
     clock::SharedClock,
     error::{Reason, Refusal, Stage, Status},
     executor::{ExecError, Executors},
@@ -51,6 +51,7 @@ use crate::{
     metrics::Metrics,
     outcome::CallOutcome,
     settings::LimitsConfig,
+    settings::RiskLevel,
     state,
     telemetry::spans,
 };

@@ -17,7 +17,6 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tokio::sync::Semaphore;
 
-pub use crate::settings::RiskLevel;
 use crate::{
     canonical,
     executor::{
@@ -25,7 +24,8 @@ use crate::{
         mcp::{Discovered, DiscoveredTool, McpServerConfig},
     },
     settings::{
-        ApprovalsConfig, Env, FieldError, LimitsConfig, Rate, parse_duration, parse_rate,
+        ApprovalsConfig, Env, FieldError, LimitsConfig, Rate, RiskLevel, parse_duration,
+        parse_rate,
         raw::{self, RawConfig, RawMcpTool, RawTool},
     },
 };

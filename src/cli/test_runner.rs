@@ -26,11 +26,12 @@ use crate::{
     },
     catalog::Catalog,
     clock::SharedClock,
-    config::{AuditConfig, AuditSinkConfig, Config, Env, raw::RawFsync},
+    config::Config,
     error::{Reason, Status},
     executor::Executors,
     identity::{AuthMethod, Caller, split_scopes},
     metrics::Metrics,
+    settings::{AuditConfig, AuditSinkConfig, Env, raw::RawFsync},
 };
 
 /// A file of test cases for one catalog.

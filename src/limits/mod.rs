@@ -384,10 +384,7 @@ pub fn describe(rate: Rate) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{
-        clock::ManualClock,
-        config::{Config, Env},
-    };
+    use crate::{clock::ManualClock, config::Config, settings::Env};
     use futures::FutureExt;
     use std::{
         alloc::{GlobalAlloc, Layout, System},

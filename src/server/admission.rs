@@ -41,7 +41,7 @@ use super::{
     refusals::Refusals,
     services::IdentityHandle,
 };
-use crate::{audit::RefusedCallers, boundary::Boundary, config::LimitsConfig, identity::Caller};
+use crate::{audit::RefusedCallers, boundary::Boundary, identity::Caller, settings::LimitsConfig};
 
 /// The paths admission applies to: the toolgate services.
 const LIMITED_PREFIX: &str = "/toolgate.v1.";

@@ -33,10 +33,11 @@ use crate::{
     boundary::Boundary,
     catalog::CatalogInputs,
     clock::SharedClock,
-    config::{Config, Env, Loaded, catalog_dir},
+    config::Config,
     executor::mcp::Discovered,
     identity::IdentityResolver,
     settings::CatalogWatch,
+    settings::{Env, Loaded, catalog_dir},
     shadow::Shadow,
 };
 

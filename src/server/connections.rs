@@ -31,7 +31,7 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::transport::server::Connected;
 
 use super::refusals::Refusals;
-use crate::config::LimitsConfig;
+use crate::settings::LimitsConfig;
 
 /// The client preface (24 bytes) and the header of the SETTINGS frame that must follow it.
 const HANDSHAKE_BYTES: usize = 24 + 9;

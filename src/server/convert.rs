@@ -8,11 +8,12 @@ use tonic::{Code, Status as GrpcStatus};
 use crate::{
     approvals::{Approval, ApprovalState, DecideError},
     boundary::CallRequest,
-    catalog::{RiskLevel, ToolVersion},
+    catalog::ToolVersion,
     error::Status,
     identity::IdentityError,
     outcome::CallOutcome,
     proto,
+    settings::RiskLevel,
 };
 
 pub fn tool_status(status: Status) -> proto::ToolStatus {

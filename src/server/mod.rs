@@ -573,7 +573,7 @@ type LayeredServer = tonic::transport::server::Server<
 /// (identity from the headers, then the caps on calls in flight: overload and unknown callers
 /// are refused before any work), then the caller's trace context and deadline. Each connection
 /// may open only so many streams.
-fn builder(limits: &crate::config::LimitsConfig, in_flight: &AdmissionLayer) -> LayeredServer {
+fn builder(limits: &crate::settings::LimitsConfig, in_flight: &AdmissionLayer) -> LayeredServer {
     tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .tcp_nodelay(true)

@@ -13,9 +13,9 @@ use arc_swap::ArcSwap;
 use crate::{
     approvals,
     boundary::{Boundary, ResponseBudget, Turn},
-    config::LimitsConfig,
     identity::{Caller, IdentityResolver},
     proto::{self, approvals_server::Approvals, tool_gate_server::ToolGate},
+    settings::LimitsConfig,
     telemetry::spans,
 };
 

@@ -18,9 +18,10 @@ use tokio::sync::watch;
 use super::{Candidate, LoadStatus, Shadow};
 use crate::{
     catalog::Catalog,
-    config::{Config, Env, catalog_dir},
+    config::Config,
     executor::mcp::{Discovered, McpServerConfig},
     settings::CatalogWatch,
+    settings::{Env, catalog_dir},
 };
 
 /// What the loader needs besides the shadow it loads for.

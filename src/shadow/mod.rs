@@ -366,7 +366,7 @@ fn differences(active: &Active, candidate: &Explanation) -> Vec<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Config, Env};
+    use crate::{config::Config, settings::Env};
 
     fn turn() -> Turn {
         Turn {

@@ -380,7 +380,7 @@ async fn sink_none_writes_nothing_where_stdout_would_have_every_event() {
         let config = dir.path().join(format!("{sink}.yaml"));
         std::fs::write(
             &config,
-            toolgate::config::DEMO_CATALOG.replace(
+            toolgate::settings::DEMO_CATALOG.replace(
                 "audit:\n  sink: stdout\n",
                 &format!("audit:\n  sink: {sink}\n"),
             ),

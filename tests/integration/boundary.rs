@@ -2,8 +2,9 @@
 
 use serde_json::{Value, json};
 use toolgate::{
-    config::{Config, Env},
+    config::Config,
     proto::{self, ToolStatus},
+    settings::Env,
 };
 
 use crate::support::{STAGES, TestServer, call, exec, execute_request, who};

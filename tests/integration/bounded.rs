@@ -391,7 +391,7 @@ async fn a_batch_returns_what_fits_and_refuses_each_result_that_does_not() {
         python()
     );
     let env =
-        toolgate::config::Env::default().with("PATH", &std::env::var("PATH").unwrap_or_default());
+        toolgate::settings::Env::default().with("PATH", &std::env::var("PATH").unwrap_or_default());
     let server = TestServer::start_with_env(&catalog, &env).await;
     let mut grpc = server.client().await;
     let calls: Vec<proto::ToolCall> = (0..5)

@@ -333,7 +333,7 @@ fn token_sends_a_jwt_and_schema_prints_the_published_schema() {
     let secret = "a-cli-test-secret-that-is-long-enough";
     std::fs::write(
         &config,
-        toolgate::config::DEMO_CATALOG.replace(
+        toolgate::settings::DEMO_CATALOG.replace(
             "  dev_identity: true\n",
             "  dev_identity: false\n  jwt:\n    hs256_secret_env: CLI_TEST_SECRET\n",
         ),
@@ -391,7 +391,7 @@ fn token_sends_a_jwt_and_schema_prints_the_published_schema() {
 fn deeply_nested_catalog(depth: usize) -> String {
     format!(
         "{}  - name: deep\n    description: d\n    risk_level: read_only\n    executor: {{ builtin: echo }}\n    input_schema: {{ type: object, default: {}{} }}\n",
-        toolgate::config::DEMO_CATALOG,
+        toolgate::settings::DEMO_CATALOG,
         "[".repeat(depth),
         "]".repeat(depth)
     )
@@ -409,7 +409,7 @@ fn check_and_test_refuse_yaml_past_the_size_and_nesting_bounds_unparsed() {
     std::fs::write(path("fine.yaml"), deeply_nested_catalog(100)).unwrap();
     // A file of comments only, one byte over 16 MiB.
     std::fs::write(path("big.yaml"), "#".repeat(16 * 1024 * 1024 + 1)).unwrap();
-    std::fs::write(path("demo.yaml"), toolgate::config::DEMO_CATALOG).unwrap();
+    std::fs::write(path("demo.yaml"), toolgate::settings::DEMO_CATALOG).unwrap();
     let cases = format!(
         "version: 1\ncases:\n  - name: deep\n    identity: {{ tenant: acme }}\n    call: {{ name: echo, arguments: {{ text: {}{} }} }}\n    expect: {{ status: OK }}\n",
         "[".repeat(20_000),
@@ -448,7 +448,7 @@ async fn a_reloaded_catalog_past_the_nesting_bound_is_refused_and_the_old_one_ke
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("catalog.yaml");
     // Polling is off for practical purposes: only the signal causes the reload.
-    let demo = toolgate::config::DEMO_CATALOG.replace(
+    let demo = toolgate::settings::DEMO_CATALOG.replace(
         "  shutdown_grace: 10s\n",
         "  shutdown_grace: 10s\n  reload_interval: 1h\n",
     );

@@ -36,7 +36,7 @@ async fn logs_of_refused_tokens(
     let file = dir.path().join("catalog.yaml");
     std::fs::write(
         &file,
-        toolgate::config::DEMO_CATALOG.replace(
+        toolgate::settings::DEMO_CATALOG.replace(
             "  dev_identity: true\n",
             "  dev_identity: false\n  jwt:\n    hs256_secret_env: TEST_JWT_SECRET\n",
         ),

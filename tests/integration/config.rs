@@ -2,7 +2,10 @@
 
 use std::{path::Path, process::Command};
 
-use toolgate::config::{Config, ConfigError, Env};
+use toolgate::{
+    config::Config,
+    settings::{ConfigError, Env},
+};
 
 /// A small valid catalog; each test breaks one thing.
 const BASE: &str = r#"version: 1
@@ -211,7 +214,8 @@ fn the_embedded_demo_and_every_example_pass_check() {
 #[test]
 fn the_published_config_schema_is_current_and_accepts_the_demo() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/config.schema.json");
-    let generated = serde_json::to_string_pretty(&toolgate::config::json_schema()).unwrap() + "\n";
+    let generated =
+        serde_json::to_string_pretty(&toolgate::settings::json_schema()).unwrap() + "\n";
     if std::env::var_os("UPDATE_SCHEMA").is_some() {
         std::fs::write(&path, &generated).unwrap();
     }
@@ -222,7 +226,8 @@ fn the_published_config_schema_is_current_and_accepts_the_demo() {
     );
     // The schema really describes the format: the demo validates against it.
     let schema: serde_json::Value = serde_json::from_str(&published).unwrap();
-    let demo: serde_json::Value = serde_yaml_ng::from_str(toolgate::config::DEMO_CATALOG).unwrap();
+    let demo: serde_json::Value =
+        serde_yaml_ng::from_str(toolgate::settings::DEMO_CATALOG).unwrap();
     let validator = jsonschema::validator_for(&schema).unwrap();
     let errors: Vec<String> = validator
         .iter_errors(&demo)

@@ -20,7 +20,7 @@ use axum::{
 };
 use serde_json::{Value, json};
 use tokio::sync::watch;
-use toolgate::{config::Env, proto::ToolStatus};
+use toolgate::{proto::ToolStatus, settings::Env};
 
 use crate::support::{TestServer, call, exec, execute_request, who};
 

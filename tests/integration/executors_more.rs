@@ -16,7 +16,7 @@ use axum::{
     response::IntoResponse,
     routing::post,
 };
-use toolgate::{config::Env, proto::ToolStatus};
+use toolgate::{proto::ToolStatus, settings::Env};
 
 use crate::support::{STAGES, TestServer, call, exec, who};
 

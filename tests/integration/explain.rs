@@ -749,7 +749,7 @@ fn token(scope: &str) -> String {
 
 #[tokio::test]
 async fn a_jwt_caller_needs_the_explain_scope() {
-    let env = toolgate::config::Env::default().with("EXPLAIN_TEST_SECRET", SECRET);
+    let env = toolgate::settings::Env::default().with("EXPLAIN_TEST_SECRET", SECRET);
     let yaml = r#"version: 1
 identity:
   jwt: { hs256_secret_env: EXPLAIN_TEST_SECRET, issuer: ["https://issuer.test"], audience: [toolgate] }

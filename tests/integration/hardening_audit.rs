@@ -9,8 +9,8 @@ use std::{collections::HashSet, io::Read, os::fd::AsRawFd, time::Duration};
 use serde_json::Value;
 use tonic::Code;
 use toolgate::{
-    config::Env,
     proto::{self, ApprovalDecision, ToolStatus},
+    settings::Env,
 };
 
 use crate::{

@@ -8,10 +8,7 @@ use std::{path::Path, process::Command, time::Duration};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::{Value, json};
 use tonic::Code;
-use toolgate::{
-    config::{Config, Env},
-    proto,
-};
+use toolgate::{config::Config, proto, settings::Env};
 
 use crate::support::{START_UNIX_MS, TestServer, Who, http_get, metric, visible, who};
 
@@ -19,7 +16,7 @@ fn manifest_dir() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn load(yaml: &str) -> Result<Config, toolgate::config::ConfigError> {
+fn load(yaml: &str) -> Result<Config, toolgate::settings::ConfigError> {
     Config::from_yaml(yaml, "t.yaml", manifest_dir(), &Env::default())
 }
 

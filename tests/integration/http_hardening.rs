@@ -184,7 +184,7 @@ async fn cidr_entries_and_urls_the_client_cannot_use_are_refused_at_load() {
             &format!("{base}upstreams:\n  u: {upstream}\ntools: []\n"),
             "c.yaml",
             std::path::Path::new("."),
-            &toolgate::config::Env::default(),
+            &toolgate::settings::Env::default(),
         )
         .unwrap_err()
     };

@@ -6,7 +6,7 @@ use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::{Value, json};
 use tonic::Code;
-use toolgate::{config::Env, proto};
+use toolgate::{proto, settings::Env};
 
 use crate::support::{START_UNIX_MS, TestServer, Who, call, exec, visible, who};
 
@@ -44,7 +44,7 @@ fn hs256(claims: &Value) -> String {
 
 /// A catalog that accepts JWTs only: HS256 from the environment, RS256 and ES256 from PEM files.
 fn jwt_catalog() -> String {
-    toolgate::config::DEMO_CATALOG.replace(
+    toolgate::settings::DEMO_CATALOG.replace(
         "  dev_identity: true\n",
         "  dev_identity: false\n  jwt:\n    hs256_secret_env: TEST_JWT_SECRET\n    public_key_files: [tests/fixtures/rsa_public.pem, tests/fixtures/ec_public.pem]\n    issuer: [\"https://issuer.test\"]\n    audience: [toolgate]\n",
     )
@@ -216,7 +216,7 @@ async fn dev_identity_needs_a_tenant() {
 
 #[tokio::test]
 async fn jwks_keys_are_chosen_by_kid() {
-    let yaml = toolgate::config::DEMO_CATALOG.replace(
+    let yaml = toolgate::settings::DEMO_CATALOG.replace(
         "  dev_identity: true\n",
         "  dev_identity: false\n  jwt:\n    jwks_file: tests/fixtures/jwks.json\n",
     );

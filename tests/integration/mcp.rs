@@ -4,7 +4,7 @@
 
 use std::{path::Path, time::Duration};
 
-use toolgate::{config::Env, proto};
+use toolgate::{proto, settings::Env};
 
 use crate::support::{TestServer, Who, call, exec, who};
 

@@ -299,7 +299,7 @@ async fn serves_on_a_unix_socket_too() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("toolgate.sock");
     let config = dir.path().join("catalog.yaml");
-    let demo = toolgate::config::DEMO_CATALOG.replace(
+    let demo = toolgate::settings::DEMO_CATALOG.replace(
         "  shutdown_grace: 10s\n",
         &format!(
             "  shutdown_grace: 10s\n  unix_socket: {}\n",
@@ -336,7 +336,7 @@ async fn sighup_reloads_the_catalog_file() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("catalog.yaml");
     // Polling is off for practical purposes: only the signal can cause the reload.
-    let demo = toolgate::config::DEMO_CATALOG.replace(
+    let demo = toolgate::settings::DEMO_CATALOG.replace(
         "  shutdown_grace: 10s\n",
         "  shutdown_grace: 10s\n  reload_interval: 1h\n",
     );

@@ -10,8 +10,9 @@ use toolgate::{
     boundary::access,
     canonical::sha256_hex,
     catalog::AccessDenial,
-    config::{Config, Env},
+    config::Config,
     identity::{AuthMethod, Caller},
+    settings::Env,
 };
 
 fn config() -> ProptestConfig {

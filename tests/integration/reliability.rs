@@ -16,8 +16,8 @@ use tokio::{
 };
 use tonic::{Code, metadata::MetadataValue, transport::Endpoint};
 use toolgate::{
-    config::Env,
     proto::{self, ToolStatus, tool_gate_client::ToolGateClient},
+    settings::Env,
 };
 
 use crate::support::{STAGES, TestServer, call, exec, execute_request, who};
@@ -476,7 +476,7 @@ async fn sigterm_under_load_finishes_or_cleanly_refuses_every_call_and_audits_ea
     let audit_path = dir.path().join("audit.jsonl");
     let config = dir.path().join("catalog.yaml");
     // slow_task may run 20 s here, so the calls are still running while the test sends more.
-    let catalog = toolgate::config::DEMO_CATALOG
+    let catalog = toolgate::settings::DEMO_CATALOG
         .replace(
             "audit:\n  sink: stdout\n",
             &format!("audit:\n  sink: file\n  path: {}\n", audit_path.display()),

@@ -16,7 +16,7 @@ use crate::{
 
 /// The demo, with audit to `audit` and a 2 s grace period; slow_task may run a minute.
 fn catalog(audit: &std::path::Path) -> String {
-    let yaml = toolgate::config::DEMO_CATALOG
+    let yaml = toolgate::settings::DEMO_CATALOG
         .replace(
             "audit:\n  sink: stdout\n",
             &format!("audit:\n  sink: file\n  path: {}\n", audit.display()),

@@ -13,9 +13,10 @@ use tonic::{Request, transport::Channel};
 use toolgate::{
     Running, StartOptions,
     clock::{ManualClock, SharedClock},
-    config::{Config, DEMO_CATALOG, Env},
+    config::Config,
     executor::Builtins,
     proto::{self, approvals_client::ApprovalsClient, tool_gate_client::ToolGateClient},
+    settings::{DEMO_CATALOG, Env},
 };
 
 /// A caller's dev identity.

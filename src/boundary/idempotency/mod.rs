@@ -31,9 +31,9 @@ use std::{
 use tokio::sync::watch;
 
 use crate::{
-    catalog::RiskLevel,
     clock::SharedClock,
     error::{Reason, Refusal, Stage},
+    settings::RiskLevel,
 };
 
 /// What a finished execution left: its output or refusal, and the version that ran.

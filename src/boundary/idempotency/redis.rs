@@ -31,8 +31,8 @@ use tokio::time::Instant;
 
 use super::{Budget, Key, Stored, outcome_unknown, overloaded, too_large_to_keep};
 use crate::{
-    catalog::RiskLevel,
     error::{Reason, Refusal, Stage},
+    settings::RiskLevel,
     state::{
         self, Concern, Redis, StateError,
         redis::{Op, Reply},
