@@ -13,7 +13,8 @@ use super::{
     Boundary, CallRequest, Turn, access,
     idempotency::Peek,
     policy::{self, Decided, Seen},
-    redact, scopes, structure, visibility,
+    redaction::redact,
+    scopes, structure, visibility,
 };
 use crate::{
     catalog::{BindValue, Catalog, ToolVersion, VersionStatus, revision_of},

@@ -69,7 +69,7 @@ pub(crate) fn decide<'c>(
     seen.tool = Some(tool);
     if let Some((revisions, shown)) = shown {
         resolve::check_revision(revisions, shown, tool, || {
-            super::current_revision(catalog, caller)
+            super::visibility::current_revision(catalog, caller)
         })?;
     }
     // 4. Allow/deny lists: global, tenant, agent.

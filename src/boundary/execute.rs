@@ -1,0 +1,173 @@
+//! Stage 11: the call runs on its backend, under min(tool timeout, client deadline) and the
+//! tool's concurrency cap, inside its CLIENT span; an approval is used up as the call is handed
+//! over, and given back if the backend was never reached. How a backend's failure or a timeout
+//! becomes a refusal is decided here too: a write that may have reached its backend is an
+//! unknown outcome, never retryable.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::time::Instant;
+
+use super::{Boundary, Permit, Turn, redaction::redact_text, truncate_utf8};
+use crate::{
+    catalog::ToolVersion,
+    error::{Reason, Refusal, Stage},
+    executor::ExecError,
+    settings::RiskLevel,
+    telemetry::spans,
+};
+
+impl Boundary {
+    /// Calls the backend inside its CLIENT span, whose context is what the backend receives as
+    /// `traceparent`.
+    pub(super) fn call_backend<'a>(
+        &'a self,
+        turn: &Turn,
+        call_span: &spans::ToolgateSpan,
+        permit: &'a mut Permit,
+        approval_id: Option<&'a str>,
+        started: &'a AtomicBool,
+    ) -> impl Future<Output = Result<String, Refusal>> + Send + 'a {
+        let tool = permit.tool();
+        let span = spans::backend_call(&self.tracer, tool, call_span, &turn.trace_parent);
+        let traceparent = spans::outbound_traceparent(&span, tool, &turn.trace_parent);
+        permit.set_traceparent(traceparent);
+        self.run(permit, span, turn.deadline, approval_id, started)
+    }
+
+    /// Stage 11 (and 12's output limit): run under min(tool timeout, client deadline), then check
+    /// the output.
+    /// An approval is used up here, as the call is handed to the backend, and given back if the
+    /// backend was never reached. The backend's span (`span`) ends, with its end time, when the
+    /// backend answers or the call is dropped.
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn holds its arguments twice"
+    )]
+    pub(super) fn run<'a>(
+        &'a self,
+        permit: &'a Permit,
+        span: spans::ToolgateSpan,
+        deadline: Option<Instant>,
+        approval_id: Option<&'a str>,
+        started: &'a AtomicBool,
+    ) -> impl Future<Output = Result<String, Refusal>> + Send + 'a {
+        async move {
+            let _span = &span;
+            let tool = permit.tool();
+            let now = Instant::now();
+            // A timeout of up to 30 days (validated at load) cannot overflow; saturate regardless.
+            let tool_deadline = now
+                .checked_add(tool.timeout)
+                .unwrap_or(now + crate::settings::MAX_DURATION);
+            let deadline = deadline.map_or(tool_deadline, |d| d.min(tool_deadline));
+            // Beyond a tool's concurrency cap, refuse at once rather than queue without bound.
+            let _slot = match &tool.concurrency {
+                Some(cap) => Some(cap.clone().try_acquire_owned().map_err(|_| {
+                    Refusal::new(
+                        Stage::Execute,
+                        Reason::Overloaded,
+                        format!(
+                            "{} is at its limit of calls in flight; retry shortly",
+                            tool.name
+                        ),
+                    )
+                })?),
+                None => None,
+            };
+            let tenant = &permit.caller().tenant;
+            if let Some(id) = approval_id {
+                self.approvals
+                    .consume(tenant, id)
+                    .await
+                    .map_err(|(reason, message)| {
+                        Refusal::new(Stage::Approval, reason, message).with_approval_id(id)
+                    })?;
+            }
+            let executor = self.executors.for_spec(&tool.executor);
+            tracing::debug!(call_id = permit.call_id(), tool = %tool.name, "executing");
+            started.store(true, Ordering::Release);
+            let output = match tokio::time::timeout_at(deadline, executor.execute(permit)).await {
+                Ok(Ok(output)) => output,
+                Ok(Err(err)) => {
+                    if !err.reached_backend() {
+                        started.store(false, Ordering::Release);
+                        if let Some(id) = approval_id {
+                            self.approvals.release(tenant, id).await;
+                        }
+                    }
+                    return Err(exec_refusal(err, permit));
+                }
+                Err(_elapsed) => return Err(timeout_refusal(tool, deadline == tool_deadline)),
+            };
+            // 12. The result: within the tool's output limit.
+            super::result::check_output(tool, &output)?;
+            Ok(output)
+        }
+    }
+}
+
+/// Most bytes of a backend's own error text passed on (to the model, and to records that may
+/// carry it).
+const MAX_DETAIL_BYTES: usize = 1024;
+
+/// A backend failure as a refusal. The backend's own text goes to the caller; records carry it
+/// only for tools that record their arguments, with the `redact` values taken out.
+pub(super) fn exec_refusal(err: ExecError, permit: &Permit) -> Refusal {
+    // A write that may have reached its backend may have written, as one that timed out may have:
+    // not retryable, so an idempotency key keeps the result and its retry cannot write twice.
+    let outcome_unknown = err.outcome_unknown() && permit.tool().risk_level != RiskLevel::ReadOnly;
+    let (reason, message, detail) = match err {
+        ExecError::Failed { message, detail } => (Reason::ToolFailed, message, detail),
+        ExecError::Unavailable(m) | ExecError::NotReached(m) => {
+            (Reason::UpstreamUnavailable, m, None)
+        }
+        ExecError::Overloaded(m) => (Reason::Overloaded, m, None),
+        ExecError::Refused(m) => (Reason::DestinationRefused, m, None),
+        ExecError::Misconfigured(m) => (Reason::BackendMisconfigured, m, None),
+        ExecError::OutputTooLarge(m) => (Reason::OutputTooLarge, m, None),
+    };
+    let stage = match reason {
+        Reason::OutputTooLarge => Stage::Result,
+        _ => Stage::Execute,
+    };
+    let mut refusal = Refusal::new(stage, reason, message);
+    if outcome_unknown {
+        refusal
+            .message
+            .push_str("; the outcome is unknown and changes may have been made");
+        refusal = refusal.with_retryable(false);
+    }
+    if let Some(detail) = detail {
+        let detail = truncate_utf8(detail.trim(), MAX_DETAIL_BYTES).to_owned();
+        let tool = permit.tool();
+        if tool.record_arguments {
+            refusal.recorded_detail = Some(redact_text(&detail, permit.arguments(), &tool.redact));
+        }
+        refusal.detail = Some(detail);
+    }
+    refusal
+}
+
+fn timeout_refusal(tool: &ToolVersion, tool_timeout_hit: bool) -> Refusal {
+    let limit = if tool_timeout_hit {
+        format!("its timeout of {} ms", tool.timeout.as_millis())
+    } else {
+        "the client's deadline".to_owned()
+    };
+    if tool.risk_level == RiskLevel::ReadOnly {
+        Refusal::new(
+            Stage::Execute,
+            Reason::Timeout,
+            format!("{} did not finish within {limit}", tool.name),
+        )
+    } else {
+        // A write may have happened before the deadline: retrying blindly could repeat it.
+        Refusal::new(
+            Stage::Execute,
+            Reason::Timeout,
+            format!("{} did not finish within {limit}; the outcome is unknown and changes may have been made", tool.name),
+        )
+        .with_retryable(false)
+    }
+}
