@@ -5,7 +5,10 @@ use std::{fmt::Write as _, process::ExitCode};
 
 use serde_json::{Value, json};
 
-use super::{ClientArgs, channel, request, status_error};
+use super::{
+    ClientArgs,
+    client::{channel, request, status_error},
+};
 use crate::proto::{self, tool_gate_client::ToolGateClient};
 
 /// Explains one call; exits 0 when execution would return OK, 4 otherwise.

@@ -1,0 +1,19 @@
+//! `toolgate schema`: the JSON Schema of the catalog file format, or with `--tests` of the
+//! `toolgate test` file format.
+
+use std::process::ExitCode;
+
+use super::test_runner;
+
+/// Prints the schema, pretty-printed.
+pub(super) fn schema(tests: bool) -> anyhow::Result<ExitCode> {
+    let schema = match tests {
+        true => test_runner::json_schema(),
+        false => crate::config::json_schema(),
+    };
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&schema).unwrap_or_default()
+    );
+    Ok(ExitCode::SUCCESS)
+}
