@@ -306,6 +306,12 @@ fn chain(err: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
+/// Prints a `--json` output: one line of compact JSON.
+fn print_json(output: &impl serde::Serialize) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string(output)?);
+    Ok(())
+}
+
 /// The catalog file, or the embedded demo without one.
 fn load(config: Option<&PathBuf>) -> Result<Config, crate::config::ConfigError> {
     let env = Env::from_process();
