@@ -2,9 +2,9 @@
 //! including what cannot work on this machine unless `--portable`, and with `--connect` whether
 //! the state backend answers.
 
-use std::{path::PathBuf, process::ExitCode};
+use std::path::PathBuf;
 
-use super::load;
+use super::{Failure, load};
 use crate::config::{Config, Env};
 
 /// What in a loaded catalog cannot work on this machine (missing programs, working
@@ -51,57 +51,47 @@ pub(super) async fn check(
     config: Option<PathBuf>,
     portable: bool,
     connect: bool,
-) -> anyhow::Result<ExitCode> {
-    match load(config.as_ref()) {
-        Ok(loaded) => {
-            let problems = if portable {
-                Vec::new()
-            } else {
-                host_problems(&loaded)
-            };
-            for problem in &problems {
-                eprintln!(
-                    "error: {}: {}: {} (on this machine; --portable skips this check)",
-                    loaded.source, problem.path, problem.message
-                );
-            }
-            if !problems.is_empty() {
-                return Ok(ExitCode::FAILURE);
-            }
-            if connect {
-                match connect_state(&loaded).await {
-                    Ok(line) => println!("{line}"),
-                    Err(err) => {
-                        eprintln!("error: {}: {err}", loaded.source);
-                        return Ok(ExitCode::FAILURE);
-                    }
-                }
-            }
-            println!(
-                "{}: ok ({} tools, revision {})",
-                loaded.source,
-                loaded.catalog.versions().count(),
-                loaded.catalog.revision()
-            );
-            // The shadow candidate is checked too: served, a broken one is only refused (logged).
-            if let Some(candidate) = &loaded.shadow_catalog {
-                match Config::load_file(candidate, &Env::from_process()) {
-                    Ok(shadow) => println!(
-                        "{}: ok as the shadow catalog ({} tools)",
-                        shadow.source,
-                        shadow.catalog.versions().count()
-                    ),
-                    Err(err) => {
-                        eprintln!("error: shadow catalog: {err}");
-                        return Ok(ExitCode::FAILURE);
-                    }
-                }
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        Err(err) => {
-            eprintln!("error: {err}");
-            Ok(ExitCode::FAILURE)
-        }
+) -> Result<(), Failure> {
+    let loaded = load(config.as_ref()).map_err(Failure::error)?;
+    let problems = if portable {
+        Vec::new()
+    } else {
+        host_problems(&loaded)
+    };
+    if !problems.is_empty() {
+        return Err(Failure::Errors(
+            problems
+                .iter()
+                .map(|problem| {
+                    format!(
+                        "{}: {}: {} (on this machine; --portable skips this check)",
+                        loaded.source, problem.path, problem.message
+                    )
+                })
+                .collect(),
+        ));
     }
+    if connect {
+        let line = connect_state(&loaded)
+            .await
+            .map_err(|err| Failure::error(format_args!("{}: {err}", loaded.source)))?;
+        println!("{line}");
+    }
+    println!(
+        "{}: ok ({} tools, revision {})",
+        loaded.source,
+        loaded.catalog.versions().count(),
+        loaded.catalog.revision()
+    );
+    // The shadow candidate is checked too: served, a broken one is only refused (logged).
+    if let Some(candidate) = &loaded.shadow_catalog {
+        let shadow = Config::load_file(candidate, &Env::from_process())
+            .map_err(|err| Failure::error(format_args!("shadow catalog: {err}")))?;
+        println!(
+            "{}: ok as the shadow catalog ({} tools)",
+            shadow.source,
+            shadow.catalog.versions().count()
+        );
+    }
+    Ok(())
 }

@@ -2,20 +2,18 @@
 //! `approvals` (ListApprovals, every page), `approve` and `reject` (DecideApproval), each printed
 //! as text or, with `--json`, as JSON.
 
-use std::process::ExitCode;
-
 use serde::Serialize;
 use serde_json::Value;
 
 use super::{
-    ClientArgs,
+    ClientArgs, Failure,
     client::{channel, request, status_error},
     print_json,
 };
 use crate::proto::{self, approvals_client::ApprovalsClient, tool_gate_client::ToolGateClient};
 
 /// `toolgate tools`: the tools ListTools returns to the caller.
-pub(super) async fn tools(client: ClientArgs) -> anyhow::Result<ExitCode> {
+pub(super) async fn tools(client: ClientArgs) -> Result<(), Failure> {
     let mut grpc = ToolGateClient::new(channel(&client).await?);
     let response = grpc
         .list_tools(request(&client, proto::ListToolsRequest {})?)
@@ -43,7 +41,7 @@ pub(super) async fn tools(client: ClientArgs) -> anyhow::Result<ExitCode> {
             println!("  {:<16}       args {}", "", t.input_schema_json);
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 /// `toolgate call`: one ExecuteTool call; exit 4 when its status is not OK.
@@ -52,7 +50,7 @@ pub(super) async fn call_tool(
     call: proto::ToolCall,
     run_id: String,
     timeout: Option<String>,
-) -> anyhow::Result<ExitCode> {
+) -> Result<(), Failure> {
     let mut grpc = ToolGateClient::new(channel(&client).await?);
     let name = call.name.clone();
     let mut req = request(
@@ -65,7 +63,7 @@ pub(super) async fn call_tool(
         },
     )?;
     if let Some(timeout) = timeout {
-        req.set_timeout(crate::config::parse_duration(&timeout).map_err(anyhow::Error::msg)?);
+        req.set_timeout(crate::config::parse_duration(&timeout).map_err(Failure::error)?);
     }
     let result = grpc
         .execute_tool(req)
@@ -73,7 +71,7 @@ pub(super) async fn call_tool(
         .map_err(status_error)?
         .into_inner()
         .result
-        .ok_or_else(|| anyhow::anyhow!("the sidecar answered without a result"))?;
+        .ok_or_else(|| Failure::error("the sidecar answered without a result"))?;
     let status = result
         .status()
         .as_str_name()
@@ -112,18 +110,17 @@ pub(super) async fn call_tool(
         }
         println!("model_text: {}", result.model_text);
     }
-    Ok(if status == "OK" {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(4)
-    })
+    match status.as_str() {
+        "OK" => Ok(()),
+        _ => Err(Failure::NotOk),
+    }
 }
 
 /// The most ListApprovals pages `toolgate approvals` reads (200 approvals each).
 const MAX_PAGES: usize = 1000;
 
 /// `toolgate approvals`: the approvals of the caller's tenant, oldest first.
-pub(super) async fn list_approvals(client: ClientArgs) -> anyhow::Result<ExitCode> {
+pub(super) async fn list_approvals(client: ClientArgs) -> Result<(), Failure> {
     let mut grpc = ApprovalsClient::new(channel(&client).await?);
     let mut approvals = Vec::new();
     let mut page_token = String::new();
@@ -161,7 +158,7 @@ pub(super) async fn list_approvals(client: ClientArgs) -> anyhow::Result<ExitCod
     if approvals.is_empty() && !client.json {
         println!("no pending approvals");
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 /// `toolgate approve` and `reject`: DecideApproval.
@@ -170,7 +167,7 @@ pub(super) async fn decide(
     approval_id: String,
     approve: bool,
     reason: String,
-) -> anyhow::Result<ExitCode> {
+) -> Result<(), Failure> {
     let mut grpc = ApprovalsClient::new(channel(&client).await?);
     let decision = if approve {
         proto::ApprovalDecision::Approve
@@ -190,7 +187,7 @@ pub(super) async fn decide(
         .map_err(status_error)?
         .into_inner()
         .approval
-        .ok_or_else(|| anyhow::anyhow!("the sidecar answered without the approval"))?;
+        .ok_or_else(|| Failure::error("the sidecar answered without the approval"))?;
     let state = approval
         .state()
         .as_str_name()
@@ -208,7 +205,7 @@ pub(super) async fn decide(
             approval.approval_id, state, approval.decided_by
         );
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 /// `tools --json`: one object, the catalog's revision and the tools.

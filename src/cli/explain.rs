@@ -1,13 +1,13 @@
 //! `toolgate explain`: ExplainTool and ExplainListTools from the command line, and the readable
 //! and JSON forms of an explanation (also used by `toolgate test`).
 
-use std::{fmt::Write as _, process::ExitCode, sync::LazyLock};
+use std::{fmt::Write as _, sync::LazyLock};
 
 use serde::Serialize;
 use serde_json::Value;
 
 use super::{
-    ClientArgs,
+    ClientArgs, Failure,
     client::{channel, request, status_error},
     print_json,
 };
@@ -18,7 +18,7 @@ pub async fn explain(
     client: ClientArgs,
     call: proto::ToolCall,
     run_id: String,
-) -> anyhow::Result<ExitCode> {
+) -> Result<(), Failure> {
     let name = call.name.clone();
     let mut grpc = ToolGateClient::new(channel(&client).await?);
     let response = grpc
@@ -43,15 +43,14 @@ pub async fn explain(
         .decision
         .as_ref()
         .is_some_and(|d| d.status() == proto::ToolStatus::Ok);
-    Ok(if ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(4)
-    })
+    match ok {
+        true => Ok(()),
+        false => Err(Failure::NotOk),
+    }
 }
 
 /// Lists every tool, visible to the caller or not, with what hides the others.
-pub async fn list(client: ClientArgs) -> anyhow::Result<ExitCode> {
+pub async fn list(client: ClientArgs) -> Result<(), Failure> {
     let mut grpc = ToolGateClient::new(channel(&client).await?);
     let response = grpc
         .explain_list_tools(request(&client, proto::ExplainListToolsRequest {})?)
@@ -63,7 +62,7 @@ pub async fn list(client: ClientArgs) -> anyhow::Result<ExitCode> {
     } else {
         print!("{}", render_list(&response));
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 fn status_name(status: proto::ToolStatus) -> &'static str {

@@ -5,7 +5,9 @@
 //! `reject` (`client_verbs.rs`) and `explain` (`explain.rs`), reaching it through `client.rs`.
 //!
 //! Exit codes: 0 success; 1 failure (bad config, cannot start, transport error); 2 usage error;
-//! 4 the tool call returned (or, for `explain`, would return) a status other than OK.
+//! 4 the tool call returned (or, for `explain`, would return) a status other than OK. Every verb
+//! returns `Result<(), Failure>`, and [`Failure`] alone says what is printed on stderr and which
+//! code the process exits with.
 
 mod check;
 mod client;
@@ -222,73 +224,118 @@ pub fn main() -> ExitCode {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         }
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(err) => {
-            eprintln!("error: cannot start the async runtime: {err}");
-            return ExitCode::FAILURE;
-        }
+        .build();
+    let result = match &runtime {
+        Ok(runtime) => runtime.block_on(run(cli)),
+        Err(err) => Err(Failure::error(format_args!(
+            "cannot start the async runtime: {err}"
+        ))),
     };
-    let result = runtime.block_on(async {
-        match cli.command {
-            None => serve::serve(cli.serve).await,
-            Some(Command::Serve(args)) => serve::serve(args).await,
-            Some(Command::Check {
-                config,
-                portable,
-                connect,
-            }) => check::check(config, portable, connect).await,
-            Some(Command::Schema { tests }) => schema::schema(tests),
-            Some(Command::Test {
-                config,
-                tests,
-                coverage,
-            }) => test_runner::run(config.as_deref(), &tests, coverage).await,
-            Some(Command::ShadowReport { audit, json }) => shadow_report::run(&audit, json),
-            Some(Command::Explain {
-                name,
-                list,
-                call,
-                client,
-            }) => match (list, name) {
-                (true, _) | (false, None) => explain::list(client).await,
-                (false, Some(name)) => {
-                    let (call, run_id) = call.into_call(name);
-                    explain::explain(client, call, run_id).await
-                }
-            },
-            Some(Command::Tools(client)) => client_verbs::tools(client).await,
-            Some(Command::Call {
-                name,
-                call,
-                timeout,
-                client,
-            }) => {
-                let (call, run_id) = call.into_call(name);
-                client_verbs::call_tool(client, call, run_id, timeout).await
-            }
-            Some(Command::Approvals(client)) => client_verbs::list_approvals(client).await,
-            Some(Command::Approve {
-                approval_id,
-                reason,
-                client,
-            }) => client_verbs::decide(client, approval_id, true, reason).await,
-            Some(Command::Reject {
-                approval_id,
-                reason,
-                client,
-            }) => client_verbs::decide(client, approval_id, false, reason).await,
-        }
-    });
     match result {
-        Ok(code) => code,
-        Err(err) => {
-            eprintln!("error: {}", chain(err.as_ref()));
-            ExitCode::FAILURE
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => failure.report(),
+    }
+}
+
+/// Runs the verb the command line names.
+async fn run(cli: Cli) -> Result<(), Failure> {
+    match cli.command {
+        None => serve::serve(cli.serve).await,
+        Some(Command::Serve(args)) => serve::serve(args).await,
+        Some(Command::Check {
+            config,
+            portable,
+            connect,
+        }) => check::check(config, portable, connect).await,
+        Some(Command::Schema { tests }) => schema::schema(tests),
+        Some(Command::Test {
+            config,
+            tests,
+            coverage,
+        }) => test_runner::run(config.as_deref(), &tests, coverage).await,
+        Some(Command::ShadowReport { audit, json }) => shadow_report::run(&audit, json),
+        Some(Command::Explain {
+            name,
+            list,
+            call,
+            client,
+        }) => match (list, name) {
+            (true, _) | (false, None) => explain::list(client).await,
+            (false, Some(name)) => {
+                let (call, run_id) = call.into_call(name);
+                explain::explain(client, call, run_id).await
+            }
+        },
+        Some(Command::Tools(client)) => client_verbs::tools(client).await,
+        Some(Command::Call {
+            name,
+            call,
+            timeout,
+            client,
+        }) => {
+            let (call, run_id) = call.into_call(name);
+            client_verbs::call_tool(client, call, run_id, timeout).await
         }
+        Some(Command::Approvals(client)) => client_verbs::list_approvals(client).await,
+        Some(Command::Approve {
+            approval_id,
+            reason,
+            client,
+        }) => client_verbs::decide(client, approval_id, true, reason).await,
+        Some(Command::Reject {
+            approval_id,
+            reason,
+            client,
+        }) => client_verbs::decide(client, approval_id, false, reason).await,
+    }
+}
+
+/// Why a verb did not succeed, and so the process's exit code: every verb reports its failures
+/// through this one type, and only [`main`] prints them. (A usage error never reaches a verb:
+/// clap prints it and exits 2.)
+#[derive(Debug)]
+pub enum Failure {
+    /// Something went wrong (a catalog that does not load, no connection, a gRPC error): each
+    /// message is printed on stderr as `error: …`; exit 1.
+    Errors(Vec<String>),
+    /// What failed is already on stdout (a test case's diff); exit 1.
+    Reported,
+    /// The tool call returned, or for `explain` would return, a status other than OK (printed on
+    /// stdout like any result); exit 4.
+    NotOk,
+}
+
+impl Failure {
+    /// One error, said as its text.
+    fn error(message: impl std::fmt::Display) -> Self {
+        Failure::Errors(vec![message.to_string()])
+    }
+
+    /// One error, said with its causes.
+    fn caused(err: &(dyn std::error::Error + 'static)) -> Self {
+        Failure::error(chain(err))
+    }
+
+    /// Prints the errors on stderr; the exit code.
+    fn report(self) -> ExitCode {
+        match self {
+            Failure::Errors(messages) => {
+                for message in messages {
+                    eprintln!("error: {message}");
+                }
+                ExitCode::FAILURE
+            }
+            Failure::Reported => ExitCode::FAILURE,
+            Failure::NotOk => ExitCode::from(4),
+        }
+    }
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(err: anyhow::Error) -> Self {
+        Failure::caused(err.as_ref())
     }
 }
 
@@ -307,8 +354,9 @@ fn chain(err: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// Prints a `--json` output: one line of compact JSON.
-fn print_json(output: &impl serde::Serialize) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string(output)?);
+fn print_json(output: &impl serde::Serialize) -> Result<(), Failure> {
+    let line = serde_json::to_string(output).map_err(|err| Failure::caused(&err))?;
+    println!("{line}");
     Ok(())
 }
 

@@ -1,12 +1,10 @@
 //! `toolgate schema`: the JSON Schema of the catalog file format, or with `--tests` of the
 //! `toolgate test` file format.
 
-use std::process::ExitCode;
-
-use super::test_runner;
+use super::{Failure, test_runner};
 
 /// Prints the schema, pretty-printed.
-pub(super) fn schema(tests: bool) -> anyhow::Result<ExitCode> {
+pub(super) fn schema(tests: bool) -> Result<(), Failure> {
     let schema = match tests {
         true => test_runner::json_schema(),
         false => crate::config::json_schema(),
@@ -15,5 +13,5 @@ pub(super) fn schema(tests: bool) -> anyhow::Result<ExitCode> {
         "{}",
         serde_json::to_string_pretty(&schema).unwrap_or_default()
     );
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }

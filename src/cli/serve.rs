@@ -1,31 +1,24 @@
 //! `toolgate serve` (also what `toolgate` with no verb does): load the catalog, start telemetry,
 //! run the server until SIGTERM or SIGINT, flush pending spans.
 
-use std::process::ExitCode;
-
-use super::{ServeArgs, check::host_problems, load};
+use super::{Failure, ServeArgs, check::host_problems, load};
 use crate::{
     server::{StartOptions, run},
     telemetry,
 };
 
 /// Serves until a shutdown signal; exit 1 when the catalog does not load or the server fails.
-pub(super) async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+pub(super) async fn serve(args: ServeArgs) -> Result<(), Failure> {
     // The config says where traces go, so it is read before logging starts; errors go to stderr.
-    let config = match load(args.config.as_ref()) {
-        Ok(config) => config,
-        Err(err) => {
-            eprintln!("error: {err}");
-            return Ok(ExitCode::FAILURE);
-        }
-    };
+    let config = load(args.config.as_ref()).map_err(Failure::error)?;
     // A file-size limit (RLIMIT_FSIZE) must make an audit write fail, to be retried from the
     // first byte not written, not kill the sidecar with SIGXFSZ.
     // SAFETY: setting a signal's disposition to ignore, before any thread writes files.
     unsafe {
         libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
     }
-    let telemetry = telemetry::init(args.log_format, &config.telemetry)?;
+    let telemetry =
+        telemetry::init(args.log_format, &config.telemetry).map_err(|err| Failure::caused(&err))?;
     // Served anyway: the other tools work, and these answer backend_misconfigured.
     for problem in host_problems(&config) {
         tracing::error!(at = %problem.path, problem = %problem.message, "this tool cannot run on this machine");
@@ -44,8 +37,7 @@ pub(super) async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let result = run(config, options, shutdown_signal()).await;
     // Pending spans are flushed before the process exits.
     telemetry.shutdown();
-    result?;
-    Ok(ExitCode::SUCCESS)
+    result.map_err(|err| Failure::caused(&err))
 }
 
 /// Registers SIGTERM and SIGINT handlers now — before the server starts, so a signal that comes

@@ -7,13 +7,12 @@ use std::{
     collections::BTreeMap,
     io::{BufRead, BufReader},
     path::Path,
-    process::ExitCode,
 };
 
 use serde::Serialize;
 use serde_json::Value;
 
-use super::print_json;
+use super::{Failure, print_json};
 
 /// One line of the summary: what the served catalog did and what the candidate would do. In
 /// `--json`, the variant is the object's `kind`.
@@ -107,14 +106,9 @@ struct DifferenceJson<'a> {
 }
 
 /// Reads the file and prints the summary, most frequent first.
-pub fn run(audit: &Path, json_output: bool) -> anyhow::Result<ExitCode> {
-    let file = match std::fs::File::open(audit) {
-        Ok(file) => file,
-        Err(err) => {
-            eprintln!("error: cannot read {}: {err}", audit.display());
-            return Ok(ExitCode::FAILURE);
-        }
-    };
+pub fn run(audit: &Path, json_output: bool) -> Result<(), Failure> {
+    let file = std::fs::File::open(audit)
+        .map_err(|err| Failure::error(format_args!("cannot read {}: {err}", audit.display())))?;
     let mut groups: BTreeMap<Group, u64> = BTreeMap::new();
     let (mut events, mut unreadable) = (0u64, 0u64);
     let mut revisions: BTreeMap<String, u64> = BTreeMap::new();
@@ -157,7 +151,7 @@ pub fn run(audit: &Path, json_output: bool) -> anyhow::Result<ExitCode> {
                 })
                 .collect(),
         })?;
-        return Ok(ExitCode::SUCCESS);
+        return Ok(());
     }
     let revisions: Vec<String> = revisions
         .iter()
@@ -178,7 +172,7 @@ pub fn run(audit: &Path, json_output: bool) -> anyhow::Result<ExitCode> {
     if unreadable > 0 {
         println!("  ({unreadable} lines were not JSON and were skipped)");
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 fn text(value: &Value, key: &str) -> String {
