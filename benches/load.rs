@@ -27,6 +27,16 @@
 //! `--quick` runs every step with tiny durations and counts, as a smoke test. Every loop here is
 //! bounded in count and time, and only loopback addresses are used.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a benchmark, like a test: a failure is a panic"
+)]
+#![expect(
+    unsafe_code,
+    reason = "set_var before any thread, prctl, kill(2) and sysconf, each with its SAFETY comment"
+)]
+
 #[path = "../tests/common/otlp_collector.rs"]
 mod otlp_collector;
 #[path = "../tests/common/redis_server.rs"]

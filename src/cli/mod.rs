@@ -2,7 +2,8 @@
 //! `serve` (the default, `serve.rs`), `check` (`check.rs`), `schema` (`schema.rs`), `test` (a
 //! catalog's test cases, `test_runner.rs`), `shadow-report` (`shadow_report.rs`), and the
 //! operator client verbs that talk to a running sidecar: `tools`, `call`, `approvals`, `approve`,
-//! `reject` (`client_verbs.rs`) and `explain` (`explain.rs`), reaching it through `client.rs`.
+//! `reject` (`client_verbs.rs`) and `explain` (`explain.rs`), reaching it through `client.rs`. The signal
+//! dispositions set at start-up are in `signals.rs`.
 //!
 //! Exit codes: 0 success; 1 failure (bad config, cannot start, transport error); 2 usage error;
 //! 4 the tool call returned (or, for `explain`, would return) a status other than OK. Every verb
@@ -16,6 +17,11 @@ mod explain;
 mod schema;
 mod serve;
 pub mod shadow_report;
+#[expect(
+    unsafe_code,
+    reason = "libc::signal: the dispositions of SIGPIPE and SIGXFSZ have no safe setter in std"
+)]
+mod signals;
 pub mod test_runner;
 
 use std::{path::PathBuf, process::ExitCode};
@@ -216,13 +222,7 @@ struct ClientArgs {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     if !matches!(cli.command, None | Some(Command::Serve(_))) {
-        // Printing verbs end quietly when their reader goes away (`toolgate tools | head`), like
-        // other Unix tools. The server keeps Rust's default of ignoring SIGPIPE: a closed audit
-        // pipe must be an error it handles, not its death.
-        // SAFETY: restoring a signal's default disposition before any thread is started.
-        unsafe {
-            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-        }
+        signals::default_sigpipe();
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

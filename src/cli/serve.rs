@@ -1,7 +1,7 @@
 //! `toolgate serve` (also what `toolgate` with no verb does): load the catalog, start telemetry,
 //! run the server until SIGTERM or SIGINT, flush pending spans.
 
-use super::{Failure, ServeArgs, check::host_problems, load};
+use super::{Failure, ServeArgs, check::host_problems, load, signals};
 use crate::{
     server::{StartOptions, run},
     telemetry,
@@ -11,12 +11,7 @@ use crate::{
 pub(super) async fn serve(args: ServeArgs) -> Result<(), Failure> {
     // The config says where traces go, so it is read before logging starts; errors go to stderr.
     let config = load(args.config.as_ref()).map_err(Failure::error)?;
-    // A file-size limit (RLIMIT_FSIZE) must make an audit write fail, to be retried from the
-    // first byte not written, not kill the sidecar with SIGXFSZ.
-    // SAFETY: setting a signal's disposition to ignore, before any thread writes files.
-    unsafe {
-        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
-    }
+    signals::ignore_sigxfsz();
     let telemetry =
         telemetry::init(args.log_format, &config.telemetry).map_err(|err| Failure::caused(&err))?;
     // Served anyway: the other tools work, and these answer backend_misconfigured.
