@@ -17,6 +17,12 @@
 //! Calls rotate over 1,024 (tool, tenant) pairs spread through the catalog, so lookups are not
 //! always answered from the same cache lines.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a benchmark, like a test: a failure is a panic"
+)]
+
 use std::{
     path::Path,
     sync::{Arc, LazyLock},

@@ -36,6 +36,16 @@
 //! target), [`report`] (tables and verdicts), and the programs [`run`], [`ab`] and [`helpers`]
 //! (send-only, the collector, the catalog writer).
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a benchmark, like a test: a failure is a panic"
+)]
+#![expect(
+    unsafe_code,
+    reason = "set_var before any thread, prctl, kill(2) and sysconf, each with its SAFETY comment"
+)]
+
 #[path = "../../tests/common/otlp_collector.rs"]
 mod otlp_collector;
 #[path = "../../tests/common/redis_server.rs"]

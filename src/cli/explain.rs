@@ -1,11 +1,16 @@
 //! `toolgate explain`: ExplainTool and ExplainListTools from the command line, and the readable
 //! and JSON forms of an explanation (also used by `toolgate test`).
 
-use std::{fmt::Write as _, process::ExitCode};
+use std::{fmt::Write as _, sync::LazyLock};
 
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::Value;
 
-use super::{ClientArgs, channel, request, status_error};
+use super::{
+    ClientArgs, Failure,
+    client::{channel, request, status_error},
+    print_json,
+};
 use crate::proto::{self, tool_gate_client::ToolGateClient};
 
 /// Explains one call; exits 0 when execution would return OK, 4 otherwise.
@@ -13,7 +18,7 @@ pub async fn explain(
     client: ClientArgs,
     call: proto::ToolCall,
     run_id: String,
-) -> anyhow::Result<ExitCode> {
+) -> Result<(), Failure> {
     let name = call.name.clone();
     let mut grpc = ToolGateClient::new(channel(&client).await?);
     let response = grpc
@@ -30,7 +35,7 @@ pub async fn explain(
         .map_err(status_error)?
         .into_inner();
     if client.json {
-        println!("{}", to_json(&response));
+        print_json(&to_json(&response))?;
     } else {
         print!("{}", render(&response, &name));
     }
@@ -38,15 +43,14 @@ pub async fn explain(
         .decision
         .as_ref()
         .is_some_and(|d| d.status() == proto::ToolStatus::Ok);
-    Ok(if ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(4)
-    })
+    match ok {
+        true => Ok(()),
+        false => Err(Failure::NotOk),
+    }
 }
 
 /// Lists every tool, visible to the caller or not, with what hides the others.
-pub async fn list(client: ClientArgs) -> anyhow::Result<ExitCode> {
+pub async fn list(client: ClientArgs) -> Result<(), Failure> {
     let mut grpc = ToolGateClient::new(channel(&client).await?);
     let response = grpc
         .explain_list_tools(request(&client, proto::ExplainListToolsRequest {})?)
@@ -54,11 +58,11 @@ pub async fn list(client: ClientArgs) -> anyhow::Result<ExitCode> {
         .map_err(status_error)?
         .into_inner();
     if client.json {
-        println!("{}", list_json(&response));
+        print_json(&list_json(&response))?;
     } else {
         print!("{}", render_list(&response));
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 fn status_name(status: proto::ToolStatus) -> &'static str {
@@ -166,55 +170,149 @@ pub fn render(response: &proto::ExplainToolResponse, name: &str) -> String {
     out
 }
 
-/// The explanation as JSON, with the same names as the proto fields.
-pub fn to_json(response: &proto::ExplainToolResponse) -> Value {
-    let decision = response.decision.clone().unwrap_or_default();
-    let stages: Vec<Value> = response
-        .stages
-        .iter()
-        .map(|s| {
-            json!({
-                "stage": s.stage,
-                "result": result_name(s.result()).to_ascii_lowercase().replace(' ', "_"),
-                "detail": s.detail,
-                "rules": s.rules.iter().map(rule_json).collect::<Vec<_>>(),
-                "missing_scope": s.missing_scope,
-                "schema_violations": s.schema_violations,
-                "bound_arguments": s.bound_arguments.iter().map(|b| json!({
-                    "path": b.path,
-                    "value": serde_json::from_str::<Value>(&b.value_json).unwrap_or(Value::Null),
-                    "source": b.source,
-                })).collect::<Vec<_>>(),
-                "quotas": s.quotas.iter().map(|q| json!({
-                    "scope": q.scope, "rate": q.rate, "burst": q.burst,
-                    "remaining": q.remaining, "tracked": q.tracked,
-                })).collect::<Vec<_>>(),
-            })
-        })
-        .collect();
-    json!({
-        "decision": {
-            "status": status_name(decision.status()),
-            "error_type": decision.error_type,
-            "error_message": decision.error_message,
-            "refused_by": decision.refused_by,
-            "tool_version": decision.tool_version,
-            "approval_id": decision.approval_id,
-            "idempotent_replay": decision.idempotent_replay,
-            "retryable": decision.retryable,
-            "model_text": decision.model_text,
-        },
-        "would_execute": response.would_execute,
-        "stages": stages,
-        "final_arguments": serde_json::from_str::<Value>(&response.final_arguments_json).ok(),
-        "arguments_sha256": response.arguments_sha256,
-        "bound_override_attempts": response.bound_override_attempts,
-        "catalog_revision": response.catalog_revision,
-    })
+/// The explanation as `--json` prints it, with the same names as the proto fields.
+pub fn to_json(response: &proto::ExplainToolResponse) -> ExplanationJson<'_> {
+    ExplanationJson {
+        decision: DecisionJson::of(response.decision.as_ref().unwrap_or(&NO_DECISION)),
+        would_execute: response.would_execute,
+        stages: response.stages.iter().map(StageJson::of).collect(),
+        final_arguments: serde_json::from_str(&response.final_arguments_json).ok(),
+        arguments_sha256: &response.arguments_sha256,
+        bound_override_attempts: &response.bound_override_attempts,
+        catalog_revision: &response.catalog_revision,
+    }
 }
 
-fn rule_json(rule: &proto::CatalogRule) -> Value {
-    json!({"location": rule.location, "pattern": rule.pattern, "effect": rule.effect})
+/// What an explanation without a decision is read as.
+static NO_DECISION: LazyLock<proto::ToolResult> = LazyLock::new(proto::ToolResult::default);
+
+/// `explain --json`: the decision, every stage's trail, and the final arguments.
+#[derive(Serialize)]
+pub struct ExplanationJson<'a> {
+    decision: DecisionJson<'a>,
+    would_execute: bool,
+    stages: Vec<StageJson<'a>>,
+    /// The arguments the backend would get; null when refused before bind.
+    final_arguments: Option<Value>,
+    arguments_sha256: &'a str,
+    bound_override_attempts: &'a [String],
+    catalog_revision: &'a str,
+}
+
+/// What execution would return.
+#[derive(Serialize)]
+struct DecisionJson<'a> {
+    /// The status without its `TOOL_STATUS_` prefix.
+    status: &'static str,
+    error_type: &'a str,
+    error_message: &'a str,
+    refused_by: &'a str,
+    tool_version: &'a str,
+    approval_id: &'a str,
+    idempotent_replay: bool,
+    retryable: bool,
+    model_text: &'a str,
+}
+
+impl<'a> DecisionJson<'a> {
+    fn of(decision: &'a proto::ToolResult) -> Self {
+        DecisionJson {
+            status: status_name(decision.status()),
+            error_type: &decision.error_type,
+            error_message: &decision.error_message,
+            refused_by: &decision.refused_by,
+            tool_version: &decision.tool_version,
+            approval_id: &decision.approval_id,
+            idempotent_replay: decision.idempotent_replay,
+            retryable: decision.retryable,
+            model_text: &decision.model_text,
+        }
+    }
+}
+
+/// One stage of the trail.
+#[derive(Serialize)]
+struct StageJson<'a> {
+    stage: &'a str,
+    /// `passed`, `refused`, `not_reached`, `n/a` or `?`.
+    result: String,
+    detail: &'a str,
+    rules: Vec<RuleJson<'a>>,
+    missing_scope: &'a str,
+    schema_violations: &'a [String],
+    bound_arguments: Vec<BoundJson<'a>>,
+    quotas: Vec<QuotaJson<'a>>,
+}
+
+impl<'a> StageJson<'a> {
+    fn of(s: &'a proto::StageExplanation) -> Self {
+        StageJson {
+            stage: &s.stage,
+            result: result_name(s.result())
+                .to_ascii_lowercase()
+                .replace(' ', "_"),
+            detail: &s.detail,
+            rules: s.rules.iter().map(RuleJson::of).collect(),
+            missing_scope: &s.missing_scope,
+            schema_violations: &s.schema_violations,
+            bound_arguments: s
+                .bound_arguments
+                .iter()
+                .map(|b| BoundJson {
+                    path: &b.path,
+                    value: serde_json::from_str(&b.value_json).unwrap_or(Value::Null),
+                    source: &b.source,
+                })
+                .collect(),
+            quotas: s
+                .quotas
+                .iter()
+                .map(|q| QuotaJson {
+                    scope: &q.scope,
+                    rate: &q.rate,
+                    burst: q.burst,
+                    remaining: q.remaining,
+                    tracked: q.tracked,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A value the server writes into the arguments, and where it comes from.
+#[derive(Serialize)]
+struct BoundJson<'a> {
+    path: &'a str,
+    value: Value,
+    source: &'a str,
+}
+
+/// A quota a call counts against, and what it leaves.
+#[derive(Serialize)]
+struct QuotaJson<'a> {
+    scope: &'a str,
+    rate: &'a str,
+    burst: u32,
+    remaining: u64,
+    tracked: bool,
+}
+
+/// A catalog rule that decided, where it is written.
+#[derive(Serialize)]
+struct RuleJson<'a> {
+    location: &'a str,
+    pattern: &'a str,
+    effect: &'a str,
+}
+
+impl<'a> RuleJson<'a> {
+    fn of(rule: &'a proto::CatalogRule) -> Self {
+        RuleJson {
+            location: &rule.location,
+            pattern: &rule.pattern,
+            effect: &rule.effect,
+        }
+    }
 }
 
 /// The visibility listing as text.
@@ -244,18 +342,234 @@ pub fn render_list(response: &proto::ExplainListToolsResponse) -> String {
     out
 }
 
-/// The visibility listing as JSON.
-pub fn list_json(response: &proto::ExplainListToolsResponse) -> Value {
-    let tools: Vec<Value> = response
+/// The visibility listing as `explain --list --json` prints it.
+pub fn list_json(response: &proto::ExplainListToolsResponse) -> ListingJson<'_> {
+    let tools = response
         .tools
         .iter()
-        .map(|t| {
-            json!({
-                "name": t.name, "version": t.version, "visible": t.visible,
-                "hidden_by": t.hidden_by, "error_type": t.error_type, "reason": t.reason,
-                "rule": t.rule.as_ref().map(rule_json), "missing_scope": t.missing_scope,
-            })
+        .map(|t| VisibilityJson {
+            name: &t.name,
+            version: &t.version,
+            visible: t.visible,
+            hidden_by: &t.hidden_by,
+            error_type: &t.error_type,
+            reason: &t.reason,
+            rule: t.rule.as_ref().map(RuleJson::of),
+            missing_scope: &t.missing_scope,
         })
         .collect();
-    json!({"catalog_revision": response.catalog_revision, "tools": tools})
+    ListingJson {
+        catalog_revision: &response.catalog_revision,
+        tools,
+    }
+}
+
+/// `explain --list --json`: every tool, visible or not, and what hides the others.
+#[derive(Serialize)]
+pub struct ListingJson<'a> {
+    catalog_revision: &'a str,
+    tools: Vec<VisibilityJson<'a>>,
+}
+
+/// One tool of the listing.
+#[derive(Serialize)]
+struct VisibilityJson<'a> {
+    name: &'a str,
+    version: &'a str,
+    visible: bool,
+    hidden_by: &'a str,
+    error_type: &'a str,
+    reason: &'a str,
+    /// The rule that hides it, if one does (null otherwise).
+    rule: Option<RuleJson<'a>>,
+    missing_scope: &'a str,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn explanation() -> proto::ExplainToolResponse {
+        proto::ExplainToolResponse {
+            decision: Some(proto::ToolResult {
+                call_id: "tool_step_0_0".into(),
+                status: proto::ToolStatus::Denied as i32,
+                model_text: "TOOL_ERROR: {\"errorType\":\"bound_argument_override\"}".into(),
+                error_type: "bound_argument_override".into(),
+                error_message: "argument filter.tenant is set by the server".into(),
+                retryable: true,
+                user_visible: true,
+                tool_version: "3".into(),
+                approval_id: "apr_1".into(),
+                retry_after_ms: 9,
+                duration_ms: 4,
+                refused_by: "bind".into(),
+                idempotent_replay: true,
+                ..Default::default()
+            }),
+            would_execute: false,
+            stages: vec![
+                proto::StageExplanation {
+                    stage: "access".into(),
+                    result: proto::StageResult::Passed as i32,
+                    detail: "allowed by agents.*.allow[0] \"*\"".into(),
+                    rules: vec![
+                        proto::CatalogRule {
+                            location: "agents.*.allow[0]".into(),
+                            pattern: "*".into(),
+                            effect: "allow".into(),
+                        },
+                        proto::CatalogRule::default(),
+                    ],
+                    missing_scope: "tickets:read".into(),
+                    schema_violations: vec!["/text: not a string".into(), "é\n".into()],
+                    bound_arguments: vec![
+                        proto::BoundArgument {
+                            path: "filter.tenant".into(),
+                            value_json: r#"{"b":1,"a":[true,null,1.5]}"#.into(),
+                            source: "${caller.tenant}".into(),
+                        },
+                        proto::BoundArgument {
+                            path: "x".into(),
+                            value_json: "not json".into(),
+                            source: String::new(),
+                        },
+                    ],
+                    quotas: vec![
+                        proto::QuotaExplanation {
+                            scope: "tenant acme".into(),
+                            rate: "2/h".into(),
+                            burst: 2,
+                            remaining: u64::MAX,
+                            tracked: true,
+                        },
+                        proto::QuotaExplanation::default(),
+                    ],
+                },
+                proto::StageExplanation {
+                    stage: "bind".into(),
+                    result: proto::StageResult::Refused as i32,
+                    ..Default::default()
+                },
+                proto::StageExplanation {
+                    stage: "approval".into(),
+                    result: proto::StageResult::NotReached as i32,
+                    ..Default::default()
+                },
+                proto::StageExplanation {
+                    stage: "rate_limit".into(),
+                    result: proto::StageResult::NotApplicable as i32,
+                    ..Default::default()
+                },
+                proto::StageExplanation {
+                    stage: "?".into(),
+                    result: proto::StageResult::Unspecified as i32,
+                    ..Default::default()
+                },
+            ],
+            final_arguments_json: r#"{"query":"q","filter":{"tenant":"acme"}}"#.into(),
+            arguments_sha256: "3658488136e5658a44da1614d87a2a899d6b11210972313867845a8ae31910e9"
+                .into(),
+            bound_override_attempts: vec!["filter.tenant".into()],
+            catalog_revision: "e42c15ad0444703a595d78a7caa1198a".into(),
+        }
+    }
+
+    fn listing() -> proto::ExplainListToolsResponse {
+        proto::ExplainListToolsResponse {
+            catalog_revision: "1c57ab22e9703acfb82fd6cf3e934db6".into(),
+            tools: vec![
+                proto::ToolVisibility {
+                    name: "delete_ticket".into(),
+                    version: "1".into(),
+                    visible: false,
+                    hidden_by: "access".into(),
+                    error_type: "denied_by_policy".into(),
+                    reason: "denied by tenant globex's deny rule \"delete_ticket\"".into(),
+                    rule: Some(proto::CatalogRule {
+                        location: "tenants.globex.deny[0]".into(),
+                        pattern: "delete_ticket".into(),
+                        effect: "deny".into(),
+                    }),
+                    missing_scope: "x".into(),
+                },
+                proto::ToolVisibility {
+                    name: "echo".into(),
+                    version: "1".into(),
+                    visible: true,
+                    ..Default::default()
+                },
+            ],
+        }
+    }
+
+    // What `--json` prints, byte for byte: docs and scripts read these. (Pinned from the
+    // hand-built json! objects these types replaced.)
+
+    #[test]
+    fn explain_json_names_the_proto_fields_and_parses_the_json_ones() {
+        let explanation = explanation();
+        let json = serde_json::to_string(&to_json(&explanation)).unwrap();
+        assert_eq!(
+            json,
+            concat!(
+                r#"{"decision":{"status":"DENIED","error_type":"bound_argument_override","error_message":"argument filter.tenant is set by the server","#,
+                r#""refused_by":"bind","tool_version":"3","approval_id":"apr_1","idempotent_replay":true,"#,
+                r#""retryable":true,"model_text":"TOOL_ERROR: {\"errorType\":\"bound_argument_override\"}"},"#,
+                r#""would_execute":false,"stages":[{"stage":"access","result":"passed","detail":"allowed by agents.*.allow[0] \"*\"","#,
+                r#""rules":[{"location":"agents.*.allow[0]","pattern":"*","effect":"allow"},"#,
+                r#"{"location":"","pattern":"","effect":""}],"missing_scope":"tickets:read","#,
+                r#""schema_violations":["/text: not a string","é\n"],"bound_arguments":[{"path":"filter.tenant","#,
+                r#""value":{"b":1,"a":[true,null,1.5]},"source":"${caller.tenant}"},{"path":"x","#,
+                r#""value":null,"source":""}],"quotas":[{"scope":"tenant acme","rate":"2/h","#,
+                r#""burst":2,"remaining":18446744073709551615,"tracked":true},{"scope":"","#,
+                r#""rate":"","burst":0,"remaining":0,"tracked":false}]},{"stage":"bind","result":"refused","#,
+                r#""detail":"","rules":[],"missing_scope":"","schema_violations":[],"bound_arguments":[],"#,
+                r#""quotas":[]},{"stage":"approval","result":"not_reached","detail":"","rules":[],"#,
+                r#""missing_scope":"","schema_violations":[],"bound_arguments":[],"quotas":[]},"#,
+                r#"{"stage":"rate_limit","result":"n/a","detail":"","rules":[],"missing_scope":"","#,
+                r#""schema_violations":[],"bound_arguments":[],"quotas":[]},{"stage":"?","result":"?","#,
+                r#""detail":"","rules":[],"missing_scope":"","schema_violations":[],"bound_arguments":[],"#,
+                r#""quotas":[]}],"final_arguments":{"query":"q","filter":{"tenant":"acme"}},"#,
+                r#""arguments_sha256":"3658488136e5658a44da1614d87a2a899d6b11210972313867845a8ae31910e9","#,
+                r#""bound_override_attempts":["filter.tenant"],"catalog_revision":"e42c15ad0444703a595d78a7caa1198a"}"#,
+            )
+        );
+    }
+
+    #[test]
+    fn explain_json_without_a_decision_or_final_arguments() {
+        let mut explanation = explanation();
+        explanation.decision = None;
+        for final_arguments in ["", "{not json"] {
+            explanation.final_arguments_json = final_arguments.into();
+            let json = serde_json::to_string(&to_json(&explanation)).unwrap();
+            assert!(
+                json.starts_with(concat!(
+                    r#"{"decision":{"status":"UNSPECIFIED","error_type":"","error_message":"","#,
+                    r#""refused_by":"","tool_version":"","approval_id":"","#,
+                    r#""idempotent_replay":false,"retryable":false,"model_text":""},"#,
+                )),
+                "{json}"
+            );
+            assert!(json.contains(r#""final_arguments":null,"#), "{json}");
+        }
+    }
+
+    #[test]
+    fn explain_list_json_has_each_tool_and_its_rule_or_null() {
+        let listing = listing();
+        let json = serde_json::to_string(&list_json(&listing)).unwrap();
+        assert_eq!(
+            json,
+            concat!(
+                r#"{"catalog_revision":"1c57ab22e9703acfb82fd6cf3e934db6","tools":[{"name":"delete_ticket","#,
+                r#""version":"1","visible":false,"hidden_by":"access","error_type":"denied_by_policy","#,
+                r#""reason":"denied by tenant globex's deny rule \"delete_ticket\"","rule":{"location":"tenants.globex.deny[0]","#,
+                r#""pattern":"delete_ticket","effect":"deny"},"missing_scope":"x"},{"name":"echo","#,
+                r#""version":"1","visible":true,"hidden_by":"","error_type":"","reason":"","#,
+                r#""rule":null,"missing_scope":""}]}"#,
+            )
+        );
+    }
 }

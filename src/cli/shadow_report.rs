@@ -7,14 +7,19 @@ use std::{
     collections::BTreeMap,
     io::{BufRead, BufReader},
     path::Path,
-    process::ExitCode,
 };
 
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::Value;
 
-/// One line of the summary: what the served catalog did and what the candidate would do.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+use super::{Failure, print_json};
+
+/// One line of the summary: what the served catalog did and what the candidate would do. In
+/// `--json`, the variant is the object's `kind`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(tag = "kind")]
 enum Group {
+    #[serde(rename = "decision")]
     Decision {
         tool: String,
         was: String,
@@ -22,13 +27,16 @@ enum Group {
         refused_by: String,
         error_type: String,
         rule: String,
+        #[serde(rename = "rule_pattern")]
         pattern: String,
     },
+    #[serde(rename = "tool_version")]
     Version {
         tool: String,
         was: String,
         would: String,
     },
+    #[serde(rename = "bound_arguments")]
     Bound {
         tool: String,
         /// The candidate's bound paths, as the event lists them.
@@ -77,41 +85,30 @@ impl Group {
             }
         }
     }
+}
 
-    fn json(&self, count: u64) -> Value {
-        match self {
-            Group::Decision {
-                tool,
-                was,
-                status,
-                refused_by,
-                error_type,
-                rule,
-                pattern,
-            } => json!({
-                "count": count, "kind": "decision", "tool": tool, "was": was,
-                "status": status, "refused_by": refused_by, "error_type": error_type,
-                "rule": rule, "rule_pattern": pattern,
-            }),
-            Group::Version { tool, was, would } => json!({
-                "count": count, "kind": "tool_version", "tool": tool, "was": was, "would": would,
-            }),
-            Group::Bound { tool, paths } => json!({
-                "count": count, "kind": "bound_arguments", "tool": tool, "paths": paths,
-            }),
-        }
-    }
+/// `shadow-report --json`: one object, the counts and the differences most frequent first.
+#[derive(Serialize)]
+struct ReportJson<'a> {
+    events: u64,
+    unreadable_lines: u64,
+    /// Candidate revision -> how many events it decided.
+    candidate_revisions: &'a BTreeMap<String, u64>,
+    differences: Vec<DifferenceJson<'a>>,
+}
+
+/// One group of differences and how many events it counts.
+#[derive(Serialize)]
+struct DifferenceJson<'a> {
+    count: u64,
+    #[serde(flatten)]
+    group: &'a Group,
 }
 
 /// Reads the file and prints the summary, most frequent first.
-pub fn run(audit: &Path, json_output: bool) -> anyhow::Result<ExitCode> {
-    let file = match std::fs::File::open(audit) {
-        Ok(file) => file,
-        Err(err) => {
-            eprintln!("error: cannot read {}: {err}", audit.display());
-            return Ok(ExitCode::FAILURE);
-        }
-    };
+pub fn run(audit: &Path, json_output: bool) -> Result<(), Failure> {
+    let file = std::fs::File::open(audit)
+        .map_err(|err| Failure::error(format_args!("cannot read {}: {err}", audit.display())))?;
     let mut groups: BTreeMap<Group, u64> = BTreeMap::new();
     let (mut events, mut unreadable) = (0u64, 0u64);
     let mut revisions: BTreeMap<String, u64> = BTreeMap::new();
@@ -142,16 +139,19 @@ pub fn run(audit: &Path, json_output: bool) -> anyhow::Result<ExitCode> {
     let mut ranked: Vec<(&Group, u64)> = groups.iter().map(|(g, n)| (g, *n)).collect();
     ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
     if json_output {
-        println!(
-            "{}",
-            json!({
-                "events": events,
-                "unreadable_lines": unreadable,
-                "candidate_revisions": revisions,
-                "differences": ranked.iter().map(|(g, n)| g.json(*n)).collect::<Vec<_>>(),
-            })
-        );
-        return Ok(ExitCode::SUCCESS);
+        print_json(&ReportJson {
+            events,
+            unreadable_lines: unreadable,
+            candidate_revisions: &revisions,
+            differences: ranked
+                .iter()
+                .map(|(group, count)| DifferenceJson {
+                    count: *count,
+                    group,
+                })
+                .collect(),
+        })?;
+        return Ok(());
     }
     let revisions: Vec<String> = revisions
         .iter()
@@ -172,7 +172,7 @@ pub fn run(audit: &Path, json_output: bool) -> anyhow::Result<ExitCode> {
     if unreadable > 0 {
         println!("  ({unreadable} lines were not JSON and were skipped)");
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 fn text(value: &Value, key: &str) -> String {
@@ -234,4 +234,62 @@ fn groups_of(event: &Value, candidate: &Value) -> Vec<Group> {
         groups.push(Group::Bound { tool, paths });
     }
     groups
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // What `--json` prints, byte for byte (count first, then kind). (Pinned from the
+    // hand-built json! objects these types replaced.)
+    #[test]
+    fn the_json_report_gives_each_group_with_its_count_and_kind() {
+        let groups = [
+            Group::Decision {
+                tool: "create_ticket".into(),
+                was: "OK".into(),
+                status: "DENIED".into(),
+                refused_by: "access".into(),
+                error_type: "denied_by_policy".into(),
+                rule: "tenants.globex.deny[1]".into(),
+                pattern: "create_*\"".into(),
+            },
+            Group::Version {
+                tool: "lookup".into(),
+                was: "1".into(),
+                would: "2".into(),
+            },
+            Group::Bound {
+                tool: "search".into(),
+                paths: vec!["filter.owner".into(), "é".into()],
+            },
+            Group::Bound {
+                tool: "s".into(),
+                paths: vec![],
+            },
+        ];
+        let revisions = BTreeMap::from([("r1".to_owned(), 3), ("a0".to_owned(), 1)]);
+        let report = ReportJson {
+            events: 7,
+            unreadable_lines: 2,
+            candidate_revisions: &revisions,
+            differences: groups
+                .iter()
+                .zip([5, 1, 1, 0])
+                .map(|(group, count)| DifferenceJson { count, group })
+                .collect(),
+        };
+        assert_eq!(
+            serde_json::to_string(&report).unwrap(),
+            concat!(
+                r#"{"events":7,"unreadable_lines":2,"candidate_revisions":{"a0":1,"r1":3},"#,
+                r#""differences":[{"count":5,"kind":"decision","tool":"create_ticket","was":"OK","#,
+                r#""status":"DENIED","refused_by":"access","error_type":"denied_by_policy","#,
+                r#""rule":"tenants.globex.deny[1]","rule_pattern":"create_*\""},{"count":1,"#,
+                r#""kind":"tool_version","tool":"lookup","was":"1","would":"2"},{"count":1,"#,
+                r#""kind":"bound_arguments","tool":"search","paths":["filter.owner","é"]},"#,
+                r#"{"count":0,"kind":"bound_arguments","tool":"s","paths":[]}]}"#,
+            )
+        );
+    }
 }

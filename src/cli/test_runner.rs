@@ -10,7 +10,6 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     fmt::Write as _,
     path::Path,
-    process::ExitCode,
     sync::Arc,
 };
 
@@ -18,6 +17,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::Failure;
 use crate::{
     audit::AuditLog,
     boundary::{
@@ -261,26 +261,14 @@ fn statuses() -> BTreeSet<&'static str> {
 
 /// Runs `tests` against the catalog file (or the embedded demo); prints a line per case, a diff
 /// per failure and, with `coverage`, what is not covered. Exit 0 only when all pass.
-pub async fn run(config: Option<&Path>, tests: &Path, coverage: bool) -> anyhow::Result<ExitCode> {
+pub async fn run(config: Option<&Path>, tests: &Path, coverage: bool) -> Result<(), Failure> {
     let env = Env::from_process();
     let config = match config {
         Some(path) => Config::load_file(path, &env),
         None => Config::demo(&env),
-    };
-    let config = match config {
-        Ok(config) => config,
-        Err(err) => {
-            eprintln!("error: {err}");
-            return Ok(ExitCode::FAILURE);
-        }
-    };
-    let file = match load(tests, &config.catalog) {
-        Ok(file) => file,
-        Err(err) => {
-            eprintln!("error: {err}");
-            return Ok(ExitCode::FAILURE);
-        }
-    };
+    }
+    .map_err(Failure::error)?;
+    let file = load(tests, &config.catalog).map_err(Failure::error)?;
     let source = config.source.clone();
     let jwt = config.identity.jwt.clone();
     let max_identity_bytes = config.identity.max_identity_bytes;
@@ -338,11 +326,11 @@ pub async fn run(config: Option<&Path>, tests: &Path, coverage: bool) -> anyhow:
         let catalog = boundary.catalog();
         ok &= print_coverage(&catalog.catalog, &report);
     }
-    Ok(if ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+    // The diffs and the count are on stdout already.
+    match ok {
+        true => Ok(()),
+        false => Err(Failure::Reported),
+    }
 }
 
 /// A boundary on the catalog with fresh, empty state, whose backends are never called (cases

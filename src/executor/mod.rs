@@ -7,6 +7,10 @@
 pub mod builtin;
 pub mod http;
 pub mod mcp;
+#[expect(
+    unsafe_code,
+    reason = "process groups, the child subreaper, pidfds, rlimits and access(2) go through libc"
+)]
 pub mod process;
 
 use std::{collections::BTreeMap, path::Path, sync::Arc};

@@ -398,6 +398,10 @@ mod tests {
         static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
     }
 
+    #[expect(
+        unsafe_code,
+        reason = "a counting allocator, to show the memory path allocates nothing"
+    )]
     // SAFETY: every call is passed on to the system allocator unchanged.
     unsafe impl GlobalAlloc for Counting {
         unsafe fn alloc(&self, layout: Layout) -> *mut u8 {

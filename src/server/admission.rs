@@ -150,7 +150,6 @@ struct Held {
 
 impl Shared {
     /// Steps 1-4 of the module docs; the refusal as an HTTP response otherwise.
-    #[allow(clippy::result_large_err)]
     fn admit(&self, request: &mut http::Request<tonic::body::Body>) -> Result<Held, tonic::Status> {
         let connection = request.extensions().get::<Connection>().cloned();
         let listener = connection.as_ref().map_or(Listener::Tcp, |c| c.listener);
@@ -196,7 +195,6 @@ impl Shared {
 
     /// The caller, from the headers only. A refused caller is audited and logged (both bounded
     /// in rate), without any token material.
-    #[allow(clippy::result_large_err)]
     fn identify(
         &self,
         request: &http::Request<tonic::body::Body>,

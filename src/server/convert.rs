@@ -80,7 +80,10 @@ pub fn tool_result(outcome: CallOutcome) -> proto::ToolResult {
     proto::ToolResult {
         call_id: outcome.call_id,
         status: tool_status(outcome.status) as i32,
-        #[allow(deprecated)]
+        #[expect(
+            deprecated,
+            reason = "always empty: the output travels once, as model_text"
+        )]
         output: String::new(),
         model_text: outcome.model_text,
         error_type: refusal

@@ -30,7 +30,6 @@ pub struct Gate {
 }
 
 /// The caller the admission layer identified from the request's metadata.
-#[allow(clippy::result_large_err)]
 fn caller<T>(request: &Request<T>) -> Result<Arc<Caller>, Status> {
     request
         .extensions()

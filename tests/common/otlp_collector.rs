@@ -14,7 +14,10 @@
 //! Include it with `#[path = "../common/otlp_collector.rs"] mod otlp_collector;` and point the
 //! code under test at [`Collector::endpoint`] (e.g. `OTEL_EXPORTER_OTLP_ENDPOINT`).
 
-#![allow(dead_code)]
+#![allow(
+    dead_code,
+    reason = "shared by the integration tests and the load harness, each using part of it"
+)]
 
 use std::{
     collections::VecDeque,

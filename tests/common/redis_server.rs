@@ -5,7 +5,10 @@
 //!
 //! Include it with `#[path = "../common/redis_server.rs"] mod redis_server;`.
 
-#![allow(dead_code)]
+#![allow(
+    dead_code,
+    reason = "shared by the integration tests and the load harness, each using part of it"
+)]
 
 use std::{
     net::TcpListener,
@@ -96,6 +99,10 @@ impl RedisServer {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
+        #[expect(
+            unsafe_code,
+            reason = "pre_exec: the child asks to die with its parent"
+        )]
         // SAFETY: prctl is async-signal-safe; the child only asks to be killed with its parent.
         unsafe {
             command.pre_exec(|| {

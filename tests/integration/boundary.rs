@@ -540,7 +540,10 @@ async fn backend_failures_oversized_output_and_tool_error_text_are_exact() {
         failed.model_text,
         r#"TOOL_ERROR: {"errorType":"tool_failed","error":"ticket T-1 not found","tool":"failing","callId":"c-7"}"#
     );
-    #[allow(deprecated)]
+    #[expect(
+        deprecated,
+        reason = "the test checks the deprecated field stays empty"
+    )]
     let output = &failed.output;
     assert!(output.is_empty(), "output is deprecated and never set");
     let big = exec(

@@ -26,6 +26,7 @@ fn status_kib(pid: u32, field: &str) -> u64 {
 }
 
 /// CPU seconds (user + system) the process has used.
+#[expect(unsafe_code, reason = "sysconf(3) has no safe wrapper")]
 fn cpu_seconds(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
     let fields: Vec<&str> = stat
@@ -418,7 +419,10 @@ async fn a_batch_returns_what_fits_and_refuses_each_result_that_does_not() {
     let ok = statuses.iter().filter(|s| s.0 == ToolStatus::Ok).count();
     assert!((3..5).contains(&ok), "{statuses:?}");
     for r in &results {
-        #[allow(deprecated)]
+        #[expect(
+            deprecated,
+            reason = "the test checks the deprecated field stays empty"
+        )]
         let output = &r.output;
         assert!(output.is_empty(), "an output travelled twice");
         match r.status() {

@@ -128,6 +128,7 @@ tools:
 }
 
 /// Sets IFF_UP on `lo`: a new network namespace starts with its loopback down.
+#[expect(unsafe_code, reason = "SIOCSIFFLAGS has no safe wrapper")]
 fn loopback_up() {
     // SAFETY: plain ioctls on a socket of our own with a zeroed, correctly sized ifreq.
     unsafe {
@@ -154,6 +155,7 @@ fn loopback_up() {
     }
 }
 
+#[expect(unsafe_code, reason = "mount(2) has no safe wrapper")]
 fn bind_mount(source: &std::path::Path, target: &str) {
     let source = std::ffi::CString::new(source.to_str().unwrap()).unwrap();
     let target_c = std::ffi::CString::new(target).unwrap();

@@ -36,6 +36,7 @@ async fn every_executed_call_and_every_decision_has_exactly_one_event_under_a_st
     let reader_path = fifo.clone();
     let reader = std::thread::spawn(move || {
         let mut file = std::fs::File::open(reader_path).unwrap();
+        #[expect(unsafe_code, reason = "F_SETPIPE_SZ has no safe wrapper")]
         // SAFETY: F_SETPIPE_SZ on a pipe this thread owns.
         unsafe {
             libc::fcntl(file.as_raw_fd(), libc::F_SETPIPE_SZ, 4096);
@@ -403,6 +404,7 @@ async fn a_backends_own_words_reach_records_only_for_tools_that_record_arguments
 }
 
 /// The soft and hard file-size limits of a process.
+#[expect(unsafe_code, reason = "prlimit(2) has no safe wrapper")]
 fn set_file_size_limit(pid: u32, bytes: u64) {
     let limit = libc::rlimit {
         rlim_cur: bytes,

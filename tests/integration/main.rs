@@ -1,5 +1,13 @@
 //! Integration tests: the real server on an ephemeral port, driven through the generated client.
 
+// Helpers outside #[test] functions unwrap too: in a test crate a failure is a panic (clippy.toml
+// allows unwrap and expect in tests themselves).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test crate: a failure is a panic"
+)]
+
 mod approval_reasons;
 mod approvals;
 mod approvals_more;

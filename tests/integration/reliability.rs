@@ -1022,6 +1022,10 @@ async fn accepted_connections_have_nagle_off() {
 }
 
 /// (descriptor, TCP_NODELAY) of this process's connected TCP sockets whose local port is `port`.
+#[expect(
+    unsafe_code,
+    reason = "getsockname and getsockopt on this process's descriptors"
+)]
 fn accepted_sockets(port: u16) -> Vec<(i32, bool)> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {

@@ -681,6 +681,7 @@ async fn a_difference_finding_the_audit_queue_full_is_counted_not_waited_for() {
     let reader_path = fifo.clone();
     let reader = std::thread::spawn(move || {
         let mut file = std::fs::File::open(reader_path).unwrap();
+        #[expect(unsafe_code, reason = "F_SETPIPE_SZ has no safe wrapper")]
         // SAFETY: F_SETPIPE_SZ on a pipe this thread owns; one page, so a few events fill it.
         unsafe {
             libc::fcntl(

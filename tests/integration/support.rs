@@ -1,7 +1,7 @@
 //! Shared helpers: start the real server in-process on an ephemeral port, talk to it through the
 //! generated tonic clients, and read its audit file.
 
-#![allow(dead_code)]
+#![allow(dead_code, reason = "each test module uses part of the helpers")]
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 

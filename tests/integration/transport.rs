@@ -21,11 +21,13 @@ tools:
 "#;
 
 /// Segments with data this socket has received so far.
+#[expect(unsafe_code, reason = "TCP_INFO has no safe wrapper")]
 fn data_segments_in(fd: RawFd) -> u32 {
-    // SAFETY: `tcp_info` is plain integers, so all zeroes is a valid value; getsockopt writes at
-    // most `len` bytes into it, and `fd` is a TCP socket the caller keeps open.
+    // SAFETY: `tcp_info` is plain integers, so all zeroes is a valid value.
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `info`, and `fd` is a TCP socket the
+    // caller keeps open.
     let rc = unsafe {
         libc::getsockopt(
             fd,

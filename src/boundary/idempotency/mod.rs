@@ -311,7 +311,10 @@ impl Idempotency {
     /// backend. A duplicate of a running call waits for its result: in memory until it ends; in
     /// Redis, which has to be polled, until `wait_until`, then `idempotency_in_progress`. A
     /// shared claim lasts `lease` if its sidecar goes silent.
-    #[allow(clippy::too_many_arguments)]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the call's key, hash, deadlines and lease, for both stores"
+    )]
     pub async fn claim<'a>(
         &'a self,
         key: Key,
@@ -429,7 +432,10 @@ impl IdempotencyStore {
 
     /// Claims without waiting: the new claim's generation and sender, a stored result, or where
     /// to wait for the running first call.
-    #[allow(clippy::type_complexity)]
+    #[expect(
+        clippy::type_complexity,
+        reason = "the three outcomes of a claim, spelled where they are made"
+    )]
     fn try_claim(
         &self,
         key: &Key,

@@ -271,7 +271,10 @@ impl RedisIdempotency {
 
     /// Claims `key`: the right to run the call, a stored result, or — after waiting for a
     /// running first call until `wait_until` — `idempotency_in_progress`.
-    #[allow(clippy::too_many_arguments)]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the call's key, hash, deadlines and lease, as the memory store takes them"
+    )]
     pub async fn claim<'a>(
         &'a self,
         key: Key,

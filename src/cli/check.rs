@@ -1,0 +1,97 @@
+//! `toolgate check`: load a catalog (and its shadow candidate) and report what is wrong with it,
+//! including what cannot work on this machine unless `--portable`, and with `--connect` whether
+//! the state backend answers.
+
+use std::path::PathBuf;
+
+use super::{Failure, load};
+use crate::{config::Config, settings::Env};
+
+/// What in a loaded catalog cannot work on this machine (missing programs, working
+/// directories): not load errors, since a catalog may be checked elsewhere than it is served.
+pub(super) fn host_problems(config: &Config) -> Vec<crate::settings::FieldError> {
+    let tools = config
+        .catalog
+        .versions()
+        .filter_map(|tool| match &tool.executor {
+            crate::executor::ExecutorSpec::Process(process) => Some(process.host_problems()),
+            _ => None,
+        })
+        .flatten();
+    let servers = config
+        .catalog_inputs
+        .mcp_servers
+        .iter()
+        .flat_map(|server| server.host_problems());
+    tools.chain(servers).collect()
+}
+
+/// `check --connect`: whether the state backend answers.
+async fn connect_state(config: &Config) -> Result<String, String> {
+    let crate::settings::StateBackend::Redis(redis) = &config.state.backend else {
+        return Ok("state backend: memory (nothing to connect to)".to_owned());
+    };
+    let metrics = std::sync::Arc::new(crate::metrics::Metrics::new());
+    let shared = crate::state::Redis::connect(redis, &config.state, metrics)
+        .map_err(|err| err.to_string())?;
+    let started = std::time::Instant::now();
+    shared
+        .ping()
+        .await
+        .map_err(|err| format!("state backend {}: {err}", redis.url))?;
+    Ok(format!(
+        "state backend {}: ok (answered in {} ms)",
+        redis.url,
+        started.elapsed().as_millis()
+    ))
+}
+
+/// Checks the catalog; exit 1 with every problem on stderr when it is not fit to serve.
+pub(super) async fn check(
+    config: Option<PathBuf>,
+    portable: bool,
+    connect: bool,
+) -> Result<(), Failure> {
+    let loaded = load(config.as_ref()).map_err(Failure::error)?;
+    let problems = if portable {
+        Vec::new()
+    } else {
+        host_problems(&loaded)
+    };
+    if !problems.is_empty() {
+        return Err(Failure::Errors(
+            problems
+                .iter()
+                .map(|problem| {
+                    format!(
+                        "{}: {}: {} (on this machine; --portable skips this check)",
+                        loaded.source, problem.path, problem.message
+                    )
+                })
+                .collect(),
+        ));
+    }
+    if connect {
+        let line = connect_state(&loaded)
+            .await
+            .map_err(|err| Failure::error(format_args!("{}: {err}", loaded.source)))?;
+        println!("{line}");
+    }
+    println!(
+        "{}: ok ({} tools, revision {})",
+        loaded.source,
+        loaded.catalog.versions().count(),
+        loaded.catalog.revision()
+    );
+    // The shadow candidate is checked too: served, a broken one is only refused (logged).
+    if let Some(candidate) = &loaded.shadow_catalog {
+        let shadow = Config::load_file(candidate, &Env::from_process())
+            .map_err(|err| Failure::error(format_args!("shadow catalog: {err}")))?;
+        println!(
+            "{}: ok as the shadow catalog ({} tools)",
+            shadow.source,
+            shadow.catalog.versions().count()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,366 @@
+//! The command line: the clap types of every verb and the dispatch to the file that runs it.
+//! `serve` (the default, `serve.rs`), `check` (`check.rs`), `schema` (`schema.rs`), `test` (a
+//! catalog's test cases, `test_runner.rs`), `shadow-report` (`shadow_report.rs`), and the
+//! operator client verbs that talk to a running sidecar: `tools`, `call`, `approvals`, `approve`,
+//! `reject` (`client_verbs.rs`) and `explain` (`explain.rs`), reaching it through `client.rs`. The signal
+//! dispositions set at start-up are in `signals.rs`.
+//!
+//! Exit codes: 0 success; 1 failure (bad config, cannot start, transport error); 2 usage error;
+//! 4 the tool call returned (or, for `explain`, would return) a status other than OK. Every verb
+//! returns `Result<(), Failure>`, and [`Failure`] alone says what is printed on stderr and which
+//! code the process exits with.
+
+mod check;
+mod client;
+mod client_verbs;
+mod explain;
+mod schema;
+mod serve;
+pub mod shadow_report;
+#[expect(
+    unsafe_code,
+    reason = "libc::signal: the dispositions of SIGPIPE and SIGXFSZ have no safe setter in std"
+)]
+mod signals;
+pub mod test_runner;
+
+use std::{path::PathBuf, process::ExitCode};
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::{config::Config, proto, settings::Env, telemetry::LogFormat};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "toolgate",
+    version,
+    about = "gRPC sidecar that decides, runs and audits an AI agent's tool calls"
+)]
+#[command(args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve gRPC (the default). Without --config, serves the embedded demo catalog.
+    Serve(ServeArgs),
+    /// Validate a catalog file and exit non-zero with the error if it is invalid.
+    Check {
+        /// The catalog file; without it, the embedded demo is checked.
+        #[arg(long, env = "TOOLGATE_CONFIG")]
+        config: Option<PathBuf>,
+        /// Skip what depends on this machine (that process tools' and stdio MCP servers'
+        /// programs exist and are executable, that working directories exist), for checking a
+        /// catalog somewhere other than where it is served.
+        #[arg(long)]
+        portable: bool,
+        /// Also connect to the state backend (`state.redis`) and check that it answers.
+        #[arg(long)]
+        connect: bool,
+    },
+    /// Print the JSON Schema of the catalog file format (with --tests, of the test file format).
+    Schema {
+        /// The format of `toolgate test` files instead.
+        #[arg(long)]
+        tests: bool,
+    },
+    /// Run a catalog's test cases through the real chain in explain mode (no backend is called,
+    /// no state changes); a diff for each failure, exit 1 if any fails.
+    Test {
+        /// The catalog file; without it, the embedded demo.
+        #[arg(long, env = "TOOLGATE_CONFIG")]
+        config: Option<PathBuf>,
+        /// The test file (YAML; `toolgate schema --tests` prints its format).
+        tests: PathBuf,
+        /// Also fail unless every tool has a case and every deny rule decides one.
+        #[arg(long)]
+        coverage: bool,
+    },
+    /// Summarise the shadow catalog's differing decisions (`shadow_decision` events) in an audit
+    /// file.
+    ShadowReport {
+        /// The audit file (JSON lines; other events are skipped).
+        audit: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the tools a caller's model may see (ListTools).
+    Tools(ClientArgs),
+    /// Execute one tool call (ExecuteTool).
+    Call {
+        /// The tool's name.
+        name: String,
+        #[command(flatten)]
+        call: CallFields,
+        /// Client deadline, e.g. 2s.
+        #[arg(long)]
+        timeout: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Explain what ExecuteTool would decide for a call, stage by stage, changing nothing
+    /// (ExplainTool; needs scope toolgate:explain or dev identity). With --list: which tools
+    /// the caller sees, and which stage hides each of the others.
+    Explain {
+        /// The tool's name.
+        #[arg(required_unless_present = "list")]
+        name: Option<String>,
+        /// List every tool, visible or not, instead (ExplainListTools).
+        #[arg(long, conflicts_with = "name")]
+        list: bool,
+        #[command(flatten)]
+        call: CallFields,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List approvals of the caller's tenant (needs scope toolgate:approve).
+    Approvals(ClientArgs),
+    /// Approve a pending approval (needs scope toolgate:approve).
+    Approve {
+        approval_id: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Reject a pending approval (needs scope toolgate:approve).
+    Reject {
+        approval_id: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// The catalog file; without it, the embedded demo catalog is served.
+    #[arg(long, env = "TOOLGATE_CONFIG")]
+    config: Option<PathBuf>,
+    /// Override the TCP listen address, e.g. 0.0.0.0:50051.
+    #[arg(long, env = "TOOLGATE_LISTEN")]
+    listen: Option<std::net::SocketAddr>,
+    /// Override the admin HTTP address (/metrics, /healthz, /readyz), e.g. 0.0.0.0:9464.
+    #[arg(long, env = "TOOLGATE_ADMIN_LISTEN")]
+    admin_listen: Option<std::net::SocketAddr>,
+    /// Log format.
+    #[arg(long, env = "TOOLGATE_LOG_FORMAT", value_enum, default_value = "human")]
+    log_format: LogFormat,
+}
+
+/// What `call` and `explain` send besides the tool's name.
+#[derive(Debug, Args)]
+struct CallFields {
+    /// The arguments as a JSON object.
+    #[arg(long, default_value = "{}")]
+    args: String,
+    /// Pin a tool version.
+    #[arg(long)]
+    version: Option<String>,
+    /// Make the call idempotent under this key.
+    #[arg(long)]
+    idempotency_key: Option<String>,
+    /// Redeem an approval.
+    #[arg(long)]
+    approval_id: Option<String>,
+    /// The run the call belongs to.
+    #[arg(long, default_value = "cli")]
+    run_id: String,
+}
+
+impl CallFields {
+    /// The call of tool `name`, and its run id.
+    fn into_call(self, name: String) -> (proto::ToolCall, String) {
+        let call = proto::ToolCall {
+            call_id: String::new(),
+            name,
+            arguments_json: self.args,
+            version: self.version.unwrap_or_default(),
+            idempotency_key: self.idempotency_key.unwrap_or_default(),
+            approval_id: self.approval_id.unwrap_or_default(),
+        };
+        (call, self.run_id)
+    }
+}
+
+#[derive(Debug, Args)]
+struct ClientArgs {
+    /// The sidecar's address.
+    #[arg(long, env = "TOOLGATE_ADDR", default_value = "http://127.0.0.1:50051")]
+    addr: String,
+    /// Dev identity: tenant.
+    #[arg(long)]
+    tenant: Option<String>,
+    /// Dev identity: subject.
+    #[arg(long)]
+    subject: Option<String>,
+    /// Dev identity: agent.
+    #[arg(long)]
+    agent: Option<String>,
+    /// Dev identity: scopes, comma separated.
+    #[arg(long)]
+    scopes: Option<String>,
+    /// A JWT to send as `authorization: Bearer`.
+    #[arg(long, env = "TOOLGATE_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs the command line; returns the process exit code.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if !matches!(cli.command, None | Some(Command::Serve(_))) {
+        signals::default_sigpipe();
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build();
+    let result = match &runtime {
+        Ok(runtime) => runtime.block_on(run(cli)),
+        Err(err) => Err(Failure::error(format_args!(
+            "cannot start the async runtime: {err}"
+        ))),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => failure.report(),
+    }
+}
+
+/// Runs the verb the command line names.
+async fn run(cli: Cli) -> Result<(), Failure> {
+    match cli.command {
+        None => serve::serve(cli.serve).await,
+        Some(Command::Serve(args)) => serve::serve(args).await,
+        Some(Command::Check {
+            config,
+            portable,
+            connect,
+        }) => check::check(config, portable, connect).await,
+        Some(Command::Schema { tests }) => schema::schema(tests),
+        Some(Command::Test {
+            config,
+            tests,
+            coverage,
+        }) => test_runner::run(config.as_deref(), &tests, coverage).await,
+        Some(Command::ShadowReport { audit, json }) => shadow_report::run(&audit, json),
+        Some(Command::Explain {
+            name,
+            list,
+            call,
+            client,
+        }) => match (list, name) {
+            (true, _) | (false, None) => explain::list(client).await,
+            (false, Some(name)) => {
+                let (call, run_id) = call.into_call(name);
+                explain::explain(client, call, run_id).await
+            }
+        },
+        Some(Command::Tools(client)) => client_verbs::tools(client).await,
+        Some(Command::Call {
+            name,
+            call,
+            timeout,
+            client,
+        }) => {
+            let (call, run_id) = call.into_call(name);
+            client_verbs::call_tool(client, call, run_id, timeout).await
+        }
+        Some(Command::Approvals(client)) => client_verbs::list_approvals(client).await,
+        Some(Command::Approve {
+            approval_id,
+            reason,
+            client,
+        }) => client_verbs::decide(client, approval_id, true, reason).await,
+        Some(Command::Reject {
+            approval_id,
+            reason,
+            client,
+        }) => client_verbs::decide(client, approval_id, false, reason).await,
+    }
+}
+
+/// Why a verb did not succeed, and so the process's exit code: every verb reports its failures
+/// through this one type, and only [`main`] prints them. (A usage error never reaches a verb:
+/// clap prints it and exits 2.)
+#[derive(Debug)]
+pub enum Failure {
+    /// Something went wrong (a catalog that does not load, no connection, a gRPC error): each
+    /// message is printed on stderr as `error: …`; exit 1.
+    Errors(Vec<String>),
+    /// What failed is already on stdout (a test case's diff); exit 1.
+    Reported,
+    /// The tool call returned, or for `explain` would return, a status other than OK (printed on
+    /// stdout like any result); exit 4.
+    NotOk,
+}
+
+impl Failure {
+    /// One error, said as its text.
+    fn error(message: impl std::fmt::Display) -> Self {
+        Failure::Errors(vec![message.to_string()])
+    }
+
+    /// One error, said with its causes.
+    fn caused(err: &(dyn std::error::Error + 'static)) -> Self {
+        Failure::error(chain(err))
+    }
+
+    /// Prints the errors on stderr; the exit code.
+    fn report(self) -> ExitCode {
+        match self {
+            Failure::Errors(messages) => {
+                for message in messages {
+                    eprintln!("error: {message}");
+                }
+                ExitCode::FAILURE
+            }
+            Failure::Reported => ExitCode::FAILURE,
+            Failure::NotOk => ExitCode::from(4),
+        }
+    }
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(err: anyhow::Error) -> Self {
+        Failure::caused(err.as_ref())
+    }
+}
+
+/// An error and its causes, each said once: many errors already include their source's text.
+fn chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text = format!("{text}: {cause_text}");
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// Prints a `--json` output: one line of compact JSON.
+fn print_json(output: &impl serde::Serialize) -> Result<(), Failure> {
+    let line = serde_json::to_string(output).map_err(|err| Failure::caused(&err))?;
+    println!("{line}");
+    Ok(())
+}
+
+/// The catalog file, or the embedded demo without one.
+fn load(config: Option<&PathBuf>) -> Result<Config, crate::settings::ConfigError> {
+    let env = Env::from_process();
+    match config {
+        Some(path) => Config::load_file(path, &env),
+        None => Config::demo(&env),
+    }
+}

@@ -1,0 +1,239 @@
+//! The `mcp` backend: tools from allow-listed MCP servers (a stdio command or a Streamable HTTP
+//! URL), through the rmcp client.
+//!
+//! One supervisor task per server connects, lists the server's tools, publishes the ones the
+//! catalog names (the catalog then rebuilds with their schemas), re-lists on
+//! `notifications/tools/list_changed`, and reconnects with backoff when the server goes away.
+//! A server that is down — never came up, or went away — has its tools withdrawn, so they are
+//! hidden from ListTools and answer UNAVAILABLE quickly; it never takes the sidecar down. An MCP
+//! server's own description is never taken as authorization: risk level, scopes, limits and
+//! bindings come from the catalog.
+//!
+//! A message from a server over its `max_message_bytes` is never buffered: the call it answers
+//! ends at once as `output_too_large` ([`LineGuard`] for stdio, `LimitedHttp` for Streamable
+//! HTTP). Streamable HTTP goes through the same SSRF-guarded, proxy-ignoring client as the http
+//! backend.
+//!
+//! This file holds the executor ([`McpManager`]) and the types the catalog sees; beside it:
+//! `config` (validating `mcp_servers` entries), `supervisor` (each server's connect, list,
+//! reconnect loop), `stdio` (a stdio server's process and its line framing), `scan` (the id
+//! scanner the framing uses), `streamable_http` (the size-limited HTTP client) and `errors`
+//! (how a failed call maps to an [`ExecError`]).
+
+mod config;
+mod errors;
+mod scan;
+mod stdio;
+mod streamable_http;
+mod supervisor;
+
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, RwLock},
+};
+
+use futures::{FutureExt, future::BoxFuture};
+use rmcp::{RoleClient, model::CallToolRequestParams, service::Peer};
+use serde_json::Value;
+use tokio::{sync::watch, task::JoinHandle};
+
+use super::{ExecError, Executor};
+use crate::boundary::Permit;
+pub use config::{DEFAULT_MAX_MESSAGE_BYTES, McpServerConfig, Transport};
+pub use scan::IdScanner;
+pub use stdio::LineGuard;
+
+/// Which MCP server and which of its tools a catalog entry runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct McpTool {
+    pub server: String,
+    pub tool: String,
+}
+
+/// A tool a server listed, as the model will see it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DiscoveredTool {
+    pub name: String,
+    pub description: String,
+    pub input_schema: Value,
+}
+
+/// Server name -> the tools it offers that the catalog names; absent while it is not connected.
+pub type Discovered = BTreeMap<String, Vec<DiscoveredTool>>;
+
+/// One server's live connection, shared with executions.
+#[derive(Default)]
+struct Slot {
+    peer: RwLock<Option<Peer<RoleClient>>>,
+    pid: RwLock<Option<u32>>,
+}
+
+/// Connections to every configured MCP server.
+pub struct McpManager {
+    slots: BTreeMap<String, Arc<Slot>>,
+    discovered: watch::Sender<Discovered>,
+    supervisors: Vec<JoinHandle<()>>,
+    /// Calls sent to MCP servers and not answered yet.
+    in_flight: watch::Sender<u64>,
+}
+
+impl Default for McpManager {
+    fn default() -> Self {
+        Self::start(&[])
+    }
+}
+
+/// Counts one call in flight for as long as it lives.
+struct InFlight<'a>(&'a watch::Sender<u64>);
+
+impl<'a> InFlight<'a> {
+    fn enter(gauge: &'a watch::Sender<u64>) -> Self {
+        gauge.send_modify(|n| *n += 1);
+        InFlight(gauge)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+impl Drop for McpManager {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl McpManager {
+    /// Starts a supervisor per server; tools appear as servers come up.
+    pub fn start(servers: &[McpServerConfig]) -> Self {
+        let (discovered, _) = watch::channel(Discovered::new());
+        let mut slots = BTreeMap::new();
+        let mut supervisors = Vec::new();
+        for config in servers {
+            let slot = Arc::new(Slot::default());
+            slots.insert(config.name.clone(), slot.clone());
+            supervisors.push(tokio::spawn(supervisor::supervise(
+                config.clone(),
+                slot,
+                discovered.clone(),
+            )));
+        }
+        McpManager {
+            slots,
+            discovered,
+            supervisors,
+            in_flight: watch::channel(0).0,
+        }
+    }
+
+    /// Watches the number of calls sent to MCP servers and not answered yet.
+    pub fn watch_in_flight(&self) -> watch::Receiver<u64> {
+        self.in_flight.subscribe()
+    }
+
+    /// Stops every supervisor; dropping their connections ends stdio servers' processes.
+    pub fn stop(&self) {
+        for task in &self.supervisors {
+            task.abort();
+        }
+        for slot in self.slots.values() {
+            set(&slot.peer, None);
+        }
+    }
+
+    /// Watches which tools the servers have listed.
+    pub fn watch_discovered(&self) -> watch::Receiver<Discovered> {
+        self.discovered.subscribe()
+    }
+
+    /// The pid of a stdio server's current process, for operators and tests.
+    pub fn pid(&self, server: &str) -> Option<u32> {
+        self.slots
+            .get(server)
+            .and_then(|s| s.pid.read().ok().and_then(|p| *p))
+    }
+
+    /// Whether a server is connected now.
+    pub fn connected(&self, server: &str) -> bool {
+        self.slots
+            .get(server)
+            .is_some_and(|s| s.peer.read().is_ok_and(|p| p.is_some()))
+    }
+
+    async fn run(&self, tool: &McpTool, permit: &Permit) -> Result<String, ExecError> {
+        let peer = self
+            .slots
+            .get(&tool.server)
+            .and_then(|slot| slot.peer.read().ok().and_then(|p| p.clone()))
+            .ok_or_else(|| {
+                ExecError::NotReached(format!(
+                    "MCP server {} is not connected; retry later",
+                    tool.server
+                ))
+            })?;
+        let arguments = permit.arguments().as_object().cloned().unwrap_or_default();
+        let _in_flight = InFlight::enter(&self.in_flight);
+        // Dropping this future (deadline, client cancel) cancels the request on the server.
+        let mut params = CallToolRequestParams::new(tool.tool.clone()).with_arguments(arguments);
+        // The W3C trace context travels in the request's _meta, as MCP's tracing convention has it.
+        if let Some(traceparent) = permit.traceparent() {
+            let mut meta = serde_json::Map::new();
+            meta.insert("traceparent".into(), Value::from(traceparent));
+            params.meta = Some(meta.into());
+        }
+        let result = peer
+            .call_tool(params)
+            .await
+            .map_err(|err| errors::call_error(&tool.server, &tool.tool, err))?;
+        let text = render_content(&result.content);
+        if result.is_error == Some(true) {
+            return Err(ExecError::failed_with(
+                "the MCP tool reported an error",
+                text,
+            ));
+        }
+        match (&result.structured_content, text.is_empty()) {
+            (Some(structured), true) => Ok(structured.to_string()),
+            _ => Ok(text),
+        }
+    }
+}
+
+/// Text blocks as they are; other blocks (images, resources) as their JSON.
+fn render_content<T: serde::Serialize>(blocks: &[T]) -> String {
+    blocks
+        .iter()
+        .filter_map(|block| serde_json::to_value(block).ok())
+        .map(|value| {
+            match (
+                value.get("type").and_then(Value::as_str),
+                value.get("text").and_then(Value::as_str),
+            ) {
+                (Some("text"), Some(text)) => text.to_owned(),
+                _ => value.to_string(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+impl Executor for McpManager {
+    fn execute<'a>(&'a self, permit: &'a Permit) -> BoxFuture<'a, Result<String, ExecError>> {
+        async move {
+            match &permit.tool().executor {
+                super::ExecutorSpec::Mcp(tool) => self.run(tool, permit).await,
+                _ => Err(ExecError::failed("not an MCP tool")),
+            }
+        }
+        .boxed()
+    }
+}
+
+fn set<T>(lock: &RwLock<Option<T>>, value: Option<T>) {
+    match lock.write() {
+        Ok(mut guard) => *guard = value,
+        Err(poisoned) => *poisoned.into_inner() = value,
+    }
+}

@@ -1,0 +1,169 @@
+//! Each server's supervisor: connect (over stdio or Streamable HTTP) within the start-up
+//! timeout, list the server's tools and publish the ones the catalog names, re-list when the
+//! server says its list changed, and when the connection ends withdraw its tools and reconnect
+//! with backoff.
+
+use std::{sync::Arc, time::Duration};
+
+use rmcp::{
+    ClientHandler, RoleClient,
+    service::{NotificationContext, Peer},
+};
+use serde_json::Value;
+use tokio::{
+    sync::{Notify, watch},
+    time::Instant,
+};
+
+use super::{
+    Discovered, DiscoveredTool, McpServerConfig, Slot, Transport, set, stdio, streamable_http,
+};
+
+/// Connecting the same server this long is a success: the restart backoff starts over.
+const STABLE_AFTER: Duration = Duration::from_secs(10);
+
+/// Wakes the supervisor when the server says its tool list changed.
+#[derive(Clone)]
+pub(super) struct ListChanged(Arc<Notify>);
+
+impl ClientHandler for ListChanged {
+    fn on_tool_list_changed(
+        &self,
+        _context: NotificationContext<RoleClient>,
+    ) -> impl Future<Output = ()> + Send + '_ {
+        self.0.notify_one();
+        std::future::ready(())
+    }
+}
+
+/// Reconnect delays double from the first to the last.
+const BACKOFF_FIRST: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(10);
+
+pub(super) async fn supervise(
+    config: McpServerConfig,
+    slot: Arc<Slot>,
+    discovered: watch::Sender<Discovered>,
+) {
+    let mut backoff = BACKOFF_FIRST;
+    loop {
+        let changed = Arc::new(Notify::new());
+        match tokio::time::timeout(
+            config.startup_timeout,
+            connect(&config, &slot, ListChanged(changed.clone())),
+        )
+        .await
+        {
+            Ok(Ok(connection)) => {
+                let Connection {
+                    service,
+                    _process: process,
+                } = connection;
+                let up_since = Instant::now();
+                let peer = service.peer().clone();
+                match list(&config, &peer).await {
+                    Ok(tools) => {
+                        tracing::info!(server = %config.name, tools = tools.len(), "MCP server connected");
+                        publish(&discovered, &config.name, tools);
+                    }
+                    Err(err) => {
+                        tracing::warn!(server = %config.name, error = %err, "MCP server did not list its tools")
+                    }
+                }
+                set(&slot.peer, Some(peer.clone()));
+                let ended = service.waiting();
+                tokio::pin!(ended);
+                loop {
+                    tokio::select! {
+                        _ = &mut ended => break,
+                        _ = changed.notified() => match list(&config, &peer).await {
+                            Ok(tools) => {
+                                tracing::info!(server = %config.name, tools = tools.len(), "MCP tool list changed");
+                                publish(&discovered, &config.name, tools);
+                            }
+                            Err(err) => tracing::warn!(server = %config.name, error = %err, "MCP server did not list its tools"),
+                        },
+                    }
+                }
+                // Down now: reported exactly like a server that never came up.
+                set(&slot.peer, None);
+                set(&slot.pid, None);
+                withdraw(&discovered, &config.name);
+                drop(process);
+                // Only a connection that lasted resets the backoff: a server that connects and
+                // dies at once must not be restarted ten times a second.
+                if up_since.elapsed() >= STABLE_AFTER {
+                    backoff = BACKOFF_FIRST;
+                }
+                tracing::warn!(server = %config.name, retry_in_ms = backoff.as_millis() as u64, "MCP server disconnected; reconnecting");
+            }
+            Ok(Err(err)) => {
+                tracing::warn!(server = %config.name, error = %err, retry_in_ms = backoff.as_millis() as u64, "cannot connect to MCP server")
+            }
+            Err(_) => {
+                tracing::warn!(server = %config.name, retry_in_ms = backoff.as_millis() as u64, "MCP server did not start in time")
+            }
+        }
+        set(&slot.pid, None);
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+pub(super) type Service = rmcp::service::RunningService<RoleClient, ListChanged>;
+
+/// A live connection, and for stdio the server's process, ended (with what it started) when
+/// this is dropped.
+pub(super) struct Connection {
+    pub(super) service: Service,
+    pub(super) _process: Option<stdio::StdioProcess>,
+}
+
+async fn connect(
+    config: &McpServerConfig,
+    slot: &Slot,
+    handler: ListChanged,
+) -> Result<Connection, String> {
+    match &config.transport {
+        Transport::Stdio { program, args, env } => {
+            stdio::connect(config, program, args, env, slot, handler).await
+        }
+        Transport::Http { url, destination } => {
+            streamable_http::connect(config, url, destination, handler).await
+        }
+    }
+}
+
+async fn list(
+    config: &McpServerConfig,
+    peer: &Peer<RoleClient>,
+) -> Result<Vec<DiscoveredTool>, String> {
+    let tools = tokio::time::timeout(config.startup_timeout, peer.list_all_tools())
+        .await
+        .map_err(|_| "listing tools timed out".to_owned())?
+        .map_err(|err| err.to_string())?;
+    Ok(tools
+        .into_iter()
+        .filter(|t| config.tools.contains(t.name.as_ref()))
+        .map(|t| DiscoveredTool {
+            name: t.name.to_string(),
+            description: t.description.as_deref().unwrap_or("").to_owned(),
+            input_schema: Value::Object((*t.input_schema).clone()),
+        })
+        .collect())
+}
+
+fn publish(discovered: &watch::Sender<Discovered>, server: &str, tools: Vec<DiscoveredTool>) {
+    discovered.send_if_modified(|all| {
+        let changed = all.get(server) != Some(&tools);
+        if changed {
+            all.insert(server.to_owned(), tools);
+        }
+        changed
+    });
+}
+
+/// Withdraws a server's tools: the catalog then treats them as not offered.
+fn withdraw(discovered: &watch::Sender<Discovered>, server: &str) {
+    discovered.send_if_modified(|all| all.remove(server).is_some());
+}
