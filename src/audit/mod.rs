@@ -32,8 +32,11 @@ use crate::{
 };
 
 mod json;
+mod otlp;
+mod refused;
 mod shadow;
 
+pub use refused::RefusedCallers;
 pub use shadow::{CandidateDecision, ShadowRecord};
 
 /// What an event records.
@@ -200,69 +203,6 @@ fn as_display<T: fmt::Display, S: Serializer>(
     match value {
         Some(value) => serializer.collect_str(value),
         None => serializer.serialize_none(),
-    }
-}
-
-/// Audit events for callers refused before the chain (UNAUTHENTICATED), bounded in rate: a flood
-/// of bad tokens costs a counter, not the disk. What the bound leaves out is counted, in the
-/// metric and in the next event written.
-#[derive(Debug)]
-pub struct RefusedCallers {
-    quota: crate::gcra::SingleQuota,
-    suppressed_since: AtomicU64,
-    suppressed_total: AtomicU64,
-    clock: crate::clock::SharedClock,
-}
-
-/// Longest refusal reason recorded for a refused caller: the reason may quote what the caller
-/// sent (a token's `kid`, a header's length), which must not be able to fill the disk.
-const MAX_REFUSED_REASON: usize = 256;
-
-impl RefusedCallers {
-    pub fn new(rate: crate::settings::Rate, clock: crate::clock::SharedClock) -> Self {
-        RefusedCallers {
-            quota: crate::gcra::SingleQuota::new(rate, clock.clone()),
-            suppressed_since: AtomicU64::new(0),
-            suppressed_total: AtomicU64::new(0),
-            clock,
-        }
-    }
-
-    /// Records one refused caller, unless over the rate or the queue is full (then counted).
-    /// `reason` must carry no token material.
-    pub fn record(&self, log: &AuditLog, rpc: &str, peer: Option<String>, reason: &str) {
-        let slot = self.quota.try_take().then(|| log.try_reserve()).flatten();
-        let Some(slot) = slot else {
-            self.suppressed_since.fetch_add(1, Ordering::Relaxed);
-            self.suppressed_total.fetch_add(1, Ordering::Relaxed);
-            return;
-        };
-        let suppressed = self.suppressed_since.swap(0, Ordering::Relaxed);
-        let mut reason = reason.to_owned();
-        if reason.len() > MAX_REFUSED_REASON {
-            let mut cut = MAX_REFUSED_REASON;
-            while !reason.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            reason.truncate(cut);
-            reason.push('…');
-        }
-        slot.send(Box::new(AuditEvent {
-            time: EventTime(self.clock.unix_ms()),
-            kind: Some(EventKind::AuthenticationFailed),
-            status: "UNAUTHENTICATED",
-            error_type: Some("unauthenticated"),
-            reason: Some(reason),
-            rpc: Some(rpc.to_owned()),
-            peer,
-            suppressed: (suppressed > 0).then_some(suppressed),
-            ..AuditEvent::default()
-        }));
-    }
-
-    /// Refused callers left out of the audit log so far.
-    pub fn suppressed(&self) -> u64 {
-        self.suppressed_total.load(Ordering::Relaxed)
     }
 }
 
@@ -654,118 +594,6 @@ async fn write_loop(
             let _ = ack.send(());
         }
         flowing = true;
-    }
-}
-
-/// The OTLP logs sink: each event is a log record whose body is the event's JSON, with the
-/// call's trace context and a few attributes for filtering.
-mod otlp {
-    use opentelemetry_proto::tonic::{
-        collector::logs::v1::{ExportLogsServiceRequest, logs_service_client::LogsServiceClient},
-        common::v1::{AnyValue, InstrumentationScope, KeyValue, any_value},
-        logs::v1::{LogRecord, ResourceLogs, ScopeLogs, SeverityNumber},
-        resource::v1::Resource,
-    };
-    use tonic::transport::Channel;
-
-    use super::AuditEvent;
-
-    pub struct LogsSink {
-        client: LogsServiceClient<Channel>,
-        resource: Resource,
-    }
-
-    fn text(key: &str, value: &str) -> KeyValue {
-        KeyValue {
-            key: key.to_owned(),
-            value: Some(AnyValue {
-                value: Some(any_value::Value::StringValue(value.to_owned())),
-            }),
-            ..Default::default()
-        }
-    }
-
-    impl LogsSink {
-        pub fn new(endpoint: &str, service_name: &str) -> Result<Self, String> {
-            let channel = Channel::from_shared(endpoint.to_owned())
-                .map_err(|err| format!("invalid audit endpoint {endpoint:?}: {err}"))?
-                .connect_timeout(std::time::Duration::from_secs(5))
-                .connect_lazy();
-            Ok(LogsSink {
-                client: LogsServiceClient::new(channel),
-                resource: Resource {
-                    attributes: vec![text("service.name", service_name)],
-                    ..Default::default()
-                },
-            })
-        }
-
-        pub async fn export(&mut self, events: &[Box<AuditEvent>]) -> std::io::Result<()> {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(0);
-            let records = events
-                .iter()
-                .map(|event| {
-                    let time = u64::try_from(event.time.0)
-                        .ok()
-                        .and_then(|ms| ms.checked_mul(1_000_000))
-                        .unwrap_or(now);
-                    let mut attributes = vec![
-                        text("event.name", "toolgate.audit"),
-                        text("toolgate.tenant", event.party.tenant()),
-                        text("gen_ai.tool.name", &event.tool),
-                        text("toolgate.status", event.status),
-                    ];
-                    if !event.call_id.is_empty() {
-                        attributes.push(text("gen_ai.tool.call.id", &event.call_id));
-                    }
-                    LogRecord {
-                        time_unix_nano: time,
-                        observed_time_unix_nano: now,
-                        severity_number: SeverityNumber::Info as i32,
-                        severity_text: "INFO".into(),
-                        body: Some(AnyValue {
-                            value: Some(any_value::Value::StringValue({
-                                let mut json = Vec::new();
-                                let _ = event.write_json(&mut json);
-                                String::from_utf8(json).unwrap_or_default()
-                            })),
-                        }),
-                        attributes,
-                        trace_id: event
-                            .trace_id
-                            .map(|t| t.to_bytes().to_vec())
-                            .unwrap_or_default(),
-                        span_id: event
-                            .span_id
-                            .map(|s| s.to_bytes().to_vec())
-                            .unwrap_or_default(),
-                        ..Default::default()
-                    }
-                })
-                .collect();
-            let request = ExportLogsServiceRequest {
-                resource_logs: vec![ResourceLogs {
-                    resource: Some(self.resource.clone()),
-                    scope_logs: vec![ScopeLogs {
-                        scope: Some(InstrumentationScope {
-                            name: "toolgate.audit".into(),
-                            ..Default::default()
-                        }),
-                        log_records: records,
-                        ..Default::default()
-                    }],
-                    ..Default::default()
-                }],
-            };
-            self.client
-                .export(request)
-                .await
-                .map(|_| ())
-                .map_err(|status| std::io::Error::other(format!("OTLP logs export: {status}")))
-        }
     }
 }
 

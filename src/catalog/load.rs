@@ -1,0 +1,432 @@
+//! Building a catalog from what a catalog file says: each tool version validated and its schemas
+//! compiled, MCP tools resolved against what their servers list, bindings, canaries and access
+//! lists checked. Done once per load (and again when an MCP server's tools change); the catalog
+//! is immutable afterwards.
+
+use super::*;
+
+/// Everything a catalog is built from, kept so it can be rebuilt when MCP servers list tools.
+pub struct CatalogInputs {
+    pub raw: RawConfig,
+    pub approvals: ApprovalsConfig,
+    pub limits: LimitsConfig,
+    pub base_dir: std::path::PathBuf,
+    pub env: Env,
+    pub upstreams: BTreeMap<String, Arc<Upstream>>,
+    pub mcp_servers: Vec<McpServerConfig>,
+}
+
+impl std::fmt::Debug for CatalogInputs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CatalogInputs")
+            .field("tools", &self.raw.tools.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl CatalogInputs {
+    /// Validates and compiles the catalog, with the MCP tools discovered so far. Configured
+    /// tools are always checked; an MCP tool whose server-provided schema does not fit is left
+    /// out (and logged) rather than failing the catalog.
+    pub fn build(&self, discovered: &Discovered) -> Result<Catalog, FieldError> {
+        let raw = &self.raw;
+        let ctx = BuildContext {
+            upstreams: &self.upstreams,
+            base_dir: &self.base_dir,
+            env: &self.env,
+        };
+        let mut tools: BTreeMap<String, Vec<Arc<ToolVersion>>> = BTreeMap::new();
+        let mut seen: BTreeMap<(String, String), usize> = BTreeMap::new();
+        for (index, raw_tool) in raw.tools.iter().enumerate() {
+            let path = format!("tools[{index}]");
+            let executor =
+                ExecutorSpec::build(&raw_tool.executor, &format!("{path}.executor"), &ctx)?;
+            let tool = build_tool(
+                raw_tool,
+                &path,
+                &self.approvals,
+                &self.limits,
+                &raw.tenants,
+                executor,
+            )?;
+            let key = (tool.name.clone(), tool.version.to_string());
+            if let Some(first) = seen.insert(key, index) {
+                return Err(FieldError::new(
+                    format!("{path}.version"),
+                    format!(
+                        "duplicate tool {:?} version {:?} (first defined at tools[{first}])",
+                        tool.name, tool.version
+                    ),
+                ));
+            }
+            let versions = tools.entry(tool.name.clone()).or_default();
+            if tool.status == VersionStatus::Active
+                && let Some(other) = versions.iter().find(|v| v.status == VersionStatus::Active)
+            {
+                return Err(FieldError::new(
+                    format!("{path}.status"),
+                    format!(
+                        "tool {:?} already has an active version {:?}; mark one inactive or canary",
+                        tool.name, other.version
+                    ),
+                ));
+            }
+            versions.push(Arc::new(tool));
+        }
+        let mut unavailable = BTreeMap::new();
+        for server in &self.mcp_servers {
+            let Some(raw_server) = raw.mcp_servers.get(&server.name) else {
+                continue;
+            };
+            for (tool_name, settings) in &raw_server.tools {
+                let name = format!("{}.{tool_name}", server.prefix);
+                let path = format!("mcp_servers.{}.tools.{tool_name}", server.name);
+                // Checked against the configuration, not what servers listed, so the answer is
+                // the same at load and at every rebuild.
+                if raw.tools.iter().any(|t| t.name == name) {
+                    return Err(FieldError::new(
+                        path,
+                        format!("tool {name:?} is also defined in tools"),
+                    ));
+                }
+                // Settings are checked even before the server is reached.
+                let placeholder = DiscoveredTool {
+                    name: tool_name.clone(),
+                    description: String::new(),
+                    input_schema: json!({"type": "object"}),
+                };
+                let executor = || {
+                    ExecutorSpec::Mcp(McpTool {
+                        server: server.name.clone(),
+                        tool: tool_name.clone(),
+                    })
+                };
+                let check = mcp_raw_tool(&name, settings, &placeholder);
+                build_tool(
+                    &check,
+                    &path,
+                    &self.approvals,
+                    &self.limits,
+                    &raw.tenants,
+                    executor(),
+                )
+                .map(|_| ())
+                .or_else(|err| {
+                    // Bindings can only be checked against the server's schema.
+                    if err.path.starts_with(&format!("{path}.bind")) {
+                        Ok(())
+                    } else {
+                        Err(err)
+                    }
+                })?;
+                let listed = discovered
+                    .get(&server.name)
+                    .and_then(|list| list.iter().find(|t| &t.name == tool_name));
+                match listed {
+                    None => {
+                        unavailable.insert(name, format!("tool {tool_name} of MCP server {} is not available: the server is not connected or does not offer it", server.name));
+                    }
+                    // Names are unique by construction (tools are checked against MCP names
+                    // above, prefixes are unique); should one still be taken when a server lists
+                    // a tool, only that tool is left out — never the rebuild of the catalog.
+                    Some(_) if tools.contains_key(&name) => {
+                        tracing::error!(tool = %name, server = %server.name, "MCP tool clashes with a tool already in the catalog; left out");
+                        unavailable.insert(name, format!("tool {tool_name} of MCP server {} clashes with another tool of the same name", server.name));
+                    }
+                    Some(found) => match build_tool(
+                        &mcp_raw_tool(&name, settings, found),
+                        &path,
+                        &self.approvals,
+                        &self.limits,
+                        &raw.tenants,
+                        executor(),
+                    ) {
+                        Ok(tool) => {
+                            tools.insert(name, vec![Arc::new(tool)]);
+                        }
+                        Err(err) => {
+                            tracing::error!(tool = %name, error = %err.message, at = %err.path, "MCP tool left out of the catalog");
+                            unavailable.insert(name, format!("tool {tool_name} of MCP server {} has a definition this catalog cannot use", server.name));
+                        }
+                    },
+                }
+            }
+        }
+        let names: BTreeSet<&str> = tools
+            .keys()
+            .chain(unavailable.keys())
+            .map(String::as_str)
+            .collect();
+        let policy = AccessList::build(&raw.policy.allow, &raw.policy.deny, "policy", &names)?;
+        let tenants = raw
+            .tenants
+            .iter()
+            .map(|(tenant, t)| {
+                let path = format!("tenants.{tenant}");
+                let access = AccessList::build(&t.allow, &t.deny, &path, &names)?;
+                let rate_limit = t
+                    .rate_limit
+                    .as_ref()
+                    .map(|r| parse_rate(r, &format!("{path}.rate_limit")))
+                    .transpose()?;
+                Ok((tenant.clone(), TenantPolicy { access, rate_limit }))
+            })
+            .collect::<Result<_, FieldError>>()?;
+        let mut agents = AgentPolicies::default();
+        for (agent, a) in &raw.agents {
+            let path = format!("agents.{agent}");
+            if agent.trim().is_empty() || agent.trim() != agent {
+                return Err(FieldError::new(
+                    path,
+                    format!("invalid agent name {agent:?}: agent names are matched exactly"),
+                ));
+            }
+            let access = AccessList::build(&a.allow, &a.deny, &path, &names)?;
+            if agent == DEFAULT_AGENT {
+                agents.default = Some(access);
+            } else {
+                agents.named.insert(agent.clone(), access);
+            }
+        }
+        let revision = revision_of(tools.values().flatten().map(|t| t.as_ref()));
+        Ok(Catalog {
+            tools,
+            unavailable,
+            policy,
+            tenants,
+            agents,
+            revision,
+        })
+    }
+}
+
+/// A catalog entry for an MCP tool: the server's name, description and schema, the catalog's
+/// settings for everything that decides whether and how it runs.
+fn mcp_raw_tool(name: &str, settings: &RawMcpTool, found: &DiscoveredTool) -> RawTool {
+    let description = settings
+        .description
+        .clone()
+        .filter(|d| !d.trim().is_empty())
+        .or_else(|| Some(found.description.clone()).filter(|d| !d.trim().is_empty()))
+        .unwrap_or_else(|| format!("MCP tool {}", found.name));
+    RawTool {
+        name: name.to_owned(),
+        version: Some("1".to_owned()),
+        description,
+        input_schema: found.input_schema.clone(),
+        output_schema: None,
+        risk_level: settings.risk_level,
+        required_scopes: settings.required_scopes.clone(),
+        timeout: settings.timeout.clone(),
+        status: raw::RawToolStatus::Active,
+        canary: None,
+        executor: raw::RawExecutor::default(),
+        bind: settings.bind.clone(),
+        on_bound_argument: settings.on_bound_argument,
+        rate_limit: settings.rate_limit.as_ref().map(|r| match r {
+            raw::RawRateLimit::Short(q) => raw::RawRateLimit::Short(q.clone()),
+            raw::RawRateLimit::Full { quota, burst } => raw::RawRateLimit::Full {
+                quota: quota.clone(),
+                burst: *burst,
+            },
+        }),
+        requires_approval: settings.requires_approval,
+        max_output_bytes: settings.max_output_bytes,
+        max_concurrency: settings.max_concurrency,
+        record_arguments: false,
+        redact: Vec::new(),
+        labels: settings.labels.clone(),
+    }
+}
+
+fn build_tool(
+    raw: &RawTool,
+    path: &str,
+    approvals: &ApprovalsConfig,
+    limits: &LimitsConfig,
+    tenants: &BTreeMap<String, raw::RawTenant>,
+    executor: ExecutorSpec,
+) -> Result<ToolVersion, FieldError> {
+    validate_name(&raw.name, &format!("{path}.name"))?;
+    let version = raw.version.clone().unwrap_or_else(|| "1".to_owned());
+    if version.trim().is_empty() {
+        return Err(FieldError::new(
+            format!("{path}.version"),
+            "must not be blank",
+        ));
+    }
+    if raw.description.trim().is_empty() {
+        return Err(FieldError::new(
+            format!("{path}.description"),
+            "must not be blank: the model chooses tools by their description",
+        ));
+    }
+    let schema_path = format!("{path}.input_schema");
+    if raw.input_schema.get("type").and_then(Value::as_str) != Some("object") {
+        return Err(FieldError::new(
+            &schema_path,
+            "must be a JSON Schema with \"type\": \"object\" (tool arguments are an object)",
+        ));
+    }
+    let full_validator = schema::compile(&raw.input_schema, &schema_path)?;
+    let bindings = schema::parse_bindings(&raw.bind, &raw.input_schema, &format!("{path}.bind"))?;
+    let visible_schema = schema::strip_bound(&raw.input_schema, &bindings);
+    let validator = schema::compile(&visible_schema, &schema_path)?;
+    if let Some(output) = &raw.output_schema {
+        schema::compile(output, &format!("{path}.output_schema"))?;
+    }
+    let timeout = match &raw.timeout {
+        Some(text) => {
+            parse_duration(text).map_err(|m| FieldError::new(format!("{path}.timeout"), m))?
+        }
+        None => Duration::from_secs(30),
+    };
+    let status = match raw.status {
+        raw::RawToolStatus::Active => VersionStatus::Active,
+        raw::RawToolStatus::Canary => VersionStatus::Canary,
+        raw::RawToolStatus::Inactive => VersionStatus::Inactive,
+    };
+    let canary = match (&raw.canary, status) {
+        (Some(c), VersionStatus::Canary) => {
+            if c.percent > 100 {
+                return Err(FieldError::new(
+                    format!("{path}.canary.percent"),
+                    "must be 0-100",
+                ));
+            }
+            for (i, tenant) in c.tenants.iter().enumerate() {
+                if !tenants.contains_key(tenant) {
+                    return Err(FieldError::new(
+                        format!("{path}.canary.tenants[{i}]"),
+                        format!("unknown tenant {tenant:?}"),
+                    ));
+                }
+            }
+            Some(Canary {
+                tenants: c.tenants.iter().cloned().collect(),
+                percent: c.percent,
+            })
+        }
+        (None, VersionStatus::Canary) => {
+            return Err(FieldError::new(
+                format!("{path}.canary"),
+                "a canary version needs a canary block (tenants and/or percent)",
+            ));
+        }
+        (Some(_), _) => {
+            return Err(FieldError::new(
+                format!("{path}.canary"),
+                "only versions with status: canary take a canary block",
+            ));
+        }
+        (None, _) => None,
+    };
+    for (i, pointer) in raw.redact.iter().enumerate() {
+        if !pointer.starts_with('/') {
+            return Err(FieldError::new(
+                format!("{path}.redact[{i}]"),
+                format!("{pointer:?} is not a JSON pointer; write e.g. /card/number"),
+            ));
+        }
+    }
+    for (i, scope) in raw.required_scopes.iter().enumerate() {
+        if scope.trim().is_empty() || scope.contains(char::is_whitespace) {
+            return Err(FieldError::new(
+                format!("{path}.required_scopes[{i}]"),
+                format!("invalid scope {scope:?}"),
+            ));
+        }
+    }
+    let concurrency = match raw.max_concurrency {
+        Some(0) => {
+            return Err(FieldError::new(
+                format!("{path}.max_concurrency"),
+                "must be greater than 0",
+            ));
+        }
+        Some(n) => Some(Arc::new(Semaphore::new(n))),
+        None => None,
+    };
+    let rate_limit = raw
+        .rate_limit
+        .as_ref()
+        .map(|r| parse_rate(r, &format!("{path}.rate_limit")))
+        .transpose()?;
+    let risk_level = RiskLevel::from(raw.risk_level);
+    let requires_approval = raw
+        .requires_approval
+        .unwrap_or_else(|| approvals.risk_levels.contains(&risk_level));
+    let max_output_bytes = match raw.max_output_bytes {
+        Some(0) => {
+            return Err(FieldError::new(
+                format!("{path}.max_output_bytes"),
+                "must be greater than 0",
+            ));
+        }
+        Some(n) => n,
+        None => limits.max_output_bytes,
+    };
+    let visible_schema_json = visible_schema.to_string();
+    let mut required_scopes = raw.required_scopes.clone();
+    required_scopes.sort();
+    required_scopes.dedup();
+    let definition_hash = canonical::sha256_hex(&json!({
+        "name": raw.name,
+        "version": version,
+        "description": raw.description,
+        "input_schema": visible_schema,
+        "risk_level": risk_level.as_str(),
+        "required_scopes": required_scopes,
+        "timeout_ms": timeout.as_millis() as u64,
+        "labels": raw.labels,
+        "requires_approval": requires_approval,
+    }));
+    Ok(ToolVersion {
+        name: raw.name.clone(),
+        version: version.into(),
+        description: raw.description.clone(),
+        input_schema: raw.input_schema.clone(),
+        visible_schema,
+        visible_schema_json,
+        validator,
+        full_validator: (!bindings.is_empty()).then_some(full_validator),
+        output_schema: raw.output_schema.clone(),
+        risk_level,
+        required_scopes,
+        timeout,
+        status,
+        canary,
+        executor,
+        bindings,
+        on_bound_argument: match raw.on_bound_argument {
+            raw::RawBoundOverride::Deny => BoundOverride::Deny,
+            raw::RawBoundOverride::Overwrite => BoundOverride::Overwrite,
+        },
+        rate_limit,
+        requires_approval,
+        max_output_bytes,
+        concurrency,
+        max_concurrency: raw.max_concurrency,
+        record_arguments: raw.record_arguments,
+        redact: raw.redact.clone(),
+        labels: raw.labels.clone(),
+        definition_hash,
+    })
+}
+
+/// Tool names that every model provider accepts, plus `.` for MCP prefixes.
+fn validate_name(name: &str, path: &str) -> Result<(), FieldError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(FieldError::new(
+            path,
+            format!("invalid tool name {name:?}: use 1-64 characters from A-Z a-z 0-9 _ - ."),
+        ))
+    }
+}
