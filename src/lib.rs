@@ -13,7 +13,7 @@
 //!
 //! | floor | modules | what lives there |
 //! |---|---|---|
-//! | 0 | `canonical`, `clock`, `error`, `gcra`, `outcome`, `settings`, `tls` | foundations: canonical JSON, time, the outcome table and a call's outcome, the GCRA arithmetic, plain configuration values (a tool's risk level among them), TLS setup |
+//! | 0 | `canonical`, `clock`, `error`, `gcra`, `outcome`, `settings`, `tasks`, `tls` | foundations: canonical JSON, time, the outcome table and a call's outcome, the GCRA arithmetic, plain configuration values (a tool's risk level among them), tasks with an owner, TLS setup |
 //! | 1 | `identity`, `metrics`, `state` | who is calling, the metrics registry, the shared state's connections |
 //! | 2 | `catalog`, `executor` | tool definitions and the backends that run them |
 //! | 3 | `approvals`, `audit`, `limits`, `telemetry` | what calls leave behind: approvals, audit events, quotas, spans |
@@ -26,6 +26,24 @@
 //!
 //! One import goes up by design: executors take the boundary's sealed [`boundary::Permit`]
 //! (`executor` -> `boundary::Permit`), so that only the chain can make what an executor runs.
+
+/// Declares a fieldless enum together with `ALL`, every variant in declaration order, from the
+/// one list of variants: a variant cannot be added without being listed (lists written beside
+/// exhaustive matches drift; a decoder reading them would fail only at run time).
+macro_rules! enum_with_all {
+    (
+        $(#[$meta:meta])*
+        $vis:vis enum $name:ident { $($(#[$variant_meta:meta])* $variant:ident),+ $(,)? }
+    ) => {
+        $(#[$meta])*
+        $vis enum $name { $($(#[$variant_meta])* $variant),+ }
+
+        impl $name {
+            /// Every variant, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+        }
+    };
+}
 
 pub mod approvals;
 pub mod audit;
@@ -46,6 +64,7 @@ pub mod server;
 pub mod settings;
 pub mod shadow;
 pub mod state;
+pub mod tasks;
 pub mod telemetry;
 pub mod tls;
 

@@ -23,12 +23,12 @@ use serde::{Serialize, Serializer, ser::SerializeStruct};
 use tokio::{
     io::AsyncWriteExt,
     sync::{Notify, mpsc, oneshot},
-    task::JoinHandle,
 };
 
 use crate::{
     identity::Caller,
     settings::{AuditConfig, AuditSinkConfig, raw::RawFsync},
+    tasks::Tasks,
 };
 
 mod json;
@@ -329,9 +329,10 @@ fn write_file(
 }
 
 impl AuditLog {
-    /// Starts the writer for the configured sink: a task, or for a file a thread of its own.
-    /// The returned task ends with the writer; aborting it stops the writer.
-    pub async fn start(config: &AuditConfig) -> std::io::Result<(AuditLog, JoinHandle<()>)> {
+    /// Starts the writer for the configured sink in `writer`'s group: a task, or for a file a
+    /// thread of its own (with a task that stands for it). Stopping the group stops the writer
+    /// and closes the sink; [`AuditLog::flush`] first, to write what is queued.
+    pub async fn start(config: &AuditConfig, tasks: &Tasks) -> std::io::Result<AuditLog> {
         let sink = match &config.sink {
             AuditSinkConfig::Stdout => Sink::Stdout(tokio::io::stdout()),
             AuditSinkConfig::File(path) => Sink::File {
@@ -357,22 +358,19 @@ impl AuditLog {
             written.clone(),
             write_errors.clone(),
         );
-        let task = if matches!(config.sink, AuditSinkConfig::File(_)) {
-            on_own_thread(writer)?
+        if matches!(config.sink, AuditSinkConfig::File(_)) {
+            on_own_thread(writer, tasks)?;
         } else {
-            tokio::spawn(writer)
-        };
-        Ok((
-            AuditLog {
-                queue,
-                urgent,
-                fail_closed: config.fail_closed,
-                dropped: Arc::new(AtomicU64::new(0)),
-                written,
-                write_errors,
-            },
-            task,
-        ))
+            tasks.spawn("audit-writer", writer);
+        }
+        Ok(AuditLog {
+            queue,
+            urgent,
+            fail_closed: config.fail_closed,
+            dropped: Arc::new(AtomicU64::new(0)),
+            written,
+            write_errors,
+        })
     }
 
     /// Whether calls are refused, rather than wait, when the queue is full.
@@ -471,15 +469,17 @@ async fn open_append(path: &std::path::Path) -> std::io::Result<std::fs::File> {
 /// queue: a batch then costs that one thread's wake-ups (the first event of a quiet spell, the
 /// end of the gathering time), where a writer task on the shared runtime woke a blocking-pool
 /// thread for each write and was woken back by it — two more wake-ups per batch, the largest
-/// share of the sidecar's thread hops at moderate rates (docs/performance.md). The task returned
-/// stands for the thread: it ends when the writer does, and aborting it stops the writer.
+/// share of the sidecar's thread hops at moderate rates (docs/performance.md). A task of
+/// `tasks` stands for the thread: the thread stops when the group does, and the task ends
+/// only once the thread has (the sink closed).
 fn on_own_thread(
     writer: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<JoinHandle<()>> {
+    tasks: &Tasks,
+) -> std::io::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()?;
-    let (stop, stopped) = oneshot::channel::<()>();
+    let stop = tasks.token();
     let (ended, end) = oneshot::channel::<()>();
     std::thread::Builder::new()
         .name("toolgate-audit".into())
@@ -487,16 +487,15 @@ fn on_own_thread(
             runtime.block_on(async move {
                 tokio::select! {
                     () = writer => {}
-                    _ = stopped => {}
+                    () = stop.cancelled() => {}
                 }
             });
             let _ = ended.send(());
         })?;
-    Ok(tokio::spawn(async move {
-        // Dropped with this task (ended or aborted), `stop` tells the writer to stop.
-        let _stop = stop;
+    tasks.spawn_until_stopped("audit-writer", |_| async move {
         let _ = end.await;
-    }))
+    });
+    Ok(())
 }
 
 /// Events written at once, at most.

@@ -79,6 +79,7 @@ use crate::{
     outcome::CallOutcome,
     settings::LimitsConfig,
     state,
+    tasks::Tasks,
     telemetry::spans,
 };
 use idempotency::{Claimed, Idempotency};
@@ -153,8 +154,9 @@ pub struct Boundary {
     revisions: RevisionLog,
     clock: SharedClock,
     metrics: Arc<Metrics>,
-    /// Set when the shutdown grace period is over: running calls end as CANCELLED.
-    hard_stop: tokio::sync::watch::Sender<bool>,
+    /// The calls being decided or run: counted here, by their owner, and told to stop when the
+    /// shutdown grace period is over (they end as CANCELLED).
+    calls: Tasks,
     /// Told of every finished call (the shadow catalog's worker), once the server registers it.
     observer: std::sync::OnceLock<Arc<dyn CallObserver>>,
     /// Makes the calls' spans; off unless traces are exported.
@@ -208,7 +210,7 @@ impl Boundary {
             audit,
             clock,
             metrics,
-            hard_stop: tokio::sync::watch::channel(false).0,
+            calls: Tasks::new(),
             observer: std::sync::OnceLock::new(),
             tracer: spans::Tracer::off(),
             arguments_budget,
@@ -272,12 +274,18 @@ impl Boundary {
 
     /// Ends every running call now (CANCELLED, audited); for the end of the shutdown grace period.
     pub fn stop_calls(&self) {
-        self.hard_stop.send_replace(true);
+        self.calls.cancel();
     }
 
     /// Calls being decided or run now.
-    pub fn in_flight(&self) -> i64 {
-        self.metrics.calls_in_flight()
+    pub fn in_flight(&self) -> usize {
+        self.calls.running()
+    }
+
+    /// Waits until no call is being decided or run; calls started from now on are still
+    /// counted (and waited for).
+    pub async fn calls_finished(&self) {
+        self.calls.finished().await;
     }
 
     /// Replaces the catalog. Calls already running keep the definition they started with; rate
@@ -352,7 +360,7 @@ impl Boundary {
         async move {
             let turn: &Turn = turn.borrow();
             let started = Instant::now();
-            let _in_flight = self.metrics.in_flight();
+            let _in_flight = (self.metrics.in_flight(), self.calls.count());
             // What the call's audit event is made of; the event is built when the call ends.
             // Without a queue slot, it sends nothing.
             let mut guard = AuditGuard {
@@ -390,7 +398,7 @@ impl Boundary {
                 self.metrics.observe(&outcome, None);
                 return outcome;
             }
-            let mut hard_stop = self.hard_stop.subscribe();
+            let hard_stop = self.calls.token();
             let chain =
                 AssertUnwindSafe(self.chain(turn, &call, &guard.call_id, &mut guard.trail, &span))
                     .catch_unwind();
@@ -399,7 +407,7 @@ impl Boundary {
                     tracing::error!(tool = %call.name, call_id = %guard.call_id, panic = panic_message(&panic), "a call panicked; this is a bug in toolgate");
                     Err(Refusal::new(Stage::Execute, Reason::Internal, "internal error in toolgate; the call's outcome is unknown"))
                 }),
-                _ = hard_stop.wait_for(|stop| *stop) => Err(Refusal::new(
+                () = hard_stop.cancelled() => Err(Refusal::new(
                     Stage::Execute,
                     Reason::Cancelled,
                     "the sidecar is shutting down",
@@ -539,7 +547,7 @@ impl Boundary {
         };
         trail.approval_id = approval.as_ref().map(|a| a.id.clone());
         if let Some(checked) = &approval {
-            approval::check_reuse(checked, call)?;
+            approval::check_reuse(&checked.id, checked.already_used, call)?;
         }
         Ok(Admitted {
             permit: Permit::new(

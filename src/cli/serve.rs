@@ -4,6 +4,7 @@
 use super::{Failure, ServeArgs, check::host_problems, load, signals};
 use crate::{
     server::{StartOptions, run},
+    tasks::Tasks,
     telemetry,
 };
 
@@ -21,7 +22,12 @@ pub(super) async fn serve(args: ServeArgs) -> Result<(), Failure> {
     // Descendants of process tools and MCP servers that detach are re-parented to the sidecar
     // (as they would be to it as PID 1 in a container): collect the ones that exit.
     crate::executor::process::descendants::adopt_orphans();
-    tokio::spawn(crate::executor::process::descendants::collect_orphans());
+    // The process's own task, stopped once the server (and every process it started) has.
+    let reaper = Tasks::new();
+    reaper.spawn(
+        "orphan-reaper",
+        crate::executor::process::descendants::collect_orphans(),
+    );
     let options = StartOptions {
         listen: args.listen,
         clock: None,
@@ -30,6 +36,7 @@ pub(super) async fn serve(args: ServeArgs) -> Result<(), Failure> {
         tracer: telemetry.tracer(),
     };
     let result = run(config, options, shutdown_signal()).await;
+    reaper.stop(std::time::Duration::from_secs(1)).await;
     // Pending spans are flushed before the process exits.
     telemetry.shutdown();
     result.map_err(|err| Failure::caused(&err))

@@ -32,6 +32,7 @@ use crate::{
     identity::{AuthMethod, Caller, split_scopes},
     metrics::Metrics,
     settings::{AuditConfig, AuditSinkConfig, Env, raw::RawFsync},
+    tasks::Tasks,
 };
 
 /// A file of test cases for one catalog.
@@ -337,13 +338,17 @@ pub async fn run(config: Option<&Path>, tests: &Path, coverage: bool) -> Result<
 /// are only explained) and whose audit goes nowhere.
 pub(crate) async fn explaining_boundary(config: Config) -> anyhow::Result<Arc<Boundary>> {
     let clock = SharedClock::system();
-    let (audit, _writer) = AuditLog::start(&AuditConfig {
-        sink: AuditSinkConfig::None,
-        queue_capacity: 1,
-        authentication_failures: config.audit.authentication_failures,
-        fail_closed: false,
-        fsync: RawFsync::Never,
-    })
+    // A group nobody stops: the writer discards, and ends when the boundary (its queue) goes.
+    let audit = AuditLog::start(
+        &AuditConfig {
+            sink: AuditSinkConfig::None,
+            queue_capacity: 1,
+            authentication_failures: config.audit.authentication_failures,
+            fail_closed: false,
+            fsync: RawFsync::Never,
+        },
+        &Tasks::new(),
+    )
     .await?;
     // Always in memory, even for a catalog whose state is in Redis: each case starts from
     // empty state, and a test run must never read or touch what the replicas share.

@@ -12,20 +12,20 @@ use std::{
 };
 
 use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, routing::get};
-use tokio::{net::TcpListener, task::JoinHandle};
+use tokio::net::TcpListener;
 
 use super::{StartError, services::IdentityHandle};
 use crate::{
     audit::RefusedCallers,
     boundary::Boundary,
     metrics::{Metrics, Snapshot},
+    tasks::Tasks,
 };
 
 /// The admin endpoint, when enabled.
 pub(super) struct AdminBinding {
     pub addr: SocketAddr,
     pub state: Arc<AdminState>,
-    pub task: JoinHandle<()>,
 }
 
 impl AdminBinding {
@@ -36,6 +36,7 @@ impl AdminBinding {
         refused: &Arc<RefusedCallers>,
         restart_required: &Arc<std::sync::atomic::AtomicBool>,
         state_required: bool,
+        tasks: &Tasks,
     ) -> Result<Option<Self>, StartError> {
         let Some(addr) = addr else { return Ok(None) };
         let reader = boundary.clone();
@@ -70,19 +71,14 @@ impl AdminBinding {
             state_reachable: Box::new(move || backend.reachable()),
             state_required,
         });
-        let (bound, task) =
-            serve_admin(addr, state.clone())
-                .await
-                .map_err(|source| StartError::Listen {
-                    addr: addr.to_string(),
-                    source,
-                })?;
+        let bound = serve_admin(addr, state.clone(), tasks)
+            .await
+            .map_err(|source| StartError::Listen {
+                addr: addr.to_string(),
+                source,
+            })?;
         tracing::info!(addr = %bound, "serving /metrics, /healthz and /readyz");
-        Ok(Some(AdminBinding {
-            addr: bound,
-            state,
-            task,
-        }))
+        Ok(Some(AdminBinding { addr: bound, state }))
     }
 }
 
@@ -98,11 +94,13 @@ pub(super) struct AdminState {
     pub state_required: bool,
 }
 
-/// Serves `/metrics`, `/healthz` (the process is up) and `/readyz` (serving calls) until aborted.
+/// Serves `/metrics`, `/healthz` (the process is up) and `/readyz` (serving calls) until
+/// `tasks` is stopped.
 async fn serve_admin(
     addr: SocketAddr,
     state: Arc<AdminState>,
-) -> std::io::Result<(SocketAddr, JoinHandle<()>)> {
+    tasks: &Tasks,
+) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     let app = Router::new()
@@ -110,12 +108,12 @@ async fn serve_admin(
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readiness))
         .with_state(state);
-    let task = tokio::spawn(async move {
+    tasks.spawn("admin-endpoint", async move {
         if let Err(err) = axum::serve(listener, app).await {
             tracing::error!(error = %err, "admin endpoint stopped");
         }
     });
-    Ok((bound, task))
+    Ok(bound)
 }
 
 async fn metrics_text(State(state): State<Arc<AdminState>>) -> impl IntoResponse {

@@ -41,7 +41,11 @@ use super::{
     refusals::Refusals,
     services::IdentityHandle,
 };
-use crate::{audit::RefusedCallers, boundary::Boundary, identity::Caller, settings::LimitsConfig};
+use crate::{
+    audit::RefusedCallers, boundary::Boundary, identity::Caller, settings::LimitsConfig,
+    tasks::Tasks,
+};
+use tokio_util::task::task_tracker::TaskTrackerToken;
 
 /// The paths admission applies to: the toolgate services.
 const LIMITED_PREFIX: &str = "/toolgate.v1.";
@@ -76,6 +80,8 @@ struct Shared {
     body_timeout: Duration,
     /// Set when shutdown begins: new RPCs are refused, running ones finish.
     draining: AtomicBool,
+    /// The RPCs admitted and not answered yet, counted by what admitted them.
+    rpcs: Tasks,
 }
 
 impl AdmissionLayer {
@@ -107,6 +113,7 @@ impl AdmissionLayer {
                 max_bytes: limits.max_request_bytes_in_flight,
                 body_timeout: limits.request_body_timeout,
                 draining: AtomicBool::new(false),
+                rpcs: Tasks::new(),
             }),
         }
     }
@@ -116,9 +123,9 @@ impl AdmissionLayer {
         self.shared.draining.store(true, Ordering::SeqCst);
     }
 
-    /// Whether no toolgate RPC is being served.
-    pub fn idle(&self) -> bool {
-        self.shared.slots.available_permits() == self.shared.max
+    /// Waits until no toolgate RPC is being served (after [`Self::start_draining`], none starts).
+    pub async fn idle(&self) {
+        self.shared.rpcs.finished().await;
     }
 }
 
@@ -142,6 +149,7 @@ pub struct AdmissionService<S> {
 
 /// What an admitted RPC holds until its answer is sent.
 struct Held {
+    _rpc: TaskTrackerToken,
     _slot: OwnedSemaphorePermit,
     _tcp_slot: Option<OwnedSemaphorePermit>,
     _share: Share,
@@ -186,6 +194,7 @@ impl Shared {
         };
         request.extensions_mut().insert(Identified(caller));
         Ok(Held {
+            _rpc: self.rpcs.count(),
             _slot: slot,
             _tcp_slot: tcp_slot,
             _share: share,

@@ -42,7 +42,28 @@ use crate::{
 };
 
 /// A reload request and where to send its outcome: the new revision, or why it was refused.
-pub type ReloadRequest = oneshot::Sender<Result<String, String>>;
+pub type ReloadRequest = oneshot::Sender<Result<String, ReloadError>>;
+
+/// Why a reload applied nothing; the previous catalog keeps serving.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error("this sidecar serves the embedded demo catalog; there is no file to reload")]
+    NoFile,
+    #[error("cannot read {0}")]
+    Unreadable(std::path::PathBuf),
+    #[error(transparent)]
+    Invalid(#[from] crate::settings::ConfigError),
+    #[error("the file changes {0}, which take effect only on restart; nothing was applied")]
+    RestartRequired(String),
+    #[error("{0}")]
+    InsecureListener(String),
+    #[error("catalog rebuild failed")]
+    RebuildFailed,
+    #[error("reload task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+    #[error("the server is shutting down")]
+    ShuttingDown,
+}
 
 /// What the updater needs to re-read the catalog file.
 pub struct Source {
@@ -111,7 +132,7 @@ pub async fn run(
                 let snapshot = discovered.borrow().clone();
                 let outcome = match (&source, &mut watched) {
                     (Some(source), Some(watched)) => reload(&updater, &mut inputs, source, &snapshot, watched, true).await,
-                    _ => Err("this sidecar serves the embedded demo catalog; there is no file to reload".to_owned()),
+                    _ => Err(ReloadError::NoFile),
                 };
                 let _ = reply.send(outcome);
             }
@@ -134,7 +155,7 @@ async fn reload(
     discovered: &Discovered,
     watched: &mut Watched,
     forced: bool,
-) -> Result<String, String> {
+) -> Result<String, ReloadError> {
     let boundary = &updater.boundary;
     let path = source.path.clone();
     let env = source.env.clone();
@@ -145,8 +166,7 @@ async fn reload(
         let now = polls.poll(&path, &catalog_dir(&path));
         (now, polls, move || Config::load_file(&path, &env))
     })
-    .await
-    .map_err(|err| format!("reload task failed: {err}"))?;
+    .await?;
     let (now, polls, load) = loaded;
     watched.polls = polls;
     boundary
@@ -155,7 +175,7 @@ async fn reload(
     let Some(now) = now else {
         // Unreadable for now (mid-swap, or removed): keep serving, look again next time.
         return if forced {
-            Err(format!("cannot read {}", source.path.display()))
+            Err(ReloadError::Unreadable(source.path.clone()))
         } else {
             Ok(boundary.catalog().catalog.revision().to_owned())
         };
@@ -165,15 +185,12 @@ async fn reload(
     }
     watched.tried = now.fingerprint;
     boundary.metrics().catalog_file_parsed();
-    let config = match tokio::task::spawn_blocking(load)
-        .await
-        .map_err(|err| format!("reload task failed: {err}"))?
-    {
+    let config = match tokio::task::spawn_blocking(load).await? {
         Ok(config) => config,
         Err(err) => {
             tracing::error!(error = %err, "catalog reload refused; the previous catalog keeps serving (the file and the files it references are watched for a fix)");
             boundary.metrics().reload("refused");
-            return Err(err.to_string());
+            return Err(err.into());
         }
     };
     // What was parsed, which may be newer than what was fingerprinted a moment ago.
@@ -184,15 +201,13 @@ async fn reload(
         tracing::error!(sections = %sections, "catalog reload refused: these sections changed and take effect only on restart; the previous catalog keeps serving");
         boundary.metrics().reload("restart_required");
         updater.restart_required.store(true, Ordering::Relaxed);
-        return Err(format!(
-            "the file changes {sections}, which take effect only on restart; nothing was applied"
-        ));
+        return Err(ReloadError::RestartRequired(sections));
     }
     if let Some(addr) = updater.listen {
         config.identity.check_listener(addr).map_err(|message| {
             tracing::error!(error = %message, "catalog reload refused");
             boundary.metrics().reload("refused");
-            message
+            ReloadError::InsecureListener(message)
         })?;
     }
     let Config {
@@ -218,7 +233,7 @@ async fn reload(
     let revision = apply(boundary, &next, discovered, "catalog file").await;
     let Some(revision) = revision else {
         boundary.metrics().reload("refused");
-        return Err("catalog rebuild failed".to_owned());
+        return Err(ReloadError::RebuildFailed);
     };
     if loaded.identity_fingerprint != watched.served.identity_fingerprint {
         updater.identity.store(Arc::new(IdentityResolver::new(

@@ -14,6 +14,7 @@ mod joined_writes;
 mod refusals;
 mod services;
 
+pub use catalog_updates::ReloadError;
 pub use joined_writes::JoinedWrites;
 
 use std::{future::Future, net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
@@ -21,9 +22,9 @@ use std::{future::Future, net::SocketAddr, path::PathBuf, sync::Arc, time::Durat
 use tokio::{
     net::TcpListener,
     sync::{mpsc, oneshot, watch},
-    task::JoinHandle,
 };
 use tokio_stream::wrappers::UnixListenerStream;
+use tokio_util::sync::{CancellationToken, DropGuard};
 use tonic::service::Routes;
 use tonic_health::ServingStatus;
 
@@ -37,6 +38,7 @@ use crate::{
     executor::{Executors, McpManager},
     identity::IdentityResolver,
     proto::{self, approvals_server::ApprovalsServer, tool_gate_server::ToolGateServer},
+    tasks::Tasks,
 };
 use crate::{metrics::Metrics, shadow::Shadow, telemetry::spans::TraceContextLayer};
 use admin::AdminBinding;
@@ -86,22 +88,41 @@ pub struct Running {
     local_addr: Option<SocketAddr>,
     unix_socket: Option<PathBuf>,
     boundary: Arc<Boundary>,
-    shutdown: watch::Sender<bool>,
-    tasks: Vec<JoinHandle<Result<(), tonic::transport::Error>>>,
-    audit_task: JoinHandle<()>,
+    /// Every task the server started, by what shutdown does with it.
+    tasks: ServerTasks,
     grace: Duration,
     health: tonic_health::server::HealthReporter,
-    /// Background upkeep, stopped on shutdown.
-    background: Vec<JoinHandle<()>>,
     reload: mpsc::Sender<catalog_updates::ReloadRequest>,
     admin: Option<AdminBinding>,
-    /// The state backend's health check and its reporter, with Redis.
-    state_health: Option<[JoinHandle<()>; 2]>,
     /// The admission of RPCs (identity, caps on calls in flight); also what shutdown drains.
     in_flight: AdmissionLayer,
     /// The shadow candidate catalog and its queue.
     shadow: Arc<Shadow>,
+    /// Dropped without [`Running::shutdown`], the server still stops its listeners and upkeep.
+    _stop_on_drop: DropGuard,
 }
+
+/// The server's tasks, one group per step of shutdown.
+struct ServerTasks {
+    /// With Redis: the state backend's health check and its reporter, stopped first so that
+    /// nothing reports SERVING once shutdown has begun.
+    state_health: Tasks,
+    /// Tells the gRPC listeners to stop accepting and close each connection once its calls are
+    /// answered.
+    close_listeners: CancellationToken,
+    /// The gRPC listeners; stopping the group drops the connections still open.
+    listeners: Tasks,
+    /// Catalog updates, the shadow catalog's worker and loader, SIGHUP, the rate-limit sweeper
+    /// and the admin endpoint.
+    upkeep: Tasks,
+    /// The audit writer, stopped last (once its queue is written). Not stopped by dropping the
+    /// server: it ends by itself when the boundary, its queue's sender, goes.
+    audit: Tasks,
+}
+
+/// How long a group of tasks told to stop may take before shutdown goes on without them (they
+/// stop at their next await, so only a task stuck in a blocking call can take this long).
+const TASKS_STOP_WITHIN: Duration = Duration::from_secs(2);
 
 impl Running {
     /// The TCP address actually bound.
@@ -129,18 +150,17 @@ impl Running {
 
     /// Re-reads the catalog file now; returns the new revision, or why the file was refused
     /// (the previous catalog then keeps serving).
-    pub async fn reload(&self) -> Result<String, String> {
+    pub async fn reload(&self) -> Result<String, ReloadError> {
         request_reload(&self.reload).await
     }
 
     /// Stops accepting, waits up to the grace period for in-flight calls, then drains the audit
-    /// queue. Calls still running after the grace period are dropped (and audited as cancelled).
-    pub async fn shutdown(mut self) {
-        // Nothing may report SERVING again from here on.
-        for task in self.state_health.iter().flatten() {
-            task.abort();
-        }
-        // Draining first, so that by the time /readyz says 503 every new call is refused.
+    /// queue. Calls still running after the grace period are cancelled (and audited as such).
+    pub async fn shutdown(self) {
+        let tasks = &self.tasks;
+        // 1. Nothing may report SERVING again from here on.
+        tasks.state_health.stop(TASKS_STOP_WITHIN).await;
+        // 2. Refuse new calls, and say so: by the time /readyz says 503 every new call is refused.
         self.in_flight.start_draining();
         if let Some(admin) = &self.admin {
             admin
@@ -153,54 +173,61 @@ impl Running {
                 .set_service_status(service, ServingStatus::NotServing)
                 .await;
         }
-        // Drain: new calls are answered UNAVAILABLE on every connection, old and new, while the
-        // running ones finish; only then are the listeners closed. (Closing first would send
-        // GOAWAY, and a client on an open connection would see its next call CANCELLED.)
+        // 3. Let the running calls finish: new ones are answered UNAVAILABLE on every connection,
+        // old and new, meanwhile. (Closing the listeners first would send GOAWAY, and a client on
+        // an open connection would see its next call CANCELLED.)
         let grace = self.grace;
         let drain_until = tokio::time::Instant::now() + grace;
-        while !self.in_flight.idle() && tokio::time::Instant::now() < drain_until {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        let _ = self.shutdown.send(true);
-        let finished = tokio::time::timeout_at(
+        let _ = tokio::time::timeout_at(drain_until, self.in_flight.idle()).await;
+        // 4. Close the listeners; each connection ends once its answers are sent.
+        tasks.close_listeners.cancel();
+        let closed = tokio::time::timeout_at(
             drain_until.max(tokio::time::Instant::now() + Duration::from_millis(100)),
-            futures::future::join_all(self.tasks.iter_mut().map(|t| async move {
-                match t.await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(err)) => tracing::error!(error = %err, "server ended with an error"),
-                    Err(err) => tracing::error!(error = %err, "server task failed"),
-                }
-            })),
+            tasks.listeners.finished(),
         )
-        .await;
-        if finished.is_err() {
+        .await
+        .is_ok();
+        // 5. Past the grace period: cancel the calls still running (each ends CANCELLED through
+        // the boundary, so each is audited), then drop the connections left.
+        if !closed {
             tracing::warn!(
                 grace_ms = grace.as_millis() as u64,
                 in_flight = self.boundary.in_flight(),
                 "grace period over; cancelling calls still in flight"
             );
-            // Calls end as CANCELLED through the boundary, so each is audited.
             self.boundary.stop_calls();
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
-            while self.boundary.in_flight() > 0 && tokio::time::Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(5)).await;
+            if tokio::time::timeout(TASKS_STOP_WITHIN, self.boundary.calls_finished())
+                .await
+                .is_err()
+            {
+                tracing::error!(
+                    in_flight = self.boundary.in_flight(),
+                    "calls did not end when cancelled"
+                );
             }
-            for task in &self.tasks {
-                task.abort();
-            }
+            tasks.listeners.stop(TASKS_STOP_WITHIN).await;
         }
-        for task in &self.background {
-            task.abort();
+        // 6. Upkeep and the admin endpoint, then the MCP servers' connections and processes.
+        if !tasks.upkeep.stop(TASKS_STOP_WITHIN).await {
+            tracing::warn!(
+                running = tasks.upkeep.running(),
+                "upkeep tasks did not stop in time"
+            );
         }
-        if let Some(admin) = &self.admin {
-            admin.task.abort();
+        if !self
+            .boundary
+            .executors()
+            .mcp
+            .stopped(TASKS_STOP_WITHIN)
+            .await
+        {
+            tracing::warn!("MCP server connections did not close in time");
         }
-        self.boundary.executors().mcp.stop();
         if let Some(path) = &self.unix_socket {
             let _ = std::fs::remove_file(path);
         }
-        // Every call has finished or been cancelled and queued its event: drain the queue. A sink
-        // stuck for good must not hold the process forever.
+        // 7. Every call has finished or been cancelled and queued its event: drain the queue. A
+        // sink stuck for good must not hold the process forever.
         let audit = self.boundary.audit();
         if tokio::time::timeout(grace, audit.flush()).await.is_err() {
             tracing::error!(
@@ -208,9 +235,10 @@ impl Running {
                 "audit sink stuck: gave up draining the audit queue after the grace period"
             );
         }
-        // Closes the sink (e.g. the audit file) before returning.
-        self.audit_task.abort();
-        let _ = (&mut self.audit_task).await;
+        // 8. Stop the writer, which closes the sink (e.g. the audit file), before returning.
+        if !tasks.audit.stop(TASKS_STOP_WITHIN).await {
+            tracing::error!("the audit writer did not stop: its sink is stuck");
+        }
     }
 }
 
@@ -232,7 +260,17 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
             .map_err(StartError::Insecure)?;
     }
     let clock = options.clock.unwrap_or_default();
-    let (audit, audit_task) = AuditLog::start(&config.audit)
+    // Listeners and upkeep are stopped with the server, even when it is dropped; the audit
+    // writer only by shutdown, once its queue is written.
+    let root = Tasks::new();
+    let tasks = ServerTasks {
+        state_health: root.child(),
+        close_listeners: root.token().child_token(),
+        listeners: root.child(),
+        upkeep: root.child(),
+        audit: Tasks::new(),
+    };
+    let audit = AuditLog::start(&config.audit, &tasks.audit)
         .await
         .map_err(StartError::Audit)?;
     let metrics = Arc::new(Metrics::new());
@@ -289,33 +327,36 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
     let restart_required = Arc::new(std::sync::atomic::AtomicBool::new(false));
     // The shadow candidate (`shadow_catalog`): told of every call, compared by its worker.
     let shadow = Shadow::observe(&boundary);
-    let catalog_updates = tokio::spawn(catalog_updates::run(
-        catalog_updates::Updater {
-            boundary: boundary.clone(),
-            identity: identity.clone(),
-            clock: clock.clone(),
-            restart_required: restart_required.clone(),
-            listen,
-            shadow: shadow.clone(),
-        },
-        config.catalog_inputs,
-        source,
-        discovered,
-        reload_requests,
-    ));
-    let mut background = vec![catalog_updates];
+    let upkeep = &tasks.upkeep;
+    upkeep.spawn(
+        "catalog-updates",
+        catalog_updates::run(
+            catalog_updates::Updater {
+                boundary: boundary.clone(),
+                identity: identity.clone(),
+                clock: clock.clone(),
+                restart_required: restart_required.clone(),
+                listen,
+                shadow: shadow.clone(),
+            },
+            config.catalog_inputs,
+            source,
+            discovered,
+            reload_requests,
+        ),
+    );
     // Its loader and the worker comparing calls.
     shadow.configure(config.shadow_catalog.clone());
-    background.push(tokio::spawn(crate::shadow::run(
-        boundary.clone(),
-        shadow.clone(),
-    )));
-    background.push(tokio::spawn(crate::shadow::candidate::watch(
-        shadow.clone(),
-        shadow_loader,
-    )));
+    upkeep.spawn(
+        "shadow-worker",
+        crate::shadow::run(boundary.clone(), shadow.clone()),
+    );
+    upkeep.spawn(
+        "shadow-loader",
+        crate::shadow::candidate::watch(shadow.clone(), shadow_loader),
+    );
     if options.reload_on_sighup {
-        background.push(reload_on_sighup(reload.clone())?);
+        upkeep.spawn("sighup-reload", reload_on_sighup(reload.clone())?);
     }
     let gate = services::Gate {
         boundary: boundary.clone(),
@@ -345,16 +386,19 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         .set_service_status(STATE_HEALTH_SERVICE, ServingStatus::Serving)
         .await;
     // With Redis: a health check every second, and its answers reported as gRPC health.
-    let state_health = boundary.state_backend().redis().map(|redis| {
-        [
-            redis.check_health(),
-            tokio::spawn(report_state_health(
+    if let Some(redis) = boundary.state_backend().redis() {
+        tasks
+            .state_health
+            .spawn("state-health-check", redis.check_health());
+        tasks.state_health.spawn(
+            "state-health-report",
+            report_state_health(
                 redis.watch_reachable(),
                 health.clone(),
                 config.state.unready_when_unavailable,
-            )),
-        ]
-    });
+            ),
+        );
+    }
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -383,13 +427,7 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         refusals.clone(),
     );
 
-    let (shutdown, shutdown_rx) = watch::channel(false);
-    let signal = move || {
-        let mut rx = shutdown_rx.clone();
-        async move {
-            let _ = rx.wait_for(|stop| *stop).await;
-        }
-    };
+    let signal = || tasks.close_listeners.clone().cancelled_owned();
     // Bind every listener before serving on any, so a bad socket path fails the start cleanly.
     let tcp = match options.listen.or(config.server.listen) {
         Some(addr) => {
@@ -417,7 +455,6 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         }
         None => None,
     };
-    let mut tasks = Vec::new();
     let local_addr = tcp.as_ref().map(|(_, bound)| *bound);
     if let Some((listener, bound)) = tcp {
         let admission = connections::Admission::new(Listener::Tcp, &limits, refusals.clone());
@@ -435,7 +472,7 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
                 ),
                 signal(),
             );
-        tasks.push(tokio::spawn(server));
+        tasks.listeners.spawn("grpc-tcp", log_end(server));
         tracing::info!(addr = %bound, "serving gRPC over TCP");
     }
     if let (Some(listener), Some(path)) = (unix, &unix_socket) {
@@ -449,7 +486,7 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
                 ),
                 signal(),
             );
-        tasks.push(tokio::spawn(server));
+        tasks.listeners.spawn("grpc-unix", log_end(server));
         tracing::info!(path = %path.display(), "serving gRPC over a Unix socket");
     }
     let admin = AdminBinding::start(
@@ -459,19 +496,18 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         &refused,
         &restart_required,
         config.state.unready_when_unavailable,
+        &tasks.upkeep,
     )
     .await?;
     // Shed rate-limit keys whose window has passed, so their stores stay small.
-    let sweeper = {
-        let boundary = boundary.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(crate::limits::SWEEP_INTERVAL);
-            loop {
-                tick.tick().await;
-                boundary.catalog().rate_limits.retain_recent();
-            }
-        })
-    };
+    let sweeper = boundary.clone();
+    tasks.upkeep.spawn("rate-limit-sweeper", async move {
+        let mut tick = tokio::time::interval(crate::limits::SWEEP_INTERVAL);
+        loop {
+            tick.tick().await;
+            sweeper.catalog().rate_limits.retain_recent();
+        }
+    });
     tracing::info!(
         source = %config.source,
         revision = %boundary.catalog().catalog.revision(),
@@ -482,20 +518,14 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         local_addr,
         unix_socket,
         boundary,
-        shutdown,
         tasks,
-        audit_task,
         grace: config.server.shutdown_grace,
         health,
-        background: {
-            background.push(sweeper);
-            background
-        },
         reload,
         admin,
-        state_health,
         in_flight,
         shadow,
+        _stop_on_drop: root.stop_on_drop(),
     })
 }
 
@@ -530,32 +560,38 @@ async fn report_state_health(
 
 async fn request_reload(
     reload: &mpsc::Sender<catalog_updates::ReloadRequest>,
-) -> Result<String, String> {
+) -> Result<String, ReloadError> {
     let (reply, outcome) = oneshot::channel();
     reload
         .send(reply)
         .await
-        .map_err(|_| "the server is shutting down".to_owned())?;
-    outcome
-        .await
-        .map_err(|_| "the server is shutting down".to_owned())?
+        .map_err(|_| ReloadError::ShuttingDown)?;
+    outcome.await.map_err(|_| ReloadError::ShuttingDown)?
 }
 
-/// Installs the SIGHUP handler now — an unhandled SIGHUP would terminate the process.
+/// Installs the SIGHUP handler now — an unhandled SIGHUP would terminate the process — and
+/// returns the loop that reloads on each.
 fn reload_on_sighup(
     reload: mpsc::Sender<catalog_updates::ReloadRequest>,
-) -> Result<JoinHandle<()>, StartError> {
+) -> Result<impl Future<Output = ()> + Send + 'static, StartError> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut hangups =
         signal(SignalKind::hangup()).map_err(|e| StartError::Signal(e.to_string()))?;
-    Ok(tokio::spawn(async move {
+    Ok(async move {
         while hangups.recv().await.is_some() {
             match request_reload(&reload).await {
                 Ok(revision) => tracing::info!(revision = %revision, "SIGHUP: catalog reloaded"),
                 Err(err) => tracing::error!(error = %err, "SIGHUP: catalog reload refused"),
             }
         }
-    }))
+    })
+}
+
+/// A listener's serving loop, its error logged when it ends with one.
+async fn log_end(server: impl Future<Output = Result<(), tonic::transport::Error>>) {
+    if let Err(err) = server.await {
+        tracing::error!(error = %err, "gRPC listener ended with an error");
+    }
 }
 
 /// The server with its transport layers.

@@ -31,7 +31,7 @@ use redis::{
     cluster_async::ClusterConnection,
     cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo},
 };
-use tokio::{sync::watch, task::JoinHandle, time::Instant};
+use tokio::{sync::watch, time::Instant};
 
 use super::Concern;
 use crate::{
@@ -494,10 +494,11 @@ impl Redis {
     }
 
     /// Pings every [`HEALTH_INTERVAL`], so reachability (and readiness) follows Redis also when
-    /// no call needs it, and connections are re-established before the next call does.
-    pub fn check_health(self: &Arc<Self>) -> JoinHandle<()> {
+    /// no call needs it, and connections are re-established before the next call does. The
+    /// caller owns the loop (it ends when the backend is dropped or its task is stopped).
+    pub fn check_health(self: &Arc<Self>) -> impl Future<Output = ()> + Send + 'static {
         let redis = Arc::downgrade(self);
-        tokio::spawn(async move {
+        async move {
             let mut tick = tokio::time::interval(HEALTH_INTERVAL);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
@@ -505,7 +506,7 @@ impl Redis {
                 let Some(redis) = redis.upgrade() else { return };
                 let _ = redis.ping().await;
             }
-        })
+        }
     }
 
     fn answered(&self) {

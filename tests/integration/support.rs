@@ -273,8 +273,10 @@ impl TestServer {
     }
 
     /// Re-reads the catalog file now.
+    /// Re-reads the catalog file now; the revision, or why nothing was applied (as the
+    /// operator reads it).
     pub async fn reload(&self) -> Result<String, String> {
-        self.running().reload().await
+        self.running().reload().await.map_err(|err| err.to_string())
     }
 
     fn running(&self) -> &Running {

@@ -35,10 +35,10 @@ use std::{
 use futures::{FutureExt, future::BoxFuture};
 use rmcp::{RoleClient, model::CallToolRequestParams, service::Peer};
 use serde_json::Value;
-use tokio::{sync::watch, task::JoinHandle};
+use tokio::sync::watch;
 
 use super::{ExecError, Executor};
-use crate::boundary::Permit;
+use crate::{boundary::Permit, tasks::Tasks};
 pub use config::{DEFAULT_MAX_MESSAGE_BYTES, McpServerConfig, Transport};
 pub use scan::IdScanner;
 pub use stdio::LineGuard;
@@ -72,7 +72,8 @@ struct Slot {
 pub struct McpManager {
     slots: BTreeMap<String, Arc<Slot>>,
     discovered: watch::Sender<Discovered>,
-    supervisors: Vec<JoinHandle<()>>,
+    /// The supervisors and what they started (a stdio server's stderr reader).
+    tasks: Tasks,
     /// Calls sent to MCP servers and not answered yet.
     in_flight: watch::Sender<u64>,
 }
@@ -110,20 +111,19 @@ impl McpManager {
     pub fn start(servers: &[McpServerConfig]) -> Self {
         let (discovered, _) = watch::channel(Discovered::new());
         let mut slots = BTreeMap::new();
-        let mut supervisors = Vec::new();
+        let tasks = Tasks::new();
         for config in servers {
             let slot = Arc::new(Slot::default());
             slots.insert(config.name.clone(), slot.clone());
-            supervisors.push(tokio::spawn(supervisor::supervise(
-                config.clone(),
-                slot,
-                discovered.clone(),
-            )));
+            tasks.spawn(
+                "mcp-supervisor",
+                supervisor::supervise(config.clone(), slot, discovered.clone(), tasks.clone()),
+            );
         }
         McpManager {
             slots,
             discovered,
-            supervisors,
+            tasks,
             in_flight: watch::channel(0).0,
         }
     }
@@ -133,14 +133,20 @@ impl McpManager {
         self.in_flight.subscribe()
     }
 
-    /// Stops every supervisor; dropping their connections ends stdio servers' processes.
+    /// Tells every supervisor to stop; dropping their connections ends stdio servers'
+    /// processes. [`Self::stopped`] waits for them.
     pub fn stop(&self) {
-        for task in &self.supervisors {
-            task.abort();
-        }
+        self.tasks.cancel();
         for slot in self.slots.values() {
             set(&slot.peer, None);
         }
+    }
+
+    /// Stops every supervisor and waits, up to `within`, until each has ended its server's
+    /// connection (and process); whether they all did.
+    pub async fn stopped(&self, within: std::time::Duration) -> bool {
+        self.stop();
+        self.tasks.stop(within).await
     }
 
     /// Watches which tools the servers have listed.

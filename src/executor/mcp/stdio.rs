@@ -20,7 +20,7 @@ use super::{
     set,
     supervisor::{Connection, ListChanged},
 };
-use crate::executor::process::descendants;
+use crate::{executor::process::descendants, tasks::Tasks};
 
 /// A stdio server's process.
 pub(super) struct StdioProcess {
@@ -48,6 +48,7 @@ pub(super) async fn connect(
     env: &BTreeMap<String, String>,
     slot: &Slot,
     handler: ListChanged,
+    tasks: &Tasks,
 ) -> Result<Connection, String> {
     let mut command = tokio::process::Command::new(program);
     command
@@ -71,7 +72,7 @@ pub(super) async fn connect(
     };
     // Keep the pipe drained; the server's own log lines are debug output here.
     let server = config.name.clone();
-    tokio::spawn(async move {
+    tasks.spawn("mcp-stderr", async move {
         let mut lines = BufReader::new(stderr).lines();
         while let Ok(Some(line)) = lines.next_line().await {
             tracing::debug!(server = %server, line = %line, "MCP server stderr");

@@ -15,6 +15,8 @@ use tokio::{
     time::Instant,
 };
 
+use crate::tasks::Tasks;
+
 use super::{
     Discovered, DiscoveredTool, McpServerConfig, Slot, Transport, set, stdio, streamable_http,
 };
@@ -44,13 +46,14 @@ pub(super) async fn supervise(
     config: McpServerConfig,
     slot: Arc<Slot>,
     discovered: watch::Sender<Discovered>,
+    tasks: Tasks,
 ) {
     let mut backoff = BACKOFF_FIRST;
     loop {
         let changed = Arc::new(Notify::new());
         match tokio::time::timeout(
             config.startup_timeout,
-            connect(&config, &slot, ListChanged(changed.clone())),
+            connect(&config, &slot, ListChanged(changed.clone()), &tasks),
         )
         .await
         {
@@ -123,10 +126,11 @@ async fn connect(
     config: &McpServerConfig,
     slot: &Slot,
     handler: ListChanged,
+    tasks: &Tasks,
 ) -> Result<Connection, String> {
     match &config.transport {
         Transport::Stdio { program, args, env } => {
-            stdio::connect(config, program, args, env, slot, handler).await
+            stdio::connect(config, program, args, env, slot, handler, tasks).await
         }
         Transport::Http { url, destination } => {
             streamable_http::connect(config, url, destination, handler).await
