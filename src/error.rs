@@ -40,7 +40,8 @@ impl Status {
     }
 }
 
-/// The boundary stage that produced an outcome, in chain order.
+enum_with_all! {
+/// The boundary stage that produced an outcome, in chain order (`ALL` is chain order too).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Stage {
@@ -55,6 +56,7 @@ pub enum Stage {
     Idempotency,
     Execute,
     Result,
+}
 }
 
 impl Stage {
@@ -77,21 +79,6 @@ impl Stage {
 }
 
 impl Stage {
-    /// Every stage, in chain order.
-    pub const ALL: &'static [Stage] = &[
-        Stage::Structure,
-        Stage::Resolve,
-        Stage::Access,
-        Stage::Scopes,
-        Stage::Schema,
-        Stage::Bind,
-        Stage::RateLimit,
-        Stage::Approval,
-        Stage::Idempotency,
-        Stage::Execute,
-        Stage::Result,
-    ];
-
     /// The stage with this name (for results read back from the shared state).
     pub fn from_name(name: &str) -> Option<Stage> {
         Stage::ALL.iter().copied().find(|s| s.as_str() == name)
@@ -104,6 +91,7 @@ impl fmt::Display for Stage {
     }
 }
 
+enum_with_all! {
 /// Why a call did not return OK. Each reason has one stable `error_type` code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Reason {
@@ -146,6 +134,7 @@ pub enum Reason {
     AuditUnavailable,
     StateUnavailable,
     Internal,
+}
 }
 
 /// One row of the outcome table.
@@ -227,49 +216,6 @@ impl Reason {
     pub fn retryable(self) -> bool {
         self.row().retryable
     }
-
-    /// Every reason, for documentation and tests.
-    pub const ALL: &'static [Reason] = &[
-        Reason::ToolNameMissing,
-        Reason::ArgumentsNotJson,
-        Reason::ArgumentsNotObject,
-        Reason::ArgumentsTooLarge,
-        Reason::ArgumentsTooDeep,
-        Reason::IdentifierTooLong,
-        Reason::IdentifierInvalid,
-        Reason::ToolNotFound,
-        Reason::VersionNotAvailable,
-        Reason::StaleCatalog,
-        Reason::TenantUnknown,
-        Reason::DeniedByPolicy,
-        Reason::ScopeMissing,
-        Reason::SchemaViolation,
-        Reason::BoundArgumentOverride,
-        Reason::RateLimited,
-        Reason::ApprovalRequired,
-        Reason::ApprovalNotFound,
-        Reason::ApprovalPending,
-        Reason::ApprovalRejected,
-        Reason::ApprovalExpired,
-        Reason::ApprovalAlreadyUsed,
-        Reason::ApprovalArgumentsChanged,
-        Reason::ApprovalWrongCaller,
-        Reason::ApprovalInvalidated,
-        Reason::IdempotencyConflict,
-        Reason::IdempotencyInProgress,
-        Reason::Timeout,
-        Reason::Cancelled,
-        Reason::ToolFailed,
-        Reason::UpstreamUnavailable,
-        Reason::BackendMisconfigured,
-        Reason::DestinationRefused,
-        Reason::ToolUnavailable,
-        Reason::OutputTooLarge,
-        Reason::Overloaded,
-        Reason::AuditUnavailable,
-        Reason::StateUnavailable,
-        Reason::Internal,
-    ];
 }
 
 /// A call that did not produce OK: which stage decided, why, and what the caller should know.
@@ -372,6 +318,28 @@ mod tests {
                 "{code}"
             );
         }
+    }
+
+    /// `ALL` comes from the enum's own list of variants (`enum_with_all!`); what is read back
+    /// from the shared state decodes to what was written, for every variant.
+    #[test]
+    fn every_reason_and_stage_reads_back_from_its_name() {
+        assert_eq!(Reason::ALL.len(), 39);
+        for &reason in Reason::ALL {
+            assert_eq!(Reason::from_code(reason.code()), Some(reason));
+        }
+        assert_eq!(Stage::ALL.first(), Some(&Stage::Structure));
+        assert_eq!(Stage::ALL.last(), Some(&Stage::Result));
+        for &stage in Stage::ALL {
+            assert_eq!(Stage::from_name(stage.as_str()), Some(stage));
+        }
+        for &level in crate::settings::RiskLevel::ALL {
+            assert_eq!(
+                crate::settings::RiskLevel::parse(level.as_str()),
+                Some(level)
+            );
+        }
+        assert_eq!(crate::settings::RiskLevel::ALL.len(), 4);
     }
 
     #[test]

@@ -286,9 +286,6 @@ impl Approvals {
         match self {
             Approvals::Memory(store) => store.list(approver, state, page_size, after),
             Approvals::Shared(store) => {
-                if !approver.has_scope(APPROVE_SCOPE) {
-                    return Err(DecideError::MissingScope);
-                }
                 let state = state.unwrap_or(ApprovalState::Pending);
                 store.list(approver, state, page_size, after).await
             }
@@ -299,12 +296,7 @@ impl Approvals {
     pub async fn get(&self, approver: &Caller, id: &str) -> Result<Approval, DecideError> {
         match self {
             Approvals::Memory(store) => store.get(approver, id),
-            Approvals::Shared(store) => {
-                if !approver.has_scope(APPROVE_SCOPE) {
-                    return Err(DecideError::MissingScope);
-                }
-                store.get(approver, id).await
-            }
+            Approvals::Shared(store) => store.get(approver, id).await,
         }
     }
 
@@ -319,12 +311,7 @@ impl Approvals {
         check_reason(reason)?;
         match self {
             Approvals::Memory(store) => store.decide(approver, id, approve, reason),
-            Approvals::Shared(store) => {
-                if !approver.has_scope(APPROVE_SCOPE) {
-                    return Err(DecideError::MissingScope);
-                }
-                store.decide(approver, id, approve, reason).await
-            }
+            Approvals::Shared(store) => store.decide(approver, id, approve, reason).await,
         }
     }
 

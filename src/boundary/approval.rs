@@ -54,15 +54,12 @@ impl Boundary {
 }
 
 /// An approval that was used already may be named again only with the idempotency key of its
-/// first call (which then replays); otherwise the repeat is refused.
-pub(super) fn check_reuse(checked: &approvals::Checked, call: &CallRequest) -> Result<(), Refusal> {
-    if checked.already_used && call.idempotency_key.is_none() {
-        return Err(Refusal::new(
-            Stage::Approval,
-            Reason::ApprovalAlreadyUsed,
-            format!("approval {} was already used", checked.id),
-        )
-        .with_approval_id(checked.id.clone()));
+/// first call (which then replays); otherwise the repeat is refused (by execution and by
+/// explain alike).
+pub(super) fn check_reuse(id: &str, already_used: bool, call: &CallRequest) -> Result<(), Refusal> {
+    if already_used && call.idempotency_key.is_none() {
+        let (reason, message) = approvals::state_error(id, approvals::ApprovalState::Used, "");
+        return Err(Refusal::new(Stage::Approval, reason, message).with_approval_id(id));
     }
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! What the Approvals service asks of the boundary: list, read and decide the approvals of an
-//! approver's tenant. A decision takes its audit slot before it is applied, so an applied
-//! decision always has its event.
+//! approver's tenant. Each needs the scope `toolgate:approve`, checked here once for both
+//! stores. A decision takes its audit slot before it is applied, so an applied decision always
+//! has its event.
 
 use super::Boundary;
 use crate::{
@@ -18,11 +19,13 @@ impl Boundary {
         page_size: usize,
         after: Option<&approvals::Cursor>,
     ) -> Result<approvals::Page, DecideError> {
+        authorize(approver)?;
         self.approvals.list(approver, state, page_size, after).await
     }
 
     /// One approval of the approver's tenant, with its full arguments.
     pub async fn get_approval(&self, approver: &Caller, id: &str) -> Result<Approval, DecideError> {
+        authorize(approver)?;
         self.approvals.get(approver, id).await
     }
 
@@ -35,6 +38,7 @@ impl Boundary {
         approve: Option<bool>,
         reason: &str,
     ) -> Result<Approval, DecideError> {
+        authorize(approver)?;
         let approve = approve.ok_or(DecideError::NoDecision)?;
         let Some(slot) = (match self.audit.fail_closed() {
             true => self.audit.try_reserve(),
@@ -65,8 +69,16 @@ impl Boundary {
         Ok(approval)
     }
 
-    /// Approvals waiting for a decision.
+    /// Approvals waiting for a decision (in this sidecar's memory).
     pub fn pending_approvals(&self) -> usize {
         self.approvals.pending()
+    }
+}
+
+/// Listing, reading and deciding approvals needs the scope `toolgate:approve`.
+fn authorize(approver: &Caller) -> Result<(), DecideError> {
+    match approver.has_scope(approvals::APPROVE_SCOPE) {
+        true => Ok(()),
+        false => Err(DecideError::MissingScope),
     }
 }

@@ -10,8 +10,8 @@
 use serde_json::Value;
 
 use super::{
-    Boundary, CallRequest, Turn, access,
-    idempotency::Peek,
+    Boundary, CallRequest, Turn, access, approval,
+    idempotency::{self, Peek},
     policy::{self, Decided, Seen},
     redaction::redact,
     scopes, structure, visibility,
@@ -19,13 +19,30 @@ use super::{
 use crate::{
     catalog::{BindValue, Catalog, ToolVersion, VersionStatus, revision_of},
     error::{Reason, Refusal, Stage},
-    identity::Caller,
-    limits::{Quotas, describe},
+    identity::{AuthMethod, Caller},
+    limits::{self, QuotaScope, Quotas, describe},
     outcome::CallOutcome,
+    settings::Rate,
 };
 
 /// The scope a JWT caller needs to call ExplainTool (dev identity callers need none).
 pub const EXPLAIN_SCOPE: &str = "toolgate:explain";
+
+/// Why a caller may not have a decision explained.
+#[derive(Debug, thiserror::Error)]
+pub enum ExplainError {
+    #[error("explaining decisions needs the scope {EXPLAIN_SCOPE:?}")]
+    MissingScope,
+}
+
+/// Explaining reveals policy (rule locations, bound values, quotas): a JWT caller needs the
+/// scope `toolgate:explain`; dev identity callers, who can claim any scope, need nothing more.
+fn authorize(caller: &Caller) -> Result<(), ExplainError> {
+    match caller.method == AuthMethod::Dev || caller.has_scope(EXPLAIN_SCOPE) {
+        true => Ok(()),
+        false => Err(ExplainError::MissingScope),
+    }
+}
 
 /// The stages an explanation reports, in chain order (`execute` is never run): every stage but
 /// the last, `result`.
@@ -167,8 +184,29 @@ pub struct Visibility {
 }
 
 impl Boundary {
+    /// ExplainTool: what ExecuteTool would decide for `call` now, for a caller who may ask.
+    pub async fn explain_tool(
+        &self,
+        turn: &Turn,
+        call: &CallRequest,
+    ) -> Result<Explanation, ExplainError> {
+        authorize(&turn.caller)?;
+        Ok(self.explain(turn, call, 0).await)
+    }
+
+    /// ExplainListTools: which tools the caller sees and what hides the others, for a caller who
+    /// may ask; with the revision explained.
+    pub fn explain_list_tools(
+        &self,
+        caller: &Caller,
+    ) -> Result<(Vec<Visibility>, String), ExplainError> {
+        authorize(caller)?;
+        Ok(self.explain_visibility(caller))
+    }
+
     /// Explains `call` (the `index`-th of its turn) against the catalog in force: what
-    /// ExecuteTool would decide now, changing nothing.
+    /// ExecuteTool would decide now, changing nothing. Asks for no scope: for the catalog's own
+    /// test cases and the shadow catalog; callers go through [`Self::explain_tool`].
     pub async fn explain(&self, turn: &Turn, call: &CallRequest, index: usize) -> Explanation {
         let state = self.state.load_full();
         let explainer = Explainer {
@@ -524,38 +562,33 @@ impl Explainer<'_> {
             .await;
         let unknown = views.is_err();
         let views = views.unwrap_or_default();
-        let quotas: Vec<QuotaTrail> = [("tool", tool.rate_limit), ("tenant", tenant_rate)]
-            .into_iter()
-            .filter_map(|(scope, rate)| {
-                let rate = rate?;
-                let remaining = views
+        let applying: Vec<(QuotaScope, Rate)> = [
+            (QuotaScope::Tool, tool.rate_limit),
+            (QuotaScope::Tenant, tenant_rate),
+        ]
+        .into_iter()
+        .filter_map(|(scope, rate)| Some((scope, rate?)))
+        .collect();
+        let quotas: Vec<QuotaTrail> = applying
+            .iter()
+            .map(|&(scope, rate)| QuotaTrail {
+                scope: scope.as_str(),
+                rate: describe(rate),
+                burst: rate.burst.get(),
+                remaining: views
                     .iter()
-                    .find(|v| v.scope == scope && v.rate == rate)
-                    .map(|v| v.remaining);
-                Some(QuotaTrail {
-                    scope,
-                    rate: describe(rate),
-                    burst: rate.burst.get(),
-                    remaining,
-                })
+                    .find(|v| v.scope == scope.as_str() && v.rate == rate)
+                    .map(|v| v.remaining),
             })
             .collect();
-        let exhausted = quotas
+        let exhausted = applying
             .iter()
-            .find(|q| q.remaining == Some(0))
+            .zip(&quotas)
+            .find(|(_, q)| q.remaining == Some(0))
             .filter(|_| !self.own.quota);
         let mut rate_trail = match exhausted {
-            Some(quota) => {
-                let message = match quota.scope {
-                    "tool" => format!(
-                        "rate limit {} for {} reached for tenant {}",
-                        quota.rate, tool.name, caller.tenant
-                    ),
-                    _ => format!(
-                        "tenant {} reached its overall rate limit {}",
-                        caller.tenant, quota.rate
-                    ),
-                };
+            Some((&(scope, rate), _)) => {
+                let message = limits::exhausted(scope, &caller.tenant, &tool.name, rate);
                 stages.push(StageTrail {
                     quotas: quotas.clone(),
                     ..StageTrail::new(Stage::RateLimit, StageResult::Refused, message.clone())
@@ -673,18 +706,13 @@ impl Explainer<'_> {
                 }
             }
             Peek::Conflict => {
-                let message =
-                    format!("idempotency key {key:?} was already used with different arguments");
+                let refusal = idempotency::conflict(key);
                 stages.push(StageTrail::new(
                     Stage::Idempotency,
                     StageResult::Refused,
-                    message.clone(),
+                    refusal.message.clone(),
                 ));
-                Ending::Refused(Refusal::new(
-                    Stage::Idempotency,
-                    Reason::IdempotencyConflict,
-                    message,
-                ))
+                Ending::Refused(refusal)
             }
         }
     }
@@ -743,15 +771,8 @@ impl Explainer<'_> {
             }
         };
         let used_by_another = checked.already_used && !self.own.approval;
-        if used_by_another && call.idempotency_key.is_none() {
-            return refused(
-                Refusal::new(
-                    Stage::Approval,
-                    Reason::ApprovalAlreadyUsed,
-                    format!("approval {id} was already used"),
-                )
-                .with_approval_id(id),
-            );
+        if let Err(refusal) = approval::check_reuse(id, used_by_another, call) {
+            return refused(refusal);
         }
         let detail = if used_by_another {
             format!(

@@ -279,7 +279,7 @@ impl RateLimits {
         if let (Some(cells), Some(rate)) = (self.tool_cells(tool), tool.rate_limit) {
             let tat = cells.lock().get(tenant).copied();
             views.push(QuotaView {
-                scope: "tool",
+                scope: QuotaScope::Tool.as_str(),
                 rate,
                 remaining: cells.gcra.remaining(tat, now),
             });
@@ -287,7 +287,7 @@ impl RateLimits {
         if let Some((rate, cells)) = self.tenant_cells(tenant, tenant_rate) {
             let tat = cells.lock().get(tenant).copied();
             views.push(QuotaView {
-                scope: "tenant",
+                scope: QuotaScope::Tenant.as_str(),
                 rate: *rate,
                 remaining: cells.gcra.remaining(tat, now),
             });
@@ -339,25 +339,46 @@ pub const SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 
 /// A call refused by its tool's quota.
 fn tool_refusal(tenant: &str, tool: &ToolVersion, rate: Rate, wait: Duration) -> Refusal {
-    refusal(
-        format!(
-            "rate limit {} for {} reached for tenant {tenant}",
-            describe(rate),
-            tool.name
-        ),
-        wait,
-    )
+    refusal(exhausted(QuotaScope::Tool, tenant, &tool.name, rate), wait)
 }
 
 /// A call refused by its tenant's overall quota.
 fn tenant_refusal(tenant: &str, rate: Rate, wait: Duration) -> Refusal {
-    refusal(
-        format!(
+    refusal(exhausted(QuotaScope::Tenant, tenant, "", rate), wait)
+}
+
+/// Which of a call's quotas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuotaScope {
+    /// The tool's quota for the tenant.
+    Tool,
+    /// The tenant's overall quota.
+    Tenant,
+}
+
+impl QuotaScope {
+    /// The scope's name in quota views and explanations.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QuotaScope::Tool => "tool",
+            QuotaScope::Tenant => "tenant",
+        }
+    }
+}
+
+/// What a call refused by an exhausted quota is told (by execution and by explain alike);
+/// `tool` is not named for the tenant's quota.
+pub fn exhausted(scope: QuotaScope, tenant: &str, tool: &str, rate: Rate) -> String {
+    match scope {
+        QuotaScope::Tool => format!(
+            "rate limit {} for {tool} reached for tenant {tenant}",
+            describe(rate)
+        ),
+        QuotaScope::Tenant => format!(
             "tenant {tenant} reached its overall rate limit {}",
             describe(rate)
         ),
-        wait,
-    )
+    }
 }
 
 fn refusal(message: String, wait: Duration) -> Refusal {

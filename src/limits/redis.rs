@@ -18,7 +18,7 @@ use std::{
 
 use redis::Script;
 
-use super::{QuotaView, RateLimits, tenant_refusal, tool_refusal};
+use super::{QuotaScope, QuotaView, RateLimits, tenant_refusal, tool_refusal};
 use crate::gcra::Gcra;
 use crate::{
     catalog::ToolVersion,
@@ -192,9 +192,9 @@ impl SharedQuotas {
         let reply = self.run("view", &quotas).await?;
         let scopes = tool
             .rate_limit
-            .map(|_| "tool")
+            .map(|_| QuotaScope::Tool.as_str())
             .into_iter()
-            .chain(tenant_rate.map(|_| "tenant"));
+            .chain(tenant_rate.map(|_| QuotaScope::Tenant.as_str()));
         quotas
             .iter()
             .zip(scopes)

@@ -7,7 +7,7 @@ use tonic::{Code, Status as GrpcStatus};
 
 use crate::{
     approvals::{Approval, ApprovalState, DecideError},
-    boundary::CallRequest,
+    boundary::{CallRequest, explain::ExplainError},
     catalog::ToolVersion,
     error::Status,
     identity::IdentityError,
@@ -186,9 +186,17 @@ pub fn decision(raw: i32) -> Option<bool> {
     }
 }
 
-/// The gRPC code of each request-level error.
+/// The gRPC code of each request-level error: identity, explain and the approvals admin, here
+/// together (call outcomes are `crate::error`'s table).
 pub fn identity_status(err: &IdentityError) -> GrpcStatus {
     GrpcStatus::new(Code::Unauthenticated, err.to_string())
+}
+
+pub fn explain_status(err: &ExplainError) -> GrpcStatus {
+    let code = match err {
+        ExplainError::MissingScope => Code::PermissionDenied,
+    };
+    GrpcStatus::new(code, err.to_string())
 }
 
 pub fn decide_status(err: &DecideError) -> GrpcStatus {

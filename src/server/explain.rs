@@ -1,29 +1,14 @@
 //! ExplainTool and ExplainListTools: who may ask, and the explanation in proto terms. The
 //! explanation itself is the boundary's (`boundary::explain`).
 
-use tonic::Status;
-
 use super::convert;
 use crate::{
     boundary::{
         access::Rule,
-        explain::{EXPLAIN_SCOPE, Explanation, StageResult, StageTrail, Visibility},
+        explain::{Explanation, StageResult, StageTrail, Visibility},
     },
-    identity::{AuthMethod, Caller},
     proto,
 };
-
-/// Explaining reveals policy (rule locations, bound values, quotas): a JWT caller needs the
-/// scope `toolgate:explain`; dev identity callers, who can claim any scope, need nothing more.
-pub fn authorize(caller: &Caller) -> Result<(), Status> {
-    if caller.method == AuthMethod::Dev || caller.has_scope(EXPLAIN_SCOPE) {
-        Ok(())
-    } else {
-        Err(Status::permission_denied(format!(
-            "explaining decisions needs the scope {EXPLAIN_SCOPE:?}"
-        )))
-    }
-}
 
 pub fn explanation(explained: Explanation) -> proto::ExplainToolResponse {
     proto::ExplainToolResponse {

@@ -218,15 +218,15 @@ impl ToolGate for ToolGateService {
         request: Request<proto::ExplainToolRequest>,
     ) -> Result<Response<proto::ExplainToolResponse>, Status> {
         let turn = self.turn(&request)?;
-        super::explain::authorize(&turn.caller)?;
         let call = request
             .into_inner()
             .call
             .ok_or_else(|| Status::invalid_argument("ExplainToolRequest.call is required"))?;
         let explained = self
             .boundary()
-            .explain(&turn, &convert::call_request(call), 0)
-            .await;
+            .explain_tool(&turn, &convert::call_request(call))
+            .await
+            .map_err(|err| convert::explain_status(&err))?;
         Ok(Response::new(super::explain::explanation(explained)))
     }
 
@@ -235,8 +235,10 @@ impl ToolGate for ToolGateService {
         request: Request<proto::ExplainListToolsRequest>,
     ) -> Result<Response<proto::ExplainListToolsResponse>, Status> {
         let caller = caller(&request)?;
-        super::explain::authorize(&caller)?;
-        let explained = self.boundary().explain_visibility(&caller);
+        let explained = self
+            .boundary()
+            .explain_list_tools(&caller)
+            .map_err(|err| convert::explain_status(&err))?;
         Ok(Response::new(super::explain::visibility(explained)))
     }
 }

@@ -94,6 +94,7 @@ pub struct ServerConfig {
     pub admin_listen: Option<SocketAddr>,
 }
 
+enum_with_all! {
 /// What a tool can change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
@@ -102,6 +103,7 @@ pub enum RiskLevel {
     WriteDraft,
     WriteConfirmed,
     Destructive,
+}
 }
 
 impl RiskLevel {
@@ -116,14 +118,10 @@ impl RiskLevel {
 
     /// Reads [`Self::as_str`] back.
     pub fn parse(text: &str) -> Option<Self> {
-        [
-            RiskLevel::ReadOnly,
-            RiskLevel::WriteDraft,
-            RiskLevel::WriteConfirmed,
-            RiskLevel::Destructive,
-        ]
-        .into_iter()
-        .find(|level| level.as_str() == text)
+        RiskLevel::ALL
+            .iter()
+            .copied()
+            .find(|level| level.as_str() == text)
     }
 }
 

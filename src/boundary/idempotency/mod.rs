@@ -451,14 +451,7 @@ impl IdempotencyStore {
             };
             if live {
                 if entry.arguments_sha256 != arguments_sha256 {
-                    return Err(Refusal::new(
-                        Stage::Idempotency,
-                        Reason::IdempotencyConflict,
-                        format!(
-                            "idempotency key {:?} was already used with different arguments",
-                            key.key
-                        ),
-                    ));
+                    return Err(conflict(&key.key));
                 }
                 return Ok(Err(match &entry.state {
                     State::Done { stored, .. } => Ok(stored.clone()),
@@ -648,6 +641,15 @@ fn overloaded() -> Refusal {
         Stage::Idempotency,
         Reason::Overloaded,
         "too many idempotent calls are running for this tenant; retry shortly",
+    )
+}
+
+/// A key already used with different arguments (by execution and by explain alike).
+pub(super) fn conflict(key: &str) -> Refusal {
+    Refusal::new(
+        Stage::Idempotency,
+        Reason::IdempotencyConflict,
+        format!("idempotency key {key:?} was already used with different arguments"),
     )
 }
 

@@ -350,14 +350,7 @@ impl RedisIdempotency {
                     return Ok(SharedClaim::Replay(stored));
                 }
                 "conflict" => {
-                    return Err(Refusal::new(
-                        Stage::Idempotency,
-                        Reason::IdempotencyConflict,
-                        format!(
-                            "idempotency key {:?} was already used with different arguments",
-                            key.key
-                        ),
-                    ));
+                    return Err(super::conflict(&key.key));
                 }
                 "overloaded" => return Err(overloaded()),
                 _running => {
