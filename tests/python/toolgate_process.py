@@ -169,19 +169,21 @@ def _stop(server: ToolgateServer) -> int:
 
 
 def start(
-    args: Sequence[str] = (), env: Mapping[str, str] | None = None, cwd: Path = REPO_ROOT
+    args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    cwd: Path = REPO_ROOT,
+    command: Sequence[str] | None = None,
 ) -> ToolgateServer:
     """Starts the binary and returns once it is bound and SERVING (fails the test otherwise).
 
     `args` are added to `serve --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 --log-format json`;
-    `env` is added to the caller's environment less TOOLGATE_* and RUST_LOG.
+    `env` is added to the caller's environment less TOOLGATE_* and RUST_LOG. `command` replaces
+    `toolgate serve` (e.g. `podman run … IMAGE`, whose entrypoint is `toolgate serve`).
     """
-    binary = _toolgate_bin()
     base = {k: v for k, v in os.environ.items() if not k.startswith("TOOLGATE_") and k != "RUST_LOG"}
     process = subprocess.Popen(
         [
-            str(binary),
-            "serve",
+            *(command if command is not None else (str(_toolgate_bin()), "serve")),
             *("--listen", "127.0.0.1:0"),
             *("--admin-listen", "127.0.0.1:0"),
             *("--log-format", "json"),
