@@ -56,8 +56,8 @@ pub enum ReloadError {
     Invalid(#[from] crate::settings::ConfigError),
     #[error("the file changes {0}, which take effect only on restart; nothing was applied")]
     RestartRequired(String),
-    #[error("{0}")]
-    InsecureListener(String),
+    #[error(transparent)]
+    InsecureListener(crate::identity::ListenerError),
     #[error("catalog rebuild failed")]
     RebuildFailed,
     #[error("reload task failed: {0}")]
@@ -206,10 +206,10 @@ async fn reload(
         return Err(ReloadError::RestartRequired(sections));
     }
     if let Some(addr) = updater.listen {
-        config.identity.check_listener(addr).map_err(|message| {
-            tracing::error!(error = %message, "catalog reload refused");
+        config.identity.check_listener(addr).map_err(|err| {
+            tracing::error!(error = %err, "catalog reload refused");
             metrics.reload("refused");
-            ReloadError::InsecureListener(message)
+            ReloadError::InsecureListener(err)
         })?;
     }
     let Config {

@@ -63,7 +63,7 @@ pub enum StartError {
     #[error("cannot install a signal handler: {0}")]
     Signal(String),
     #[error("refusing to start: {0}")]
-    Insecure(String),
+    Insecure(#[from] crate::identity::ListenerError),
     #[error("cannot set up the state backend: {0}")]
     State(crate::state::StateError),
 }
@@ -263,10 +263,7 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         tracing::info!(endpoint = %endpoint, service = %config.telemetry.service_name, "exporting traces over OTLP");
     }
     if let Some(addr) = options.listen.or(config.server.listen) {
-        config
-            .identity
-            .check_listener(addr)
-            .map_err(StartError::Insecure)?;
+        config.identity.check_listener(addr)?;
     }
     let clock = options.clock.unwrap_or_default();
     // Listeners and upkeep are stopped with the server, even when it is dropped; the audit
