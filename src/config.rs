@@ -61,10 +61,10 @@ impl Config {
             path: ".".into(),
             message: format!("cannot resolve the path: {err}"),
         })?;
-        let text = settings::yaml_bounds::read_bounded(path).map_err(|message| ConfigError {
+        let text = settings::yaml_bounds::read_bounded(path).map_err(|err| ConfigError {
             file: source.clone(),
             path: ".".into(),
-            message,
+            message: err.to_string(),
         })?;
         let base_dir = catalog_dir(path);
         let loaded = Loaded::of(&text, &base_dir);

@@ -11,6 +11,17 @@ use tonic::transport::Channel;
 
 use super::AuditEvent;
 
+/// Why the logs sink could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum LogsSinkError {
+    /// The endpoint is not a URI a gRPC channel can use.
+    #[error("invalid audit endpoint {endpoint:?}: {source}")]
+    Endpoint {
+        endpoint: String,
+        source: http::uri::InvalidUri,
+    },
+}
+
 pub struct LogsSink {
     client: LogsServiceClient<Channel>,
     resource: Resource,
@@ -27,9 +38,13 @@ fn text(key: &str, value: &str) -> KeyValue {
 }
 
 impl LogsSink {
-    pub fn new(endpoint: &str, service_name: &str) -> Result<Self, String> {
+    /// A sink sending to `endpoint` as `service_name`; it connects when the first batch is sent.
+    pub fn new(endpoint: &str, service_name: &str) -> Result<Self, LogsSinkError> {
         let channel = Channel::from_shared(endpoint.to_owned())
-            .map_err(|err| format!("invalid audit endpoint {endpoint:?}: {err}"))?
+            .map_err(|source| LogsSinkError::Endpoint {
+                endpoint: endpoint.to_owned(),
+                source,
+            })?
             .connect_timeout(std::time::Duration::from_secs(5))
             .connect_lazy();
         Ok(LogsSink {

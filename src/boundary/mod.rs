@@ -142,7 +142,8 @@ pub struct CallRequest {
     pub approval_id: Option<String>,
 }
 
-/// Everything the chain needs, for the life of the server.
+/// Everything the chain needs, for the life of the server. Its parts stay its own: whoever built
+/// them (the server) keeps its own handles to the ones it also needs.
 pub struct Boundary {
     state: ArcSwap<CatalogState>,
     limits: LimitsConfig,
@@ -223,44 +224,18 @@ impl Boundary {
         self
     }
 
-    /// What makes the spans of calls and turns.
-    pub fn tracer(&self) -> &spans::Tracer {
-        &self.tracer
-    }
-
     /// Has `observer` told of every call finished from now on; `false` if one already is.
     pub(crate) fn observe_calls(&self, observer: Arc<dyn CallObserver>) -> bool {
         self.observer.set(observer).is_ok()
     }
 
-    /// The catalog in force now.
+    /// The catalog in force now, and its rate limits. The one part the boundary hands out: it is
+    /// the boundary's to swap ([`Boundary::replace_catalog`]), so only it knows which is served.
+    /// The catalog updater builds the next catalog on this one (live concurrency caps carry
+    /// over), the shadow worker names the served revision beside the candidate's, the server
+    /// sweeps these rate limits, and `toolgate test --coverage` reads the tools it covered.
     pub fn catalog(&self) -> Arc<CatalogState> {
         self.state.load_full()
-    }
-
-    pub fn executors(&self) -> &Executors {
-        &self.executors
-    }
-
-    pub fn audit(&self) -> &AuditLog {
-        &self.audit
-    }
-
-    pub fn limits(&self) -> &LimitsConfig {
-        &self.limits
-    }
-
-    pub fn metrics(&self) -> &Arc<Metrics> {
-        &self.metrics
-    }
-
-    pub fn clock(&self) -> &SharedClock {
-        &self.clock
-    }
-
-    /// Where rate limits, approvals and idempotency keys live.
-    pub fn state_backend(&self) -> &state::Backend {
-        &self.backend
     }
 
     /// Bytes held by each store kept between calls, for the `toolgate_*_bytes` gauges.

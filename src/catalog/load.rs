@@ -276,9 +276,8 @@ fn build_tool(
         schema::compile(output, &format!("{path}.output_schema"))?;
     }
     let timeout = match &raw.timeout {
-        Some(text) => {
-            parse_duration(text).map_err(|m| FieldError::new(format!("{path}.timeout"), m))?
-        }
+        Some(text) => parse_duration(text)
+            .map_err(|err| FieldError::new(format!("{path}.timeout"), err.to_string()))?,
         None => Duration::from_secs(30),
     };
     let status = match raw.status {

@@ -157,9 +157,10 @@ pub fn load(path: &Path, catalog: &Catalog) -> Result<TestFile, TestFileError> {
         file: file.clone(),
         message,
     };
-    let text = crate::settings::yaml_bounds::read_bounded(path).map_err(error)?;
+    let bounds = |err: crate::settings::yaml_bounds::BoundsError| error(err.to_string());
+    let text = crate::settings::yaml_bounds::read_bounded(path).map_err(bounds)?;
     // Deep nesting makes the parser's work grow faster than the text: bounded before parsing.
-    crate::settings::yaml_bounds::check(&text).map_err(error)?;
+    crate::settings::yaml_bounds::check(&text).map_err(bounds)?;
     let deserializer = serde_yaml_ng::Deserializer::from_str(&text);
     let tests: TestFile = serde_path_to_error::deserialize(deserializer).map_err(|err| {
         let path = err.path().to_string();

@@ -139,9 +139,8 @@ impl JwtSettings {
             ));
         }
         let leeway = match &raw.leeway {
-            Some(text) => {
-                parse_duration(text).map_err(|m| FieldError::new("identity.jwt.leeway", m))?
-            }
+            Some(text) => parse_duration(text)
+                .map_err(|err| FieldError::new("identity.jwt.leeway", err.to_string()))?,
             None => Duration::from_secs(30),
         };
         let claim = |value: &Option<String>, default: &str| {

@@ -50,7 +50,7 @@ impl IdentityConfig {
         }
         if let Some(addr) = listen {
             self.check_listener(addr)
-                .map_err(|message| FieldError::new("server.listen", message))?;
+                .map_err(|err| FieldError::new("server.listen", err.to_string()))?;
         }
         Ok(())
     }
@@ -58,14 +58,22 @@ impl IdentityConfig {
     /// Dev identity trusts whatever a caller claims: a TCP listener reachable from other hosts
     /// would let anyone on the network be any tenant. Allowed on loopback (and Unix sockets)
     /// only, unless the operator says so in so many words.
-    pub fn check_listener(&self, addr: SocketAddr) -> Result<(), String> {
+    pub fn check_listener(&self, addr: SocketAddr) -> Result<(), ListenerError> {
         if self.dev_identity && !self.dev_identity_on_network && !addr.ip().is_loopback() {
-            return Err(format!(
-                "dev identity is on and {addr} is not a loopback address: anyone who can reach it could claim any tenant. Listen on 127.0.0.1 (or a Unix socket), configure identity.jwt, or set identity.allow_unauthenticated_network_callers: true if that is really what you want"
-            ));
+            return Err(ListenerError::DevIdentityExposed { addr });
         }
         Ok(())
     }
+}
+
+/// Why callers may not be identified this way on a listener.
+#[derive(Debug, thiserror::Error)]
+pub enum ListenerError {
+    /// Dev identity on a TCP address other hosts can reach, without the operator's consent.
+    #[error(
+        "dev identity is on and {addr} is not a loopback address: anyone who can reach it could claim any tenant. Listen on 127.0.0.1 (or a Unix socket), configure identity.jwt, or set identity.allow_unauthenticated_network_callers: true if that is really what you want"
+    )]
+    DevIdentityExposed { addr: SocketAddr },
 }
 
 /// Dev identity metadata keys.

@@ -16,10 +16,12 @@ use tokio::net::TcpListener;
 
 use super::{StartError, services::IdentityHandle};
 use crate::{
-    audit::RefusedCallers,
+    audit::{AuditLog, RefusedCallers},
     boundary::Boundary,
     metrics::{Metrics, Snapshot},
+    state,
     tasks::Tasks,
+    telemetry::spans::Tracer,
 };
 
 /// The admin endpoint, when enabled.
@@ -28,46 +30,63 @@ pub(super) struct AdminBinding {
     pub state: Arc<AdminState>,
 }
 
+/// What the admin endpoint reads, handed over by the server that built each part.
+pub(super) struct Readings {
+    /// For the sizes of its stores and the approvals pending.
+    pub boundary: Arc<Boundary>,
+    pub metrics: Arc<Metrics>,
+    pub audit: AuditLog,
+    /// For the spans its exporter lost.
+    pub tracer: Tracer,
+    pub backend: state::Backend,
+    pub identity: IdentityHandle,
+    pub refused: Arc<RefusedCallers>,
+    pub restart_required: Arc<AtomicBool>,
+    /// Whether an unreachable state backend makes the sidecar not ready.
+    pub state_required: bool,
+}
+
 impl AdminBinding {
     pub(super) async fn start(
         addr: Option<SocketAddr>,
-        boundary: &Arc<Boundary>,
-        identity: &IdentityHandle,
-        refused: &Arc<RefusedCallers>,
-        restart_required: &Arc<std::sync::atomic::AtomicBool>,
-        state_required: bool,
+        readings: Readings,
         tasks: &Tasks,
     ) -> Result<Option<Self>, StartError> {
         let Some(addr) = addr else { return Ok(None) };
-        let reader = boundary.clone();
-        let backend = boundary.state_backend().clone();
-        let identity = identity.clone();
-        let refused = refused.clone();
-        let restart_required = restart_required.clone();
+        let Readings {
+            boundary,
+            metrics,
+            audit,
+            tracer,
+            backend,
+            identity,
+            refused,
+            restart_required,
+            state_required,
+        } = readings;
         let state = Arc::new(AdminState {
-            metrics: boundary.metrics().clone(),
+            metrics,
             snapshot: Box::new(move || {
-                let audit = reader.audit();
-                let stores = reader.store_bytes();
+                let stores = boundary.store_bytes();
                 let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
                 let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
                 Snapshot {
-                    approvals_pending: gauge(reader.pending_approvals()),
+                    approvals_pending: gauge(boundary.pending_approvals()),
                     audit_queue_depth: gauge(audit.queued()),
                     audit_written: count(audit.written()),
                     audit_dropped: count(audit.dropped()),
                     audit_write_errors: count(audit.write_errors()),
                     audit_refused_callers_suppressed: count(refused.suppressed()),
-                    spans_dropped: count(reader.tracer().losses().queue_full()),
-                    spans_export_failed: count(reader.tracer().losses().export_failed()),
+                    spans_dropped: count(tracer.losses().queue_full()),
+                    spans_export_failed: count(tracer.losses().export_failed()),
                     idempotency_bytes: gauge(stores.idempotency),
                     approvals_bytes: gauge(stores.approvals),
                     revision_log_bytes: gauge(stores.revision_log),
                     token_cache_bytes: gauge(identity.load().cache_bytes()),
-                    restart_required: restart_required.load(std::sync::atomic::Ordering::Relaxed),
+                    restart_required: restart_required.load(Ordering::Relaxed),
                 }
             }),
-            ready: std::sync::atomic::AtomicBool::new(true),
+            ready: AtomicBool::new(true),
             state_reachable: Box::new(move || backend.reachable()),
             state_required,
         });

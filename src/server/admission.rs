@@ -42,7 +42,9 @@ use super::{
     services::IdentityHandle,
 };
 use crate::{
-    audit::RefusedCallers, boundary::Boundary, identity::Caller, settings::LimitsConfig,
+    audit::{AuditLog, RefusedCallers},
+    identity::Caller,
+    settings::LimitsConfig,
     tasks::Tasks,
 };
 use tokio_util::task::task_tracker::TaskTrackerToken;
@@ -64,7 +66,8 @@ pub struct AdmissionLayer {
 }
 
 struct Shared {
-    boundary: Arc<Boundary>,
+    /// Where refused callers are recorded.
+    audit: AuditLog,
     identity: IdentityHandle,
     refused: Arc<RefusedCallers>,
     refusals: Arc<Refusals>,
@@ -87,7 +90,7 @@ struct Shared {
 impl AdmissionLayer {
     pub fn new(
         limits: &LimitsConfig,
-        boundary: Arc<Boundary>,
+        audit: AuditLog,
         identity: IdentityHandle,
         refused: Arc<RefusedCallers>,
         refusals: Arc<Refusals>,
@@ -95,7 +98,7 @@ impl AdmissionLayer {
         let tcp_max = limits.max_in_flight - limits.in_flight_reserved_for_unix_socket;
         AdmissionLayer {
             shared: Arc::new(Shared {
-                boundary,
+                audit,
                 identity,
                 refused,
                 refusals,
@@ -221,7 +224,7 @@ impl Shared {
                     format_args!("caller refused ({rpc}): {err}"),
                 );
                 self.refused.record(
-                    self.boundary.audit(),
+                    &self.audit,
                     rpc,
                     connection.and_then(|c| c.peer).map(|a| a.to_string()),
                     &err.to_string(),

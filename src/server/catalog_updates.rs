@@ -36,6 +36,7 @@ use crate::{
     config::Config,
     executor::mcp::Discovered,
     identity::IdentityResolver,
+    metrics::Metrics,
     settings::CatalogWatch,
     settings::{Env, Loaded, catalog_dir},
     shadow::Shadow,
@@ -55,8 +56,8 @@ pub enum ReloadError {
     Invalid(#[from] crate::settings::ConfigError),
     #[error("the file changes {0}, which take effect only on restart; nothing was applied")]
     RestartRequired(String),
-    #[error("{0}")]
-    InsecureListener(String),
+    #[error(transparent)]
+    InsecureListener(crate::identity::ListenerError),
     #[error("catalog rebuild failed")]
     RebuildFailed,
     #[error("reload task failed: {0}")]
@@ -77,6 +78,8 @@ pub struct Source {
 /// What a reload changes besides the catalog.
 pub struct Updater {
     pub boundary: Arc<Boundary>,
+    /// Counts polls, parses and reload outcomes.
+    pub metrics: Arc<Metrics>,
     pub identity: IdentityHandle,
     pub clock: SharedClock,
     /// Set while the file holds changes that need a restart.
@@ -157,6 +160,7 @@ async fn reload(
     forced: bool,
 ) -> Result<String, ReloadError> {
     let boundary = &updater.boundary;
+    let metrics = &updater.metrics;
     let path = source.path.clone();
     let env = source.env.clone();
     // Reading, parsing and compiling schemas is blocking work: keep it off the async workers.
@@ -169,9 +173,7 @@ async fn reload(
     .await?;
     let (now, polls, load) = loaded;
     watched.polls = polls;
-    boundary
-        .metrics()
-        .catalog_file_polled(now.is_some_and(|polled| polled.parsed));
+    metrics.catalog_file_polled(now.is_some_and(|polled| polled.parsed));
     let Some(now) = now else {
         // Unreadable for now (mid-swap, or removed): keep serving, look again next time.
         return if forced {
@@ -184,12 +186,12 @@ async fn reload(
         return Ok(boundary.catalog().catalog.revision().to_owned());
     }
     watched.tried = now.fingerprint;
-    boundary.metrics().catalog_file_parsed();
+    metrics.catalog_file_parsed();
     let config = match tokio::task::spawn_blocking(load).await? {
         Ok(config) => config,
         Err(err) => {
             tracing::error!(error = %err, "catalog reload refused; the previous catalog keeps serving (the file and the files it references are watched for a fix)");
-            boundary.metrics().reload("refused");
+            metrics.reload("refused");
             return Err(err.into());
         }
     };
@@ -199,15 +201,15 @@ async fn reload(
     if !restart.is_empty() {
         let sections = restart.join(", ");
         tracing::error!(sections = %sections, "catalog reload refused: these sections changed and take effect only on restart; the previous catalog keeps serving");
-        boundary.metrics().reload("restart_required");
+        metrics.reload("restart_required");
         updater.restart_required.store(true, Ordering::Relaxed);
         return Err(ReloadError::RestartRequired(sections));
     }
     if let Some(addr) = updater.listen {
-        config.identity.check_listener(addr).map_err(|message| {
-            tracing::error!(error = %message, "catalog reload refused");
-            boundary.metrics().reload("refused");
-            ReloadError::InsecureListener(message)
+        config.identity.check_listener(addr).map_err(|err| {
+            tracing::error!(error = %err, "catalog reload refused");
+            metrics.reload("refused");
+            ReloadError::InsecureListener(err)
         })?;
     }
     let Config {
@@ -232,7 +234,7 @@ async fn reload(
     next.mcp_servers = inputs.mcp_servers.clone();
     let revision = apply(boundary, &next, discovered, "catalog file").await;
     let Some(revision) = revision else {
-        boundary.metrics().reload("refused");
+        metrics.reload("refused");
         return Err(ReloadError::RebuildFailed);
     };
     if loaded.identity_fingerprint != watched.served.identity_fingerprint {
@@ -249,7 +251,7 @@ async fn reload(
     }
     // The shadow candidate is read again too (its path may have changed).
     updater.shadow.configure(shadow_catalog);
-    boundary.metrics().reload("ok");
+    metrics.reload("ok");
     updater.restart_required.store(false, Ordering::Relaxed);
     watched.served = loaded;
     *inputs = next;

@@ -63,7 +63,7 @@ pub enum StartError {
     #[error("cannot install a signal handler: {0}")]
     Signal(String),
     #[error("refusing to start: {0}")]
-    Insecure(String),
+    Insecure(#[from] crate::identity::ListenerError),
     #[error("cannot set up the state backend: {0}")]
     State(crate::state::StateError),
 }
@@ -98,6 +98,10 @@ pub struct Running {
     in_flight: AdmissionLayer,
     /// The shadow candidate catalog and its queue.
     shadow: Arc<Shadow>,
+    /// The backends the boundary runs calls on; shutdown closes the MCP servers' connections.
+    executors: Executors,
+    /// The audit log the boundary and the doors write to; shutdown drains it.
+    audit: AuditLog,
     /// Dropped without [`Running::shutdown`], the server still stops its listeners and upkeep.
     _stop_on_drop: DropGuard,
 }
@@ -116,7 +120,8 @@ struct ServerTasks {
     /// and the admin endpoint.
     upkeep: Tasks,
     /// The audit writer, stopped last (once its queue is written). Not stopped by dropping the
-    /// server: it ends by itself when the boundary, its queue's sender, goes.
+    /// server: it ends by itself when its queue's senders (the boundary, the server's handles)
+    /// go.
     audit: Tasks,
 }
 
@@ -146,6 +151,16 @@ impl Running {
     /// The shadow candidate catalog (`shadow_catalog`) and what its loader did.
     pub fn shadow(&self) -> &Arc<Shadow> {
         &self.shadow
+    }
+
+    /// The backends calls run on (tests reach the builtins and the MCP servers through it).
+    pub fn executors(&self) -> &Executors {
+        &self.executors
+    }
+
+    /// The audit log (tests flush it before reading what was written).
+    pub fn audit(&self) -> &AuditLog {
+        &self.audit
     }
 
     /// Re-reads the catalog file now; returns the new revision, or why the file was refused
@@ -214,13 +229,7 @@ impl Running {
                 "upkeep tasks did not stop in time"
             );
         }
-        if !self
-            .boundary
-            .executors()
-            .mcp
-            .stopped(TASKS_STOP_WITHIN)
-            .await
-        {
+        if !self.executors.mcp.stopped(TASKS_STOP_WITHIN).await {
             tracing::warn!("MCP server connections did not close in time");
         }
         if let Some(path) = &self.unix_socket {
@@ -228,7 +237,7 @@ impl Running {
         }
         // 7. Every call has finished or been cancelled and queued its event: drain the queue. A
         // sink stuck for good must not hold the process forever.
-        let audit = self.boundary.audit();
+        let audit = &self.audit;
         if tokio::time::timeout(grace, audit.flush()).await.is_err() {
             tracing::error!(
                 unwritten = audit.queued(),
@@ -254,10 +263,7 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         tracing::info!(endpoint = %endpoint, service = %config.telemetry.service_name, "exporting traces over OTLP");
     }
     if let Some(addr) = options.listen.or(config.server.listen) {
-        config
-            .identity
-            .check_listener(addr)
-            .map_err(StartError::Insecure)?;
+        config.identity.check_listener(addr)?;
     }
     let clock = options.clock.unwrap_or_default();
     // Listeners and upkeep are stopped with the server, even when it is dropped; the audit
@@ -294,8 +300,8 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
             config.catalog,
             config.limits.clone(),
             stores,
-            executors,
-            audit,
+            executors.clone(),
+            audit.clone(),
             clock.clone(),
             metrics.clone(),
         )
@@ -321,18 +327,19 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         env: config.catalog_inputs.env.clone(),
         poll_interval: config.server.reload_interval,
         mcp_servers: config.catalog_inputs.mcp_servers.clone(),
-        discovered: boundary.executors().mcp.watch_discovered(),
+        discovered: executors.mcp.watch_discovered(),
     };
     let listen = options.listen.or(config.server.listen);
     let restart_required = Arc::new(std::sync::atomic::AtomicBool::new(false));
     // The shadow candidate (`shadow_catalog`): told of every call, compared by its worker.
-    let shadow = Shadow::observe(&boundary);
+    let shadow = Shadow::observe(&boundary, &metrics);
     let upkeep = &tasks.upkeep;
     upkeep.spawn(
         "catalog-updates",
         catalog_updates::run(
             catalog_updates::Updater {
                 boundary: boundary.clone(),
+                metrics: metrics.clone(),
                 identity: identity.clone(),
                 clock: clock.clone(),
                 restart_required: restart_required.clone(),
@@ -349,7 +356,15 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
     shadow.configure(config.shadow_catalog.clone());
     upkeep.spawn(
         "shadow-worker",
-        crate::shadow::run(boundary.clone(), shadow.clone()),
+        crate::shadow::run(
+            boundary.clone(),
+            shadow.clone(),
+            crate::shadow::Recorder {
+                audit: audit.clone(),
+                clock: clock.clone(),
+                max_identifier_bytes: limits.max_identifier_bytes,
+            },
+        ),
     );
     upkeep.spawn(
         "shadow-loader",
@@ -365,9 +380,13 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
     // Every service gets explicit message limits both ways: nothing it sends or accepts can be
     // larger than the configured message size.
     let max_message = limits.max_message_bytes;
-    let toolgate = ToolGateServer::new(ToolGateService::new(gate.clone(), limits.clone()))
-        .max_decoding_message_size(max_message)
-        .max_encoding_message_size(max_message);
+    let toolgate = ToolGateServer::new(ToolGateService::new(
+        gate.clone(),
+        limits.clone(),
+        options.tracer.clone(),
+    ))
+    .max_decoding_message_size(max_message)
+    .max_encoding_message_size(max_message);
     let approvals = ApprovalsServer::new(ApprovalsService::new(gate))
         .max_decoding_message_size(max_message)
         .max_encoding_message_size(max_message);
@@ -386,7 +405,7 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         .set_service_status(STATE_HEALTH_SERVICE, ServingStatus::Serving)
         .await;
     // With Redis: a health check every second, and its answers reported as gRPC health.
-    if let Some(redis) = boundary.state_backend().redis() {
+    if let Some(redis) = backend.redis() {
         tasks
             .state_health
             .spawn("state-health-check", redis.check_health());
@@ -421,7 +440,7 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
     let refusals = Arc::new(Refusals::new(&metrics));
     let in_flight = AdmissionLayer::new(
         &limits,
-        boundary.clone(),
+        audit.clone(),
         identity.clone(),
         refused.clone(),
         refusals.clone(),
@@ -491,11 +510,17 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
     }
     let admin = AdminBinding::start(
         options.admin_listen.or(config.server.admin_listen),
-        &boundary,
-        &identity,
-        &refused,
-        &restart_required,
-        config.state.unready_when_unavailable,
+        admin::Readings {
+            boundary: boundary.clone(),
+            metrics: metrics.clone(),
+            audit: audit.clone(),
+            tracer: options.tracer.clone(),
+            backend: backend.clone(),
+            identity: identity.clone(),
+            refused: refused.clone(),
+            restart_required: restart_required.clone(),
+            state_required: config.state.unready_when_unavailable,
+        },
         &tasks.upkeep,
     )
     .await?;
@@ -525,6 +550,8 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         admin,
         in_flight,
         shadow,
+        executors,
+        audit,
         _stop_on_drop: root.stop_on_drop(),
     })
 }

@@ -42,11 +42,17 @@ fn caller<T>(request: &Request<T>) -> Result<Arc<Caller>, Status> {
 pub struct ToolGateService {
     gate: Gate,
     limits: LimitsConfig,
+    /// Makes the spans of ListTools and ExecuteTools (the boundary makes its calls' own).
+    tracer: spans::Tracer,
 }
 
 impl ToolGateService {
-    pub fn new(gate: Gate, limits: LimitsConfig) -> Self {
-        ToolGateService { gate, limits }
+    pub fn new(gate: Gate, limits: LimitsConfig, tracer: spans::Tracer) -> Self {
+        ToolGateService {
+            gate,
+            limits,
+            tracer,
+        }
     }
 
     fn boundary(&self) -> &Boundary {
@@ -134,8 +140,7 @@ impl ToolGate for ToolGateService {
     ) -> Result<Response<proto::ListToolsResponse>, Status> {
         let caller = caller(&request)?;
         let boundary = self.boundary();
-        let mut span =
-            spans::list_tools(boundary.tracer(), &caller.tenant, &remote_context(&request));
+        let mut span = spans::list_tools(&self.tracer, &caller.tenant, &remote_context(&request));
         let (tools, catalog_revision) = boundary.list_tools(&caller);
         spans::record_listed(&mut span, tools.len(), &catalog_revision);
         Ok(Response::new(proto::ListToolsResponse {
@@ -194,7 +199,7 @@ impl ToolGate for ToolGateService {
         }
         // The batch span is the parent of its calls' spans.
         let span = spans::execute_tools(
-            self.boundary().tracer(),
+            &self.tracer,
             &turn.caller.tenant,
             body.calls.len(),
             body.parallel,

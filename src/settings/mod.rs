@@ -194,7 +194,7 @@ impl fmt::Display for Rate {
 
 /// The file as written, its shape checked; a text past [`yaml_bounds`] is refused unparsed.
 pub fn parse_yaml(text: &str) -> Result<RawConfig, FieldError> {
-    yaml_bounds::check(text).map_err(|message| FieldError::new(".", message))?;
+    yaml_bounds::check(text).map_err(|err| FieldError::new(".", err.to_string()))?;
     let deserializer = serde_yaml_ng::Deserializer::from_str(text);
     serde_path_to_error::deserialize(deserializer).map_err(|err| {
         let path = err.path().to_string();
@@ -523,7 +523,7 @@ fn opt_duration(
 ) -> Result<Duration, FieldError> {
     value
         .as_deref()
-        .map(|text| parse_duration(text).map_err(|msg| FieldError::new(path, msg)))
+        .map(|text| parse_duration(text).map_err(|err| FieldError::new(path, err.to_string())))
         .transpose()
         .map(|d| d.unwrap_or(default))
 }
@@ -532,17 +532,39 @@ fn opt_duration(
 /// Longer ones are almost certainly typos, and deadlines computed from them must not overflow.
 pub const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
 
+/// Why a duration was refused; each message quotes the text as given.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum DurationError {
+    /// Not a duration at all.
+    #[error("invalid duration {text:?} ({source}); use e.g. 250ms, 5s, 2m, 1h")]
+    Unparsed {
+        text: String,
+        source: humantime::DurationError,
+    },
+    /// Zero.
+    #[error("invalid duration {text:?}: must be greater than 0")]
+    Zero { text: String },
+    /// Longer than [`MAX_DURATION`].
+    #[error("invalid duration {text:?}: the longest accepted is 30 days")]
+    TooLong { text: String },
+}
+
 /// Parses durations such as `250ms`, `5s`, `2m`, `1h`, `1m30s`, from 1 ns to [`MAX_DURATION`].
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let duration = humantime::parse_duration(text.trim())
-        .map_err(|err| format!("invalid duration {text:?} ({err}); use e.g. 250ms, 5s, 2m, 1h"))?;
+pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
+    let duration =
+        humantime::parse_duration(text.trim()).map_err(|source| DurationError::Unparsed {
+            text: text.to_owned(),
+            source,
+        })?;
     if duration.is_zero() {
-        return Err(format!("invalid duration {text:?}: must be greater than 0"));
+        return Err(DurationError::Zero {
+            text: text.to_owned(),
+        });
     }
     if duration > MAX_DURATION {
-        return Err(format!(
-            "invalid duration {text:?}: the longest accepted is 30 days"
-        ));
+        return Err(DurationError::TooLong {
+            text: text.to_owned(),
+        });
     }
     Ok(duration)
 }
@@ -601,10 +623,16 @@ mod tests {
         assert!(
             parse_duration("300000000000y")
                 .unwrap_err()
+                .to_string()
                 .contains("30 days")
         );
         assert!(parse_duration("31days").is_err());
-        assert!(parse_duration("soon").unwrap_err().contains("soon"));
+        assert!(
+            parse_duration("soon")
+                .unwrap_err()
+                .to_string()
+                .contains("soon")
+        );
     }
 
     #[test]

@@ -19,38 +19,53 @@ pub const MAX_YAML_BYTES: usize = 16 * 1024 * 1024;
 /// schema, a few levels of `properties`; the YAML deserializer stops at 128 anyway.
 pub const MAX_YAML_DEPTH: usize = 128;
 
+/// Why a YAML file was not read, or its text is refused unparsed.
+#[derive(Debug, thiserror::Error)]
+pub enum BoundsError {
+    /// The file cannot be opened or read.
+    #[error("cannot read file: {0}")]
+    Unreadable(#[source] std::io::Error),
+    /// The file is not text.
+    #[error("cannot read file: not UTF-8 ({0})")]
+    NotUtf8(#[source] std::string::FromUtf8Error),
+    /// Past [`MAX_YAML_BYTES`].
+    #[error(
+        "the file is over {} MiB; at most {} bytes are read",
+        MAX_YAML_BYTES >> 20,
+        MAX_YAML_BYTES
+    )]
+    TooLarge,
+    /// Collections nested past [`MAX_YAML_DEPTH`], first at this 1-based line.
+    #[error(
+        "line {line}: collections nested more than {max} levels deep; at most {max} are accepted (counted before parsing)",
+        max = MAX_YAML_DEPTH
+    )]
+    TooDeep { line: usize },
+}
+
 /// Reads a YAML file of at most [`MAX_YAML_BYTES`], taking no more than one byte past the bound
 /// from a file that is larger (or grows while read).
-pub fn read_bounded(path: &Path) -> Result<String, String> {
-    let file = std::fs::File::open(path).map_err(|err| format!("cannot read file: {err}"))?;
+pub fn read_bounded(path: &Path) -> Result<String, BoundsError> {
+    let file = std::fs::File::open(path).map_err(BoundsError::Unreadable)?;
     let mut bytes = Vec::new();
     file.take(MAX_YAML_BYTES as u64 + 1)
         .read_to_end(&mut bytes)
-        .map_err(|err| format!("cannot read file: {err}"))?;
+        .map_err(BoundsError::Unreadable)?;
     if bytes.len() > MAX_YAML_BYTES {
-        return Err(too_large());
+        return Err(BoundsError::TooLarge);
     }
-    String::from_utf8(bytes).map_err(|err| format!("cannot read file: not UTF-8 ({err})"))
+    String::from_utf8(bytes).map_err(BoundsError::NotUtf8)
 }
 
 /// Checks `text` against both bounds; the error says which and where.
-pub fn check(text: &str) -> Result<(), String> {
+pub fn check(text: &str) -> Result<(), BoundsError> {
     if text.len() > MAX_YAML_BYTES {
-        return Err(too_large());
+        return Err(BoundsError::TooLarge);
     }
     match deeper_than(text, MAX_YAML_DEPTH) {
-        Some(line) => Err(format!(
-            "line {line}: collections nested more than {MAX_YAML_DEPTH} levels deep; at most {MAX_YAML_DEPTH} are accepted (counted before parsing)"
-        )),
+        Some(line) => Err(BoundsError::TooDeep { line }),
         None => Ok(()),
     }
-}
-
-fn too_large() -> String {
-    format!(
-        "the file is over {} MiB; at most {MAX_YAML_BYTES} bytes are read",
-        MAX_YAML_BYTES >> 20
-    )
 }
 
 /// The 1-based line at which collections nest deeper than `max`, if they do.
@@ -288,6 +303,6 @@ mod tests {
     #[test]
     fn the_size_bound_is_checked_before_anything_else() {
         let big = "#".repeat(MAX_YAML_BYTES + 1);
-        assert!(check(&big).unwrap_err().contains("16 MiB"));
+        assert!(check(&big).unwrap_err().to_string().contains("16 MiB"));
     }
 }

@@ -172,7 +172,7 @@ async fn load(
 }
 
 /// Reads and validates a candidate file, its MCP tools resolved against the running servers.
-pub fn build(
+fn build(
     file: &std::path::Path,
     env: &Env,
     mcp_servers: Vec<McpServerConfig>,

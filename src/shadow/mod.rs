@@ -29,14 +29,16 @@ use arc_swap::ArcSwapOption;
 use tokio::sync::{mpsc, watch};
 
 use crate::{
-    audit::{AuditEvent, CandidateDecision, EventKind, EventTime, Party, ShadowRecord},
+    audit::{AuditEvent, AuditLog, CandidateDecision, EventKind, EventTime, Party, ShadowRecord},
     boundary::{
         Boundary, CallObserver, CallRequest, CallTrail, FinishedCall, Turn,
         explain::{Explanation, OwnEffects},
     },
     catalog::Catalog,
+    clock::SharedClock,
     error::{Stage, Status},
     identity::Caller,
+    metrics::Metrics,
     outcome::CallOutcome,
 };
 
@@ -84,8 +86,9 @@ pub struct Shadow {
 }
 
 impl Shadow {
-    /// The shadow of `boundary`'s calls: told of each one from now on, compared by [`run`].
-    pub fn observe(boundary: &Boundary) -> Arc<Self> {
+    /// The shadow of `boundary`'s calls: told of each one from now on, compared by [`run`]; its
+    /// counters are registered in `metrics`.
+    pub fn observe(boundary: &Boundary, metrics: &Metrics) -> Arc<Self> {
         let (queue, receiver) = mpsc::channel(MAX_QUEUED);
         let shadow = Arc::new(Shadow {
             candidate: ArcSwapOption::empty(),
@@ -94,7 +97,7 @@ impl Shadow {
             queue,
             receiver: Mutex::new(Some(receiver)),
             queued_bytes: AtomicUsize::new(0),
-            metrics: ShadowMetrics::register(boundary.metrics()),
+            metrics: ShadowMetrics::register(metrics),
         });
         if !boundary.observe_calls(shadow.clone()) {
             tracing::error!(
@@ -240,9 +243,18 @@ fn order(stage: Stage) -> usize {
         .unwrap_or(crate::boundary::explain::STAGES.len())
 }
 
+/// Where the worker records the differences it finds: audit events, stamped by the server's
+/// clock, naming the tool as the served call's event does.
+pub struct Recorder {
+    pub audit: AuditLog,
+    pub clock: SharedClock,
+    /// The served calls' `limits.max_identifier_bytes`, to which tool names are cut.
+    pub max_identifier_bytes: usize,
+}
+
 /// The worker: explains queued calls against the candidate, one at a time, until the server
 /// stops.
-pub async fn run(boundary: Arc<Boundary>, shadow: Arc<Shadow>) {
+pub async fn run(boundary: Arc<Boundary>, shadow: Arc<Shadow>, recorder: Recorder) {
     let receiver = shadow
         .receiver
         .lock()
@@ -256,11 +268,17 @@ pub async fn run(boundary: Arc<Boundary>, shadow: Arc<Shadow>) {
         let Some(candidate) = shadow.candidate() else {
             continue;
         };
-        compare(&boundary, &shadow, &candidate, job).await;
+        compare(&boundary, &shadow, &recorder, &candidate, job).await;
     }
 }
 
-async fn compare(boundary: &Boundary, shadow: &Shadow, candidate: &Candidate, job: Job) {
+async fn compare(
+    boundary: &Boundary,
+    shadow: &Shadow,
+    recorder: &Recorder,
+    candidate: &Candidate,
+    job: Job,
+) {
     let revision = &candidate.revision;
     let candidate = &candidate.catalog;
     let turn = Turn {
@@ -290,7 +308,7 @@ async fn compare(boundary: &Boundary, shadow: &Shadow, candidate: &Candidate, jo
     for kind in &differences {
         shadow.metrics.difference(label, kind);
     }
-    let Some(slot) = boundary.audit().try_reserve() else {
+    let Some(slot) = recorder.audit.try_reserve() else {
         shadow.metrics.skipped("audit_full");
         return;
     };
@@ -319,7 +337,7 @@ async fn compare(boundary: &Boundary, shadow: &Shadow, candidate: &Candidate, jo
         },
     };
     slot.send(Box::new(AuditEvent {
-        time: EventTime(boundary.clock().unix_ms()),
+        time: EventTime(recorder.clock.unix_ms()),
         kind: Some(EventKind::ShadowDecision),
         call_id: active.call_id.into(),
         run_id: turn.run_id,
@@ -327,7 +345,7 @@ async fn compare(boundary: &Boundary, shadow: &Shadow, candidate: &Candidate, jo
         party: Party::Caller(turn.caller.clone()),
         tool: crate::boundary::structure::reported_call_id(
             &job.call.name,
-            boundary.limits().max_identifier_bytes,
+            recorder.max_identifier_bytes,
         ),
         tool_version: active.tool_version.into(),
         arguments_sha256: active.arguments_sha256,
@@ -394,7 +412,8 @@ mod tests {
                 .await
                 .unwrap();
         let catalog = Config::demo(&Env::default()).unwrap().catalog;
-        let shadow = Shadow::observe(&boundary);
+        let metrics = Metrics::new();
+        let shadow = Shadow::observe(&boundary, &metrics);
         shadow.candidate.store(Some(Arc::new(Candidate {
             catalog,
             path: PathBuf::new(),
@@ -419,8 +438,8 @@ mod tests {
                 trail: &trail,
             })
         };
-        let skipped = |boundary: &Boundary| {
-            let text = boundary.metrics().render(Default::default());
+        let skipped = |metrics: &Metrics| {
+            let text = metrics.render(Default::default());
             text.lines()
                 .find(|l| l.starts_with("toolgate_shadow_skipped_total{reason=\"queue_full\"}"))
                 .and_then(|l| l.rsplit(' ').next())
@@ -432,7 +451,7 @@ mod tests {
         for _ in 0..3 {
             offer(&big);
         }
-        assert_eq!(skipped(&boundary), 1);
+        assert_eq!(skipped(&metrics), 1);
         assert_eq!(
             shadow.queued_bytes.load(Ordering::Acquire),
             2 * (big.len() + JOB_OVERHEAD)
@@ -441,10 +460,10 @@ mod tests {
         for _ in 0..MAX_QUEUED {
             offer("{}");
         }
-        assert_eq!(skipped(&boundary), 1 + 2);
+        assert_eq!(skipped(&metrics), 1 + 2);
         // Without a candidate nothing is queued or counted.
         shadow.candidate.store(None);
         offer("{}");
-        assert_eq!(skipped(&boundary), 3);
+        assert_eq!(skipped(&metrics), 3);
     }
 }

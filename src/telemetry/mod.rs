@@ -214,9 +214,8 @@ impl TelemetryConfig {
                 .transpose()
         };
         let batch_delay = match &raw.batch_delay {
-            Some(text) => {
-                parse_duration(text).map_err(|m| FieldError::new("telemetry.batch_delay", m))?
-            }
+            Some(text) => parse_duration(text)
+                .map_err(|err| FieldError::new("telemetry.batch_delay", err.to_string()))?,
             None => number("OTEL_BSP_SCHEDULE_DELAY", "milliseconds", 0)?
                 .map_or(DEFAULT_BATCH_DELAY, |ms| Duration::from_millis(ms as u64)),
         };
@@ -325,7 +324,9 @@ fn parse_headers(variable: &str, text: &str) -> Result<HeaderMap, FieldError> {
 #[derive(Debug, thiserror::Error)]
 pub enum TelemetryError {
     #[error("cannot create the OTLP exporter: {0}")]
-    Exporter(String),
+    Exporter(#[from] otlp::ExporterError),
+    #[error("cannot create the OTLP exporter: cannot start the span export thread: {0}")]
+    ExportThread(#[source] std::io::Error),
 }
 
 /// Keeps the exporter alive; [`TelemetryGuard::shutdown`] flushes pending spans.
@@ -520,8 +521,7 @@ pub fn tracer_provider(
         protocol: telemetry.protocol,
         headers: telemetry.headers.clone(),
         timeout: telemetry.export_timeout,
-    })
-    .map_err(TelemetryError::Exporter)?;
+    })?;
     let mut attributes = vec![KeyValue::new("service.version", env!("CARGO_PKG_VERSION"))];
     attributes.extend(
         telemetry
@@ -543,7 +543,7 @@ pub fn tracer_provider(
             max_export_batch_size: telemetry.max_export_batch_size,
         },
     )
-    .map_err(|e| TelemetryError::Exporter(format!("cannot start the span export thread: {e}")))?;
+    .map_err(TelemetryError::ExportThread)?;
     let losses = processor.losses();
     let provider = SdkTracerProvider::builder()
         .with_span_processor(processor)

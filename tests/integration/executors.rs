@@ -753,7 +753,7 @@ async fn mcp_list_changed_refreshes_and_a_killed_server_fails_promptly_then_reco
     );
 
     // Kill the server in the middle of a call.
-    let mcp = server.boundary().executors().mcp.clone();
+    let mcp = server.mcp().clone();
     let pid = mcp.pid("dyn").expect("stdio server pid");
     let waiting = tokio::spawn({
         let mut client = client.clone();

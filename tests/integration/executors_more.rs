@@ -354,7 +354,7 @@ async fn an_mcp_write_whose_server_went_away_mid_call_is_an_unknown_outcome() {
     let server = TestServer::start_with_env(&yaml, &env_with_path()).await;
     crate::executors::wait_for_tool(&server, &who("acme"), "dyn.wait").await;
     let client = server.client().await;
-    let mcp = server.boundary().executors().mcp.clone();
+    let mcp = server.mcp().clone();
     let pid = mcp.pid("dyn").expect("stdio server pid");
     let waiting = tokio::spawn({
         let mut client = client.clone();

@@ -191,7 +191,7 @@ async fn a_server_that_went_down_is_reported_like_one_that_never_came_up() {
 
     // From now on the server cannot start again; kill the running one.
     std::fs::write(&flag, "").unwrap();
-    let mcp = server.boundary().executors().mcp.clone();
+    let mcp = server.mcp().clone();
     let pid = mcp.pid("was_up").expect("stdio server pid");
     assert!(
         Command::new("kill")

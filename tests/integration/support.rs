@@ -309,12 +309,17 @@ impl TestServer {
     }
 
     pub fn builtins(&self) -> &Builtins {
-        &self.running().boundary().executors().builtins
+        &self.running().executors().builtins
+    }
+
+    /// The MCP servers' connections and processes.
+    pub fn mcp(&self) -> &std::sync::Arc<toolgate::executor::McpManager> {
+        &self.running().executors().mcp
     }
 
     /// Every audit event written so far (the queue is flushed first).
     pub async fn audit_events(&self) -> Vec<Value> {
-        self.running().boundary().audit().flush().await;
+        self.running().audit().flush().await;
         let text = std::fs::read_to_string(&self.audit_path).unwrap_or_default();
         text.lines()
             .map(|l| serde_json::from_str(l).expect("audit line is JSON"))

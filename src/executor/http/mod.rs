@@ -89,7 +89,7 @@ impl Destination {
 
     /// Refuses an IP-literal host that the policy does not allow. Resolvers never see such hosts,
     /// so this runs before every request to one.
-    pub fn check_literal(&self, url: &Url) -> Result<(), String> {
+    pub fn check_literal(&self, url: &Url) -> Result<(), AddressRefused> {
         let ip = match url.host() {
             Some(url::Host::Ipv4(ip)) => IpAddr::V4(ip),
             Some(url::Host::Ipv6(ip)) => IpAddr::V6(ip),
@@ -98,11 +98,27 @@ impl Destination {
         match self.policy.refusal(ip) {
             Some(why) => {
                 tracing::warn!(destination = %self.label, address = %ip, reason = why, "refused a non-public address");
-                Err(format!("{} is a non-public address ({why})", self.label))
+                Err(AddressRefused::NonPublic {
+                    destination: self.label.clone(),
+                    why,
+                })
             }
             None => Ok(()),
         }
     }
+}
+
+/// Why a destination may not be reached at an address.
+#[derive(Debug, thiserror::Error)]
+pub enum AddressRefused {
+    /// The address is not public and the destination's policy does not allow it.
+    #[error("{destination} is a non-public address ({why})")]
+    NonPublic {
+        /// The destination's label, e.g. `upstream billing`.
+        destination: String,
+        /// What kind of non-public address it is.
+        why: &'static str,
+    },
 }
 
 /// Checks a configured URL once, at load: http or https, a host, no credentials, a port other
@@ -257,9 +273,8 @@ impl Upstream {
             headers.insert(header_name, header_value);
         }
         let connect_timeout = match &raw.connect_timeout {
-            Some(text) => {
-                parse_duration(text).map_err(|m| FieldError::new(at("connect_timeout"), m))?
-            }
+            Some(text) => parse_duration(text)
+                .map_err(|err| FieldError::new(at("connect_timeout"), err.to_string()))?,
             None => Duration::from_secs(5),
         };
         let max_concurrency = raw.max_concurrency.unwrap_or(64);
@@ -500,7 +515,7 @@ impl HttpExecutor {
         upstream
             .destination
             .check_literal(&tool.url)
-            .map_err(ExecError::Refused)?;
+            .map_err(|err| ExecError::Refused(err.to_string()))?;
         let body = serde_json::to_vec(permit.arguments())
             .map_err(|err| ExecError::failed(format!("cannot encode arguments: {err}")))?;
         // A fresh id per request: call ids repeat (every first call of a turn without one is

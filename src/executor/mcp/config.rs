@@ -148,9 +148,8 @@ impl McpServerConfig {
             ));
         }
         let startup_timeout = match &raw.startup_timeout {
-            Some(text) => {
-                parse_duration(text).map_err(|m| FieldError::new(at("startup_timeout"), m))?
-            }
+            Some(text) => parse_duration(text)
+                .map_err(|err| FieldError::new(at("startup_timeout"), err.to_string()))?,
             None => Duration::from_secs(30),
         };
         let max_message_bytes = match raw.max_message_bytes {
@@ -179,7 +178,12 @@ impl McpServerConfig {
         match &self.transport {
             Transport::Stdio { program, .. } => runnable(program)
                 .err()
-                .map(|why| FieldError::new(format!("mcp_servers.{}.command", self.name), why))
+                .map(|why| {
+                    FieldError::new(
+                        format!("mcp_servers.{}.command", self.name),
+                        why.to_string(),
+                    )
+                })
                 .into_iter()
                 .collect(),
             Transport::Http { .. } => Vec::new(),

@@ -32,8 +32,9 @@ pub(super) async fn connect(
     destination: &Destination,
     handler: ListChanged,
 ) -> Result<Connection, String> {
-    destination.check_literal(url).inspect_err(|why| {
+    destination.check_literal(url).map_err(|why| {
         tracing::error!(server = %config.name, reason = %why, "refused a non-public MCP server address");
+        why.to_string()
     })?;
     let client = guarded_client(destination, Duration::from_secs(5))
         .map_err(|err| format!("cannot build the HTTP client: {err}"))?;

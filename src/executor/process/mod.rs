@@ -84,7 +84,10 @@ impl ProcessTool {
     pub fn host_problems(&self) -> Vec<FieldError> {
         let mut problems = Vec::new();
         if let Err(why) = runnable(&self.command) {
-            problems.push(FieldError::new(format!("{}.command", self.at), why));
+            problems.push(FieldError::new(
+                format!("{}.command", self.at),
+                why.to_string(),
+            ));
         }
         if !self.working_dir.is_dir() {
             problems.push(FieldError::new(
@@ -111,23 +114,39 @@ pub fn program_path(command: &str, base_dir: &Path, search: Option<&str>) -> Pat
         .unwrap_or_else(|| PathBuf::from(command))
 }
 
+/// Why a program cannot be run.
+#[derive(Debug, thiserror::Error)]
+pub enum NotRunnable {
+    /// A bare name that no directory of the PATH holds.
+    #[error("program {} is not on the PATH", .0.display())]
+    NotOnPath(PathBuf),
+    /// The file cannot be looked at (missing, or a directory on the way cannot be read).
+    #[error("program {} cannot be used: {source}", .program.display())]
+    Unusable {
+        program: PathBuf,
+        source: std::io::Error,
+    },
+    /// Not a file, or not one this process may execute.
+    #[error("program {} is not an executable file", .0.display())]
+    NotExecutable(PathBuf),
+}
+
 /// Whether `program` is an executable file, or why not.
-pub fn runnable(program: &Path) -> Result<(), String> {
+pub fn runnable(program: &Path) -> Result<(), NotRunnable> {
     use std::os::unix::{ffi::OsStrExt, fs::PermissionsExt};
     if program.components().count() == 1 && !program.is_absolute() {
-        return Err(format!("program {} is not on the PATH", program.display()));
+        return Err(NotRunnable::NotOnPath(program.to_owned()));
     }
-    let metadata = std::fs::metadata(program)
-        .map_err(|err| format!("program {} cannot be used: {err}", program.display()))?;
+    let metadata = std::fs::metadata(program).map_err(|source| NotRunnable::Unusable {
+        program: program.to_owned(),
+        source,
+    })?;
     let executable = std::ffi::CString::new(program.as_os_str().as_bytes())
         // SAFETY: access only reads the path.
         .map(|path| unsafe { libc::access(path.as_ptr(), libc::X_OK) } == 0)
         .unwrap_or(false);
     if !metadata.is_file() || metadata.permissions().mode() & 0o111 == 0 || !executable {
-        return Err(format!(
-            "program {} is not an executable file",
-            program.display()
-        ));
+        return Err(NotRunnable::NotExecutable(program.to_owned()));
     }
     Ok(())
 }

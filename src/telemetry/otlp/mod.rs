@@ -58,6 +58,32 @@ fn user_agent() -> String {
     format!("toolgate/{}", env!("CARGO_PKG_VERSION"))
 }
 
+/// Why the exporter could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ExporterError {
+    /// Its own runtime could not start.
+    #[error("{0}")]
+    Runtime(#[source] std::io::Error),
+    /// The endpoint is not a URI a gRPC channel can use.
+    #[error("invalid OTLP endpoint {endpoint:?}: {source}")]
+    GrpcEndpoint {
+        endpoint: String,
+        source: tonic::transport::Error,
+    },
+    /// The user agent is not a header value.
+    #[error("{0}")]
+    UserAgent(#[source] tonic::transport::Error),
+    /// The HTTP client could not be built.
+    #[error("cannot build the OTLP HTTP client: {0}")]
+    HttpClient(#[source] reqwest::Error),
+    /// The endpoint is not a URL.
+    #[error("invalid OTLP endpoint {endpoint:?}: {source}")]
+    HttpEndpoint {
+        endpoint: String,
+        source: url::ParseError,
+    },
+}
+
 /// Why one export request failed.
 #[derive(Debug, thiserror::Error)]
 enum ExportError {
@@ -136,18 +162,22 @@ impl std::fmt::Debug for OtlpExporter {
 }
 
 impl OtlpExporter {
-    pub fn new(settings: &ExportSettings) -> Result<Self, String> {
+    /// An exporter sending to `settings.endpoint`; it connects when the first batch is sent.
+    pub fn new(settings: &ExportSettings) -> Result<Self, ExporterError> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .thread_name("toolgate-otlp")
             .build()
-            .map_err(|e| e.to_string())?;
+            .map_err(ExporterError::Runtime)?;
         let transport = match settings.protocol {
             OtlpProtocol::Grpc => {
                 let endpoint = tonic::transport::Endpoint::from_shared(settings.endpoint.clone())
-                    .map_err(|e| format!("invalid OTLP endpoint {:?}: {e}", settings.endpoint))?
+                    .map_err(|source| ExporterError::GrpcEndpoint {
+                        endpoint: settings.endpoint.clone(),
+                        source,
+                    })?
                     .user_agent(user_agent())
-                    .map_err(|e| e.to_string())?
+                    .map_err(ExporterError::UserAgent)?
                     .connect_timeout(settings.timeout)
                     .timeout(settings.timeout);
                 // The channel's connection task runs on the runtime it is made in.
@@ -166,9 +196,13 @@ impl OtlpExporter {
                     .user_agent(user_agent())
                     .connect_timeout(settings.timeout)
                     .build()
-                    .map_err(|e| format!("cannot build the OTLP HTTP client: {e}"))?;
-                let url = reqwest::Url::parse(&settings.endpoint)
-                    .map_err(|e| format!("invalid OTLP endpoint {:?}: {e}", settings.endpoint))?;
+                    .map_err(ExporterError::HttpClient)?;
+                let url = reqwest::Url::parse(&settings.endpoint).map_err(|source| {
+                    ExporterError::HttpEndpoint {
+                        endpoint: settings.endpoint.clone(),
+                        source,
+                    }
+                })?;
                 let mut headers = settings.headers.clone();
                 headers.insert(
                     http::header::CONTENT_TYPE,
