@@ -39,7 +39,8 @@ use toolgate::{
     clock::SharedClock,
     config::Config,
     identity::{Caller, IdentityResolver},
-    limits::{Quotas, RateLimits},
+    limits::{Quotas, RateLimits, metrics::QuotaMetrics},
+    metrics::Metrics,
     settings::{Env, LimitsConfig, Rate},
     state,
 };
@@ -214,6 +215,7 @@ impl Fixture {
             &config.catalog,
             SharedClock::system(),
             &state::Backend::Memory,
+            &QuotaMetrics::register(&Metrics::new()),
             None,
         );
         Fixture {

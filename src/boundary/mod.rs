@@ -24,7 +24,7 @@
 //!
 //! Beside them: the call's record (`trail.rs`), what ListTools shows (`visibility.rs`), redaction
 //! (`redaction.rs`), the approvals RPCs (`approvals_admin.rs`), the sealed `Permit`, the observer
-//! of finished calls, and explanation.
+//! of finished calls, explanation, and the boundary's metrics (`metrics.rs`).
 
 // The stages (see the table).
 pub mod access;
@@ -42,6 +42,7 @@ pub mod structure;
 // What the chain is made of and what it makes.
 mod approvals_admin;
 pub mod explain;
+mod metrics;
 mod observer;
 mod permit;
 mod policy;
@@ -74,7 +75,7 @@ use crate::{
     error::{Reason, Refusal, Stage},
     executor::Executors,
     identity::Caller,
-    limits::Quotas,
+    limits::{Quotas, metrics::QuotaMetrics},
     metrics::Metrics,
     outcome::CallOutcome,
     settings::LimitsConfig,
@@ -83,6 +84,7 @@ use crate::{
     telemetry::spans,
 };
 use idempotency::{Claimed, Idempotency};
+use metrics::BoundaryMetrics;
 use resolve::RevisionLog;
 
 /// The catalog and the state that must change with it, swapped as one on reload.
@@ -154,7 +156,9 @@ pub struct Boundary {
     audit: AuditLog,
     revisions: RevisionLog,
     clock: SharedClock,
-    metrics: Arc<Metrics>,
+    metrics: BoundaryMetrics,
+    /// Counts what the rate limits of each catalog decide.
+    quota_metrics: QuotaMetrics,
     /// The calls being decided or run: counted here, by their owner, and told to stop when the
     /// shutdown grace period is over (they end as CANCELLED).
     calls: Tasks,
@@ -191,9 +195,18 @@ impl Boundary {
         executors: Executors,
         audit: AuditLog,
         clock: SharedClock,
-        metrics: Arc<Metrics>,
+        metrics: &Metrics,
     ) -> Self {
-        let rate_limits = Quotas::build(&catalog, clock.clone(), &stores.backend, None);
+        let registry = metrics;
+        let metrics = BoundaryMetrics::register(registry);
+        let quota_metrics = QuotaMetrics::register(registry);
+        let rate_limits = Quotas::build(
+            &catalog,
+            clock.clone(),
+            &stores.backend,
+            &quota_metrics,
+            None,
+        );
         metrics.serving_revision(catalog.revision());
         let arguments_budget =
             structure::ArgumentsBudget::new(limits.max_parsed_arguments_bytes_in_flight);
@@ -211,6 +224,7 @@ impl Boundary {
             audit,
             clock,
             metrics,
+            quota_metrics,
             calls: Tasks::new(),
             observer: std::sync::OnceLock::new(),
             tracer: spans::Tracer::off(),
@@ -271,6 +285,7 @@ impl Boundary {
             &catalog,
             self.clock.clone(),
             &self.backend,
+            &self.quota_metrics,
             Some(&previous.rate_limits),
         );
         let invalidated = self.approvals.invalidate_changed(&catalog).await;

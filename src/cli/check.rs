@@ -31,7 +31,8 @@ async fn connect_state(config: &Config) -> Result<String, String> {
     let crate::settings::StateBackend::Redis(redis) = &config.state.backend else {
         return Ok("state backend: memory (nothing to connect to)".to_owned());
     };
-    let metrics = std::sync::Arc::new(crate::metrics::Metrics::new());
+    // Nothing renders them: the state's metrics are only what connecting takes.
+    let metrics = crate::state::metrics::StateMetrics::register(&crate::metrics::Metrics::new());
     let shared = crate::state::Redis::connect(redis, &config.state, metrics)
         .map_err(|err| err.to_string())?;
     let started = std::time::Instant::now();

@@ -366,7 +366,7 @@ pub(crate) async fn explaining_boundary(config: Config) -> anyhow::Result<Arc<Bo
         Executors::default(),
         audit,
         clock,
-        Arc::new(Metrics::new()),
+        &Metrics::new(),
     )))
 }
 

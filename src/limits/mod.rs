@@ -11,8 +11,9 @@
 //! without one of them consuming a cell for a call the other refuses.
 //!
 //! [`Quotas`] is what the boundary calls: this memory limiter, or the quotas shared by every
-//! sidecar through Redis ([`redis`]).
+//! sidecar through Redis ([`redis`]). Their metrics are in [`metrics`].
 
+pub mod metrics;
 pub mod redis;
 
 use std::{
@@ -29,6 +30,7 @@ use crate::{
     settings::Rate,
     state::{self, StateError},
 };
+use metrics::QuotaMetrics;
 use redis::SharedQuotas;
 
 /// The rate limiter of one catalog: this sidecar's memory, or shared through Redis.
@@ -38,12 +40,14 @@ pub enum Quotas {
 }
 
 impl Quotas {
-    /// Limiters for `catalog` on `backend`, carrying over `previous` state where a quota is
-    /// unchanged (in Redis the key names carry the rate, so that holds by itself).
+    /// Limiters for `catalog` on `backend`, counting in `metrics`, carrying over `previous` state
+    /// where a quota is unchanged (in Redis the key names carry the rate, so that holds by
+    /// itself).
     pub fn build(
         catalog: &Catalog,
         clock: SharedClock,
         backend: &state::Backend,
+        metrics: &QuotaMetrics,
         previous: Option<&Quotas>,
     ) -> Quotas {
         let previous_local = previous.and_then(|p| match p {
@@ -60,6 +64,7 @@ impl Quotas {
                 });
                 Quotas::Shared(SharedQuotas::new(
                     redis.clone(),
+                    metrics.clone(),
                     Some(local),
                     previous_shared,
                 ))
@@ -460,6 +465,7 @@ tools:
             &catalog,
             SharedClock::new(ManualClock::new(0)),
             &state::Backend::Memory,
+            &QuotaMetrics::register(&crate::metrics::Metrics::new()),
             None,
         );
         let tool = catalog.resolve("t", None, "a").unwrap();

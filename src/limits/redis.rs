@@ -18,7 +18,9 @@ use std::{
 
 use redis::Script;
 
-use super::{QuotaScope, QuotaView, RateLimits, tenant_refusal, tool_refusal};
+use super::{
+    QuotaScope, QuotaView, RateLimits, metrics::QuotaMetrics, tenant_refusal, tool_refusal,
+};
 use crate::gcra::Gcra;
 use crate::{
     catalog::ToolVersion,
@@ -71,6 +73,8 @@ static SCRIPT: LazyLock<Script> = LazyLock::new(|| script(GCRA));
 /// The quotas of one catalog, decided in Redis.
 pub struct SharedQuotas {
     redis: Arc<Redis>,
+    /// Counts the calls decided by `fallback`.
+    metrics: QuotaMetrics,
     /// This sidecar's own limiter, deciding while Redis cannot be reached when the config says
     /// `on_unavailable: local`.
     fallback: Option<RateLimits>,
@@ -88,6 +92,7 @@ struct Quota {
 impl SharedQuotas {
     pub fn new(
         redis: Arc<Redis>,
+        metrics: QuotaMetrics,
         fallback: Option<RateLimits>,
         previous: Option<&SharedQuotas>,
     ) -> Self {
@@ -97,6 +102,7 @@ impl SharedQuotas {
         };
         SharedQuotas {
             redis,
+            metrics,
             fallback,
             falling_back: previous.map(|p| p.falling_back.clone()).unwrap_or_default(),
         }
@@ -224,7 +230,7 @@ impl SharedQuotas {
         let Some(local) = self.fallback.as_ref().filter(|_| outage) else {
             return Err(unavailable(err));
         };
-        self.redis.metrics().rate_limit_local_decision();
+        self.metrics.local_decision();
         if !self.falling_back.swap(true, Ordering::Relaxed) {
             tracing::warn!(error = %err, "shared rate limits unavailable: this sidecar decides quotas alone until the state backend answers");
         }

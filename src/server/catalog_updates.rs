@@ -15,6 +15,9 @@
 //! (server, limits, audit, approvals, telemetry, mcp_servers) refuse the whole reload, loudly,
 //! naming them, and set `toolgate_config_restart_required`: a success is never logged for a
 //! change that did not take effect.
+//!
+//! The updater's own metrics ([`UpdateMetrics`]) count reloads by result, and the catalog file's
+//! polls and parses; the served revision is the boundary's, which swaps it.
 
 use std::{
     net::SocketAddr,
@@ -26,6 +29,10 @@ use std::{
     time::Duration,
 };
 
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family},
+};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::services::IdentityHandle;
@@ -79,7 +86,7 @@ pub struct Source {
 pub struct Updater {
     pub boundary: Arc<Boundary>,
     /// Counts polls, parses and reload outcomes.
-    pub metrics: Arc<Metrics>,
+    pub metrics: UpdateMetrics,
     pub identity: IdentityHandle,
     pub clock: SharedClock,
     /// Set while the file holds changes that need a restart.
@@ -278,5 +285,67 @@ async fn apply(
             tracing::error!(cause, path = %err.path, error = %err.message, "catalog rebuild failed; keeping the current one");
             None
         }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReloadLabels {
+    result: String,
+}
+
+/// The catalog updater's metrics: `toolgate_catalog_reloads_total{result}`,
+/// `toolgate_catalog_file_polls_total` and `toolgate_catalog_file_parses_total`.
+pub struct UpdateMetrics {
+    reloads: Family<ReloadLabels, Counter>,
+    polls: Counter,
+    parses: Counter,
+}
+
+impl UpdateMetrics {
+    /// The updater's families, registered in `metrics`.
+    pub fn register(metrics: &Metrics) -> Self {
+        let updates = UpdateMetrics {
+            reloads: Family::default(),
+            polls: Counter::default(),
+            parses: Counter::default(),
+        };
+        metrics.register(
+            "catalog_reloads",
+            "Catalog reloads by result (ok, refused, restart_required)",
+            updates.reloads.clone(),
+        );
+        metrics.register(
+            "catalog_file_polls",
+            "Times the catalog file was looked at for changes",
+            updates.polls.clone(),
+        );
+        metrics.register(
+            "catalog_file_parses",
+            "Times the catalog file's text was parsed: when it was new or changed, and for each reload (an unchanged file is not parsed)",
+            updates.parses.clone(),
+        );
+        updates
+    }
+
+    /// Records a reload attempt: `ok`, `refused` (invalid) or `restart_required`.
+    fn reload(&self, result: &'static str) {
+        self.reloads
+            .get_or_create(&ReloadLabels {
+                result: result.to_owned(),
+            })
+            .inc();
+    }
+
+    /// The catalog file was looked at; `parsed` when its text was parsed.
+    fn catalog_file_polled(&self, parsed: bool) {
+        self.polls.inc();
+        if parsed {
+            self.parses.inc();
+        }
+    }
+
+    /// The catalog file was parsed to be loaded.
+    fn catalog_file_parsed(&self) {
+        self.parses.inc();
     }
 }

@@ -279,9 +279,10 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
     let audit = AuditLog::start(&config.audit, &tasks.audit)
         .await
         .map_err(StartError::Audit)?;
+    // Each concern registers its own families as it is built.
     let metrics = Arc::new(Metrics::new());
     let backend =
-        crate::state::Backend::start(&config.state, metrics.clone()).map_err(StartError::State)?;
+        crate::state::Backend::start(&config.state, &metrics).map_err(StartError::State)?;
     let stores = Stores::new(
         backend.clone(),
         &clock,
@@ -303,7 +304,7 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
             executors.clone(),
             audit.clone(),
             clock.clone(),
-            metrics.clone(),
+            &metrics,
         )
         .with_tracer(options.tracer.clone()),
     );
@@ -339,7 +340,7 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         catalog_updates::run(
             catalog_updates::Updater {
                 boundary: boundary.clone(),
-                metrics: metrics.clone(),
+                metrics: catalog_updates::UpdateMetrics::register(&metrics),
                 identity: identity.clone(),
                 clock: clock.clone(),
                 restart_required: restart_required.clone(),

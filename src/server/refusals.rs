@@ -184,7 +184,7 @@ mod tests {
             format_args!("rpc refused: full"),
         );
         assert_eq!(left_out(&refusals), 0, "the next interval logs again");
-        let metrics = metrics.render(Default::default());
+        let metrics = metrics.render();
         assert!(
             metrics.contains(
                 "toolgate_rpcs_refused_total{listener=\"tcp\",reason=\"in_flight\"} 1001"

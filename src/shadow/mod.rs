@@ -439,7 +439,7 @@ mod tests {
             })
         };
         let skipped = |metrics: &Metrics| {
-            let text = metrics.render(Default::default());
+            let text = metrics.render();
             text.lines()
                 .find(|l| l.starts_with("toolgate_shadow_skipped_total{reason=\"queue_full\"}"))
                 .and_then(|l| l.rsplit(' ').next())

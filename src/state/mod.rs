@@ -5,12 +5,15 @@
 //! `limits::Quotas`, `approvals::Approvals`, `boundary::idempotency::Idempotency` — so the
 //! memory path stays a direct call with nothing boxed, and the boundary's chain reads the same
 //! for both. This module holds what the Redis implementations share: the connections, the
-//! per-operation timeout, reachability, key names and the error type.
+//! per-operation timeout, reachability, key names and the error type, and the backend's
+//! metrics ([`metrics`]).
 
+pub mod metrics;
 pub mod redis;
 
 use std::sync::Arc;
 
+use self::metrics::StateMetrics;
 pub use self::redis::{Redis, StateError};
 use crate::{
     metrics::Metrics,
@@ -27,9 +30,11 @@ pub enum Backend {
 }
 
 impl Backend {
-    /// The backend `config` names. Redis is connected lazily: start-up never waits for it, and
-    /// until it answers, calls that need it get the configured outage behaviour.
-    pub fn start(config: &StateConfig, metrics: Arc<Metrics>) -> Result<Backend, StateError> {
+    /// The backend `config` names, its metrics registered in `metrics`. Redis is connected
+    /// lazily: start-up never waits for it, and until it answers, calls that need it get the
+    /// configured outage behaviour.
+    pub fn start(config: &StateConfig, metrics: &Metrics) -> Result<Backend, StateError> {
+        let metrics = StateMetrics::register(metrics);
         match &config.backend {
             StateBackend::Memory => Ok(Backend::Memory),
             StateBackend::Redis(redis) => Ok(Backend::Redis(Arc::new(Redis::connect(

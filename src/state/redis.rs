@@ -33,11 +33,8 @@ use redis::{
 };
 use tokio::{sync::watch, time::Instant};
 
-use super::Concern;
-use crate::{
-    metrics::Metrics,
-    settings::{OnUnavailable, RedisConfig, StateConfig},
-};
+use super::{Concern, metrics::StateMetrics};
+use crate::settings::{OnUnavailable, RedisConfig, StateConfig};
 
 /// Why an operation on the shared state did not complete.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -264,7 +261,7 @@ pub struct Redis {
     rate_limits_on_unavailable: OnUnavailable,
     /// Whether the last operation or health check got an answer.
     up: watch::Sender<bool>,
-    metrics: Arc<Metrics>,
+    metrics: StateMetrics,
     /// Redis's clock, for the scripts' give-up times.
     clock: RedisClock,
 }
@@ -302,7 +299,7 @@ impl Redis {
     pub fn connect(
         config: &RedisConfig,
         state: &StateConfig,
-        metrics: Arc<Metrics>,
+        metrics: StateMetrics,
     ) -> Result<Redis, StateError> {
         let info = connection_info(config)?;
         if config.url.scheme() == "rediss" {
@@ -348,7 +345,7 @@ impl Redis {
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(settings)?
         };
-        metrics.state_backend_up(false);
+        metrics.backend_up(false);
         Ok(Redis {
             connections,
             next: AtomicUsize::new(0),
@@ -370,11 +367,6 @@ impl Redis {
     /// The per-operation timeout.
     pub fn timeout(&self) -> Duration {
         self.timeout
-    }
-
-    /// The sidecar's metrics, for the concerns' own counters.
-    pub fn metrics(&self) -> &Metrics {
-        &self.metrics
     }
 
     /// A key of `tenant`: `<prefix>{<tenant>}:<rest>`. The tenant is the hash tag, so all of a
@@ -512,18 +504,18 @@ impl Redis {
     fn answered(&self) {
         let changed = self.up.send_if_modified(|up| !std::mem::replace(up, true));
         if changed {
-            self.metrics.state_backend_up(true);
+            self.metrics.backend_up(true);
             tracing::info!("state backend reachable");
         }
     }
 
     fn failed(&self, concern: Concern, error: StateError) -> StateError {
-        self.metrics.state_failure(concern.as_str());
+        self.metrics.failure(concern.as_str());
         let outage = matches!(error, StateError::Timeout(_) | StateError::Unreachable(_));
         if outage {
             let changed = self.up.send_if_modified(|up| std::mem::replace(up, false));
             if changed {
-                self.metrics.state_backend_up(false);
+                self.metrics.backend_up(false);
                 tracing::warn!(concern = concern.as_str(), error = %error, "state backend unreachable");
             }
         } else {
@@ -655,6 +647,7 @@ impl Reply {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::Metrics;
 
     fn redis(prefix: &str) -> Redis {
         let config = RedisConfig {
@@ -671,7 +664,7 @@ mod tests {
         Redis::connect(
             &config,
             &StateConfig::default(),
-            Arc::new(Metrics::default()),
+            StateMetrics::register(&Metrics::default()),
         )
         .unwrap()
     }

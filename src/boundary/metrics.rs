@@ -1,0 +1,173 @@
+//! The boundary's metrics, registered when the boundary is built: every call it decides
+//! (`toolgate_tool_calls_total{tool,status}`, `…_tool_call_duration_seconds{tool}`,
+//! `…_refusals_total{stage,error_type}`, `…_rate_limited_total{tool}`, `…_calls_in_flight`) and
+//! the catalog revision it serves (`toolgate_catalog_revision_info{revision}`), which it alone
+//! swaps.
+
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{
+        counter::Counter,
+        family::Family,
+        gauge::Gauge,
+        histogram::{Histogram, exponential_buckets},
+    },
+};
+
+use crate::{
+    error::Status,
+    metrics::{Metrics, UNKNOWN_TOOL},
+    outcome::CallOutcome,
+};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallLabels {
+    tool: Arc<str>,
+    status: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ToolLabels {
+    tool: Arc<str>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusalLabels {
+    stage: &'static str,
+    error_type: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RevisionLabels {
+    revision: String,
+}
+
+fn duration_histogram() -> Histogram {
+    // 0.5 ms to ~33 s.
+    Histogram::new(exponential_buckets(0.0005, 2.0, 17))
+}
+
+/// See the module docs.
+pub struct BoundaryMetrics {
+    calls: Family<CallLabels, Counter>,
+    durations: Family<ToolLabels, Histogram, fn() -> Histogram>,
+    refusals: Family<RefusalLabels, Counter>,
+    rate_limited: Family<ToolLabels, Counter>,
+    in_flight: Gauge,
+    revision: Family<RevisionLabels, Gauge>,
+    current_revision: Mutex<String>,
+    /// The label of calls to tools the catalog does not have, made once.
+    unknown_tool: Arc<str>,
+}
+
+impl BoundaryMetrics {
+    /// The boundary's families, registered in `metrics`.
+    pub fn register(metrics: &Metrics) -> Self {
+        let boundary = BoundaryMetrics {
+            calls: Family::default(),
+            durations: Family::new_with_constructor(duration_histogram),
+            refusals: Family::default(),
+            rate_limited: Family::default(),
+            in_flight: Gauge::default(),
+            revision: Family::default(),
+            current_revision: Mutex::new(String::new()),
+            unknown_tool: Arc::from(UNKNOWN_TOOL),
+        };
+        metrics.register(
+            "tool_calls",
+            "Tool calls by tool and final status",
+            boundary.calls.clone(),
+        );
+        metrics.register(
+            "tool_call_duration_seconds",
+            "Time a call spent in the sidecar",
+            boundary.durations.clone(),
+        );
+        metrics.register(
+            "refusals",
+            "Calls not OK, by the stage that decided and the error type",
+            boundary.refusals.clone(),
+        );
+        metrics.register(
+            "rate_limited",
+            "Calls refused by a rate limit",
+            boundary.rate_limited.clone(),
+        );
+        metrics.register(
+            "calls_in_flight",
+            "Tool calls being decided or run now",
+            boundary.in_flight.clone(),
+        );
+        metrics.register(
+            "catalog_revision_info",
+            "1 for the catalog revision being served",
+            boundary.revision.clone(),
+        );
+        boundary
+    }
+
+    /// Counts a call in flight for as long as the returned guard lives.
+    pub fn in_flight(&self) -> InFlight<'_> {
+        self.in_flight.inc();
+        InFlight(&self.in_flight)
+    }
+
+    /// Records a finished call.
+    /// `tool`: the name of a tool the catalog has, shared with the call; `None` for any other,
+    /// which are counted under one label so a client cannot grow the label sets.
+    pub fn observe(&self, outcome: &CallOutcome, tool: Option<&Arc<str>>) {
+        // Label sets are looked up by value: the call's shared copy of the name serves all of
+        // them, and the rest of each label is static.
+        let tool = tool.unwrap_or(&self.unknown_tool).clone();
+        self.calls
+            .get_or_create(&CallLabels {
+                tool: tool.clone(),
+                status: outcome.status.as_str(),
+            })
+            .inc();
+        self.durations
+            .get_or_create(&ToolLabels { tool: tool.clone() })
+            .observe(outcome.duration.as_secs_f64());
+        if let Some(refusal) = &outcome.refusal {
+            self.refusals
+                .get_or_create(&RefusalLabels {
+                    stage: refusal.stage.as_str(),
+                    error_type: refusal.reason.code(),
+                })
+                .inc();
+            if outcome.status == Status::RateLimited {
+                self.rate_limited.get_or_create(&ToolLabels { tool }).inc();
+            }
+        }
+    }
+
+    /// The catalog revision now served.
+    pub fn serving_revision(&self, revision: &str) {
+        let mut current = self
+            .current_revision
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if *current != revision {
+            self.revision.remove(&RevisionLabels {
+                revision: current.clone(),
+            });
+            self.revision
+                .get_or_create(&RevisionLabels {
+                    revision: revision.to_owned(),
+                })
+                .set(1);
+            *current = revision.to_owned();
+        }
+    }
+}
+
+/// See [`BoundaryMetrics::in_flight`].
+pub struct InFlight<'a>(&'a Gauge);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
