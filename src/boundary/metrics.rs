@@ -1,7 +1,7 @@
 //! The boundary's metrics, registered when the boundary is built: every call it decides
 //! (`toolgate_tool_calls_total{tool,status}`, `…_tool_call_duration_seconds{tool}`,
-//! `…_refusals_total{stage,error_type}`, `…_rate_limited_total{tool}`, `…_calls_in_flight`) and
-//! the catalog revision it serves (`toolgate_catalog_revision_info{revision}`), which it alone
+//! `…_refusals_total{stage,error_type}`, `…_rate_limited_total{tool}`) and the catalog revision
+//! it serves (`toolgate_catalog_revision_info{revision}`), which it alone
 //! swaps.
 
 use std::sync::{Arc, Mutex};
@@ -55,7 +55,6 @@ pub struct BoundaryMetrics {
     durations: Family<ToolLabels, Histogram, fn() -> Histogram>,
     refusals: Family<RefusalLabels, Counter>,
     rate_limited: Family<ToolLabels, Counter>,
-    in_flight: Gauge,
     revision: Family<RevisionLabels, Gauge>,
     current_revision: Mutex<String>,
     /// The label of calls to tools the catalog does not have, made once.
@@ -70,7 +69,6 @@ impl BoundaryMetrics {
             durations: Family::new_with_constructor(duration_histogram),
             refusals: Family::default(),
             rate_limited: Family::default(),
-            in_flight: Gauge::default(),
             revision: Family::default(),
             current_revision: Mutex::new(String::new()),
             unknown_tool: Arc::from(UNKNOWN_TOOL),
@@ -96,22 +94,11 @@ impl BoundaryMetrics {
             boundary.rate_limited.clone(),
         );
         metrics.register(
-            "calls_in_flight",
-            "Tool calls being decided or run now",
-            boundary.in_flight.clone(),
-        );
-        metrics.register(
             "catalog_revision_info",
             "1 for the catalog revision being served",
             boundary.revision.clone(),
         );
         boundary
-    }
-
-    /// Counts a call in flight for as long as the returned guard lives.
-    pub fn in_flight(&self) -> InFlight<'_> {
-        self.in_flight.inc();
-        InFlight(&self.in_flight)
     }
 
     /// Records a finished call.
@@ -160,14 +147,5 @@ impl BoundaryMetrics {
                 .set(1);
             *current = revision.to_owned();
         }
-    }
-}
-
-/// See [`BoundaryMetrics::in_flight`].
-pub struct InFlight<'a>(&'a Gauge);
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.0.dec();
     }
 }

@@ -350,7 +350,8 @@ impl Boundary {
         async move {
             let turn: &Turn = turn.borrow();
             let started = Instant::now();
-            let _in_flight = (self.metrics.in_flight(), self.calls.count());
+            // Counted by the boundary's own tracker (also what /metrics reads as calls_in_flight).
+            let _in_flight = self.calls.count();
             // What the call's audit event is made of; the event is built when the call ends.
             // Without a queue slot, it sends nothing.
             let mut guard = AuditGuard {

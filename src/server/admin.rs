@@ -78,6 +78,7 @@ impl AdminBinding {
                 let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
                 let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
                 Snapshot {
+                    calls_in_flight: gauge(boundary.in_flight()),
                     approvals_pending: gauge(boundary.pending_approvals()),
                     audit_queue_depth: gauge(audit.queued()),
                     audit_written: count(audit.written()),
@@ -125,6 +126,7 @@ pub(super) struct AdminState {
 /// Values read from the concerns when scraped.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Snapshot {
+    pub calls_in_flight: i64,
     pub approvals_pending: i64,
     pub audit_queue_depth: i64,
     pub audit_written: i64,
@@ -142,6 +144,7 @@ pub(super) struct Snapshot {
 
 /// Gauges filled from a [`Snapshot`] when scraped, registered when the admin endpoint starts.
 pub(super) struct SnapshotGauges {
+    calls_in_flight: Gauge,
     approvals_pending: Gauge,
     audit_queue_depth: Gauge,
     audit_written: Gauge,
@@ -165,6 +168,7 @@ impl SnapshotGauges {
             gauge
         };
         SnapshotGauges {
+            calls_in_flight: gauge("calls_in_flight", "Tool calls being decided or run now"),
             approvals_pending: gauge("approvals_pending", "Approvals waiting for a decision"),
             audit_queue_depth: gauge("audit_queue_depth", "Audit events waiting to be written"),
             audit_written: gauge("audit_events_written", "Audit events written since start"),
@@ -206,6 +210,7 @@ impl SnapshotGauges {
     }
 
     fn set(&self, snapshot: &Snapshot) {
+        self.calls_in_flight.set(snapshot.calls_in_flight);
         self.approvals_pending.set(snapshot.approvals_pending);
         self.audit_queue_depth.set(snapshot.audit_queue_depth);
         self.audit_written.set(snapshot.audit_written);
