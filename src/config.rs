@@ -126,8 +126,14 @@ fn build(
             .map(|jwt| JwtSettings::build(jwt, base_dir, env))
             .transpose()?,
         max_identity_bytes: limits.max_identity_bytes,
+        mcp_resource: server.mcp.as_ref().map(|mcp| mcp.resource.clone()),
     };
     identity.validate(server.listen)?;
+    if let Some(mcp) = &server.mcp {
+        identity
+            .check_listener(mcp.listen)
+            .map_err(|err| FieldError::new("server.mcp.listen", err.to_string()))?;
+    }
     let upstreams = raw
         .upstreams
         .iter()

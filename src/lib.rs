@@ -58,6 +58,7 @@ pub mod executor;
 pub mod gcra;
 pub mod identity;
 pub mod limits;
+pub mod mcp_door;
 pub mod metrics;
 pub mod outcome;
 pub mod server;

@@ -39,6 +39,7 @@ impl AuditEvent {
         object.string(key!("call_id"), &self.call_id);
         object.string(key!("run_id"), &self.run_id);
         object.number(key!("step"), u64::from(self.step));
+        object.optional_string(key!("door"), self.door);
         object.string(key!("tenant"), self.party.tenant());
         object.string(key!("subject"), self.party.subject());
         object.string(key!("agent"), self.party.agent());
@@ -198,6 +199,7 @@ mod tests {
             call_id: tricky.into(),
             run_id: "run-1".into(),
             step: u32::MAX,
+            door: Some("mcp"),
             party: Party::Named {
                 tenant: "acme".into(),
                 subject: tricky.into(),

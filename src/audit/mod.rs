@@ -59,6 +59,9 @@ pub struct AuditEvent {
     pub call_id: Arc<str>,
     pub run_id: Arc<str>,
     pub step: u32,
+    /// The door the call came in by (`grpc`, `mcp`); tool calls only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub door: Option<&'static str>,
     /// `tenant`, `subject` and `agent`.
     #[serde(flatten)]
     pub party: Party,

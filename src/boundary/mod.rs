@@ -117,10 +117,32 @@ impl Stores {
     }
 }
 
+/// Which door a request came in by. A door only converts its protocol to the domain call and
+/// back; it is named in each call's span (`toolgate.door`) and audit event (`door`), nothing else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Door {
+    /// The `toolgate.v1` gRPC services.
+    #[default]
+    Grpc,
+    /// MCP's Streamable HTTP transport (and `toolgate mcp-stdio`, which forwards to it).
+    Mcp,
+}
+
+impl Door {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Door::Grpc => "grpc",
+            Door::Mcp => "mcp",
+        }
+    }
+}
+
 /// What is common to the calls of one request.
 #[derive(Debug, Clone)]
 pub struct Turn {
     pub caller: Arc<Caller>,
+    /// The door the request came in by.
+    pub door: Door,
     /// Shared, not copied, by each call's permit and audit event.
     pub run_id: Arc<str>,
     pub step: u32,
@@ -385,7 +407,7 @@ impl Boundary {
                 let call_id = guard.call_id.to_string();
                 let mut outcome = CallOutcome::refused(call_id, call.name, String::new(), refusal);
                 outcome.duration = started.elapsed();
-                spans::record_call(&mut span, &turn.caller, guard.names(), None, &outcome);
+                spans::record_call(&mut span, turn, guard.names(), None, &outcome);
                 self.metrics.observe(&outcome, None);
                 return outcome;
             }
@@ -429,7 +451,7 @@ impl Boundary {
             outcome.idempotent_replay = trail.idempotent_replay;
             spans::record_call(
                 &mut span,
-                &turn.caller,
+                turn,
                 guard.names(),
                 trail.tool.as_deref(),
                 &outcome,

@@ -111,6 +111,7 @@ impl AuditGuard<'_> {
             call_id: self.call_id.clone(),
             run_id: self.turn.run_id.clone(),
             step: self.turn.step,
+            door: Some(self.turn.door.as_str()),
             party: Party::Caller(self.turn.caller.clone()),
             tool: self.tool.clone(),
             tool_version,

@@ -149,6 +149,10 @@ struct ServeArgs {
     /// Override the admin HTTP address (/metrics, /healthz, /readyz), e.g. 0.0.0.0:9464.
     #[arg(long, env = "TOOLGATE_ADMIN_LISTEN")]
     admin_listen: Option<std::net::SocketAddr>,
+    /// Override the MCP door's address (`server.mcp.listen`), e.g. 127.0.0.1:8765; the door is
+    /// served only when the catalog configures `server.mcp`.
+    #[arg(long, env = "TOOLGATE_MCP_LISTEN")]
+    mcp_listen: Option<std::net::SocketAddr>,
     /// Log format.
     #[arg(long, env = "TOOLGATE_LOG_FORMAT", value_enum, default_value = "human")]
     log_format: LogFormat,

@@ -34,6 +34,7 @@ pub(super) async fn serve(args: ServeArgs) -> Result<(), Failure> {
         reload_on_sighup: true,
         admin_listen: args.admin_listen,
         tracer: telemetry.tracer(),
+        mcp_listen: args.mcp_listen,
     };
     let result = run(config, options, shutdown_signal()).await;
     reaper.stop(std::time::Duration::from_secs(1)).await;

@@ -159,6 +159,16 @@ impl JwtSettings {
     }
 }
 
+impl JwtSettings {
+    /// The same keys, issuer and claims, with `resource` as the only audience accepted.
+    pub fn for_audience(&self, resource: &str) -> JwtSettings {
+        JwtSettings {
+            audience: vec![resource.to_owned()],
+            ..self.clone()
+        }
+    }
+}
+
 fn trim_secret(secret: &[u8]) -> &[u8] {
     // Secret files usually end with a newline that is not part of the secret.
     let end = secret

@@ -23,6 +23,9 @@ pub struct IdentityConfig {
     pub jwt: Option<JwtSettings>,
     /// Longest tenant, subject or agent accepted (scopes: 16 times this).
     pub max_identity_bytes: usize,
+    /// The MCP door's resource (`server.mcp.resource`): the audience its callers' tokens must
+    /// name (RFC 8707), instead of `jwt.audience`.
+    pub mcp_resource: Option<String>,
 }
 
 impl IdentityConfig {
@@ -184,6 +187,9 @@ pub(crate) fn check_lengths(caller: &Caller, max: usize) -> Result<(), IdentityE
 pub struct IdentityResolver {
     dev_identity: bool,
     jwt: Option<JwtVerifier>,
+    /// The same keys and claims, with the MCP door's resource as the only audience; its own
+    /// token cache, so a token verified for one door is never taken as verified for the other.
+    mcp_jwt: Option<JwtVerifier>,
     max_identity_bytes: usize,
 }
 
@@ -194,8 +200,23 @@ impl IdentityResolver {
         IdentityResolver {
             dev_identity: config.dev_identity,
             jwt: config.jwt.as_ref().map(|settings| {
-                JwtVerifier::new(settings, clock, cache_bytes, config.max_identity_bytes)
+                JwtVerifier::new(
+                    settings,
+                    clock.clone(),
+                    cache_bytes,
+                    config.max_identity_bytes,
+                )
             }),
+            mcp_jwt: config.jwt.as_ref().zip(config.mcp_resource.as_deref()).map(
+                |(settings, resource)| {
+                    JwtVerifier::new(
+                        &settings.for_audience(resource),
+                        clock,
+                        cache_bytes,
+                        config.max_identity_bytes,
+                    )
+                },
+            ),
             max_identity_bytes: config.max_identity_bytes,
         }
     }
@@ -206,12 +227,33 @@ impl IdentityResolver {
 
     /// Bytes held by the token cache.
     pub fn cache_bytes(&self) -> usize {
-        self.jwt.as_ref().map_or(0, JwtVerifier::cache_bytes)
+        [&self.jwt, &self.mcp_jwt]
+            .into_iter()
+            .flatten()
+            .map(JwtVerifier::cache_bytes)
+            .sum()
     }
 
     /// A bearer token wins when present; dev headers are read only when dev identity is on.
     /// The caller named by a request's headers (gRPC metadata).
     pub fn resolve(&self, metadata: &http::HeaderMap) -> Result<Arc<Caller>, IdentityError> {
+        self.resolve_with(self.jwt.as_ref(), metadata)
+    }
+
+    /// As [`Self::resolve`], for the MCP door: a token must name the door's resource as its
+    /// audience.
+    pub fn resolve_for_mcp(
+        &self,
+        metadata: &http::HeaderMap,
+    ) -> Result<Arc<Caller>, IdentityError> {
+        self.resolve_with(self.mcp_jwt.as_ref(), metadata)
+    }
+
+    fn resolve_with(
+        &self,
+        jwt: Option<&JwtVerifier>,
+        metadata: &http::HeaderMap,
+    ) -> Result<Arc<Caller>, IdentityError> {
         if let Some(auth) = text(metadata, &http::header::AUTHORIZATION)? {
             let token = auth
                 .strip_prefix("Bearer ")
@@ -219,7 +261,7 @@ impl IdentityResolver {
                 .map(str::trim)
                 .filter(|t| !t.is_empty())
                 .ok_or(IdentityError::MalformedAuthorization)?;
-            let verifier = self.jwt.as_ref().ok_or(IdentityError::JwtNotConfigured)?;
+            let verifier = jwt.ok_or(IdentityError::JwtNotConfigured)?;
             return verifier.verify(token);
         }
         let tenant = text(metadata, &TENANT)?;
@@ -279,6 +321,7 @@ mod tests {
                 dev_identity_on_network: false,
                 jwt: None,
                 max_identity_bytes: 256,
+                mcp_resource: None,
             },
             SharedClock::system(),
             1 << 20,

@@ -43,7 +43,7 @@ use super::{
 };
 use crate::{
     audit::{AuditLog, RefusedCallers},
-    identity::Caller,
+    identity::{Caller, IdentityError},
     settings::LimitsConfig,
     tasks::Tasks,
 };
@@ -159,18 +159,78 @@ struct Held {
     _running: Option<super::connections::Running>,
 }
 
+/// Why a request was not admitted; each door answers it in its own protocol.
+#[derive(Debug)]
+pub enum Refused {
+    /// Shutdown has begun (retryable elsewhere).
+    Draining(&'static str),
+    /// The caller could not be identified.
+    Unauthenticated(IdentityError),
+    /// A cap is full (retryable shortly).
+    Exhausted(String),
+}
+
+impl Refused {
+    /// As the gRPC door answers it.
+    pub fn status(&self) -> tonic::Status {
+        match self {
+            Refused::Draining(message) => tonic::Status::unavailable(*message),
+            Refused::Unauthenticated(err) => super::convert::identity_status(err),
+            Refused::Exhausted(message) => tonic::Status::resource_exhausted(message.clone()),
+        }
+    }
+}
+
+/// Which verifier a door's callers are identified by: the MCP door's tokens must name it as
+/// their audience (its resource), the gRPC door's the configured audience.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdentifiedBy {
+    Grpc,
+    McpResource,
+}
+
+impl AdmissionLayer {
+    /// Steps 1-4 of the module docs for a request of any door; what it holds is given back when
+    /// the returned value is dropped (once the answer is sent).
+    pub fn admit<B>(
+        &self,
+        request: &mut http::Request<B>,
+        by: IdentifiedBy,
+    ) -> Result<Admitted, Refused> {
+        self.shared.admit(request, by).map(Admitted)
+    }
+
+    /// `body`, counted against `limits.max_request_bytes_in_flight` and bounded in time by
+    /// `limits.request_body_timeout`, as the gRPC door's bodies are.
+    /// The bytes are held until the returned [`HeldBytes`] is dropped (once the answer is sent).
+    pub fn meter_body(
+        &self,
+        body: tonic::body::Body,
+        listener: Listener,
+    ) -> (tonic::body::Body, HeldBytes) {
+        let (metered, bytes_held) = self.shared.clone().metered(body, listener);
+        (metered, HeldBytes(bytes_held))
+    }
+}
+
+/// The request bytes a metered body took; given back when dropped.
+pub struct HeldBytes(#[expect(dead_code, reason = "held for its drop")] BytesHeld);
+
+/// What an admitted request holds until its answer is sent.
+pub struct Admitted(#[expect(dead_code, reason = "held for its drop")] Held);
+
 impl Shared {
-    /// Steps 1-4 of the module docs; the refusal as an HTTP response otherwise.
-    fn admit(&self, request: &mut http::Request<tonic::body::Body>) -> Result<Held, tonic::Status> {
+    /// Steps 1-4 of the module docs; the refusal otherwise.
+    fn admit<B>(&self, request: &mut http::Request<B>, by: IdentifiedBy) -> Result<Held, Refused> {
         let connection = request.extensions().get::<Connection>().cloned();
         let listener = connection.as_ref().map_or(Listener::Tcp, |c| c.listener);
         if self.draining.load(Ordering::SeqCst) {
             self.refusals.rpc_counted(listener, "draining");
-            return Err(tonic::Status::unavailable(
+            return Err(Refused::Draining(
                 "the sidecar is shutting down; retry on another instance or after it restarts",
             ));
         }
-        let caller = self.identify(request, listener, connection.as_ref())?;
+        let caller = self.identify(request, by, listener, connection.as_ref())?;
         let tcp_slot = match listener {
             Listener::Unix => None,
             Listener::Tcp => match self.tcp_slots.clone().try_acquire_owned() {
@@ -190,7 +250,7 @@ impl Shared {
                     self.tenants.max
                 ),
             );
-            return Err(tonic::Status::resource_exhausted(format!(
+            return Err(Refused::Exhausted(format!(
                 "tenant {} has {} calls in flight (limits.max_in_flight_per_tenant); retry shortly",
                 caller.tenant, self.tenants.max
             )));
@@ -207,33 +267,36 @@ impl Shared {
 
     /// The caller, from the headers only. A refused caller is audited and logged (both bounded
     /// in rate), without any token material.
-    fn identify(
+    fn identify<B>(
         &self,
-        request: &http::Request<tonic::body::Body>,
+        request: &http::Request<B>,
+        by: IdentifiedBy,
         listener: Listener,
         connection: Option<&Connection>,
-    ) -> Result<Arc<Caller>, tonic::Status> {
-        self.identity
-            .load()
-            .resolve(request.headers())
-            .map_err(|err| {
-                let rpc = request.uri().path().rsplit('/').next().unwrap_or_default();
-                self.refusals.rpc(
-                    listener,
-                    "unauthenticated",
-                    format_args!("caller refused ({rpc}): {err}"),
-                );
-                self.refused.record(
-                    &self.audit,
-                    rpc,
-                    connection.and_then(|c| c.peer).map(|a| a.to_string()),
-                    &err.to_string(),
-                );
-                super::convert::identity_status(&err)
-            })
+    ) -> Result<Arc<Caller>, Refused> {
+        let identity = self.identity.load();
+        let resolved = match by {
+            IdentifiedBy::Grpc => identity.resolve(request.headers()),
+            IdentifiedBy::McpResource => identity.resolve_for_mcp(request.headers()),
+        };
+        resolved.map_err(|err| {
+            let rpc = request.uri().path().rsplit('/').next().unwrap_or_default();
+            self.refusals.rpc(
+                listener,
+                "unauthenticated",
+                format_args!("caller refused ({rpc}): {err}"),
+            );
+            self.refused.record(
+                &self.audit,
+                rpc,
+                connection.and_then(|c| c.peer).map(|a| a.to_string()),
+                &err.to_string(),
+            );
+            Refused::Unauthenticated(err)
+        })
     }
 
-    fn full(&self, listener: Listener, max: usize) -> tonic::Status {
+    fn full(&self, listener: Listener, max: usize) -> Refused {
         let whose = match (listener, max == self.max) {
             (Listener::Tcp, false) => {
                 " from TCP callers (limits.max_in_flight less limits.in_flight_reserved_for_unix_socket)"
@@ -245,9 +308,29 @@ impl Shared {
             "in_flight",
             format_args!("rpc refused: the sidecar has {max} RPCs in flight{whose}"),
         );
-        tonic::Status::resource_exhausted(format!(
+        Refused::Exhausted(format!(
             "the sidecar has {max} calls in flight{whose}; retry shortly"
         ))
+    }
+
+    /// `body` as [`Metered`], and the request bytes it holds (given back when dropped).
+    fn metered(
+        self: Arc<Self>,
+        body: tonic::body::Body,
+        listener: Listener,
+    ) -> (tonic::body::Body, BytesHeld) {
+        let bytes_held = Arc::new(Mutex::new(None));
+        let deadline = Instant::now() + self.body_timeout;
+        let metered = tonic::body::Body::new(Metered {
+            inner: body,
+            bytes_held: bytes_held.clone(),
+            deadline,
+            timer: None,
+            ended: false,
+            listener,
+            shared: self,
+        });
+        (metered, bytes_held)
     }
 }
 
@@ -272,28 +355,20 @@ where
         if !request.uri().path().starts_with(LIMITED_PREFIX) {
             return Box::pin(self.inner.call(request));
         }
-        let held = match self.shared.admit(&mut request) {
+        let held = match self.shared.admit(&mut request, IdentifiedBy::Grpc) {
             Ok(held) => held,
-            Err(status) => return Box::pin(std::future::ready(Ok(status.into_http()))),
+            Err(refused) => {
+                return Box::pin(std::future::ready(Ok(refused.status().into_http())));
+            }
         };
         let listener = request
             .extensions()
             .get::<Connection>()
             .map_or(Listener::Tcp, |c| c.listener);
         // The request's bytes are held until its answer is sent (its decoded copy lives that long).
-        let bytes_held = Arc::new(Mutex::new(None));
-        let shared = self.shared.clone();
-        let request = request.map(|body| {
-            tonic::body::Body::new(Metered {
-                inner: body,
-                bytes_held: bytes_held.clone(),
-                deadline: Instant::now() + shared.body_timeout,
-                timer: None,
-                ended: false,
-                listener,
-                shared,
-            })
-        });
+        let (parts, body) = request.into_parts();
+        let (body, bytes_held) = self.shared.clone().metered(body, listener);
+        let request = http::Request::from_parts(parts, body);
         // `map`, not an `async` block: a block would hold the inner future twice, once as
         // captured and once as awaited (rust-lang/rust#62958), ~300 bytes per call in flight.
         Box::pin(self.inner.call(request).map(move |response| {
@@ -346,9 +421,12 @@ impl Drop for Share {
 /// A request body that takes a share of the sidecar's request-byte budget for each frame it
 /// reads, and fails with RESOURCE_EXHAUSTED when the budget has none left, or with
 /// DEADLINE_EXCEEDED when it has not ended by its deadline.
+/// The request bytes a body holds, shared with whoever keeps them until the answer is sent.
+type BytesHeld = Arc<Mutex<Option<OwnedSemaphorePermit>>>;
+
 struct Metered {
     inner: tonic::body::Body,
-    bytes_held: Arc<Mutex<Option<OwnedSemaphorePermit>>>,
+    bytes_held: BytesHeld,
     deadline: Instant,
     /// Made only when the body has to be waited for: most arrive with their headers.
     timer: Option<Pin<Box<Sleep>>>,

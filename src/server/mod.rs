@@ -4,9 +4,9 @@
 //! the audit queue).
 
 mod admin;
-mod admission;
+pub(crate) mod admission;
 mod catalog_updates;
-mod connections;
+pub(crate) mod connections;
 pub mod convert;
 mod deadline;
 pub mod explain;
@@ -81,11 +81,16 @@ pub struct StartOptions {
     pub admin_listen: Option<SocketAddr>,
     /// Makes the spans of calls (`TelemetryGuard::tracer`); none by default.
     pub tracer: crate::telemetry::spans::Tracer,
+    /// Overrides `server.mcp.listen` (e.g. `127.0.0.1:0` in tests); the door is served only
+    /// when `server.mcp` is configured.
+    pub mcp_listen: Option<SocketAddr>,
 }
 
 /// A started server.
 pub struct Running {
     local_addr: Option<SocketAddr>,
+    /// The MCP door's address, when it is served.
+    mcp_addr: Option<SocketAddr>,
     unix_socket: Option<PathBuf>,
     boundary: Arc<Boundary>,
     /// Every task the server started, by what shutdown does with it.
@@ -133,6 +138,11 @@ impl Running {
     /// The TCP address actually bound.
     pub fn local_addr(&self) -> Option<SocketAddr> {
         self.local_addr
+    }
+
+    /// The MCP door's address (Streamable HTTP), when `server.mcp` is configured.
+    pub fn mcp_addr(&self) -> Option<SocketAddr> {
+        self.mcp_addr
     }
 
     /// The admin HTTP address (/metrics, /healthz, /readyz), when enabled.
@@ -263,6 +273,9 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         tracing::info!(endpoint = %endpoint, service = %config.telemetry.service_name, "exporting traces over OTLP");
     }
     if let Some(addr) = options.listen.or(config.server.listen) {
+        config.identity.check_listener(addr)?;
+    }
+    if let Some(addr) = options.mcp_listen {
         config.identity.check_listener(addr)?;
     }
     let clock = options.clock.unwrap_or_default();
@@ -509,6 +522,31 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         tasks.listeners.spawn("grpc-unix", log_end(server));
         tracing::info!(path = %path.display(), "serving gRPC over a Unix socket");
     }
+    let mcp_addr = match &config.server.mcp {
+        Some(mcp) => {
+            let parts = crate::mcp_door::Parts {
+                boundary: boundary.clone(),
+                admission: in_flight.clone(),
+                limits: limits.clone(),
+                tracer: options.tracer.clone(),
+                approval_ttl: config.approvals.budget.ttl,
+            };
+            let bound = crate::mcp_door::start(
+                mcp,
+                options.mcp_listen,
+                parts,
+                &tasks.listeners,
+                tasks.close_listeners.clone(),
+            )
+            .await
+            .map_err(|source| StartError::Listen {
+                addr: options.mcp_listen.unwrap_or(mcp.listen).to_string(),
+                source,
+            })?;
+            Some(bound)
+        }
+        None => None,
+    };
     let admin = AdminBinding::start(
         options.admin_listen.or(config.server.admin_listen),
         admin::Readings {
@@ -542,6 +580,7 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
     );
     Ok(Running {
         local_addr,
+        mcp_addr,
         unix_socket,
         boundary,
         tasks,

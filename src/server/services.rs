@@ -83,6 +83,7 @@ impl ToolGateService {
         let trace_parent = remote_context(request);
         Ok(Turn {
             caller,
+            door: crate::boundary::Door::Grpc,
             run_id: body.run_id().into(),
             step: body.step(),
             catalog_revision: Some(body.catalog_revision())

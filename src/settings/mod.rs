@@ -6,6 +6,7 @@
 //! process environment is passed in as an [`Env`], never read from globals here.
 
 mod limits;
+mod mcp_door;
 pub mod raw;
 mod state;
 mod watch;
@@ -26,6 +27,7 @@ use std::{
     time::Duration,
 };
 
+pub use mcp_door::McpDoorConfig;
 use raw::RawConfig;
 use sha2::Digest;
 pub use state::{OnUnavailable, RedisConfig, Secret, StateBackend, StateConfig};
@@ -92,6 +94,8 @@ pub struct ServerConfig {
     pub shutdown_grace: Duration,
     pub reload_interval: Duration,
     pub admin_listen: Option<SocketAddr>,
+    /// The MCP door, when configured.
+    pub mcp: Option<McpDoorConfig>,
 }
 
 enum_with_all! {
@@ -242,7 +246,7 @@ impl Sections {
         traces_grpc: Option<&str>,
         service_name: &str,
     ) -> Result<Sections, FieldError> {
-        let server = build_server(&raw.server)?;
+        let server = build_server(&raw.server, raw.identity.jwt.is_some(), base_dir, env)?;
         let limits = build_limits(&raw.limits)?;
         let approvals = build_approvals(&raw.approvals)?;
         let audit = build_audit(&raw.audit, base_dir, traces_grpc, service_name)?;
@@ -277,7 +281,12 @@ fn build_approvals(raw: &raw::RawApprovals) -> Result<ApprovalsConfig, FieldErro
     })
 }
 
-fn build_server(raw: &raw::RawServer) -> Result<ServerConfig, FieldError> {
+fn build_server(
+    raw: &raw::RawServer,
+    jwt_configured: bool,
+    base_dir: &Path,
+    env: &Env,
+) -> Result<ServerConfig, FieldError> {
     let listen = match raw.listen.as_deref() {
         None => Some(SocketAddr::from(([127, 0, 0, 1], 50051))),
         Some("") => None,
@@ -304,10 +313,16 @@ fn build_server(raw: &raw::RawServer) -> Result<ServerConfig, FieldError> {
             "nothing to listen on: set server.listen or server.unix_socket",
         ));
     }
+    let mcp = raw
+        .mcp
+        .as_ref()
+        .map(|mcp| mcp_door::build(mcp, jwt_configured, base_dir, env))
+        .transpose()?;
     Ok(ServerConfig {
         listen,
         unix_socket,
         admin_listen,
+        mcp,
         shutdown_grace: opt_duration(
             &raw.shutdown_grace,
             "server.shutdown_grace",

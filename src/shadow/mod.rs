@@ -144,6 +144,7 @@ impl CallObserver for Shadow {
         let job = Job {
             caller: turn.caller.clone(),
             run_id: turn.run_id.clone(),
+            door: turn.door,
             step: turn.step,
             index,
             call,
@@ -167,6 +168,7 @@ const JOB_OVERHEAD: usize = 512;
 struct Job {
     caller: Arc<Caller>,
     run_id: Arc<str>,
+    door: crate::boundary::Door,
     step: u32,
     index: usize,
     call: CallRequest,
@@ -284,6 +286,7 @@ async fn compare(
     let turn = Turn {
         caller: job.caller,
         run_id: job.run_id,
+        door: job.door,
         step: job.step,
         catalog_revision: None,
         deadline: None,
@@ -342,6 +345,7 @@ async fn compare(
         call_id: active.call_id.into(),
         run_id: turn.run_id,
         step: turn.step,
+        door: Some(turn.door.as_str()),
         party: Party::Caller(turn.caller.clone()),
         tool: crate::boundary::structure::reported_call_id(
             &job.call.name,
@@ -395,6 +399,7 @@ mod tests {
                 scopes: Default::default(),
                 method: crate::identity::AuthMethod::Dev,
             }),
+            door: crate::boundary::Door::Grpc,
             run_id: "r".into(),
             step: 0,
             catalog_revision: None,

@@ -18,7 +18,7 @@ use opentelemetry::{
 use opentelemetry_sdk::{propagation::TraceContextPropagator, trace::SdkTracer};
 
 use super::batch::SpanLosses;
-use crate::{catalog::ToolVersion, error::Status, identity::Caller, outcome::CallOutcome};
+use crate::{catalog::ToolVersion, error::Status, outcome::CallOutcome};
 
 /// The caller's trace context, from request metadata.
 #[derive(Clone, Debug, Default)]
@@ -43,6 +43,19 @@ pub static TRACEPARENT: http::HeaderName = http::HeaderName::from_static("tracep
 /// Extracts the W3C trace context from headers; empty when malformed.
 fn extract(headers: &http::HeaderMap) -> Context {
     TraceContextPropagator::new().extract(&HeaderExtractor(headers))
+}
+
+/// The trace context an MCP request carries in its `_meta` (`traceparent`, `tracestate`); empty
+/// when malformed.
+pub fn extract_from_meta(traceparent: &str, tracestate: Option<&str>) -> Context {
+    let mut headers = http::HeaderMap::new();
+    if let Ok(value) = http::HeaderValue::from_str(traceparent) {
+        headers.insert(TRACEPARENT.clone(), value);
+    }
+    if let Some(value) = tracestate.and_then(|v| http::HeaderValue::from_str(v).ok()) {
+        headers.insert(http::HeaderName::from_static("tracestate"), value);
+    }
+    extract(&headers)
 }
 
 /// A tower layer that puts the caller's trace context, when it sent one, into each request's
@@ -198,7 +211,7 @@ pub struct CallNames<'a> {
 /// resolved (`tool`, when it did), and the outcome.
 pub fn record_call(
     span: &mut ToolgateSpan,
-    caller: &Caller,
+    turn: &crate::boundary::Turn,
     names: CallNames<'_>,
     tool: Option<&ToolVersion>,
     outcome: &CallOutcome,
@@ -209,8 +222,10 @@ pub fn record_call(
     span.set("gen_ai.operation.name", "execute_tool");
     span.set("gen_ai.tool.name", names.tool.clone());
     span.set("gen_ai.tool.call.id", names.call_id.clone());
+    let caller = &turn.caller;
     span.set("toolgate.tenant", caller.tenant.clone());
     span.set("toolgate.agent", caller.agent.clone());
+    span.set("toolgate.door", turn.door.as_str());
     if let Some(tool) = tool {
         span.set("toolgate.tool.version", tool.version.clone());
         span.set("toolgate.risk_level", tool.risk_level.as_str());

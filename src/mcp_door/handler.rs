@@ -1,0 +1,289 @@
+//! The MCP door's request handler (rmcp's `ServerHandler`): `tools/list` is the boundary's
+//! ListTools for this caller, `tools/call` is `Boundary::execute` with nothing skipped. The
+//! caller is the one the door's admission identified from the HTTP request's headers, never
+//! anything the host or the model sends.
+
+use std::{borrow::Cow, sync::Arc, time::Duration};
+
+use rmcp::{
+    ErrorData as McpError, RoleServer, ServerHandler,
+    model::{
+        CacheScope, CallToolRequestParams, CallToolResponse, ElicitRequest, ElicitRequestParams,
+        Implementation, InputRequest, InputRequests, InputRequiredResult, JsonObject,
+        ListToolsResult, MetaObject, PaginatedRequestParams, ProtocolVersion, ServerCapabilities,
+        ServerConfig,
+    },
+    service::RequestContext,
+};
+use serde_json::Value;
+use tokio::time::Instant;
+
+use super::{
+    approval_state::ApprovalStates,
+    convert::{self, meta_keys},
+};
+use crate::{
+    boundary::{Boundary, Door, ResponseBudget, Turn},
+    error::{Reason, Status},
+    identity::Caller,
+    outcome::CallOutcome,
+    server::admission::Identified,
+    settings::LimitsConfig,
+    telemetry::spans,
+};
+
+/// The revisions served, newest first: 2026-07-28 (stateless, per-request metadata) and
+/// 2025-11-25 (initialize, served statelessly too).
+pub const SERVED_REVISIONS: &[ProtocolVersion] =
+    &[ProtocolVersion::V_2026_07_28, ProtocolVersion::V_2025_11_25];
+
+/// The key of the approval's elicitation in an `InputRequiredResult`.
+const APPROVAL_INPUT: &str = "toolgate/approval";
+
+/// What the handler of every request shares.
+pub struct Handler {
+    pub boundary: Arc<Boundary>,
+    pub limits: LimitsConfig,
+    pub tracer: spans::Tracer,
+    /// The deadline of each call (bounded again by its tool's timeout).
+    pub request_timeout: Duration,
+    /// Where a person decides an approval, `{approval_id}` to replace.
+    pub approvals_url: Option<String>,
+    pub states: ApprovalStates,
+}
+
+/// The caller the door's admission identified.
+fn caller(context: &RequestContext<RoleServer>) -> Result<Arc<Caller>, McpError> {
+    context
+        .extensions
+        .get::<http::request::Parts>()
+        .and_then(|parts| parts.extensions.get::<Identified>())
+        .map(|identified| identified.0.clone())
+        // Only a door built without its admission gets here: refuse, never guess.
+        .ok_or_else(|| McpError::internal_error("the caller was not identified", None))
+}
+
+/// The caller's trace context: `_meta.traceparent` first (SEP-414), then the HTTP headers'.
+fn trace_parent(
+    context: &RequestContext<RoleServer>,
+    meta: Option<&MetaObject>,
+) -> opentelemetry::Context {
+    if let Some(traceparent) = meta.and_then(|m| m.get_traceparent()) {
+        return spans::extract_from_meta(traceparent, meta.and_then(|m| m.get_tracestate()));
+    }
+    context
+        .extensions
+        .get::<http::request::Parts>()
+        .and_then(|parts| parts.extensions.get::<spans::RemoteContext>())
+        .map(|remote| remote.0.clone())
+        .unwrap_or_default()
+}
+
+fn modern(context: &RequestContext<RoleServer>) -> bool {
+    context
+        .protocol_version()
+        .is_some_and(|v| v.as_str() >= ProtocolVersion::V_2026_07_28.as_str())
+}
+
+impl Handler {
+    /// The turn of one `tools/call`, from the caller and `_meta`; a malformed identifier refuses
+    /// the request, as the gRPC door refuses it.
+    fn turn(
+        &self,
+        caller: Arc<Caller>,
+        meta: Option<&JsonObject>,
+        trace_parent: opentelemetry::Context,
+    ) -> Result<Turn, McpError> {
+        let run_id = convert::meta_str(meta, meta_keys::RUN_ID).unwrap_or_default();
+        let revision = convert::meta_str(meta, meta_keys::CATALOG_REVISION);
+        for (field, value) in [
+            ("run_id", run_id),
+            ("catalog_revision", revision.unwrap_or_default()),
+        ] {
+            crate::boundary::structure::check_identifier(
+                field,
+                value,
+                self.limits.max_identifier_bytes,
+            )
+            .map_err(|(_, message)| McpError::invalid_params(message, None))?;
+        }
+        let step =
+            convert::step(meta).map_err(|err| McpError::invalid_params(err.to_string(), None))?;
+        Ok(Turn {
+            caller,
+            door: Door::Mcp,
+            run_id: run_id.into(),
+            step,
+            catalog_revision: revision.map(str::to_owned),
+            deadline: Some(Instant::now() + self.request_timeout),
+            trace_parent,
+        })
+    }
+
+    /// For a 2026-07-28 host that can open a URL: the approval to get, as an input request, and
+    /// the sealed state its retry echoes.
+    fn approval_input(
+        &self,
+        context: &RequestContext<RoleServer>,
+        caller: &Caller,
+        outcome: &CallOutcome,
+        approval_id: &str,
+    ) -> Option<InputRequiredResult> {
+        let url = self.approvals_url.as_ref()?;
+        let opens_urls = context
+            .client_capabilities()
+            .and_then(|caps| caps.elicitation)
+            .is_some_and(|elicitation| elicitation.url.is_some());
+        if !opens_urls {
+            return None;
+        }
+        let url = url.replace("{approval_id}", approval_id);
+        let message = format!(
+            "{} needs an approval ({approval_id}) before it runs with these arguments. Someone other than you decides it at {url}; continue once it is approved.",
+            outcome.tool
+        );
+        let params = ElicitRequestParams::UrlElicitationParams {
+            meta: None,
+            message,
+            url,
+            elicitation_id: approval_id.to_owned(),
+        };
+        let mut requests = InputRequests::new();
+        requests.insert(
+            APPROVAL_INPUT.to_owned(),
+            InputRequest::Elicitation(ElicitRequest::new(params)),
+        );
+        let state = self.states.seal(caller, &outcome.tool, approval_id);
+        let mut meta = MetaObject::new();
+        meta.insert(meta_keys::APPROVAL_ID.into(), Value::from(approval_id));
+        meta.insert(meta_keys::STATUS.into(), Value::from("APPROVAL_REQUIRED"));
+        Some(InputRequiredResult::new(Some(requests), Some(state)).with_meta(meta))
+    }
+
+    /// Whether the host answered the approval's elicitation with anything but "accept".
+    fn declined(params: &CallToolRequestParams) -> bool {
+        params
+            .input_responses
+            .as_ref()
+            .and_then(|responses| responses.get(APPROVAL_INPUT))
+            .and_then(|response| response.get("action"))
+            .and_then(Value::as_str)
+            .is_some_and(|action| action != "accept")
+    }
+
+    /// Whether the outcome's tool declares an output schema (only asked of OK, JSON-looking
+    /// outputs).
+    fn declares_output_schema(&self, outcome: &CallOutcome, tenant: &str) -> bool {
+        let text = outcome.model_text.trim_start();
+        if outcome.status != Status::Ok || !(text.starts_with('{') || text.starts_with('[')) {
+            return false;
+        }
+        self.boundary
+            .catalog()
+            .catalog
+            .resolve(&outcome.tool, Some(&outcome.tool_version), tenant)
+            .is_ok_and(|version| version.output_schema.is_some())
+    }
+}
+
+impl ServerHandler for Handler {
+    fn get_info(&self) -> ServerConfig {
+        let mut info = ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tool_list_changed()
+                .build(),
+        );
+        info.protocol_version = ProtocolVersion::V_2026_07_28;
+        info.server_info = Implementation::new("toolgate", env!("CARGO_PKG_VERSION"));
+        info.instructions = Some(
+            "Tools governed by toolgate: every call is decided again by the sidecar (scopes, schemas, rate limits, approvals). A result with isError carries a TOOL_ERROR text saying what happened and what to do.".to_owned(),
+        );
+        info
+    }
+
+    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
+        Cow::Borrowed(SERVED_REVISIONS)
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        let caller = caller(&context)?;
+        let meta: Option<&MetaObject> = Some(&context.meta.0);
+        let mut span =
+            spans::list_tools(&self.tracer, &caller.tenant, &trace_parent(&context, meta));
+        let (tools, catalog_revision) = self.boundary.list_tools(&caller);
+        spans::record_listed(&mut span, tools.len(), &catalog_revision);
+        let mut result =
+            ListToolsResult::with_all_items(tools.iter().map(|t| convert::tool(t)).collect());
+        let mut meta = MetaObject::new();
+        meta.insert(
+            meta_keys::CATALOG_REVISION.into(),
+            Value::from(catalog_revision),
+        );
+        result.meta = Some(meta);
+        // What one caller sees is not another's: never shared, re-listed on every change.
+        result.cache_scope = Some(CacheScope::Private);
+        result.ttl_ms = Some(0);
+        Ok(result)
+    }
+
+    async fn call_tool(
+        &self,
+        params: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let caller = caller(&context)?;
+        let meta = params.meta.as_ref().map(|m| &m.0);
+        let fields = meta.map(|m| &m.0);
+        let trace_parent = trace_parent(&context, meta);
+        let turn = self.turn(caller.clone(), fields, trace_parent)?;
+        // A 2026-07-28 host's retry echoes the state the approval was asked for with.
+        let redeemed = match &params.request_state {
+            Some(state) => Some(
+                self.states
+                    .open(state, &caller, &params.name)
+                    .map_err(|err| McpError::invalid_params(err.to_string(), None))?,
+            ),
+            None => None,
+        };
+        let call = convert::call_request(
+            convert::call_id(&context.id),
+            &params.name,
+            params.arguments.as_ref(),
+            fields,
+            redeemed.clone(),
+        );
+        let budget = ResponseBudget::new(self.limits.max_message_bytes, 1);
+        // The host cancelling (or dropping the HTTP request) drops the call: the boundary
+        // audits it CANCELLED and stops its backend, as for a gRPC cancel.
+        let outcome = tokio::select! {
+            outcome = self.boundary.execute(&turn, call, 0, &budget) => outcome,
+            () = context.ct.cancelled() => {
+                return Err(McpError::invalid_request("the request was cancelled", None));
+            }
+        };
+        if modern(&context) {
+            let pending = outcome
+                .refusal
+                .as_ref()
+                .is_some_and(|r| r.reason == Reason::ApprovalPending);
+            let ask = match outcome.status {
+                Status::ApprovalRequired => outcome.approval_id.clone(),
+                // Still pending on the retry: ask again, unless the host said no.
+                _ if pending && !Self::declined(&params) => redeemed,
+                _ => None,
+            };
+            if let Some(approval_id) = ask
+                && let Some(input) = self.approval_input(&context, &caller, &outcome, &approval_id)
+            {
+                return Ok(input.into());
+            }
+        }
+        let declared = self.declares_output_schema(&outcome, &caller.tenant);
+        Ok(convert::tool_result(outcome, declared).into())
+    }
+}

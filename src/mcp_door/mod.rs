@@ -1,0 +1,114 @@
+//! The MCP door: the boundary's tools served to MCP hosts over MCP's Streamable HTTP transport
+//! (rmcp's server side, in axum), statelessly, so any replica answers any request. Like the gRPC
+//! door (`server`), it only converts: its admission is the gRPC door's (identity from the
+//! headers, the same caps, counted together), `tools/list` is ListTools and `tools/call` is
+//! `Boundary::execute`. What the transport requires of a server — one POST endpoint, `Host` and
+//! `Origin` checked, notifications answered 202, JSON or SSE answers, `server/discover`, the
+//! `Mcp-Method`/`Mcp-Name` headers checked against the body (-32020), bodies bounded — is rmcp's.
+
+mod approval_state;
+pub mod convert;
+mod handler;
+mod oauth;
+
+pub use handler::SERVED_REVISIONS;
+
+use std::{net::SocketAddr, sync::Arc};
+
+use axum::{Router, routing::get};
+use rmcp::transport::streamable_http_server::{
+    StreamableHttpServerConfig, StreamableHttpService, session::never::NeverSessionManager,
+};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    boundary::Boundary,
+    server::admission::AdmissionLayer,
+    settings::{LimitsConfig, McpDoorConfig},
+    tasks::Tasks,
+    telemetry::spans::{TraceContextLayer, Tracer},
+};
+
+/// What the door is built from.
+pub struct Parts {
+    pub boundary: Arc<Boundary>,
+    pub admission: AdmissionLayer,
+    pub limits: LimitsConfig,
+    pub tracer: Tracer,
+    /// How long an approval lives: how long its sealed request state opens.
+    pub approval_ttl: std::time::Duration,
+}
+
+/// Binds the door's listener and serves it on `listeners` until `close` is cancelled; returns
+/// the address bound.
+pub async fn start(
+    config: &McpDoorConfig,
+    listen: Option<SocketAddr>,
+    parts: Parts,
+    listeners: &Tasks,
+    close: CancellationToken,
+) -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind(listen.unwrap_or(config.listen)).await?;
+    let bound = listener.local_addr()?;
+    let handler = Arc::new(handler::Handler {
+        boundary: parts.boundary,
+        limits: parts.limits.clone(),
+        tracer: parts.tracer,
+        request_timeout: config.request_timeout,
+        approvals_url: config.approvals_url.clone(),
+        states: approval_state::ApprovalStates::new(
+            config.request_state_key.as_deref(),
+            parts.approval_ttl,
+        ),
+    });
+    let mut transport = StreamableHttpServerConfig::default()
+        .with_legacy_session_mode(false)
+        .with_json_response(true)
+        .with_cancellation_token(close.child_token())
+        .with_max_request_body_bytes(parts.limits.max_message_bytes)
+        .with_allowed_hosts(allowed_hosts(&config.allowed_hosts, bound))
+        .with_allowed_origins(config.allowed_origins.clone());
+    // No Origin configured: a request carrying any Origin (a browser page) is refused.
+    if config.allowed_origins.is_empty() {
+        transport = transport.enforce_origin_validation();
+    }
+    let service = StreamableHttpService::new(
+        move || Ok(handler.clone()),
+        Arc::new(NeverSessionManager::default()),
+        transport,
+    );
+    let gate = Arc::new(oauth::Gate::new(config, parts.admission));
+    let metadata_path = oauth::metadata_path(&config.path);
+    let mut router = Router::new()
+        .route_service(&config.path, service)
+        .route_layer(axum::middleware::from_fn_with_state(
+            gate.clone(),
+            oauth::admit,
+        ))
+        .route(
+            "/.well-known/oauth-protected-resource",
+            get(oauth::metadata),
+        );
+    if metadata_path != "/.well-known/oauth-protected-resource" {
+        router = router.route(&metadata_path, get(oauth::metadata));
+    }
+    let router = router.with_state(gate).layer(TraceContextLayer);
+    let serve = axum::serve(listener, router).with_graceful_shutdown(close.cancelled_owned());
+    listeners.spawn("mcp-http", async move {
+        if let Err(err) = serve.await {
+            tracing::error!(error = %err, "MCP listener ended with an error");
+        }
+    });
+    tracing::info!(addr = %bound, path = %config.path, "serving MCP over Streamable HTTP");
+    Ok(bound)
+}
+
+/// The configured hosts, each also with the port actually bound (rmcp compares `host:port`
+/// entries exactly, bare hosts on any port).
+fn allowed_hosts(configured: &[String], bound: SocketAddr) -> Vec<String> {
+    configured
+        .iter()
+        .flat_map(|host| [host.clone(), format!("{host}:{}", bound.port())])
+        .collect()
+}
