@@ -208,7 +208,15 @@ fn a_busy_listen_address_is_reported_once() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap().to_string();
     let out = Command::new(env!("CARGO_BIN_EXE_toolgate"))
-        .args(["serve", "--listen", &addr, "--admin-listen", "127.0.0.1:0"])
+        .args([
+            "serve",
+            "--listen",
+            &addr,
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--mcp-listen",
+            "127.0.0.1:0",
+        ])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);

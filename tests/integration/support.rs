@@ -231,6 +231,8 @@ impl TestServer {
             clock: Some(SharedClock::new(clock.clone())),
             reload_on_sighup: false,
             admin_listen: Some("127.0.0.1:0".parse().unwrap()),
+            // A catalog with `server.mcp` (the demo) gets an MCP door on a port of its own.
+            mcp_listen: Some("127.0.0.1:0".parse().unwrap()),
             ..StartOptions::default()
         };
         let running = toolgate::start(config, options)
@@ -246,6 +248,11 @@ impl TestServer {
             state_section: None,
             _dir: dir,
         }
+    }
+
+    /// The MCP door's address, when the catalog configures `server.mcp`.
+    pub fn mcp_addr(&self) -> Option<SocketAddr> {
+        self.running.as_ref().and_then(Running::mcp_addr)
     }
 
     /// The catalog file of a server started with `start_file`.

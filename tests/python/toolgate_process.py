@@ -34,6 +34,7 @@ DEFAULT_RPC_DEADLINE_S = 10.0
 AUDIT_TIMEOUT_S = 10.0
 
 SERVING_ADDR_MESSAGE = "serving gRPC over TCP"
+MCP_ADDR_MESSAGE = "serving MCP over Streamable HTTP"
 READY_MESSAGE = "catalog loaded; SERVING"
 
 
@@ -43,6 +44,8 @@ class ToolgateServer:
 
     process: subprocess.Popen
     address: str
+    # The MCP door's host:port, when the catalog configures server.mcp (the demo does).
+    mcp_address: str | None = None
     stderr_lines: list[str] = field(default_factory=list)
     stdout_lines: list[str] = field(default_factory=list)
     # Notified (with its lock held) each time a stdout line is appended.
@@ -144,6 +147,8 @@ def _wait_until_serving(server: ToolgateServer, lines: queue.Queue) -> str:
             continue
         if fields.get("message") == SERVING_ADDR_MESSAGE:
             address = fields.get("addr")
+        elif fields.get("message") == MCP_ADDR_MESSAGE:
+            server.mcp_address = fields.get("addr")
         elif fields.get("message") == READY_MESSAGE:
             if address is None:
                 raise RuntimeError(
@@ -186,6 +191,7 @@ def start(
             *(command if command is not None else (str(_toolgate_bin()), "serve")),
             *("--listen", "127.0.0.1:0"),
             *("--admin-listen", "127.0.0.1:0"),
+            *("--mcp-listen", "127.0.0.1:0"),
             *("--log-format", "json"),
             *args,
         ],
