@@ -1,8 +1,9 @@
 //! toolgate: a gRPC sidecar that stands between an AI agent and the tools it calls.
 //!
-//! A call travels: `server` (proto -> domain, caller from `identity`) -> `boundary` (the ordered
+//! A call travels: a door — `server` (gRPC) or `mcp_door` (MCP) — (protocol -> domain, caller
+//! from `identity` through `admission`) -> `boundary` (the ordered
 //! chain of stages, using `catalog`, `limits` and `approvals`) -> `executor` (the backend) ->
-//! back through `boundary` (result shaping, `audit`) -> `server` (domain -> proto).
+//! back through `boundary` (result shaping, `audit`) -> the door (domain -> protocol).
 //!
 //! # Floors
 //!
@@ -19,8 +20,8 @@
 //! | 3 | `approvals`, `audit`, `limits`, `telemetry` | what calls leave behind: approvals, audit events, quotas, spans |
 //! | 4 | `config` | a catalog file assembled into the parts of a running sidecar |
 //! | 5 | `boundary` | the execution boundary: the chain of stages |
-//! | 6 | `shadow` | a candidate catalog compared with the boundary's decisions |
-//! | 7 | `cli`, `server` | the doors: the command line, and the gRPC services and listeners |
+//! | 6 | `admission`, `shadow` | who may come in through a door (identity from the headers, the caps on requests and connections, counted for both doors together); a candidate catalog compared with the boundary's decisions |
+//! | 7 | `cli`, `mcp_door`, `server` | the doors: the command line, the MCP door (Streamable HTTP), and the gRPC services and listeners |
 //!
 //! Each type has one name: `config` assembles `settings` and re-exports none of it.
 //!
@@ -45,6 +46,7 @@ macro_rules! enum_with_all {
     };
 }
 
+pub mod admission;
 pub mod approvals;
 pub mod audit;
 pub mod boundary;

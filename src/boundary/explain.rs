@@ -392,7 +392,15 @@ impl Explainer<'_> {
                 outcome.idempotent_replay = true;
                 outcome
             }
+            // What the caller would be answered (a hidden tool as an unknown one); the stages
+            // above say what really refused it.
             Ending::Refused(refusal) => {
+                let refusal =
+                    super::visibility::as_caller_sees(self.catalog, caller, &call.name, refusal);
+                let version = match refusal.reason {
+                    Reason::ToolNotFound => String::new(),
+                    _ => version,
+                };
                 CallOutcome::refused(call_id, call.name.clone(), version, refusal)
             }
         };

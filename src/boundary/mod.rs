@@ -75,6 +75,7 @@ use crate::{
     error::{Reason, Refusal, Stage},
     executor::Executors,
     identity::Caller,
+    identity::Door,
     limits::{Quotas, metrics::QuotaMetrics},
     metrics::Metrics,
     outcome::CallOutcome,
@@ -113,26 +114,6 @@ impl Stores {
             approvals: Approvals::new(&backend, clock.clone(), approvals),
             idempotency: Idempotency::new(&backend, clock.clone(), idempotency),
             backend,
-        }
-    }
-}
-
-/// Which door a request came in by. A door only converts its protocol to the domain call and
-/// back; it is named in each call's span (`toolgate.door`) and audit event (`door`), nothing else.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Door {
-    /// The `toolgate.v1` gRPC services.
-    #[default]
-    Grpc,
-    /// MCP's Streamable HTTP transport (and `toolgate mcp-stdio`, which forwards to it).
-    Mcp,
-}
-
-impl Door {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Door::Grpc => "grpc",
-            Door::Mcp => "mcp",
         }
     }
 }
@@ -407,7 +388,14 @@ impl Boundary {
                 let call_id = guard.call_id.to_string();
                 let mut outcome = CallOutcome::refused(call_id, call.name, String::new(), refusal);
                 outcome.duration = started.elapsed();
-                spans::record_call(&mut span, turn, guard.names(), None, &outcome);
+                spans::record_call(
+                    &mut span,
+                    &turn.caller,
+                    turn.door,
+                    guard.names(),
+                    None,
+                    &outcome,
+                );
                 self.metrics.observe(&outcome, None);
                 return outcome;
             }
@@ -440,7 +428,11 @@ impl Boundary {
                     outcome
                 }
                 Err(refusal) => {
-                    let version = trail.tool_version().to_owned();
+                    // Of a tool the caller may not see, not even its version is told.
+                    let version = match refusal.reason {
+                        Reason::ToolNotFound => String::new(),
+                        _ => trail.tool_version().to_owned(),
+                    };
                     CallOutcome::refused(call_id, call.name, version, refusal)
                 }
             };
@@ -451,7 +443,8 @@ impl Boundary {
             outcome.idempotent_replay = trail.idempotent_replay;
             spans::record_call(
                 &mut span,
-                turn,
+                &turn.caller,
+                turn.door,
                 guard.names(),
                 trail.tool.as_deref(),
                 &outcome,
@@ -532,6 +525,8 @@ impl Boundary {
         );
         trail.tool = seen.tool.cloned();
         trail.bound_override_attempts = seen.override_attempts;
+        let decided = decided
+            .map_err(|refusal| visibility::as_caller_sees(catalog, caller, &call.name, refusal));
         let policy::Decided {
             tool,
             arguments,

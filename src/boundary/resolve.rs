@@ -25,11 +25,7 @@ pub fn resolve<'c>(
     catalog
         .resolve(name, pin, &caller.tenant)
         .map_err(|err| match err {
-            ResolveError::UnknownTool => Refusal::new(
-                Stage::Resolve,
-                Reason::ToolNotFound,
-                format!("unknown tool {name}"),
-            ),
+            ResolveError::UnknownTool => unknown_tool(name),
             ResolveError::VersionNotAvailable(why) => {
                 Refusal::new(Stage::Resolve, Reason::VersionNotAvailable, why)
             }
@@ -37,6 +33,15 @@ pub fn resolve<'c>(
                 Refusal::new(Stage::Resolve, Reason::ToolUnavailable, why)
             }
         })
+}
+
+/// The refusal of a call of a tool that does not exist (or that the caller cannot see).
+pub fn unknown_tool(name: &str) -> Refusal {
+    Refusal::new(
+        Stage::Resolve,
+        Reason::ToolNotFound,
+        format!("unknown tool {name}"),
+    )
 }
 
 /// Tool name -> definition hash, for one revision.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::{Boundary, access, resolve, resolve::Definitions, scopes};
 use crate::{
     catalog::{Catalog, ToolVersion, revision_of},
-    error::Refusal,
+    error::{Reason, Refusal, Stage},
     identity::Caller,
 };
 
@@ -43,6 +43,41 @@ pub(crate) fn visibility<'c>(
     access::check(catalog, caller, &tool.name)?;
     scopes::check(caller, tool)?;
     Ok(tool)
+}
+
+/// Whether `refusal` (of a call of `name`) would tell the caller about a tool it cannot see: a
+/// refusal of resolve, access or scopes for a tool hidden from it.
+fn reveals_hidden_tool(catalog: &Catalog, caller: &Caller, name: &str, refusal: &Refusal) -> bool {
+    matches!(refusal.stage, Stage::Resolve | Stage::Access | Stage::Scopes)
+        // Unknown already; unavailable to everyone (its backend is down), which tells the
+        // caller nothing about its access and says when to retry; or a tenant the catalog does
+        // not know, which sees nothing and is told so.
+        && !matches!(
+            refusal.reason,
+            Reason::ToolNotFound | Reason::ToolUnavailable | Reason::TenantUnknown
+        )
+        && visibility(catalog, caller, name).is_err()
+}
+
+/// The refusal a caller is given: a tool hidden from it (by its tenant's or agent's rules, its
+/// scopes, or a version it may not use) is refused exactly as a tool that does not exist, so
+/// no refusal tells it what exists. Why it was hidden stays in the record (audit, spans), never
+/// in what the caller or the model reads. ExplainTool, for those allowed to ask, tells all.
+pub(crate) fn as_caller_sees(
+    catalog: &Catalog,
+    caller: &Caller,
+    name: &str,
+    refusal: Refusal,
+) -> Refusal {
+    if !reveals_hidden_tool(catalog, caller, name, &refusal) {
+        return refusal;
+    }
+    let mut unknown = resolve::unknown_tool(name);
+    unknown.recorded_detail = Some(format!(
+        "hidden from this caller: {}",
+        refusal.text_for_record()
+    ));
+    unknown
 }
 
 pub(super) fn definitions(visible: &[Arc<ToolVersion>]) -> Definitions {

@@ -101,11 +101,20 @@ pub fn render(response: &proto::ExplainToolResponse, name: &str) -> String {
             out,
             "{status} {name}{version}: the stored result would be replayed (nothing was run)"
         ),
-        (false, stage) => writeln!(
-            out,
-            "{status} {name}{version}: refused by {stage} [{}] (nothing was run)",
-            decision.error_type
-        ),
+        (false, stage) => {
+            // A tool hidden from the caller is answered as unknown; the trail says what hid it.
+            let hidden_by = response
+                .stages
+                .iter()
+                .find(|s| s.result() == proto::StageResult::Refused && s.stage != stage)
+                .map(|s| format!("; hidden from this caller by {}", s.stage))
+                .unwrap_or_default();
+            writeln!(
+                out,
+                "{status} {name}{version}: refused by {stage} [{}] (nothing was run{hidden_by})",
+                decision.error_type
+            )
+        }
     };
     for stage in &response.stages {
         // Explaining never runs the backend: say so rather than "not reached".

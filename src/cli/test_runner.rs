@@ -397,7 +397,7 @@ fn caller(
 fn turn(caller: &Arc<Caller>, call: &TestCall) -> Turn {
     Turn {
         // Catalog tests decide calls as the gRPC door's callers make them.
-        door: crate::boundary::Door::Grpc,
+        door: crate::identity::Door::Grpc,
         caller: caller.clone(),
         run_id: call.run_id.as_deref().unwrap_or("toolgate-test").into(),
         step: 0,

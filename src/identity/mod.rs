@@ -99,6 +99,26 @@ pub enum AuthMethod {
     Dev,
 }
 
+/// Which door a request came in by. A door only converts its protocol to the domain call and
+/// back; it is named in each call's span (`toolgate.door`) and audit event (`door`), nothing else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Door {
+    /// The `toolgate.v1` gRPC services.
+    #[default]
+    Grpc,
+    /// MCP's Streamable HTTP transport (and `toolgate mcp-stdio`, which forwards to it).
+    Mcp,
+}
+
+impl Door {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Door::Grpc => "grpc",
+            Door::Mcp => "mcp",
+        }
+    }
+}
+
 /// The identity every decision is made for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Caller {
@@ -181,6 +201,10 @@ pub(crate) fn check_lengths(caller: &Caller, max: usize) -> Result<(), IdentityE
     }
     Ok(())
 }
+
+/// The identity resolver in force; swapped whole when a reload changes `identity` (key rotation),
+/// so tokens verified under old keys are forgotten with it.
+pub type IdentityHandle = Arc<arc_swap::ArcSwap<IdentityResolver>>;
 
 /// Turns request metadata into a [`Caller`] according to the config.
 #[derive(Debug)]

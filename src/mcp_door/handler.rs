@@ -23,11 +23,11 @@ use super::{
     convert::{self, meta_keys},
 };
 use crate::{
-    boundary::{Boundary, Door, ResponseBudget, Turn},
+    admission::Identified,
+    boundary::{Boundary, ResponseBudget, Turn},
     error::{Reason, Status},
-    identity::Caller,
+    identity::{Caller, Door},
     outcome::CallOutcome,
-    server::admission::Identified,
     settings::LimitsConfig,
     telemetry::spans,
 };
@@ -237,7 +237,11 @@ impl ServerHandler for Handler {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         let caller = caller(&context)?;
-        let meta = params.meta.as_ref().map(|m| &m.0);
+        // rmcp moves a request's `_meta` into the context; `params.meta` is the fallback.
+        let meta = match (context.meta.0.is_empty(), params.meta.as_ref()) {
+            (true, Some(params_meta)) => Some(&params_meta.0),
+            _ => Some(&context.meta.0),
+        };
         let fields = meta.map(|m| &m.0);
         let trace_parent = trace_parent(&context, meta);
         let turn = self.turn(caller.clone(), fields, trace_parent)?;

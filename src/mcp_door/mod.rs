@@ -23,8 +23,8 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
+    admission::AdmissionLayer,
     boundary::Boundary,
-    server::admission::AdmissionLayer,
     settings::{LimitsConfig, McpDoorConfig},
     tasks::Tasks,
     telemetry::spans::{TraceContextLayer, Tracer},

@@ -23,11 +23,11 @@ use http_body::Frame;
 use serde_json::json;
 
 use crate::{
-    identity::IdentityError,
-    server::{
-        admission::{AdmissionLayer, Admitted, HeldBytes, Identified, IdentifiedBy, Refused},
+    admission::{
+        AdmissionLayer, Admitted, HeldBytes, Identified, IdentifiedBy, Refused,
         connections::Listener,
     },
+    identity::IdentityError,
     settings::McpDoorConfig,
 };
 

@@ -20,7 +20,8 @@ use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, rou
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::net::TcpListener;
 
-use super::{StartError, services::IdentityHandle};
+use super::StartError;
+use crate::identity::IdentityHandle;
 use crate::{
     audit::{AuditLog, RefusedCallers},
     boundary::Boundary,

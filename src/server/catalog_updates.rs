@@ -35,7 +35,7 @@ use prometheus_client::{
 };
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::services::IdentityHandle;
+use crate::identity::IdentityHandle;
 use crate::{
     boundary::Boundary,
     catalog::CatalogInputs,

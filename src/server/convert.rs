@@ -10,7 +10,6 @@ use crate::{
     boundary::{CallRequest, explain::ExplainError},
     catalog::ToolVersion,
     error::Status,
-    identity::IdentityError,
     outcome::CallOutcome,
     proto,
     settings::RiskLevel,
@@ -186,12 +185,8 @@ pub fn decision(raw: i32) -> Option<bool> {
     }
 }
 
-/// The gRPC code of each request-level error: identity, explain and the approvals admin, here
-/// together (call outcomes are `crate::error`'s table).
-pub fn identity_status(err: &IdentityError) -> GrpcStatus {
-    GrpcStatus::new(Code::Unauthenticated, err.to_string())
-}
-
+/// The gRPC code of each request-level error: explain and the approvals admin, here together
+/// (call outcomes are `crate::error`'s table; a caller admission refuses, `crate::admission`'s).
 pub fn explain_status(err: &ExplainError) -> GrpcStatus {
     let code = match err {
         ExplainError::MissingScope => Code::PermissionDenied,

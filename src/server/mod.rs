@@ -4,14 +4,11 @@
 //! the audit queue).
 
 mod admin;
-pub(crate) mod admission;
 mod catalog_updates;
-pub(crate) mod connections;
 pub mod convert;
 mod deadline;
 pub mod explain;
 mod joined_writes;
-mod refusals;
 mod services;
 
 pub use catalog_updates::ReloadError;
@@ -30,6 +27,8 @@ use tonic_health::ServingStatus;
 
 use arc_swap::ArcSwap;
 
+use crate::admission::{AdmissionLayer, connections, refusals::Refusals};
+use crate::identity::IdentityHandle;
 use crate::{
     audit::{AuditLog, RefusedCallers},
     boundary::{Boundary, Stores},
@@ -42,11 +41,9 @@ use crate::{
 };
 use crate::{metrics::Metrics, shadow::Shadow, telemetry::spans::TraceContextLayer};
 use admin::AdminBinding;
-use admission::AdmissionLayer;
 use connections::Listener;
 use deadline::DeadlineLayer;
-use refusals::Refusals;
-use services::{ApprovalsService, IdentityHandle, ToolGateService};
+use services::{ApprovalsService, ToolGateService};
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]

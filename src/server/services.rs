@@ -8,20 +8,14 @@ use tonic::{Request, Response, Status};
 
 use super::convert;
 
-use arc_swap::ArcSwap;
-
 use crate::{
     approvals,
     boundary::{Boundary, ResponseBudget, Turn},
-    identity::{Caller, IdentityResolver},
+    identity::Caller,
     proto::{self, approvals_server::Approvals, tool_gate_server::ToolGate},
     settings::LimitsConfig,
     telemetry::spans,
 };
-
-/// The identity resolver in force; swapped whole when a reload changes `identity` (key rotation),
-/// so tokens verified under old keys are forgotten with it.
-pub type IdentityHandle = Arc<ArcSwap<IdentityResolver>>;
 
 /// What both services need: the boundary. Callers were identified by the admission layer.
 #[derive(Clone)]
@@ -33,7 +27,7 @@ pub struct Gate {
 fn caller<T>(request: &Request<T>) -> Result<Arc<Caller>, Status> {
     request
         .extensions()
-        .get::<super::admission::Identified>()
+        .get::<crate::admission::Identified>()
         .map(|identified| identified.0.clone())
         // Only a server built without the admission layer gets here: refuse, never guess.
         .ok_or_else(|| Status::unauthenticated("the caller was not identified"))
@@ -83,7 +77,7 @@ impl ToolGateService {
         let trace_parent = remote_context(request);
         Ok(Turn {
             caller,
-            door: crate::boundary::Door::Grpc,
+            door: crate::identity::Door::Grpc,
             run_id: body.run_id().into(),
             step: body.step(),
             catalog_revision: Some(body.catalog_revision())

@@ -81,14 +81,15 @@ pub fn build(
             }
             resource.clone()
         }
-        // A token's audience must be named by the operator: guessing it from the listen address
-        // would accept tokens minted for whoever else listens there.
-        None if jwt_configured => {
+        // Reachable from other hosts, the door's URI is one the operator knows (a Service's, an
+        // ingress's), not its bind address: it must be named.
+        None if jwt_configured && !listen.ip().is_loopback() => {
             return Err(FieldError::new(
                 "server.mcp.resource",
-                "required with identity.jwt: the canonical URI hosts reach this door by, the audience its tokens must name (RFC 8707)",
+                "required with identity.jwt on a non-loopback address: the canonical URI hosts reach this door by, the audience its tokens must name (RFC 8707)",
             ));
         }
+        // On loopback, hosts reach it by its address; tokens must name exactly that.
         None => format!("http://{listen}{path}"),
     };
     for (field, values) in [

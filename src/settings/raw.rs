@@ -199,7 +199,7 @@ pub struct RawMcpDoor {
     /// The path of the MCP endpoint (default /mcp).
     pub path: Option<String>,
     /// This resource's canonical URI (RFC 8707, RFC 9728): the audience the door's tokens must
-    /// name. Required with identity.jwt; otherwise http://{listen}{path}.
+    /// name. Required with identity.jwt on a non-loopback address; otherwise http://{listen}{path}.
     pub resource: Option<String>,
     /// Authorization servers named in /.well-known/oauth-protected-resource.
     #[serde(default)]

@@ -168,7 +168,7 @@ const JOB_OVERHEAD: usize = 512;
 struct Job {
     caller: Arc<Caller>,
     run_id: Arc<str>,
-    door: crate::boundary::Door,
+    door: crate::identity::Door,
     step: u32,
     index: usize,
     call: CallRequest,
@@ -399,7 +399,7 @@ mod tests {
                 scopes: Default::default(),
                 method: crate::identity::AuthMethod::Dev,
             }),
-            door: crate::boundary::Door::Grpc,
+            door: crate::identity::Door::Grpc,
             run_id: "r".into(),
             step: 0,
             catalog_revision: None,

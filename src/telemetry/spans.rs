@@ -18,7 +18,12 @@ use opentelemetry::{
 use opentelemetry_sdk::{propagation::TraceContextPropagator, trace::SdkTracer};
 
 use super::batch::SpanLosses;
-use crate::{catalog::ToolVersion, error::Status, outcome::CallOutcome};
+use crate::{
+    catalog::ToolVersion,
+    error::Status,
+    identity::{Caller, Door},
+    outcome::CallOutcome,
+};
 
 /// The caller's trace context, from request metadata.
 #[derive(Clone, Debug, Default)]
@@ -211,7 +216,8 @@ pub struct CallNames<'a> {
 /// resolved (`tool`, when it did), and the outcome.
 pub fn record_call(
     span: &mut ToolgateSpan,
-    turn: &crate::boundary::Turn,
+    caller: &Caller,
+    door: Door,
     names: CallNames<'_>,
     tool: Option<&ToolVersion>,
     outcome: &CallOutcome,
@@ -222,10 +228,9 @@ pub fn record_call(
     span.set("gen_ai.operation.name", "execute_tool");
     span.set("gen_ai.tool.name", names.tool.clone());
     span.set("gen_ai.tool.call.id", names.call_id.clone());
-    let caller = &turn.caller;
     span.set("toolgate.tenant", caller.tenant.clone());
     span.set("toolgate.agent", caller.agent.clone());
-    span.set("toolgate.door", turn.door.as_str());
+    span.set("toolgate.door", door.as_str());
     if let Some(tool) = tool {
         span.set("toolgate.tool.version", tool.version.clone());
         span.set("toolgate.risk_level", tool.risk_level.as_str());

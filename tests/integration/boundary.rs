@@ -281,7 +281,7 @@ async fn a_stale_revision_is_refused_only_when_the_tool_changed() {
 }
 
 #[tokio::test]
-async fn access_lists_deny_and_name_the_rule() {
+async fn access_lists_deny_hide_the_tool_and_the_record_names_the_rule() {
     let server = TestServer::start(STAGES).await;
     let mut client = server.client().await;
     let cases = [
@@ -308,18 +308,38 @@ async fn access_lists_deny_and_name_the_rule() {
     ];
     for (caller, tool, says) in cases {
         let result = exec(&mut client, &caller, call(tool, "{}")).await;
+        // The caller is answered as for a tool that does not exist: nothing tells it the tool
+        // is there, or which rule hides it.
+        let unknown = exec(&mut client, &caller, call("no_such_tool", "{}")).await;
         assert_eq!(
             (
                 result.status(),
                 result.error_type.as_str(),
-                result.refused_by.as_str()
+                result.refused_by.as_str(),
+                result.tool_version.as_str(),
             ),
-            (ToolStatus::Denied, "denied_by_policy", "access")
+            (ToolStatus::NotFound, "tool_not_found", "resolve", "")
+        );
+        assert_eq!(
+            result.error_message.replace(tool, "X"),
+            unknown.error_message.replace("no_such_tool", "X")
         );
         assert!(
-            result.error_message.contains(says),
+            !result.error_message.contains(says),
             "{}",
             result.error_message
+        );
+        // The record names the rule.
+        let events = server.audit_events().await;
+        let event = events
+            .iter()
+            .rev()
+            .find(|e| e["tool"] == tool && e["tenant"] == caller.tenant.as_str())
+            .expect("the refusal is audited");
+        let reason = event["reason"].as_str().unwrap_or_default();
+        assert!(
+            reason.contains("hidden from this caller") && reason.contains(says),
+            "{reason}"
         );
     }
     let unknown = exec(
@@ -333,7 +353,7 @@ async fn access_lists_deny_and_name_the_rule() {
 }
 
 #[tokio::test]
-async fn missing_scopes_are_named() {
+async fn missing_scopes_hide_the_tool_and_are_named_in_the_record() {
     let server = TestServer::start(STAGES).await;
     let mut client = server.client().await;
     let denied = exec(
@@ -348,9 +368,17 @@ async fn missing_scopes_are_named() {
             denied.error_type.as_str(),
             denied.refused_by.as_str()
         ),
-        (ToolStatus::Denied, "scope_missing", "scopes")
+        (ToolStatus::NotFound, "tool_not_found", "resolve")
     );
-    assert!(denied.error_message.contains("\"echo:use\""));
+    assert!(!denied.error_message.contains("echo:use"));
+    let events = server.audit_events().await;
+    let reason = events
+        .iter()
+        .find(|e| e["tool"] == "scoped_echo")
+        .and_then(|e| e["reason"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(reason.contains("\"echo:use\""), "{reason}");
     let ok = exec(
         &mut client,
         &who("acme").scopes("echo:use"),

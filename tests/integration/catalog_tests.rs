@@ -83,8 +83,8 @@ cases:
     assert_eq!(code, Some(1), "{stdout}{stderr}");
     for line in [
         "FAIL  globex may delete tickets (cases[0])",
-        "  status: expected APPROVAL_REQUIRED, got DENIED",
-        "  refused_by: expected approval, got access",
+        "  status: expected APPROVAL_REQUIRED, got NOT_FOUND",
+        "  refused_by: expected approval, got resolve",
         r#"  call: delete_ticket {"ticket_id":"T-1"} as tenant "globex", subject "bob", agent "", scopes [tickets:write]"#,
         "rule tenants.globex.deny[0] (deny \"delete_ticket\")",
         "ok    echo runs",
@@ -203,7 +203,7 @@ cases:
   - name: without the scope claim
     identity: { claims: { org: acme, email: ada@acme.test } }
     call: { name: whoami }
-    expect: { status: DENIED, error_type: scope_missing }
+    expect: { status: NOT_FOUND, error_type: tool_not_found }
   - name: a token without the tenant claim identifies no one
     identity: { claims: { tenant: acme } }
     call: { name: whoami }

@@ -223,7 +223,8 @@ async fn mcp_example_serves_both_servers_with_the_catalogs_settings() {
         call("demo.echo", r#"{"message":"x"}"#),
     )
     .await;
-    assert_eq!(r.error_type, "scope_missing");
+    // Without its scope the tool is hidden, and refused as one that does not exist.
+    assert_eq!(r.error_type, "tool_not_found");
     // "Adds two numbers (needs approval)": the catalog's description and risk level.
     let r = exec(&mut grpc, &user, call("demo.get-sum", r#"{"a":1,"b":2}"#)).await;
     assert_eq!(r.status(), ToolStatus::ApprovalRequired, "{r:?}");

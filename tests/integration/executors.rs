@@ -665,7 +665,7 @@ tools: []
         )
         .await
         .error_type,
-        "scope_missing"
+        "tool_not_found"
     );
     // The catalog says get-sum needs approval, whatever the server thinks of it.
     let sum = exec(

@@ -515,7 +515,9 @@ async fn the_trail_names_the_rule_the_scope_every_violation_and_the_bound_values
         call("pay_card", r#"{"card":"4111"}"#),
     )
     .await;
-    assert_eq!(decision(&explained).refused_by, "access");
+    // The caller would be answered as for an unknown tool; the trail says what refused it.
+    assert_eq!(decision(&explained).refused_by, "resolve");
+    assert_eq!(decision(&explained).error_type, "tool_not_found");
     let access = stage(&explained, "access");
     assert_eq!(access.result(), StageResult::Refused);
     assert_eq!(
@@ -566,7 +568,8 @@ async fn the_trail_names_the_rule_the_scope_every_violation_and_the_bound_values
     let reader = who("acme").scopes("records:read");
     let explained = explain(&mut client, &reader, call("lookup", r#"{"id":"R-1"}"#)).await;
     assert_eq!(stage(&explained, "scopes").missing_scope, "records:write");
-    assert_eq!(decision(&explained).error_type, "scope_missing");
+    // The caller would be told the tool does not exist; the stage names the scope.
+    assert_eq!(decision(&explained).error_type, "tool_not_found");
     let both = who("acme").scopes("records:read,records:write");
     let explained = explain(
         &mut client,

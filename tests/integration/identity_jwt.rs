@@ -100,16 +100,16 @@ async fn mapped_claims_and_array_scopes_identify_the_caller() {
         serde_json::from_str::<Value>(&r.model_text).unwrap(),
         json!({"tenant": "acme", "subject": "ada@acme.test", "agent": "billing-agent"})
     );
-    // One scope short of the two: scope_missing, naming it.
+    // One scope short of the two: the tool is hidden from the caller, refused as unknown.
     let mut one_scope = claims();
     one_scope["permissions"] = json!(["read:invoices"]);
     let r = whoami(&server, &one_scope).await.unwrap();
     assert_eq!(
         (r.status(), r.error_type.as_str()),
-        (ToolStatus::Denied, "scope_missing")
+        (ToolStatus::NotFound, "tool_not_found")
     );
     assert!(
-        r.error_message.contains("write:drafts"),
+        !r.error_message.contains("write:drafts"),
         "{}",
         r.error_message
     );
@@ -123,7 +123,7 @@ async fn mapped_claims_and_array_scopes_identify_the_caller() {
     .await;
     assert_eq!(
         (r.status(), r.error_type.as_str()),
-        (ToolStatus::Denied, "denied_by_policy"),
+        (ToolStatus::NotFound, "tool_not_found"),
         "{r:?}"
     );
     // The default claim names mean nothing here: a token with `tenant` but no `org` has no tenant.

@@ -964,7 +964,7 @@ async fn the_per_call_future_stays_small() {
     use toolgate::boundary::{CallRequest, Turn};
     let server = TestServer::demo().await;
     let turn = Turn {
-        door: toolgate::boundary::Door::Grpc,
+        door: toolgate::identity::Door::Grpc,
         caller: std::sync::Arc::new(toolgate::identity::Caller {
             tenant: "acme".into(),
             subject: "alice".into(),

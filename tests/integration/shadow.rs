@@ -305,9 +305,11 @@ async fn differences_are_recorded_exactly_and_the_served_decisions_are_unchanged
     );
     assert_eq!(denied["reached_backend"], true);
     let candidate_decision = &denied["candidate"];
-    assert_eq!(candidate_decision["status"], "DENIED");
-    assert_eq!(candidate_decision["refused_by"], "access");
-    assert_eq!(candidate_decision["error_type"], "denied_by_policy");
+    // As the caller would be answered (a tool hidden by the candidate's rule is unknown to it),
+    // with the rule that hid it.
+    assert_eq!(candidate_decision["status"], "NOT_FOUND");
+    assert_eq!(candidate_decision["refused_by"], "resolve");
+    assert_eq!(candidate_decision["error_type"], "tool_not_found");
     assert_eq!(candidate_decision["rule"], "tenants.globex.deny[1]");
     assert_eq!(candidate_decision["rule_pattern"], "create_*");
     assert_eq!(
@@ -366,7 +368,7 @@ async fn differences_are_recorded_exactly_and_the_served_decisions_are_unchanged
     let report = String::from_utf8_lossy(&out.stdout);
     for line in [
         "3 shadow_decision events",
-        r#"1 call of create_ticket that was OK would be DENIED by access [denied_by_policy], rule tenants.globex.deny[1] ("create_*")"#,
+        r#"1 call of create_ticket that was OK would be NOT_FOUND by resolve [tool_not_found], rule tenants.globex.deny[1] ("create_*")"#,
         "1 call of lookup would resolve to version 2 instead of 1",
         "1 call of search would send other bound arguments (filter.owner)",
     ] {
@@ -390,7 +392,7 @@ async fn differences_are_recorded_exactly_and_the_served_decisions_are_unchanged
         report["differences"],
         serde_json::json!([
             {"count": 1, "kind": "decision", "tool": "create_ticket", "was": "OK",
-             "status": "DENIED", "refused_by": "access", "error_type": "denied_by_policy",
+             "status": "NOT_FOUND", "refused_by": "resolve", "error_type": "tool_not_found",
              "rule": "tenants.globex.deny[1]", "rule_pattern": "create_*"},
             {"count": 1, "kind": "tool_version", "tool": "lookup", "was": "1", "would": "2"},
             {"count": 1, "kind": "bound_arguments", "tool": "search", "paths": ["filter.owner"]},

@@ -49,16 +49,16 @@ def test_buf_curl_executes_a_tool_call(toolgate):
 
 
 def test_buf_curl_sees_a_refusal_as_a_result_not_an_error(toolgate):
-    body = {"call": {"name": "delete_ticket", "arguments_json": json.dumps({"ticket_id": "T-1"})}}
+    arguments = {"query": "refunds", "filter": {"tenant": "acme"}}
+    body = {"call": {"name": "rag_search", "arguments_json": json.dumps(arguments)}}
     done = buf_curl(
         toolgate.address,
         "-H", "x-toolgate-tenant: globex",
-        "-H", "x-toolgate-scopes: tickets:write",
         "-d", json.dumps(body),
         f"http://{toolgate.address}/toolgate.v1.ToolGate/ExecuteTool",
     )
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)["result"]
     assert result["status"] == "TOOL_STATUS_DENIED"
-    assert result["errorType"] == "denied_by_policy"
-    assert result["modelText"].startswith('TOOL_ERROR: {"errorType":"denied_by_policy"')
+    assert result["errorType"] == "bound_argument_override"
+    assert result["modelText"].startswith('TOOL_ERROR: {"errorType":"bound_argument_override"')

@@ -35,6 +35,7 @@ AUDIT_TIMEOUT_S = 10.0
 
 SERVING_ADDR_MESSAGE = "serving gRPC over TCP"
 MCP_ADDR_MESSAGE = "serving MCP over Streamable HTTP"
+ADMIN_ADDR_MESSAGE = "serving /metrics, /healthz and /readyz"
 READY_MESSAGE = "catalog loaded; SERVING"
 
 
@@ -46,6 +47,8 @@ class ToolgateServer:
     address: str
     # The MCP door's host:port, when the catalog configures server.mcp (the demo does).
     mcp_address: str | None = None
+    # The admin endpoint's host:port (/metrics, /healthz, /readyz).
+    admin_address: str | None = None
     stderr_lines: list[str] = field(default_factory=list)
     stdout_lines: list[str] = field(default_factory=list)
     # Notified (with its lock held) each time a stdout line is appended.
@@ -149,6 +152,8 @@ def _wait_until_serving(server: ToolgateServer, lines: queue.Queue) -> str:
             address = fields.get("addr")
         elif fields.get("message") == MCP_ADDR_MESSAGE:
             server.mcp_address = fields.get("addr")
+        elif fields.get("message") == ADMIN_ADDR_MESSAGE:
+            server.admin_address = fields.get("addr")
         elif fields.get("message") == READY_MESSAGE:
             if address is None:
                 raise RuntimeError(

@@ -1,4 +1,5 @@
-//! The admission of toolgate RPCs, as a tower layer: who is calling, and whether the sidecar has
+//! The admission of the doors' requests (gRPC RPCs, as a tower layer; MCP requests, through
+//! [`AdmissionLayer::admit`]), one budget for both: who is calling, and whether the sidecar has
 //! room for the call, decided from the request's headers before its body is read.
 //!
 //! In order, for every RPC of a `toolgate.v1` service:
@@ -36,17 +37,17 @@ use tokio::{
     time::{Instant, Sleep},
 };
 
-use super::{
-    connections::{Connection, Listener},
-    refusals::Refusals,
-    services::IdentityHandle,
-};
+pub mod connections;
+pub mod refusals;
+
 use crate::{
     audit::{AuditLog, RefusedCallers},
-    identity::{Caller, IdentityError},
+    identity::{Caller, IdentityError, IdentityHandle},
     settings::LimitsConfig,
     tasks::Tasks,
 };
+use connections::{Connection, Listener};
+use refusals::Refusals;
 use tokio_util::task::task_tracker::TaskTrackerToken;
 
 /// The paths admission applies to: the toolgate services.
@@ -156,7 +157,7 @@ struct Held {
     _slot: OwnedSemaphorePermit,
     _tcp_slot: Option<OwnedSemaphorePermit>,
     _share: Share,
-    _running: Option<super::connections::Running>,
+    _running: Option<connections::Running>,
 }
 
 /// Why a request was not admitted; each door answers it in its own protocol.
@@ -175,7 +176,7 @@ impl Refused {
     pub fn status(&self) -> tonic::Status {
         match self {
             Refused::Draining(message) => tonic::Status::unavailable(*message),
-            Refused::Unauthenticated(err) => super::convert::identity_status(err),
+            Refused::Unauthenticated(err) => tonic::Status::unauthenticated(err.to_string()),
             Refused::Exhausted(message) => tonic::Status::resource_exhausted(message.clone()),
         }
     }
