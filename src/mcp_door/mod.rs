@@ -40,17 +40,38 @@ pub struct Parts {
     pub approval_ttl: std::time::Duration,
 }
 
-/// Binds the door's listener and serves it on `listeners` until `close` is cancelled; returns
-/// the address bound.
-pub async fn start(
+/// The door's listener, bound, and the resource it is (the audience of its tokens).
+pub struct Bound {
+    listener: TcpListener,
+    pub addr: SocketAddr,
+    pub resource: String,
+}
+
+/// Binds the door's listener (`listen` overrides `server.mcp.listen`), before anything is
+/// served: the resource an unconfigured door is named by is the address bound.
+pub async fn bind(config: &McpDoorConfig, listen: Option<SocketAddr>) -> std::io::Result<Bound> {
+    let listener = TcpListener::bind(listen.unwrap_or(config.listen)).await?;
+    let addr = listener.local_addr()?;
+    Ok(Bound {
+        listener,
+        addr,
+        resource: config.resource_at(addr),
+    })
+}
+
+/// Serves the bound door on `listeners` until `close` is cancelled.
+pub fn start(
     config: &McpDoorConfig,
-    listen: Option<SocketAddr>,
+    bound: Bound,
     parts: Parts,
     listeners: &Tasks,
     close: CancellationToken,
-) -> std::io::Result<SocketAddr> {
-    let listener = TcpListener::bind(listen.unwrap_or(config.listen)).await?;
-    let bound = listener.local_addr()?;
+) {
+    let Bound {
+        listener,
+        addr: bound,
+        resource,
+    } = bound;
     let handler = Arc::new(handler::Handler {
         boundary: parts.boundary,
         limits: parts.limits.clone(),
@@ -78,7 +99,7 @@ pub async fn start(
         Arc::new(NeverSessionManager::default()),
         transport,
     );
-    let gate = Arc::new(oauth::Gate::new(config, parts.admission));
+    let gate = Arc::new(oauth::Gate::new(config, resource, parts.admission));
     let metadata_path = oauth::metadata_path(&config.path);
     let mut router = Router::new()
         .route_service(&config.path, service)
@@ -101,7 +122,6 @@ pub async fn start(
         }
     });
     tracing::info!(addr = %bound, path = %config.path, "serving MCP over Streamable HTTP");
-    Ok(bound)
 }
 
 /// The configured hosts, each also with the port actually bound (rmcp compares `host:port`

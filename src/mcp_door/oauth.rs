@@ -42,11 +42,11 @@ pub struct Gate {
 }
 
 impl Gate {
-    pub fn new(config: &McpDoorConfig, admission: AdmissionLayer) -> Self {
+    pub fn new(config: &McpDoorConfig, resource: String, admission: AdmissionLayer) -> Self {
         Gate {
             admission,
-            metadata_url: metadata_url(&config.resource),
-            resource: config.resource.clone(),
+            metadata_url: metadata_url(&resource),
+            resource,
             authorization_servers: config.authorization_servers.clone(),
             scopes_supported: config.scopes_supported.clone(),
             required_scopes: config.required_scopes.clone(),

@@ -91,6 +91,8 @@ pub struct Updater {
     pub clock: SharedClock,
     /// Set while the file holds changes that need a restart.
     pub restart_required: Arc<AtomicBool>,
+    /// The MCP door's resource as it was settled at start (reloads keep it).
+    pub mcp_resource: Option<String>,
     /// The TCP address served, whose exposure dev identity must respect.
     pub listen: Option<SocketAddr>,
     /// The shadow candidate, re-read with each reload.
@@ -222,7 +224,7 @@ async fn reload(
     let Config {
         catalog,
         catalog_inputs: mut next,
-        identity,
+        mut identity,
         loaded,
         limits,
         shadow_catalog,
@@ -245,6 +247,7 @@ async fn reload(
         return Err(ReloadError::RebuildFailed);
     };
     if loaded.identity_fingerprint != watched.served.identity_fingerprint {
+        identity.mcp_resource = updater.mcp_resource.clone();
         updater.identity.store(Arc::new(IdentityResolver::new(
             &identity,
             updater.clock.clone(),

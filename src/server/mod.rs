@@ -275,6 +275,22 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
     if let Some(addr) = options.mcp_listen {
         config.identity.check_listener(addr)?;
     }
+    // Let mut: the MCP door's resource is settled once it is bound.
+    let mut config = config;
+    let mcp_door = match &config.server.mcp {
+        Some(mcp) => {
+            let bound = crate::mcp_door::bind(mcp, options.mcp_listen)
+                .await
+                .map_err(|source| StartError::Listen {
+                    addr: options.mcp_listen.unwrap_or(mcp.listen).to_string(),
+                    source,
+                })?;
+            config.identity.mcp_resource = Some(bound.resource.clone());
+            Some(bound)
+        }
+        None => None,
+    };
+    let mcp_resource = config.identity.mcp_resource.clone();
     let clock = options.clock.unwrap_or_default();
     // Listeners and upkeep are stopped with the server, even when it is dropped; the audit
     // writer only by shutdown, once its queue is written.
@@ -355,6 +371,7 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
                 clock: clock.clone(),
                 restart_required: restart_required.clone(),
                 listen,
+                mcp_resource,
                 shadow: shadow.clone(),
             },
             config.catalog_inputs,
@@ -519,8 +536,9 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         tasks.listeners.spawn("grpc-unix", log_end(server));
         tracing::info!(path = %path.display(), "serving gRPC over a Unix socket");
     }
-    let mcp_addr = match &config.server.mcp {
-        Some(mcp) => {
+    let mcp_addr = match (&config.server.mcp, mcp_door) {
+        (Some(door), Some(bound)) => {
+            let addr = bound.addr;
             let parts = crate::mcp_door::Parts {
                 boundary: boundary.clone(),
                 admission: in_flight.clone(),
@@ -528,21 +546,16 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
                 tracer: options.tracer.clone(),
                 approval_ttl: config.approvals.budget.ttl,
             };
-            let bound = crate::mcp_door::start(
-                mcp,
-                options.mcp_listen,
+            crate::mcp_door::start(
+                door,
+                bound,
                 parts,
                 &tasks.listeners,
                 tasks.close_listeners.clone(),
-            )
-            .await
-            .map_err(|source| StartError::Listen {
-                addr: options.mcp_listen.unwrap_or(mcp.listen).to_string(),
-                source,
-            })?;
-            Some(bound)
+            );
+            Some(addr)
         }
-        None => None,
+        _ => None,
     };
     let admin = AdminBinding::start(
         options.admin_listen.or(config.server.admin_listen),

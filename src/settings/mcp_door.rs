@@ -12,6 +12,9 @@ pub struct McpDoorConfig {
     pub path: String,
     /// The canonical URI of this resource: the audience its tokens must name.
     pub resource: String,
+    /// Whether `resource` was configured; if not, it is the address bound (`http://ADDR/path`),
+    /// which the server settles once it has bound.
+    pub resource_configured: bool,
     pub authorization_servers: Vec<String>,
     pub scopes_supported: Vec<String>,
     pub required_scopes: Vec<String>,
@@ -124,6 +127,7 @@ pub fn build(
     };
     Ok(McpDoorConfig {
         listen,
+        resource_configured: raw.resource.is_some(),
         path,
         resource,
         authorization_servers: raw.authorization_servers.clone(),
@@ -139,6 +143,16 @@ pub fn build(
         approvals_url: raw.approvals_url.clone(),
         request_state_key,
     })
+}
+
+impl McpDoorConfig {
+    /// The resource once the door is bound at `bound`: as configured, or that address.
+    pub fn resource_at(&self, bound: SocketAddr) -> String {
+        match self.resource_configured {
+            true => self.resource.clone(),
+            false => format!("http://{bound}{}", self.path),
+        }
+    }
 }
 
 fn request_state_key(

@@ -17,7 +17,6 @@ const server = serverForThisFile();
 
 // At 5f98402 the door reads tools/call's `_meta` from the params, where rmcp leaves nothing (it
 // moves a request's `_meta` into the request context): every toolgate/* key a host sends is lost.
-const META_TODO = 'the door drops tools/call _meta (run_id, step, approval_id, idempotency_key)';
 
 /** An SDK client connected to the door as `who` (closed by the caller). */
 async function connect(who) {
@@ -153,7 +152,7 @@ describe('the TypeScript SDK client', () => {
     assert.deepEqual([event.tool, event.door, event.tenant, event.subject, event.status], ['echo', 'mcp', 'acme', subject, 'OK']);
   });
 
-  it('passes the host’s _meta run id and step to the call (the audit event names them)', { todo: META_TODO }, async () => {
+  it('passes the host’s _meta run id and step to the call (the audit event names them)', async () => {
     const runId = `sdk-run-${randomUUID()}`;
     const { client } = await connect({});
     try {
@@ -228,7 +227,7 @@ describe('the TypeScript SDK client', () => {
     assert.deepEqual([event.status, event.door], ['APPROVAL_REQUIRED', 'mcp']);
   });
 
-  it('redeems an approval with _meta toolgate/approval_id once another person approves it', { todo: META_TODO }, async () => {
+  it('redeems an approval with _meta toolgate/approval_id once another person approves it', async () => {
     const alice = { subject: 'alice', scopes: ['tickets:write'] };
     const { client } = await connect(alice);
     try {
@@ -274,9 +273,7 @@ describe('the TypeScript SDK client', () => {
     await client.close();
   });
 
-  it('the 401 challenge and the metadata name the address the door is bound to', {
-    todo: 'with --mcp-listen the default server.mcp.resource still names server.mcp.listen (127.0.0.1:8765)',
-  }, async () => {
+  it('the 401 challenge and the metadata name the address the door is bound to', async () => {
     const answer = await post({ jsonrpc: '2.0', id: 1, method: 'tools/list' }, {});
     assert.equal(
       answer.headers.get('www-authenticate'),
