@@ -84,6 +84,9 @@ struct Shared {
     body_timeout: Duration,
     /// Set when shutdown begins: new RPCs are refused, running ones finish.
     draining: AtomicBool,
+    /// Cancelled when shutdown begins, for requests that would otherwise never end (an MCP
+    /// host's subscription).
+    drain_started: tokio_util::sync::CancellationToken,
     /// The RPCs admitted and not answered yet, counted by what admitted them.
     rpcs: Tasks,
 }
@@ -117,6 +120,7 @@ impl AdmissionLayer {
                 max_bytes: limits.max_request_bytes_in_flight,
                 body_timeout: limits.request_body_timeout,
                 draining: AtomicBool::new(false),
+                drain_started: tokio_util::sync::CancellationToken::new(),
                 rpcs: Tasks::new(),
             }),
         }
@@ -125,6 +129,12 @@ impl AdmissionLayer {
     /// From now on, new toolgate RPCs are answered UNAVAILABLE.
     pub fn start_draining(&self) {
         self.shared.draining.store(true, Ordering::SeqCst);
+        self.shared.drain_started.cancel();
+    }
+
+    /// Resolves once shutdown has begun.
+    pub async fn drain_started(&self) {
+        self.shared.drain_started.cancelled().await;
     }
 
     /// Waits until no toolgate RPC is being served (after [`Self::start_draining`], none starts).

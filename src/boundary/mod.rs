@@ -165,6 +165,8 @@ pub struct Boundary {
     /// The calls being decided or run: counted here, by their owner, and told to stop when the
     /// shutdown grace period is over (they end as CANCELLED).
     calls: Tasks,
+    /// Bumped each time the catalog is replaced, for whoever announces changes (the MCP door).
+    catalog_changes: tokio::sync::watch::Sender<u64>,
     /// Told of every finished call (the shadow catalog's worker), once the server registers it.
     observer: std::sync::OnceLock<Arc<dyn CallObserver>>,
     /// Makes the calls' spans; off unless traces are exported.
@@ -229,6 +231,7 @@ impl Boundary {
             metrics,
             quota_metrics,
             calls: Tasks::new(),
+            catalog_changes: tokio::sync::watch::Sender::new(0),
             observer: std::sync::OnceLock::new(),
             tracer: spans::Tracer::off(),
             arguments_budget,
@@ -251,6 +254,11 @@ impl Boundary {
     /// The catalog updater builds the next catalog on this one (live concurrency caps carry
     /// over), the shadow worker names the served revision beside the candidate's, the server
     /// sweeps these rate limits, and `toolgate test --coverage` reads the tools it covered.
+    /// Changes each time the catalog is replaced (what a caller sees may have changed).
+    pub fn watch_catalog(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.catalog_changes.subscribe()
+    }
+
     pub fn catalog(&self) -> Arc<CatalogState> {
         self.state.load_full()
     }
@@ -297,6 +305,8 @@ impl Boundary {
             catalog,
             rate_limits,
         }));
+        self.catalog_changes
+            .send_modify(|generation| *generation += 1);
         invalidated
     }
 

@@ -11,9 +11,9 @@ use rmcp::{
         CacheScope, CallToolRequestParams, CallToolResponse, ElicitRequest, ElicitRequestParams,
         Implementation, InputRequest, InputRequests, InputRequiredResult, JsonObject,
         ListToolsResult, MetaObject, PaginatedRequestParams, ProtocolVersion, ServerCapabilities,
-        ServerConfig,
+        ServerConfig, SubscriptionFilter,
     },
-    service::RequestContext,
+    service::{RequestContext, SubscriptionContext},
 };
 use serde_json::Value;
 use tokio::time::Instant;
@@ -23,7 +23,7 @@ use super::{
     convert::{self, meta_keys},
 };
 use crate::{
-    admission::Identified,
+    admission::{AdmissionLayer, Identified},
     boundary::{Boundary, ResponseBudget, Turn},
     error::{Reason, Status},
     identity::{Caller, Door},
@@ -50,6 +50,8 @@ pub struct Handler {
     /// Where a person decides an approval, `{approval_id}` to replace.
     pub approvals_url: Option<String>,
     pub states: ApprovalStates,
+    /// Ends subscriptions when shutdown begins.
+    pub admission: AdmissionLayer,
 }
 
 /// The caller the door's admission identified.
@@ -204,6 +206,47 @@ impl ServerHandler for Handler {
 
     fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
         Cow::Borrowed(SERVED_REVISIONS)
+    }
+
+    /// 2026-07-28 hosts may listen for `notifications/tools/list_changed`.
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        (requested.tools_list_changed == Some(true))
+            .then(|| SubscriptionFilter::builder().tools_list_changed().build())
+    }
+
+    /// Announces a catalog change only when it changes what this caller sees (its revision);
+    /// ends when the host goes, or when shutdown begins.
+    async fn listen(&self, subscription: SubscriptionContext) -> Result<(), McpError> {
+        let caller = caller(subscription.request_context())?;
+        let mut changes = self.boundary.watch_catalog();
+        let (_, mut seen) = self.boundary.list_tools(&caller);
+        loop {
+            tokio::select! {
+                () = subscription.cancelled() => return Ok(()),
+                () = self.admission.drain_started() => return Ok(()),
+                changed = changes.changed() => {
+                    if changed.is_err() {
+                        return Ok(());
+                    }
+                }
+            }
+            let (_, revision) = self.boundary.list_tools(&caller);
+            if revision == seen {
+                continue;
+            }
+            seen = revision;
+            if subscription
+                .sink()
+                .notify_tool_list_changed()
+                .await
+                .is_err()
+            {
+                return Ok(());
+            }
+        }
     }
 
     async fn list_tools(

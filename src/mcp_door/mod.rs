@@ -78,6 +78,7 @@ pub fn start(
         tracer: parts.tracer,
         request_timeout: config.request_timeout,
         approvals_url: config.approvals_url.clone(),
+        admission: parts.admission.clone(),
         states: approval_state::ApprovalStates::new(
             config.request_state_key.as_deref(),
             parts.approval_ttl,

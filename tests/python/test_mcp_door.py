@@ -583,3 +583,35 @@ def test_a_token_for_this_resource_is_served_and_names_the_caller(jwt_door, mode
     events = jwt_door.wait_for_audit_events(lambda evs: any(e.get("run_id") == f"jwt-{revision}" for e in evs))
     event = next(e for e in events if e.get("run_id") == f"jwt-{revision}")
     assert event["tenant"] == "initech" and event["subject"] == "alice" and event["door"] == "mcp"
+
+
+# --- announcing changes ---------------------------------------------------------------------------
+
+
+def test_a_reload_that_changes_what_a_caller_sees_is_announced(tmp_path):
+    """2026-07-28: a host listening for tools/list_changed hears of a reload that changes its
+    list, and lists again."""
+    import signal
+
+    config = _demo_with_approvals_url(tmp_path)
+    server = toolgate_process.start(args=("--config", str(config)))
+    try:
+
+        async def body():
+            async with host(server, "auto", dev_headers(tenant="globex")) as client:
+                before = sorted(t.name for t in (await client.list_tools()).tools)
+                async with client.listen(tools_list_changed=True) as subscription:
+                    text = config.read_text()
+                    denied = '    deny: ["delete_ticket"]\n'
+                    assert denied in text
+                    config.write_text(text.replace(denied, '    deny: ["delete_ticket", "echo"]\n', 1))
+                    server.process.send_signal(signal.SIGHUP)
+                    event = await subscription.__anext__()
+                after = sorted(t.name for t in (await client.list_tools()).tools)
+            return before, event, after
+
+        before, event, after = run(body)
+        assert "echo" in before and "echo" not in after
+        assert "tools" in type(event).__name__.lower() or "tools" in str(event).lower(), event
+    finally:
+        assert toolgate_process.stop(server) == 0, server.stderr_text()
