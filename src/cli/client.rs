@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tonic::{Request, metadata::MetadataValue, transport::Channel};
 
-use super::{ClientArgs, Failure, chain};
+use super::{ClientArgs, Failure, IdentityArgs, chain};
 use crate::identity::{AGENT_HEADER, SCOPES_HEADER, SUBJECT_HEADER, TENANT_HEADER};
 
 /// A channel to the sidecar at `--addr`.
@@ -36,27 +36,35 @@ fn endpoint_url(addr: &str) -> Result<String, Failure> {
 pub(super) fn request<T>(client: &ClientArgs, body: T) -> Result<Request<T>, Failure> {
     let mut request = Request::new(body);
     let metadata = request.metadata_mut();
-    let mut put = |key: &'static str, value: &Option<String>| -> Result<(), Failure> {
-        if let Some(value) = value {
-            let value: MetadataValue<_> = value.parse().map_err(|_| {
-                Failure::error(format_args!(
-                    "--{} must be ASCII text",
-                    key.trim_start_matches("x-toolgate-")
-                ))
-            })?;
-            metadata.insert(key, value);
-        }
-        Ok(())
-    };
-    put(TENANT_HEADER, &client.tenant)?;
-    put(SUBJECT_HEADER, &client.subject)?;
-    put(AGENT_HEADER, &client.agent)?;
-    put(SCOPES_HEADER, &client.scopes)?;
-    put(
-        "authorization",
-        &client.token.as_ref().map(|t| format!("Bearer {t}")),
-    )?;
+    let identity = &client.identity;
+    let bearer = identity.token.as_ref().map(|t| format!("Bearer {t}"));
+    let headers = identity
+        .dev_headers()
+        .chain(bearer.as_deref().map(|b| ("authorization", "--token", b)));
+    for (header, flag, value) in headers {
+        let value: MetadataValue<_> = value.parse().map_err(|_| not_text(flag))?;
+        metadata.insert(header, value);
+    }
     Ok(request)
+}
+
+impl IdentityArgs {
+    /// The dev identity headers given, each as (header, the flag it came from, value).
+    pub(super) fn dev_headers(&self) -> impl Iterator<Item = (&'static str, &'static str, &str)> {
+        [
+            (TENANT_HEADER, "--tenant", &self.tenant),
+            (SUBJECT_HEADER, "--subject", &self.subject),
+            (AGENT_HEADER, "--agent", &self.agent),
+            (SCOPES_HEADER, "--scopes", &self.scopes),
+        ]
+        .into_iter()
+        .filter_map(|(header, flag, value)| Some((header, flag, value.as_deref()?)))
+    }
+}
+
+/// An identity flag whose value cannot be sent in a header.
+pub(super) fn not_text(flag: &str) -> Failure {
+    Failure::error(format_args!("{flag} must be ASCII text"))
 }
 
 /// A gRPC status as the error a verb reports: its code and message.

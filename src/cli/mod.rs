@@ -2,7 +2,8 @@
 //! `serve` (the default, `serve.rs`), `check` (`check.rs`), `schema` (`schema.rs`), `test` (a
 //! catalog's test cases, `test_runner.rs`), `shadow-report` (`shadow_report.rs`), and the
 //! operator client verbs that talk to a running sidecar: `tools`, `call`, `approvals`, `approve`,
-//! `reject` (`client_verbs.rs`) and `explain` (`explain.rs`), reaching it through `client.rs`. The signal
+//! `reject` (`client_verbs.rs`) and `explain` (`explain.rs`), reaching it through `client.rs`; and
+//! `mcp-stdio` (`mcp_stdio.rs`), a stdio MCP server forwarding to a sidecar's MCP door. The signal
 //! dispositions set at start-up are in `signals.rs`.
 //!
 //! Exit codes: 0 success; 1 failure (bad config, cannot start, transport error); 2 usage error;
@@ -14,6 +15,7 @@ mod check;
 mod client;
 mod client_verbs;
 mod explain;
+mod mcp_stdio;
 mod schema;
 mod serve;
 pub mod shadow_report;
@@ -26,7 +28,7 @@ pub mod test_runner;
 
 use std::{path::PathBuf, process::ExitCode};
 
-use clap::{Args, Parser, Subcommand};
+use clap::{ArgGroup, Args, Parser, Subcommand};
 
 use crate::{config::Config, proto, settings::Env, telemetry::LogFormat};
 
@@ -136,6 +138,14 @@ enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Serve a sidecar's tools to an MCP host over stdio, forwarding each request to its MCP door.
+    ///
+    /// For MCP hosts that only launch local servers. Every `tools/list` and `tools/call` goes to
+    /// the door at --url with one identity, a JWT (--token or --token-file) or dev identity
+    /// (--tenant, --subject, --agent, --scopes), and the door's answer comes back unchanged,
+    /// refusals included. It decides nothing: the door and its boundary do, and the audit names
+    /// door "mcp". Logs go to stderr; stdout is the protocol.
+    McpStdio(McpStdioArgs),
 }
 
 #[derive(Debug, Args)]
@@ -198,6 +208,17 @@ struct ClientArgs {
     /// The sidecar's address.
     #[arg(long, env = "TOOLGATE_ADDR", default_value = "http://127.0.0.1:50051")]
     addr: String,
+    #[command(flatten)]
+    identity: IdentityArgs,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Who the caller is, for the verbs that talk to a sidecar: dev identity (sent as the
+/// `x-toolgate-*` headers) or a JWT.
+#[derive(Debug, Args)]
+struct IdentityArgs {
     /// Dev identity: tenant.
     #[arg(long)]
     tenant: Option<String>,
@@ -213,15 +234,47 @@ struct ClientArgs {
     /// A JWT to send as `authorization: Bearer`.
     #[arg(long, env = "TOOLGATE_TOKEN", hide_env_values = true)]
     token: Option<String>,
-    /// Print JSON instead of text.
+}
+
+/// `mcp-stdio`'s flags: the door to forward to and one identity, a JWT or dev identity.
+#[derive(Debug, Args)]
+#[command(group(
+    ArgGroup::new("caller")
+        .args(["token", "token_file", "tenant"])
+        .required(true)
+        .multiple(true)
+))]
+#[command(group(
+    ArgGroup::new("jwt")
+        .args(["token", "token_file"])
+        .conflicts_with_all(["tenant", "subject", "agent", "scopes"])
+))]
+struct McpStdioArgs {
+    /// The sidecar's MCP door (its `server.mcp` listen address and path).
+    #[arg(
+        long,
+        env = "TOOLGATE_MCP_URL",
+        default_value = "http://127.0.0.1:8765/mcp"
+    )]
+    url: String,
+    #[command(flatten)]
+    identity: IdentityArgs,
+    /// A file holding the JWT, read once at start (surrounding whitespace trimmed).
     #[arg(long)]
-    json: bool,
+    token_file: Option<PathBuf>,
+    /// Log format (logs go to stderr; stdout is the protocol).
+    #[arg(long, env = "TOOLGATE_LOG_FORMAT", value_enum, default_value = "human")]
+    log_format: LogFormat,
 }
 
 /// Runs the command line; returns the process exit code.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    if !matches!(cli.command, None | Some(Command::Serve(_))) {
+    // The server and the stdio MCP server handle a closed pipe as an error (see `signals.rs`).
+    if !matches!(
+        cli.command,
+        None | Some(Command::Serve(_) | Command::McpStdio(_))
+    ) {
         signals::default_sigpipe();
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -289,6 +342,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             reason,
             client,
         }) => client_verbs::decide(client, approval_id, false, reason).await,
+        Some(Command::McpStdio(args)) => mcp_stdio::run(args).await,
     }
 }
 
