@@ -60,20 +60,20 @@ fn stage<'a>(explained: &'a proto::ExplainToolResponse, name: &str) -> &'a proto
 
 /// A generated call of the demo catalog.
 #[derive(Debug, Clone)]
-struct Case {
-    tenant: &'static str,
-    subject: &'static str,
-    agent: &'static str,
-    scopes: Vec<&'static str>,
-    tool: &'static str,
+pub(crate) struct Case {
+    pub(crate) tenant: &'static str,
+    pub(crate) subject: &'static str,
+    pub(crate) agent: &'static str,
+    pub(crate) scopes: Vec<&'static str>,
+    pub(crate) tool: &'static str,
     /// 0 valid, 1 valid with a bound key set by the model, 2 an unknown property, 3 `{}`,
     /// 4 not JSON, 5 an array.
-    shape: u8,
+    pub(crate) shape: u8,
     /// Picks one of two valid argument sets (so reused idempotency keys can conflict).
-    variant: bool,
-    version: Option<&'static str>,
-    idempotency_key: Option<&'static str>,
-    approval_id: Option<&'static str>,
+    pub(crate) variant: bool,
+    pub(crate) version: Option<&'static str>,
+    pub(crate) idempotency_key: Option<&'static str>,
+    pub(crate) approval_id: Option<&'static str>,
 }
 
 const TOOLS: [&str; 8] = [
@@ -104,7 +104,7 @@ fn valid_arguments(tool: &str, variant: bool) -> Value {
     }
 }
 
-fn arguments_json(case: &Case) -> String {
+pub(crate) fn arguments_json(case: &Case) -> String {
     let mut arguments = valid_arguments(case.tool, case.variant);
     match case.shape {
         0 => {}
@@ -120,7 +120,7 @@ fn arguments_json(case: &Case) -> String {
     arguments.to_string()
 }
 
-fn cases() -> impl Strategy<Value = Case> {
+pub(crate) fn cases() -> impl Strategy<Value = Case> {
     (
         (
             prop::sample::select(vec!["acme", "globex", "initech"]),

@@ -20,6 +20,7 @@ mod cli;
 mod cli_and_logs;
 mod config;
 mod docs;
+mod doors;
 mod examples;
 mod execution;
 mod executors;

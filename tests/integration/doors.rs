@@ -1,0 +1,273 @@
+//! Parity of the two doors: generated callers and calls of the demo, each made through the gRPC
+//! door (ExecuteTool) and through the MCP door (`tools/call` over Streamable HTTP, as a host sends
+//! it), must get the same status, `model_text`, `error_type` and stage, and leave audit events
+//! that differ in the door alone. A door only converts.
+
+use std::{
+    sync::atomic::{AtomicUsize, Ordering},
+    time::Duration,
+};
+
+use proptest::{
+    prelude::*,
+    test_runner::{Config as ProptestConfig, RngAlgorithm, TestRng, TestRunner},
+};
+use serde_json::{Value, json};
+use toolgate::proto;
+
+use crate::{
+    explain::{Case, arguments_json, cases},
+    support::{TestServer, Who},
+};
+
+/// The demo's tools whose output differs from call to call.
+const WRITES: [&str; 3] = ["create_ticket", "refund_order", "delete_ticket"];
+
+/// An approval's id, made anew by each call that needs one: compared as `apr_*`.
+fn without_approval_ids(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("apr_") {
+        out.push_str(&rest[..at]);
+        out.push_str("apr_*");
+        rest = rest[at + 4..].trim_start_matches(|c: char| c.is_ascii_alphanumeric());
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The MCP door's answer to one `tools/call`, as a 2025-11-25 host sends it.
+async fn mcp_call(
+    http: &reqwest::Client,
+    url: &str,
+    who: &Who,
+    id: &str,
+    name: &str,
+    arguments: Value,
+    meta: Value,
+) -> Value {
+    let mut request = http
+        .post(url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2025-11-25");
+    for (header, value) in [
+        ("x-toolgate-tenant", &who.tenant),
+        ("x-toolgate-subject", &who.subject),
+        ("x-toolgate-agent", &who.agent),
+        ("x-toolgate-scopes", &who.scopes),
+    ] {
+        if !value.is_empty() {
+            request = request.header(header, value.as_str());
+        }
+    }
+    let body = json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "method": "tools/call",
+        "params": {"name": name, "arguments": arguments, "_meta": meta},
+    });
+    let response = request.json(&body).send().await.expect("the door answers");
+    assert_eq!(response.status(), 200);
+    let answer: Value = response.json().await.expect("a JSON-RPC answer");
+    answer["result"].clone()
+}
+
+/// An audit event with what differs by nature between two calls removed: when, how long, the
+/// trace, the run (each door its own), the door, and approval ids.
+fn comparable(event: &Value) -> Value {
+    let mut event = event.clone();
+    let Some(object) = event.as_object_mut() else {
+        return event;
+    };
+    for field in [
+        "time",
+        "duration_ms",
+        "trace_id",
+        "span_id",
+        "run_id",
+        "door",
+    ] {
+        object.remove(field);
+    }
+    for field in ["approval_id", "reason"] {
+        if let Some(Value::String(text)) = object.get(field) {
+            let text = without_approval_ids(text);
+            object.insert(field.into(), Value::String(text));
+        }
+    }
+    event
+}
+
+#[test]
+fn both_doors_decide_every_generated_call_alike() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = rt.block_on(TestServer::demo());
+    let client = rt.block_on(server.client());
+    let url = format!(
+        "http://{}/mcp",
+        server.mcp_addr().expect("the demo's MCP door")
+    );
+    toolgate::tls::install_crypto_provider();
+    let http = reqwest::Client::new();
+    let next = AtomicUsize::new(0);
+    let compared = AtomicUsize::new(0);
+    let mut runner = TestRunner::new_with_rng(
+        ProptestConfig {
+            cases: 256,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        },
+        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+    );
+    let result = runner.run(&cases(), |case: Case| {
+        let arguments_text = arguments_json(&case);
+        // MCP arguments are a JSON object by the protocol: text that is not one cannot be sent.
+        let Ok(Value::Object(arguments)) = serde_json::from_str::<Value>(&arguments_text) else {
+            return Ok(());
+        };
+        let call_id = format!("p{}", next.fetch_add(1, Ordering::Relaxed));
+        let who = Who {
+            tenant: case.tenant.into(),
+            subject: case.subject.into(),
+            agent: case.agent.into(),
+            scopes: case.scopes.join(","),
+            token: None,
+        };
+        // Each door's keys are its own, so neither replays the other's result.
+        let key = |door: &str| {
+            case.idempotency_key
+                .map(|k| format!("{k}-{door}"))
+                .unwrap_or_default()
+        };
+        let grpc_call = proto::ToolCall {
+            call_id: call_id.clone(),
+            name: case.tool.into(),
+            arguments_json: arguments_text.clone(),
+            version: case.version.unwrap_or_default().into(),
+            idempotency_key: key("grpc"),
+            approval_id: case.approval_id.unwrap_or_default().into(),
+        };
+        let mut meta = json!({"toolgate/run_id": "parity-mcp"});
+        if let Some(version) = case.version {
+            meta["toolgate/tool_version"] = json!(version);
+        }
+        if case.idempotency_key.is_some() {
+            meta["toolgate/idempotency_key"] = json!(key("mcp"));
+        }
+        if let Some(approval_id) = case.approval_id {
+            meta["toolgate/approval_id"] = json!(approval_id);
+        }
+        let mut client = client.clone();
+        let (grpc, mcp) = rt.block_on(async {
+            // refund_order's quota (5/min) refills by two calls first: both doors' calls of a
+            // case meet the same quota. (Only then: stored results last 10 minutes of the
+            // clock, and later cases replay them.)
+            if case.tool == "refund_order" {
+                server.clock.advance(Duration::from_secs(24));
+            }
+            let request = proto::ExecuteToolRequest {
+                call: Some(grpc_call),
+                run_id: "parity-grpc".into(),
+                step: 0,
+                catalog_revision: String::new(),
+            };
+            let grpc = client
+                .execute_tool(who.request(request))
+                .await
+                .expect("ExecuteTool answers")
+                .into_inner()
+                .result
+                .expect("a result");
+            let mcp = mcp_call(
+                &http,
+                &url,
+                &who,
+                &call_id,
+                case.tool,
+                Value::Object(arguments),
+                meta,
+            )
+            .await;
+            (grpc, mcp)
+        });
+        let status = proto::ToolStatus::try_from(grpc.status)
+            .map(|s| {
+                s.as_str_name()
+                    .trim_start_matches("TOOL_STATUS_")
+                    .to_owned()
+            })
+            .unwrap_or_default();
+        prop_assert_eq!(
+            mcp["_meta"]["toolgate/status"].as_str(),
+            Some(status.as_str()),
+            "{:?}",
+            mcp
+        );
+        prop_assert_eq!(mcp["isError"].as_bool(), Some(status != "OK"));
+        // A refusal's text is the boundary's; an output is the backend's, and a backend that
+        // writes (create_ticket numbers its tickets) answers each call anew.
+        if status != "OK" || !WRITES.contains(&case.tool) {
+            prop_assert_eq!(
+                without_approval_ids(mcp["content"][0]["text"].as_str().unwrap_or_default()),
+                without_approval_ids(&grpc.model_text)
+            );
+        }
+        prop_assert_eq!(
+            mcp["_meta"]["toolgate/error_type"]
+                .as_str()
+                .unwrap_or_default(),
+            grpc.error_type.as_str()
+        );
+        prop_assert_eq!(
+            mcp["_meta"]["toolgate/refused_by"]
+                .as_str()
+                .unwrap_or_default(),
+            grpc.refused_by.as_str()
+        );
+        prop_assert_eq!(
+            mcp["_meta"]["toolgate/version"]
+                .as_str()
+                .unwrap_or_default(),
+            grpc.tool_version.as_str()
+        );
+        compared.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    });
+    if let Err(err) = result {
+        panic!("{err}");
+    }
+    assert!(
+        compared.load(Ordering::Relaxed) >= 48,
+        "too few calls compared"
+    );
+    // The audit events of each pair differ in the door (and what differs by nature) alone.
+    let events = rt.block_on(server.audit_events());
+    let of = |run: &str| -> Vec<&Value> {
+        events
+            .iter()
+            .filter(|e| e["kind"] == "tool_call" && e["run_id"] == run)
+            .collect()
+    };
+    let (grpc, mcp) = (of("parity-grpc"), of("parity-mcp"));
+    assert_eq!(grpc.len(), compared.load(Ordering::Relaxed));
+    assert_eq!(grpc.len(), mcp.len());
+    for (g, m) in grpc.iter().zip(&mcp) {
+        assert_eq!(
+            (g["door"].as_str(), m["door"].as_str()),
+            (Some("grpc"), Some("mcp"))
+        );
+        assert_eq!(comparable(g), comparable(m));
+    }
+    // The run reached refusals of many kinds and OK, so the comparison meant something.
+    let kinds: std::collections::BTreeSet<&str> = grpc
+        .iter()
+        .map(|e| e["status"].as_str().unwrap_or_default())
+        .collect();
+    assert!(kinds.len() >= 5, "{kinds:?}");
+    assert!(
+        grpc.iter().any(|e| e["idempotent_replay"] == true),
+        "no call replayed a stored result"
+    );
+    rt.block_on(server.stop());
+}
