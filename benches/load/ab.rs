@@ -4,6 +4,7 @@
 //! `measure`'s, as in the full run.
 
 use std::{
+    ops::Range,
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -37,6 +38,47 @@ type RowValue = fn(&Row) -> Option<f64>;
 const AB_A: &str = "A (--binary)";
 const AB_B: &str = "B (--ab)";
 
+/// Each round's rows, in the order measured: `rounds` are (round, the rows it measured);
+/// `what` names the column of the rows' targets.
+pub fn print_each_round(what: &str, rows: &[Row], rounds: &[(usize, Range<usize>)]) {
+    println!("\nEach round (server CPU from /proc/PID/stat, per answered call):\n");
+    println!(
+        "| round | {what} | mode | throughput (calls/s) | p50 ms | p99 ms | server CPU µs/call |"
+    );
+    println!("|---:|---|---|---:|---:|---:|---:|");
+    for (round, range) in rounds {
+        for row in &rows[range.clone()] {
+            println!(
+                "| {} | {} | {} | {:.0} | {:.3} | {:.3} | {} |",
+                round + 1,
+                row.target,
+                row.mode,
+                row.throughput,
+                row.stats.ms(0.5),
+                row.stats.ms(0.99),
+                row.server_cpu_us
+                    .map_or("—".into(), |us| format!("{us:.1}")),
+            );
+        }
+    }
+    // Failed calls, with the first reason each row kept.
+    for (round, range) in rounds {
+        for row in rows[range.clone()]
+            .iter()
+            .filter(|row| row.stats.failed > 0)
+        {
+            println!(
+                "\nround {}, {}, {}: {} calls failed; {}",
+                round + 1,
+                row.target,
+                row.mode,
+                row.stats.failed,
+                row.note
+            );
+        }
+    }
+}
+
 /// Interleaved A/B (`ab`): two toolgate executables, started once each with the same catalog
 /// (audit to a file, JWT, spans to the collector) and measured in turn within each round, A then B
 /// in even rounds and B then A in odd ones, so a slow stretch of the machine lands on both and
@@ -67,7 +109,7 @@ pub fn ab(options: &Options, other: &Path) -> anyhow::Result<bool> {
     let mut b = start(AB_B, other, "toolgate-bench-b")?;
     println!("load average at start: {load_at_start}");
     let mut rows = Vec::new();
-    let mut rounds: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
+    let mut rounds: Vec<(usize, Range<usize>)> = Vec::new();
     let mut ok = true;
     for round in 0..options.rounds {
         let (first, second) = ((AB_A, &a), (AB_B, &b));
@@ -87,26 +129,7 @@ pub fn ab(options: &Options, other: &Path) -> anyhow::Result<bool> {
         .block_on(collector.wait_until_quiet(options.span_quiet, Duration::from_secs(60)));
     a.stop()?;
     b.stop()?;
-    println!("\nEach round (server CPU from /proc/PID/stat, per answered call):\n");
-    println!(
-        "| round | binary | mode | throughput (calls/s) | p50 ms | p99 ms | server CPU µs/call |"
-    );
-    println!("|---:|---|---|---:|---:|---:|---:|");
-    for (round, range) in &rounds {
-        for row in &rows[range.clone()] {
-            println!(
-                "| {} | {} | {} | {:.0} | {:.3} | {:.3} | {} |",
-                round + 1,
-                row.target,
-                row.mode,
-                row.throughput,
-                row.stats.ms(0.5),
-                row.stats.ms(0.99),
-                row.server_cpu_us
-                    .map_or("—".into(), |us| format!("{us:.1}")),
-            );
-        }
-    }
+    print_each_round("binary", &rows, &rounds);
     // Rows of one binary in one mode, in round order.
     let of = |name: &str, mode: &str| -> Vec<&Row> {
         rows.iter()

@@ -1,6 +1,7 @@
 //! The bench catalog and the credentials its calls carry: the catalog every toolgate the harness
-//! runs is given, its variants (state in Redis, a shadow candidate, audit off), the JWT secret it
-//! names and the tokens signed with it. Nothing here starts or measures anything.
+//! runs is given, its variants (state in Redis, a shadow candidate, audit off, the MCP door on),
+//! the JWT secret it names and the tokens signed with it. Nothing here starts or measures
+//! anything.
 
 use std::{
     path::Path,
@@ -20,10 +21,12 @@ pub const SECRET: &str = "toolgate-bench-hs256-secret-0123456789abcdef";
 const CATALOG: &str = r#"version: 1
 server:
   shutdown_grace: 2s
-# The RSS step holds up to --slow-calls (at most 100,000) calls at once, 500 per connection; the
-# defaults (1,024 in flight, 256 streams per connection) would refuse most of them.
+# The RSS step holds up to --slow-calls (at most 100,000) calls at once, 500 per connection, all
+# of one tenant; the defaults (1,024 in flight, 256 of them a tenant's, 256 streams per
+# connection) would refuse most of them.
 limits:
   max_in_flight: 100000
+  max_in_flight_per_tenant: 100000
   max_streams_per_connection: 1000
 identity:
   jwt:
@@ -79,6 +82,10 @@ tools:
     input_schema: { type: object }
 "#;
 
+/// The MCP door's path and resource (the audience its tokens name) in [`catalog_with_mcp`].
+pub const MCP_PATH: &str = "/mcp";
+pub const MCP_RESOURCE: &str = "http://127.0.0.1/mcp";
+
 /// The bench catalog, auditing to the file `audit`.
 pub fn catalog(audit: &Path) -> String {
     CATALOG.replace("AUDIT_PATH", &audit.display().to_string())
@@ -114,6 +121,20 @@ pub fn candidate_catalog(audit: &Path) -> String {
     narrowed
 }
 
+/// The bench catalog with the MCP door on (`server.mcp`, on a port it picks and logs), so the
+/// same tools, stages and identity are served over gRPC and over MCP by one catalog.
+pub fn catalog_with_mcp(audit: &Path) -> String {
+    let server = "server:\n  shutdown_grace: 2s\n";
+    assert!(CATALOG.contains(server));
+    catalog(audit).replacen(
+        server,
+        &format!(
+            "{server}  mcp: {{ listen: \"127.0.0.1:0\", path: {MCP_PATH}, resource: \"{MCP_RESOURCE}\" }}\n"
+        ),
+        1,
+    )
+}
+
 /// The bench catalog with audit switched off (`sink: none`), for the CPU split.
 pub fn catalog_without_audit() -> String {
     let audit = "audit:\n  sink: file\n  path: AUDIT_PATH\n";
@@ -121,13 +142,14 @@ pub fn catalog_without_audit() -> String {
     CATALOG.replace(audit, "audit:\n  sink: none\n")
 }
 
-/// A JWT for tenant acme, agent support-bot, with the scope `echo` requires; valid for a day.
-/// With `jti`, a token no other call used (so the sidecar has never verified it).
-fn token(jti: Option<u64>) -> anyhow::Result<String> {
+/// A JWT for tenant acme, agent support-bot, with the scope `echo` requires, for `audience`;
+/// valid for a day. With `jti`, a token no other call used (so the sidecar has never verified
+/// it).
+fn token(audience: &str, jti: Option<u64>) -> anyhow::Result<String> {
     let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
     let mut claims = serde_json::json!({
         "sub": "bench", "tenant": "acme", "agent": "support-bot", "scope": "tools:read",
-        "iss": "https://issuer.bench", "aud": "toolgate", "exp": now + 86_400,
+        "iss": "https://issuer.bench", "aud": audience, "exp": now + 86_400,
     });
     if let Some(jti) = jti {
         claims["jti"] = serde_json::json!(jti.to_string());
@@ -140,9 +162,15 @@ fn token(jti: Option<u64>) -> anyhow::Result<String> {
     )?)
 }
 
-/// The `authorization` value of [`token`]'s JWT.
+/// The `authorization` value of [`token`]'s JWT for the gRPC door.
 pub fn bearer(jti: Option<u64>) -> anyhow::Result<MetadataValue<Ascii>> {
-    format!("Bearer {}", token(jti)?)
+    format!("Bearer {}", token("toolgate", jti)?)
         .parse()
         .context("a token is not metadata")
+}
+
+/// The `authorization` value of the same caller's JWT for the MCP door: the same claims, but
+/// for the door's resource, the audience its tokens must name.
+pub fn mcp_bearer() -> anyhow::Result<String> {
+    Ok(format!("Bearer {}", token(MCP_RESOURCE, None)?))
 }

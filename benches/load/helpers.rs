@@ -9,11 +9,12 @@ use anyhow::Context;
 use clap::Args;
 
 use crate::{
-    catalog::{SECRET, SECRET_ENV, bearer, catalog},
-    load::{Budget, closed_loop, connect_all, execute_request, failure_note, open_loop, runtime},
+    catalog::{SECRET, SECRET_ENV, bearer, catalog, catalog_with_mcp, mcp_bearer},
+    load::{Budget, Connections, closed_loop, execute_request, failure_note, open_loop, runtime},
+    mcp::{self, Revision},
     options::{Options, loopback},
     otlp_collector,
-    targets::Target,
+    targets::{Door, Target},
 };
 
 /// What `send-only` sends, beyond the shared options (`--connections`, `--concurrency`,
@@ -33,6 +34,10 @@ pub struct SendArgs {
     /// e.g. thread wake-ups under perf)
     #[arg(long, value_name = "RPS", value_parser = clap::value_parser!(u64).range(1..))]
     send_rate: Option<u64>,
+    /// Send `echo` as a tools/call to the MCP door at ADDR under this revision, instead of
+    /// ExecuteTool (the catalog `write-catalog` writes as bench-mcp.yaml has the door on)
+    #[arg(long, value_name = "REVISION", value_parser = ["2025-11-25", "2026-07-28"])]
+    mcp: Option<String>,
 }
 
 /// `send-only`: the calls of `args` to a server started by hand, over `connections` ×
@@ -54,18 +59,28 @@ pub fn send_only(options: &Options, args: &SendArgs) -> anyhow::Result<bool> {
         )
     };
     let request = execute_request(&args.tool, arguments_json, "run-bench");
-    let target = Target {
+    let mut target = Target {
         timeout,
         ..Target::new("send-only", addr, &request, &auth, "")
     };
-    let channels = client_rt.block_on(connect_all(addr, options.connections))?;
+    if let Some(revision) = &args.mcp {
+        anyhow::ensure!(args.tool == "echo", "--mcp sends `echo` only");
+        let revision = match revision.as_str() {
+            "2026-07-28" => Revision::V2026_07_28,
+            _ => Revision::V2025_11_25,
+        };
+        let text = "x".repeat(options.payload);
+        let call = mcp::Call::echo(revision, &text, &mcp_bearer()?)?;
+        target.door = Door::Mcp(std::sync::Arc::new(call));
+    }
+    let connections = client_rt.block_on(Connections::open(&target, options.connections))?;
     let (stats, elapsed) = match args.send_rate {
         Some(rate) => {
-            let sent = open_loop(&client_rt, &channels, &target, rate, options.duration);
+            let sent = open_loop(&client_rt, &connections, &target, rate, options.duration);
             (sent.stats, sent.elapsed)
         }
         None => client_rt.block_on(closed_loop(
-            &channels,
+            &connections,
             options.concurrency,
             &target,
             Budget::Calls(args.calls),
@@ -111,16 +126,24 @@ pub fn serve_collector(addr: SocketAddr) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `write-catalog`: the bench catalog to `DIR/bench.yaml` (audit to `DIR/audit.jsonl`), and
-/// the command line that serves it.
+/// `write-catalog`: the bench catalog to `DIR/bench.yaml` (audit to `DIR/audit.jsonl`) and
+/// with the MCP door on to `DIR/bench-mcp.yaml` (audit to `DIR/audit-mcp.jsonl`), and the
+/// command lines that serve them.
 pub fn write_catalog(dir: &Path) -> anyhow::Result<()> {
-    let path = dir.join("bench.yaml");
-    std::fs::create_dir_all(dir)
-        .and_then(|()| std::fs::write(&path, catalog(&dir.join("audit.jsonl"))))
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    println!(
-        "{SECRET_ENV}={SECRET} target/release/toolgate serve --config {} --log-format json",
-        path.display()
-    );
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    for (name, yaml) in [
+        ("bench.yaml", catalog(&dir.join("audit.jsonl"))),
+        (
+            "bench-mcp.yaml",
+            catalog_with_mcp(&dir.join("audit-mcp.jsonl")),
+        ),
+    ] {
+        let path = dir.join(name);
+        std::fs::write(&path, yaml).with_context(|| format!("cannot write {}", path.display()))?;
+        println!(
+            "{SECRET_ENV}={SECRET} target/release/toolgate serve --config {} --log-format json",
+            path.display()
+        );
+    }
     Ok(())
 }

@@ -2,7 +2,9 @@
 //! rate: each caller sends its next call when the last is answered) and open loops (fixed rate:
 //! calls sent on a schedule, each latency from its intended send time), the slow-call test that
 //! holds thousands of calls in flight while it samples the server's RSS, and the [`Stats`] they
-//! fill. Every loop is bounded in count and time; what is measured and the report are elsewhere.
+//! fill. A target is called through its door: ExecuteTool over gRPC, or `tools/call` over MCP
+//! (`mcp.rs`). Every loop is bounded in count and time; what is measured and the report are
+//! elsewhere.
 
 use std::{
     net::SocketAddr,
@@ -24,9 +26,10 @@ use toolgate::proto::{self, tool_gate_client::ToolGateClient};
 
 use crate::{
     catalog::bearer,
+    mcp,
     options::Options,
     processes::{Memory, memory},
-    targets::Target,
+    targets::{Door, Target},
 };
 
 /// Every call's gRPC deadline; also bounds each call in time.
@@ -83,20 +86,83 @@ pub async fn connect_all(addr: SocketAddr, n: usize) -> anyhow::Result<Vec<Chann
     Ok(channels)
 }
 
+/// What a target's calls go over: HTTP/2 connections for the gRPC door, or a pool of HTTP/1.1
+/// connections for the MCP door (one call at a time each, opened as calls need them).
+pub enum Connections {
+    Grpc(Vec<Channel>),
+    Mcp {
+        pool: mcp::Client,
+        connections: usize,
+    },
+}
+
+/// One caller's end of a target's connections.
+#[derive(Clone)]
+pub enum Caller {
+    Grpc(ToolGateClient<Channel>),
+    Mcp(mcp::Client),
+}
+
+impl Connections {
+    /// `n` connections to `target` (for the MCP door, a pool that counts as `n` when callers
+    /// are spread over it; HTTP/1.1 opens one per call in flight).
+    pub async fn open(target: &Target, n: usize) -> anyhow::Result<Self> {
+        Ok(match target.door {
+            Door::Grpc { .. } => Connections::Grpc(connect_all(target.addr, n).await?),
+            Door::Mcp(_) => Connections::Mcp {
+                pool: mcp::Client::new(target.addr)?,
+                connections: n,
+            },
+        })
+    }
+
+    /// `per_connection` callers on each connection.
+    pub fn callers(&self, per_connection: usize) -> Vec<Caller> {
+        match self {
+            Connections::Grpc(channels) => channels
+                .iter()
+                .flat_map(|channel| {
+                    std::iter::repeat_n(channel, per_connection)
+                        .map(|channel| Caller::Grpc(ToolGateClient::new(channel.clone())))
+                })
+                .collect(),
+            Connections::Mcp { pool, connections } => {
+                vec![Caller::Mcp(pool.clone()); connections * per_connection]
+            }
+        }
+    }
+}
+
 /// Numbers the tokens of `fresh_tokens` targets, so no two calls send the same one.
 static NEXT_TOKEN: AtomicU64 = AtomicU64::new(0);
 
+/// One call of `target` through its door; `Ok` is the tool's text, `Err` says why the answer is
+/// not an OK result.
+pub async fn call_once(caller: &mut Caller, target: &Target) -> Result<String, String> {
+    match (caller, &target.door) {
+        (Caller::Grpc(client), Door::Grpc { request, auth }) => {
+            execute_once(client, target, request, auth).await
+        }
+        (Caller::Mcp(client), Door::Mcp(call)) => {
+            mcp::call_once(client, call, target.timeout).await
+        }
+        _ => Err("a caller of one door for a target of the other".into()),
+    }
+}
+
 /// One ExecuteTool call; `Err` says why the answer is not an OK result.
-pub async fn call_once(
+async fn execute_once(
     client: &mut ToolGateClient<Channel>,
     target: &Target,
-) -> Result<proto::ToolResult, String> {
-    let mut request = Request::new(target.request.clone());
+    request: &proto::ExecuteToolRequest,
+    auth: &MetadataValue<Ascii>,
+) -> Result<String, String> {
+    let mut request = Request::new(request.clone());
     let auth = if target.fresh_tokens {
         let jti = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
         bearer(Some(jti)).map_err(|e| format!("{e:#}"))?
     } else {
-        target.auth.clone()
+        auth.clone()
     };
     request.metadata_mut().insert("authorization", auth);
     request.set_timeout(target.timeout);
@@ -116,7 +182,7 @@ pub async fn call_once(
             result.error_message
         ));
     }
-    Ok(result)
+    Ok(result.model_text)
 }
 
 /// Latencies and outcomes of one measurement.
@@ -188,7 +254,7 @@ pub enum Budget {
 /// Max rate: every connection carries `concurrency` callers that each send their next call as
 /// soon as the last one is answered, until the budget is spent.
 pub async fn closed_loop(
-    channels: &[Channel],
+    connections: &Connections,
     concurrency: usize,
     target: &Target,
     budget: Budget,
@@ -200,24 +266,21 @@ pub async fn closed_loop(
     };
     let remaining = Arc::new(AtomicU64::new(calls));
     let mut callers = JoinSet::new();
-    for channel in channels {
-        for _ in 0..concurrency {
-            let mut client = ToolGateClient::new(channel.clone());
-            let (target, remaining) = (target.clone(), remaining.clone());
-            callers.spawn(async move {
-                let mut stats = Stats::new();
-                while end.is_none_or(|end| Instant::now() < end)
-                    && remaining
-                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
-                        .is_ok()
-                {
-                    let sent = Instant::now();
-                    let outcome = call_once(&mut client, &target).await.map(drop);
-                    stats.record(outcome, sent.elapsed());
-                }
-                stats
-            });
-        }
+    for mut caller in connections.callers(concurrency) {
+        let (target, remaining) = (target.clone(), remaining.clone());
+        callers.spawn(async move {
+            let mut stats = Stats::new();
+            while end.is_none_or(|end| Instant::now() < end)
+                && remaining
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                    .is_ok()
+            {
+                let sent = Instant::now();
+                let outcome = call_once(&mut caller, &target).await.map(drop);
+                stats.record(outcome, sent.elapsed());
+            }
+            stats
+        });
     }
     let mut total = Stats::new();
     while let Some(stats) = callers.join_next().await {
@@ -245,7 +308,7 @@ pub struct OpenLoop {
 /// This thread paces with `thread::sleep` (tens of µs late, unlike a 1 ms tokio timer).
 pub fn open_loop(
     client_rt: &Runtime,
-    channels: &[Channel],
+    connections: &Connections,
     target: &Target,
     rate: u64,
     duration: Duration,
@@ -263,7 +326,7 @@ pub fn open_loop(
     let answered = Arc::new(AtomicU64::new(0));
     let total = (rate as f64 * duration.as_secs_f64()).round().max(1.0) as u64;
     let interval = Duration::from_secs_f64(1.0 / rate as f64);
-    let clients: Vec<_> = channels.iter().cloned().map(ToolGateClient::new).collect();
+    let clients = connections.callers(1);
     let mut skipped = 0;
     let start = Instant::now() + Duration::from_millis(5);
     for i in 0..total {

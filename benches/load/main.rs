@@ -4,6 +4,7 @@
 //! ```sh
 //! cargo bench --bench load -- [--duration 10s] [--connections N] [--concurrency M] [--rate RPS] [--quick]
 //! cargo bench --bench load -- ab PATH_B [--binary PATH_A] [--rounds N]   # interleaved A/B
+//! cargo bench --bench load -- doors [--rounds N]                          # MCP door vs gRPC door
 //! cargo bench --bench load -- --help                                      # every option and helper
 //! ```
 //!
@@ -19,7 +20,10 @@
 //!    its state (both rate limits of every call) in a `redis-server` of its own on loopback, and,
 //!    in max-rate mode only, variants of the binary for the CPU split (span export off, audit off)
 //!    and one with a shadow catalog (`shadow_catalog`: each call explained again against a
-//!    candidate), reported as a ratio of the binary's throughput without;
+//!    candidate), reported as a ratio of the binary's throughput without; then
+//! 4. the doors: the binary with the MCP door on (`server.mcp`), one process called with
+//!    ExecuteTool over gRPC and others with `tools/call` over MCP's Streamable HTTP (2025-11-25,
+//!    and 2026-07-28 at max rate only), the same catalog, tool and caller, reported as MCP / gRPC;
 //!
 //! each in max-rate mode (closed loop: N connections × M calls in flight each) and fixed-rate
 //! mode (open loop: calls sent on a schedule, latency measured from each call's intended send time
@@ -33,8 +37,9 @@
 //! can be set), [`catalog`] (the bench catalog and its tokens), [`targets`] (what is measured, by
 //! name), [`processes`] (starting the servers, reading what `/proc` says of them), [`bare_echo`],
 //! [`load`] (the client: closed and open loops, slow calls), [`measure`] (one round against one
-//! target), [`report`] (tables and verdicts), and the programs [`run`], [`ab`] and [`helpers`]
-//! (send-only, the collector, the catalog writer).
+//! target), [`mcp`] (a `tools/call` over Streamable HTTP), [`report`] (tables and verdicts), and
+//! the programs [`run`], [`ab`], [`doors`] and [`helpers`] (send-only, the collector, the catalog
+//! writer).
 
 #![allow(
     clippy::unwrap_used,
@@ -54,8 +59,10 @@ mod redis_server;
 mod ab;
 mod bare_echo;
 mod catalog;
+mod doors;
 mod helpers;
 mod load;
+mod mcp;
 mod measure;
 mod options;
 mod processes;
@@ -96,6 +103,13 @@ enum Program {
     /// at max rate and the fixed rates. Prints a table per round, then the medians and B / A.
     #[command(long_flag_alias = "ab")]
     Ab(ab::AbArgs),
+    /// The MCP door against the gRPC door, alone: the full run's door rows and checks
+    ///
+    /// Three binaries (--binary) with the bench catalog and the MCP door on, one called with
+    /// ExecuteTool over gRPC, two with tools/call over MCP (2025-11-25; 2026-07-28 at max rate
+    /// only), measured in turn every round (the order rotated each round). Prints each round,
+    /// then the doors' table (MCP / gRPC per round) and the CPU checks.
+    Doors,
     /// Profiling helper: send calls to a server started by hand (e.g. under valgrind), then exit
     #[command(long_flag_alias = "send-only")]
     SendOnly(helpers::SendArgs),
@@ -105,8 +119,8 @@ enum Program {
     /// An OTLP/gRPC collector that counts spans, until SIGINT or SIGTERM (ten minutes at most)
     #[command(long_flag_alias = "serve-collector")]
     ServeCollector(Listen),
-    /// Write the bench catalog to DIR/bench.yaml (audit to DIR/audit.jsonl) and print how to
-    /// serve it
+    /// Write the bench catalog to DIR/bench.yaml (audit to DIR/audit.jsonl), with the MCP door on
+    /// to DIR/bench-mcp.yaml, and print how to serve them
     #[command(long_flag_alias = "write-catalog")]
     WriteCatalog {
         /// Created if missing
@@ -140,6 +154,7 @@ fn main() -> ExitCode {
     match cli.program {
         None => harness(options, run::run),
         Some(Program::Ab(args)) => harness(options, |o| ab::ab(o, &args.binary_b)),
+        Some(Program::Doors) => harness(options, doors::doors),
         Some(Program::SendOnly(args)) => harness(options, |o| helpers::send_only(o, &args)),
         // The servers and the catalog writer take none of the harness's options.
         Some(Program::ServeBareEcho(at)) => helper("bare echo", bare_echo::serve_process(at.addr)),

@@ -6,10 +6,9 @@ use std::collections::BTreeMap;
 
 use anyhow::{anyhow, bail};
 use tokio::runtime::Runtime;
-use toolgate::proto::tool_gate_client::ToolGateClient;
 
 use crate::{
-    load::{Budget, Stats, call_once, closed_loop, connect_all, failure_note, open_loop},
+    load::{Budget, Connections, Stats, call_once, closed_loop, failure_note, open_loop},
     options::Options,
     processes::{cpu_seconds, switches_by_thread},
     targets::Target,
@@ -52,22 +51,22 @@ pub fn measure(
     target: &Target,
     rows: &mut Vec<Row>,
 ) -> anyhow::Result<Measured> {
-    let channels = client_rt.block_on(connect_all(target.addr, options.connections))?;
+    let connections = client_rt.block_on(Connections::open(target, options.connections))?;
     // A correct answer first on every connection: the numbers mean nothing if calls are refused.
-    for channel in &channels {
+    let probes = connections.callers(1);
+    for mut caller in probes.iter().cloned() {
         let probe = client_rt
-            .block_on(call_once(&mut ToolGateClient::new(channel.clone()), target))
+            .block_on(call_once(&mut caller, target))
             .map_err(|why| anyhow!("{}: the probe call failed: {why}", target.name))?;
-        if probe.model_text != target.expected_output {
+        if probe != target.expected_output {
             bail!(
-                "{}: the probe call returned {:?}, not the echoed text",
+                "{}: the probe call returned {probe:?}, not the echoed text",
                 target.name,
-                probe.model_text
             );
         }
     }
     let warmup = client_rt.block_on(closed_loop(
-        &channels,
+        &connections,
         options.concurrency,
         target,
         Budget::For(options.warmup),
@@ -75,7 +74,7 @@ pub fn measure(
     let cpu_before = target.server_pid.and_then(cpu_seconds);
     let state_cpu_before = target.state_pid.and_then(cpu_seconds);
     let (max, elapsed) = client_rt.block_on(closed_loop(
-        &channels,
+        &connections,
         options.concurrency,
         target,
         Budget::For(options.duration),
@@ -88,7 +87,7 @@ pub fn measure(
         .zip(target.state_pid.and_then(cpu_seconds))
         .filter(|_| max.ok > 0)
         .map(|(before, after)| (after - before) * 1e6 / max.ok as f64);
-    let calls = channels.len() as u64 + warmup.0.ok + warmup.0.failed + max.ok + max.failed;
+    let calls = probes.len() as u64 + warmup.0.ok + warmup.0.failed + max.ok + max.failed;
     let ok = max.failed == 0 && warmup.0.failed == 0;
     rows.push(Row {
         target: target.name,
@@ -111,7 +110,7 @@ pub fn measure(
         let cpu_before = target.server_pid.and_then(cpu_seconds);
         let state_cpu_before = target.state_pid.and_then(cpu_seconds);
         let switches_before = target.server_pid.and_then(switches_by_thread);
-        let fixed = open_loop(client_rt, &channels, target, rate, options.duration);
+        let fixed = open_loop(client_rt, &connections, target, rate, options.duration);
         let answered = fixed.stats.ok;
         let per_call = |total: f64| (answered > 0).then(|| total / answered as f64);
         let server_cpu_us = cpu_before

@@ -40,6 +40,8 @@ pub struct Binary {
     pub addr: SocketAddr,
     /// The admin listener (`/metrics`), when the binary's environment asked for one.
     pub admin: Option<SocketAddr>,
+    /// The MCP door, when its catalog has one (`server.mcp`).
+    pub mcp: Option<SocketAddr>,
     /// The catalog it serves.
     pub config: PathBuf,
     /// Its stderr: JSON logs.
@@ -91,13 +93,15 @@ impl Spawned {
             wait_listening(child, addr, limit)?;
             listening = self.spawned.elapsed();
             client_rt.block_on(health_serving(addr))?;
-            let admin = std::fs::read_to_string(&self.log)?
-                .lines()
-                .find_map(|line| json_log_addr(line, "serving /metrics, /healthz and /readyz"));
-            Ok((addr, admin))
+            // Every listener is bound, and said so, before health says SERVING.
+            let log = std::fs::read_to_string(&self.log)?;
+            let announced = |message| log.lines().find_map(|line| json_log_addr(line, message));
+            let admin = announced("serving /metrics, /healthz and /readyz");
+            let mcp = announced("serving MCP over Streamable HTTP");
+            Ok((addr, admin, mcp))
         });
         match serving {
-            Ok((addr, admin)) => {
+            Ok((addr, admin, mcp)) => {
                 let startup = Startup {
                     listening,
                     serving: self.spawned.elapsed(),
@@ -106,6 +110,7 @@ impl Spawned {
                     child: self.child,
                     addr,
                     admin,
+                    mcp,
                     config: self.config,
                     log: self.log,
                 };

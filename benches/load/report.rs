@@ -1,7 +1,8 @@
 //! The report: the results table (each row's median and spread over the rounds), the spans the
-//! collector received, the thread hops, the server's cost per call, the checks against the
-//! targets of docs/performance.md with their verdicts, and the CPU split by part. It prints what
-//! was measured and measures nothing; [`Spread`] is shared with the A/B mode's tables.
+//! collector received, the thread hops, the server's cost per call, the MCP door against the gRPC
+//! door, the checks against the targets of docs/performance.md with their verdicts, and the CPU
+//! split by part. It prints what was measured and measures nothing; [`Spread`] is shared with the
+//! A/B mode's tables, the doors' table and checks with the `doors` program.
 
 use std::{path::Path, time::Duration};
 
@@ -12,7 +13,8 @@ use crate::{
     processes::{Memory, Startup},
     targets::{
         BARE, BARE_PROCESS, BINARY, BINARY_FRESH_JWT, BINARY_NO_AUDIT, BINARY_NO_EXPORT,
-        BINARY_REDIS, BINARY_SAMPLED, BINARY_SHADOW, TOOLGATE,
+        BINARY_REDIS, BINARY_SAMPLED, BINARY_SHADOW, DOOR_GRPC, DOOR_MCP, DOOR_MCP_MODERN,
+        TOOLGATE,
     },
 };
 
@@ -27,6 +29,8 @@ const GOAL_SLOW_RSS_MIB: f64 = 64.0;
 /// What each slow call in flight adds to RSS beyond what the bare echo holds for one.
 const GOAL_SLOW_RSS_OVER_BARE_KIB: f64 = 2.0;
 const GOAL_START_MS: f64 = 100.0;
+/// Server CPU per call, the MCP door's over the gRPC door's (same catalog, same call).
+const GOAL_MCP_CPU_RATIO: f64 = 1.5;
 
 /// Everything the full run measured, for [`print_report`].
 pub struct Report<'a> {
@@ -49,6 +53,9 @@ pub struct Report<'a> {
 fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
 }
+
+/// A check: what, the measured value, the target, the verdict.
+pub type Check = (String, String, String, &'static str);
 
 fn verdict(quick: bool, met: bool) -> &'static str {
     match (quick, met) {
@@ -317,7 +324,8 @@ pub fn print_report(r: &Report) {
         )
     };
     print_fixed_rate_costs(o, r.rows);
-    let mut checks: Vec<(String, String, String, &'static str)> = Vec::new();
+    print_doors(o, r.rows);
+    let mut checks: Vec<Check> = Vec::new();
     for (pair, bare, gate) in [
         ("in-process", BARE, TOOLGATE),
         ("own processes", BARE_PROCESS, BINARY),
@@ -441,6 +449,7 @@ pub fn print_report(r: &Report) {
             ));
         }
     }
+    checks.extend(door_checks(o, r.rows));
     if let (Some(g), Some(b)) = (Spread::of(full.clone()), Spread::of(bare_cpu.clone())) {
         checks.push((
             "server CPU per call at max rate (own processes, diagnostic)".into(),
@@ -502,8 +511,89 @@ pub fn print_report(r: &Report) {
     println!();
 }
 
+/// The MCP door against the gRPC door, each mode a block: throughput, p50, p99 and server CPU per
+/// call of the gRPC door and of the MCP door under each revision, with MCP / gRPC taken per round
+/// (a door against the gRPC door measured next to it) and then its median (min–max).
+pub fn print_doors(o: &Options, rows: &[Row]) {
+    if rows_of(rows, DOOR_GRPC, None).is_empty() {
+        return;
+    }
+    println!(
+        "### The MCP door against the gRPC door (one catalog, `echo`, the same caller; own processes)"
+    );
+    println!();
+    println!(
+        "| mode | what | gRPC door | MCP 2025-11-25 | MCP / gRPC | MCP 2026-07-28 | MCP / gRPC |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|");
+    type Value = fn(&Row) -> Option<f64>;
+    let metrics: [(&str, Value, usize); 4] = [
+        ("throughput (calls/s)", |r| Some(r.throughput), 0),
+        ("p50 ms", |r| Some(r.stats.ms(0.5)), 3),
+        ("p99 ms", |r| Some(r.stats.ms(0.99)), 3),
+        ("server CPU µs/call", |r| r.server_cpu_us, 1),
+    ];
+    let show = |s: Option<Spread>, digits: usize| s.map_or("—".into(), |s| s.show(digits));
+    let modes = std::iter::once(None).chain(o.rates.iter().map(|r| Some(*r)));
+    for rate in modes {
+        let grpc = rows_of(rows, DOOR_GRPC, rate);
+        let mode = rate.map_or("max rate".into(), |r| format!("{r} rps"));
+        for (what, value, digits) in metrics {
+            let of = |rows: &[&Row]| Spread::of(rows.iter().filter_map(|r| value(r)));
+            let ratio = |door: &[&Row]| {
+                Spread::of(
+                    grpc.iter()
+                        .zip(door)
+                        .filter_map(|(g, m)| Some(value(m)? / value(g)?)),
+                )
+            };
+            let (mcp, modern) = (
+                rows_of(rows, DOOR_MCP, rate),
+                rows_of(rows, DOOR_MCP_MODERN, rate),
+            );
+            println!(
+                "| {mode} | {what} | {} | {} | {} | {} | {} |",
+                show(of(&grpc), digits),
+                show(of(&mcp), digits),
+                show(ratio(&mcp), 2),
+                show(of(&modern), digits),
+                show(ratio(&modern), 2),
+            );
+        }
+    }
+    println!();
+}
+
+/// The MCP door's CPU per call against the gRPC door's, at max rate and at the highest fixed
+/// rate, for each revision measured there.
+pub fn door_checks(o: &Options, rows: &[Row]) -> Vec<Check> {
+    let mut checks = Vec::new();
+    for rate in [None, o.rates.last().copied()] {
+        let grpc = rows_of(rows, DOOR_GRPC, rate);
+        for (door, revision) in [(DOOR_MCP, "2025-11-25"), (DOOR_MCP_MODERN, "2026-07-28")] {
+            let ratio = Spread::of(
+                grpc.iter()
+                    .zip(rows_of(rows, door, rate))
+                    .filter_map(|(g, m)| Some(m.server_cpu_us? / g.server_cpu_us?)),
+            );
+            if let Some(ratio) = ratio {
+                checks.push((
+                    format!(
+                        "MCP door ({revision}) server CPU per call / gRPC door's at {} (one catalog, own processes)",
+                        rate.map_or("max rate".into(), |r| format!("{r} rps"))
+                    ),
+                    format!("{}×", ratio.show(2)),
+                    format!("≤ {GOAL_MCP_CPU_RATIO}×"),
+                    verdict(o.quick, ratio.median <= GOAL_MCP_CPU_RATIO),
+                ));
+            }
+        }
+    }
+    checks
+}
+
 /// The memory and start-up checks.
-fn memory_checks(r: &Report) -> Vec<(String, String, String, &'static str)> {
+fn memory_checks(r: &Report) -> Vec<Check> {
     let o = r.options;
     let mut checks = Vec::new();
     let idle = |rounds: &[(Memory, Slow)]| {

@@ -87,7 +87,7 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
         &bare_process,
         &binaries,
         redis.pid(),
-    );
+    )?;
     let mut rows = Vec::new();
     let mut calls_by_target: BTreeMap<&str, u64> = BTreeMap::new();
     let mut all_ok = true;

@@ -1,23 +1,28 @@
 //! What is measured, by name: the rows of the results table, the service name each exporting
 //! server sends its spans under, the call every target is sent ([`EchoCall`]), the [`Target`] a
-//! measurement sends its load to, and the toolgate binaries of the full run as the named fields of
-//! [`Binaries`]. A row is bound to its process by name, never by a position in a list.
+//! measurement sends its load to (and the [`Door`] it goes through), and the toolgate binaries of
+//! the full run as the named fields of [`Binaries`]. A row is bound to its process by name, never
+//! by a position in a list.
 
 use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
+    sync::Arc,
     time::Duration,
 };
+
+use anyhow::Context;
 
 use tonic::metadata::{Ascii, MetadataValue};
 use toolgate::proto;
 
 use crate::{
     catalog::{
-        bearer, candidate_catalog, catalog, catalog_with_redis, catalog_with_shadow,
-        catalog_without_audit,
+        bearer, candidate_catalog, catalog, catalog_with_mcp, catalog_with_redis,
+        catalog_with_shadow, catalog_without_audit, mcp_bearer,
     },
     load::{CALL_TIMEOUT, execute_request},
+    mcp::{self, Revision},
     processes::{BareProcess, Binary, Spawned},
 };
 
@@ -39,6 +44,12 @@ pub const BINARY_SHADOW: &str = "toolgate binary, shadow catalog";
 pub const BINARY_SAMPLED: &str = "toolgate binary, 10 % of traces sampled";
 /// The binary with `state: { backend: redis }`: both quotas of each call in one Lua script.
 pub const BINARY_REDIS: &str = "toolgate binary + Redis, own process";
+/// The doors compared: binaries with one catalog, the bench catalog with the MCP door on
+/// (`catalog_with_mcp`), each its own process, one called over gRPC and the others over MCP.
+pub const DOOR_GRPC: &str = "MCP door on: ExecuteTool over gRPC";
+pub const DOOR_MCP: &str = "MCP door on: tools/call over MCP 2025-11-25";
+/// The newer revision: the client's context in every request's `_meta`, two more headers.
+pub const DOOR_MCP_MODERN: &str = "MCP door on: tools/call over MCP 2026-07-28";
 
 /// OTEL_SERVICE_NAME of each exporting server, so the collector can count spans per target.
 pub const SERVICE_IN_PROCESS: &str = "toolgate-bench-in-process";
@@ -47,14 +58,20 @@ const SERVICE_FRESH_JWT: &str = "toolgate-bench-fresh-jwt";
 const SERVICE_SHADOW: &str = "toolgate-bench-shadow";
 const SERVICE_REDIS: &str = "toolgate-bench-redis";
 const SERVICE_SAMPLED: &str = "toolgate-bench-sampled";
+pub const SERVICE_DOOR_GRPC: &str = "toolgate-bench-door-grpc";
+pub const SERVICE_DOOR_MCP: &str = "toolgate-bench-door-mcp";
+pub const SERVICE_DOOR_MCP_MODERN: &str = "toolgate-bench-door-mcp-modern";
 
 /// The rows whose spans the report counts, with the service each exports under.
-pub const EXPORTING: [(&str, &str); 5] = [
+pub const EXPORTING: [(&str, &str); 8] = [
     (TOOLGATE, SERVICE_IN_PROCESS),
     (BINARY, SERVICE_BINARY),
     (BINARY_FRESH_JWT, SERVICE_FRESH_JWT),
     (BINARY_REDIS, SERVICE_REDIS),
     (BINARY_SAMPLED, SERVICE_SAMPLED),
+    (DOOR_GRPC, SERVICE_DOOR_GRPC),
+    (DOOR_MCP, SERVICE_DOOR_MCP),
+    (DOOR_MCP_MODERN, SERVICE_DOOR_MCP_MODERN),
 ];
 
 /// The `echo` call every target of the full run and the A/B mode is sent, and what each kind of
@@ -62,6 +79,8 @@ pub const EXPORTING: [(&str, &str); 5] = [
 pub struct EchoCall {
     pub request: proto::ExecuteToolRequest,
     pub auth: MetadataValue<Ascii>,
+    /// The same caller's `authorization` for the MCP door (its token names the door's resource).
+    pub mcp_auth: String,
     /// What toolgate answers: the text.
     pub text: String,
     /// What the bare echo answers: the arguments, as JSON.
@@ -76,10 +95,23 @@ impl EchoCall {
         Ok(EchoCall {
             request: execute_request("echo", arguments_json.clone(), "run-bench"),
             auth: bearer(None)?,
+            mcp_auth: mcp_bearer()?,
             text,
             arguments_json,
         })
     }
+}
+
+/// Which door of the server a target's calls go through, with what they send.
+#[derive(Clone)]
+pub enum Door {
+    /// ExecuteTool over gRPC.
+    Grpc {
+        request: Box<proto::ExecuteToolRequest>,
+        auth: MetadataValue<Ascii>,
+    },
+    /// `tools/call` over MCP's Streamable HTTP.
+    Mcp(Arc<mcp::Call>),
 }
 
 /// What the load is sent to, and what a correct answer looks like.
@@ -87,8 +119,7 @@ impl EchoCall {
 pub struct Target {
     pub name: &'static str,
     pub addr: SocketAddr,
-    pub request: proto::ExecuteToolRequest,
-    pub auth: MetadataValue<Ascii>,
+    pub door: Door,
     pub expected_output: String,
     /// Each call's deadline.
     pub timeout: Duration,
@@ -114,8 +145,10 @@ impl Target {
         Target {
             name,
             addr,
-            request: request.clone(),
-            auth: auth.clone(),
+            door: Door::Grpc {
+                request: Box::new(request.clone()),
+                auth: auth.clone(),
+            },
             expected_output: expected_output.to_owned(),
             timeout: CALL_TIMEOUT,
             server_pid: None,
@@ -142,10 +175,102 @@ impl Target {
     fn bare(name: &'static str, addr: SocketAddr, call: &EchoCall) -> Self {
         Target::new(name, addr, &call.request, &call.auth, &call.arguments_json)
     }
+
+    /// A toolgate binary's MCP door, sent `call` as a `tools/call` under `revision`, with its
+    /// process's CPU time measured.
+    pub fn mcp(
+        name: &'static str,
+        binary: &Binary,
+        call: &EchoCall,
+        revision: Revision,
+    ) -> anyhow::Result<Self> {
+        let addr = binary
+            .mcp
+            .with_context(|| format!("{name}: the binary said nothing of its MCP listener"))?;
+        Ok(Target {
+            addr,
+            door: Door::Mcp(Arc::new(mcp::Call::echo(
+                revision,
+                &call.text,
+                &call.mcp_auth,
+            )?)),
+            ..Target::binary(name, binary, call)
+        })
+    }
+}
+
+/// The doors compared, in the order a round measures them: the gRPC door, then the MCP door
+/// under each revision (the newer one at max rate only), each of its own binary.
+pub fn of_doors(call: &EchoCall, doors: &Doors<Binary>) -> anyhow::Result<Vec<Target>> {
+    Ok(vec![
+        Target::binary(DOOR_GRPC, &doors.grpc, call),
+        Target::mcp(DOOR_MCP, &doors.mcp, call, Revision::V2025_11_25)?,
+        Target {
+            fixed_rates: false,
+            ..Target::mcp(
+                DOOR_MCP_MODERN,
+                &doors.mcp_modern,
+                call,
+                Revision::V2026_07_28,
+            )?
+        },
+    ])
+}
+
+/// The binaries the doors are compared on: each its own process with the same catalog (the
+/// bench catalog with the MCP door on, its own audit file) and its own service name.
+pub struct Doors<T> {
+    /// Called over gRPC.
+    pub grpc: T,
+    /// Called over MCP, 2025-11-25.
+    pub mcp: T,
+    /// Called over MCP, 2026-07-28.
+    pub mcp_modern: T,
+}
+
+impl Doors<Spawned> {
+    /// Writes each binary's catalog into `dir` and starts them, none yet waited for; `envs` are
+    /// added to each one's environment.
+    pub fn spawn(exe: &Path, dir: &Path, envs: &[(&str, &str)]) -> anyhow::Result<Self> {
+        let spawn = |service: &str| -> anyhow::Result<Spawned> {
+            let config = dir.join(format!("{service}.yaml"));
+            let audit = dir.join(format!("audit-{service}.jsonl"));
+            std::fs::write(&config, catalog_with_mcp(&audit))?;
+            Spawned::spawn(exe, &config, dir, service, envs)
+        };
+        Ok(Doors {
+            grpc: spawn(SERVICE_DOOR_GRPC)?,
+            mcp: spawn(SERVICE_DOOR_MCP)?,
+            mcp_modern: spawn(SERVICE_DOOR_MCP_MODERN)?,
+        })
+    }
+}
+
+impl<T> Doors<T> {
+    /// Each binary through `f`, in field order; on an error the rest are dropped (and a child
+    /// process with them, killed).
+    pub fn try_map<U>(self, mut f: impl FnMut(T) -> anyhow::Result<U>) -> anyhow::Result<Doors<U>> {
+        Ok(Doors {
+            grpc: f(self.grpc)?,
+            mcp: f(self.mcp)?,
+            mcp_modern: f(self.mcp_modern)?,
+        })
+    }
+
+    /// Every binary, in field order, to change.
+    pub fn each_mut(&mut self) -> [&mut T; 3] {
+        [&mut self.grpc, &mut self.mcp, &mut self.mcp_modern]
+    }
+
+    /// Every binary, in field order.
+    pub fn each(&self) -> [&T; 3] {
+        [&self.grpc, &self.mcp, &self.mcp_modern]
+    }
 }
 
 /// Every target of the full run, in the order each round measures them: the two in-process
-/// servers, the bare echo process, and each of `binaries` (`redis_pid`: the Redis row's state).
+/// servers, the bare echo process, and each of `binaries` (`redis_pid`: the Redis row's state),
+/// the doors last.
 pub fn of_run(
     call: &EchoCall,
     bare: SocketAddr,
@@ -153,7 +278,7 @@ pub fn of_run(
     bare_process: &BareProcess,
     binaries: &Binaries<Binary>,
     redis_pid: Option<u32>,
-) -> Vec<Target> {
+) -> anyhow::Result<Vec<Target>> {
     let binary = |name, binary| Target::binary(name, binary, call);
     // The switch-off variants and the shadow catalog only give max rate and CPU per call (the
     // shadow's against the binary without).
@@ -161,7 +286,7 @@ pub fn of_run(
         fixed_rates: false,
         ..target
     };
-    vec![
+    let mut targets = vec![
         Target::bare(BARE, bare, call),
         Target::toolgate(TOOLGATE, toolgate, call),
         Target {
@@ -181,7 +306,9 @@ pub fn of_run(
         },
         max_rate_only(binary(BINARY_SHADOW, &binaries.shadow)),
         binary(BINARY_SAMPLED, &binaries.sampled),
-    ]
+    ];
+    targets.extend(of_doors(call, &binaries.doors)?);
+    Ok(targets)
 }
 
 /// The toolgate binaries of the full run, each its own process with its own catalog file and
@@ -201,6 +328,8 @@ pub struct Binaries<T> {
     pub shadow: T,
     /// Sampling 10 % of new traces.
     pub sampled: T,
+    /// The doors compared.
+    pub doors: Doors<T>,
 }
 
 impl Binaries<Spawned> {
@@ -269,6 +398,7 @@ impl Binaries<Spawned> {
                     ("OTEL_TRACES_SAMPLER_ARG", "0.1"),
                 ],
             )?,
+            doors: Doors::spawn(exe, dir, &[])?,
         })
     }
 }
@@ -288,12 +418,13 @@ impl<T> Binaries<T> {
             redis: f(self.redis)?,
             shadow: f(self.shadow)?,
             sampled: f(self.sampled)?,
+            doors: self.doors.try_map(&mut f)?,
         })
     }
 
     /// Every binary, in field order.
-    pub fn each(&self) -> [&T; 7] {
-        [
+    pub fn each(&self) -> Vec<&T> {
+        let mut each = vec![
             &self.plain,
             &self.fresh_jwt,
             &self.no_export,
@@ -301,12 +432,14 @@ impl<T> Binaries<T> {
             &self.redis,
             &self.shadow,
             &self.sampled,
-        ]
+        ];
+        each.extend(self.doors.each());
+        each
     }
 
     /// Every binary, in field order, to change.
-    pub fn each_mut(&mut self) -> [&mut T; 7] {
-        [
+    pub fn each_mut(&mut self) -> Vec<&mut T> {
+        let mut each = vec![
             &mut self.plain,
             &mut self.fresh_jwt,
             &mut self.no_export,
@@ -314,6 +447,8 @@ impl<T> Binaries<T> {
             &mut self.redis,
             &mut self.shadow,
             &mut self.sampled,
-        ]
+        ];
+        each.extend(self.doors.each_mut());
+        each
     }
 }
