@@ -2,7 +2,8 @@
 //! `limits.max_connections_per_listener` connections at once, with a cap of its own, so TCP
 //! callers cannot take the Unix socket's (the agent's in the pod); a connection over the cap is
 //! closed as soon as it is accepted. A new connection must send the HTTP/2 preface and the
-//! header of its first frame within `limits.handshake_timeout`, and one that carries no toolgate
+//! header of its first frame (on the MCP door's listener: as many bytes of its first request)
+//! within `limits.handshake_timeout`, and one that carries no toolgate
 //! RPC for `limits.idle_connection_timeout` is closed: silent and idle connections cannot hold
 //! file descriptors and memory for as long as their peer likes.
 //!
@@ -33,7 +34,8 @@ use tonic::transport::server::Connected;
 use super::refusals::Refusals;
 use crate::settings::LimitsConfig;
 
-/// The client preface (24 bytes) and the header of the SETTINGS frame that must follow it.
+/// The client preface (24 bytes) and the header of the SETTINGS frame that must follow it; an
+/// HTTP/1.1 request line and its first header are longer.
 const HANDSHAKE_BYTES: usize = 24 + 9;
 
 /// Which listener a connection came in on; a metrics label, and what the Unix socket's reserve
@@ -42,6 +44,8 @@ const HANDSHAKE_BYTES: usize = 24 + 9;
 pub enum Listener {
     Tcp,
     Unix,
+    /// The MCP door's (HTTP/1.1 or HTTP/2 over TCP): TCP callers, under a cap of its own.
+    Mcp,
 }
 
 impl Listener {
@@ -49,6 +53,7 @@ impl Listener {
         match self {
             Listener::Tcp => "tcp",
             Listener::Unix => "unix",
+            Listener::Mcp => "mcp",
         }
     }
 }
@@ -85,22 +90,27 @@ impl Admission {
     ) -> impl Stream<Item = Result<Watched<T>, E>> {
         incoming.filter_map(move |accepted| match accepted {
             Err(err) => Some(Err(err)),
-            Ok(io) => match self.open.clone().try_acquire_owned() {
-                Ok(permit) => Some(Ok(self.watch(io, permit, peer))),
-                Err(_) => {
-                    self.refusals.connection(
-                        self.listener,
-                        "over_cap",
-                        format_args!(
-                            "connection closed: the {} listener holds {} connections (limits.max_connections_per_listener)",
-                            self.listener.as_str(),
-                            self.max
-                        ),
-                    );
-                    None
-                }
-            },
+            Ok(io) => self.admit(io, peer).map(Ok),
         })
+    }
+
+    /// `io` watched, or `None` (dropped, so closed, and counted) when the listener is full.
+    pub fn admit<T>(&self, io: T, peer: fn(&T) -> Option<SocketAddr>) -> Option<Watched<T>> {
+        match self.open.clone().try_acquire_owned() {
+            Ok(permit) => Some(self.watch(io, permit, peer)),
+            Err(_) => {
+                self.refusals.connection(
+                    self.listener,
+                    "over_cap",
+                    format_args!(
+                        "connection closed: the {} listener holds {} connections (limits.max_connections_per_listener)",
+                        self.listener.as_str(),
+                        self.max
+                    ),
+                );
+                None
+            }
+        }
     }
 
     fn watch<T>(
@@ -241,8 +251,12 @@ impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
                     listener,
                     why,
                     format_args!(
-                        "connection closed: a {} connection sent no HTTP/2 handshake within limits.handshake_timeout",
-                        listener.as_str()
+                        "connection closed: a {} connection sent no {} within limits.handshake_timeout",
+                        listener.as_str(),
+                        match listener {
+                            Listener::Mcp => "request",
+                            _ => "HTTP/2 handshake",
+                        }
                     ),
                 ),
                 // Closing an idle connection is upkeep, not a refusal: counted, not logged.

@@ -244,7 +244,7 @@ impl Shared {
         let caller = self.identify(request, by, listener, connection.as_ref())?;
         let tcp_slot = match listener {
             Listener::Unix => None,
-            Listener::Tcp => match self.tcp_slots.clone().try_acquire_owned() {
+            Listener::Tcp | Listener::Mcp => match self.tcp_slots.clone().try_acquire_owned() {
                 Ok(slot) => Some(slot),
                 Err(_) => return Err(self.full(listener, self.tcp_max)),
             },
@@ -309,7 +309,7 @@ impl Shared {
 
     fn full(&self, listener: Listener, max: usize) -> Refused {
         let whose = match (listener, max == self.max) {
-            (Listener::Tcp, false) => {
+            (Listener::Tcp | Listener::Mcp, false) => {
                 " from TCP callers (limits.max_in_flight less limits.in_flight_reserved_for_unix_socket)"
             }
             _ => " (limits.max_in_flight)",

@@ -7,8 +7,10 @@
 //! `Mcp-Method`/`Mcp-Name` headers checked against the body (-32020), bodies bounded — is rmcp's.
 
 mod approval_state;
+mod cancels;
 pub mod convert;
 mod handler;
+mod listener;
 mod oauth;
 
 pub use handler::SERVED_REVISIONS;
@@ -23,7 +25,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    admission::AdmissionLayer,
+    admission::{AdmissionLayer, connections},
     boundary::Boundary,
     settings::{LimitsConfig, McpDoorConfig},
     tasks::Tasks,
@@ -34,6 +36,8 @@ use crate::{
 pub struct Parts {
     pub boundary: Arc<Boundary>,
     pub admission: AdmissionLayer,
+    /// The listener's own connection cap and timeouts.
+    pub connections: connections::Admission,
     pub limits: LimitsConfig,
     pub tracer: Tracer,
     /// How long an approval lives: how long its sealed request state opens.
@@ -72,7 +76,9 @@ pub fn start(
         addr: bound,
         resource,
     } = bound;
+    let cancels = Arc::new(cancels::Cancels::default());
     let handler = Arc::new(handler::Handler {
+        cancels: cancels.clone(),
         boundary: parts.boundary,
         limits: parts.limits.clone(),
         tracer: parts.tracer,
@@ -105,6 +111,10 @@ pub fn start(
     let mut router = Router::new()
         .route_service(&config.path, service)
         .route_layer(axum::middleware::from_fn_with_state(
+            cancels,
+            cancels::notices,
+        ))
+        .route_layer(axum::middleware::from_fn_with_state(
             gate.clone(),
             oauth::admit,
         ))
@@ -116,7 +126,15 @@ pub fn start(
         router = router.route(&metadata_path, get(oauth::metadata));
     }
     let router = router.with_state(gate).layer(TraceContextLayer);
-    let serve = axum::serve(listener, router).with_graceful_shutdown(close.cancelled_owned());
+    let listener = listener::WatchedListener {
+        inner: listener,
+        admission: parts.connections,
+    };
+    let serve = axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<connections::Connection>(),
+    )
+    .with_graceful_shutdown(close.cancelled_owned());
     listeners.spawn("mcp-http", async move {
         if let Err(err) = serve.await {
             tracing::error!(error = %err, "MCP listener ended with an error");

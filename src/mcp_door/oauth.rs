@@ -13,7 +13,7 @@ use std::{
 use axum::{
     Json,
     body::Body,
-    extract::{Request, State},
+    extract::{ConnectInfo, Request, State},
     middleware::Next,
     response::{IntoResponse, Response},
 };
@@ -25,7 +25,7 @@ use serde_json::json;
 use crate::{
     admission::{
         AdmissionLayer, Admitted, HeldBytes, Identified, IdentifiedBy, Refused,
-        connections::Listener,
+        connections::{Connection, Listener},
     },
     identity::IdentityError,
     settings::McpDoorConfig,
@@ -94,6 +94,12 @@ pub async fn metadata(State(gate): State<Arc<Gate>>) -> Response {
 
 /// The middleware in front of the MCP endpoint; see the module docs.
 pub async fn admit(State(gate): State<Arc<Gate>>, mut request: Request, next: Next) -> Response {
+    // Admission finds the connection where tonic puts it, as itself.
+    if let Some(ConnectInfo(connection)) =
+        request.extensions_mut().remove::<ConnectInfo<Connection>>()
+    {
+        request.extensions_mut().insert(connection);
+    }
     let sent_token = request.headers().contains_key(header::AUTHORIZATION);
     let admitted = match gate
         .admission
@@ -117,7 +123,7 @@ pub async fn admit(State(gate): State<Arc<Gate>>, mut request: Request, next: Ne
     let (parts, body) = request.into_parts();
     let (body, bytes) = gate
         .admission
-        .meter_body(tonic::body::Body::new(body), Listener::Tcp);
+        .meter_body(tonic::body::Body::new(body), Listener::Mcp);
     let response = next.run(Request::from_parts(parts, Body::new(body))).await;
     // What the request holds (its call slot, its tenant's share, its bytes) is held until the
     // answer has been sent, also when it streams.

@@ -542,6 +542,7 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
             let parts = crate::mcp_door::Parts {
                 boundary: boundary.clone(),
                 admission: in_flight.clone(),
+                connections: connections::Admission::new(Listener::Mcp, &limits, refusals.clone()),
                 limits: limits.clone(),
                 tracer: options.tracer.clone(),
                 approval_ttl: config.approvals.budget.ttl,

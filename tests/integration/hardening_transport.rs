@@ -414,3 +414,101 @@ async fn one_tenant_cannot_take_the_whole_in_flight_cap() {
     wait_until(server.builtins().watch_slow_in_flight(), |n| n == 0).await;
     server.stop().await;
 }
+
+/// One HTTP/1.1 request on `tcp` (kept open), and the status line of its answer.
+async fn mcp_post(tcp: &mut TcpStream, body: &str) -> String {
+    let request = format!(
+        "POST /mcp HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\naccept: application/json, text/event-stream\r\nmcp-protocol-version: 2025-11-25\r\nx-toolgate-tenant: acme\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    tcp.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    tokio::time::timeout(BOUND, async {
+        // The answer's head and its JSON body, whose end is its closing brace.
+        while !answer.ends_with(b"}") {
+            let n = tcp.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the connection closed before the answer");
+            answer.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await
+    .expect("an answer");
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    answer.lines().next().unwrap_or_default().to_owned()
+}
+
+/// Waits (bounded) until the door holds `open` connections: a closed connection gives its place
+/// back when the server has dropped it, a moment after its peer sees it closed.
+async fn open_mcp_connections_reach(server: &TestServer, open: f64) {
+    let deadline = tokio::time::Instant::now() + BOUND;
+    loop {
+        let page = metrics(server).await;
+        if metric(&page, "toolgate_connections_open", &[("listener", "mcp")]) == open {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{page}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn mcp_catalog(socket: &Path, limits: &str) -> String {
+    catalog(socket, limits).replace(
+        &format!("server: {{ unix_socket: {} }}", socket.display()),
+        &format!("server: {{ unix_socket: {}, mcp: {{}} }}", socket.display()),
+    )
+}
+
+#[tokio::test]
+async fn the_mcp_listener_caps_its_connections_and_closes_silent_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("toolgate.sock");
+    let server = TestServer::start(&mcp_catalog(
+        &socket,
+        "max_connections_per_listener: 2, handshake_timeout: 300ms",
+    ))
+    .await;
+    let mcp = server.mcp_addr().expect("the MCP door");
+    let list = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}"#;
+    // Two connections that keep calling hold the door's two places.
+    let mut first = TcpStream::connect(mcp).await.unwrap();
+    let mut second = TcpStream::connect(mcp).await.unwrap();
+    assert_eq!(mcp_post(&mut first, list).await, "HTTP/1.1 200 OK");
+    assert_eq!(mcp_post(&mut second, list).await, "HTTP/1.1 200 OK");
+    // A third is closed as soon as it is accepted; the gRPC listener's own places are untouched.
+    closed_by_server(TcpStream::connect(mcp).await.unwrap()).await;
+    let mut grpc = server.client().await;
+    let r = exec(&mut grpc, &who("acme"), call("echo", r#"{"text":"grpc"}"#)).await;
+    assert_eq!(r.status(), ToolStatus::Ok);
+    // One that never sends its request is closed at the handshake timeout, giving its place back.
+    drop(second);
+    open_mcp_connections_reach(&server, 1.0).await;
+    let silent = TcpStream::connect(mcp).await.unwrap();
+    closed_by_server(silent).await;
+    open_mcp_connections_reach(&server, 1.0).await;
+    let mut next = TcpStream::connect(mcp).await.unwrap();
+    assert_eq!(mcp_post(&mut next, list).await, "HTTP/1.1 200 OK");
+    assert_eq!(mcp_post(&mut first, list).await, "HTTP/1.1 200 OK");
+    let page = metrics(&server).await;
+    assert_eq!(
+        metric(
+            &page,
+            "toolgate_connections_closed_total",
+            &[("listener", "mcp"), ("reason", "over_cap")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &page,
+            "toolgate_connections_closed_total",
+            &[("listener", "mcp"), ("reason", "handshake_timeout")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(&page, "toolgate_connections_open", &[("listener", "mcp")]),
+        2.0
+    );
+    server.stop().await;
+}
