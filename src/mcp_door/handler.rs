@@ -20,6 +20,7 @@ use tokio::time::Instant;
 
 use super::{
     approval_state::ApprovalStates,
+    cancels::Cancels,
     convert::{self, meta_keys},
 };
 use crate::{
@@ -52,6 +53,8 @@ pub struct Handler {
     pub states: ApprovalStates,
     /// Ends subscriptions when shutdown begins.
     pub admission: AdmissionLayer,
+    /// The calls in flight a 2025-11-25 host's `notifications/cancelled` may name.
+    pub cancels: Arc<Cancels>,
 }
 
 /// The caller the door's admission identified.
@@ -297,22 +300,28 @@ impl ServerHandler for Handler {
             ),
             None => None,
         };
+        let call_id = convert::call_id(&context.id);
+        let notice = self.cancels.register(&caller, call_id.clone());
         let call = convert::call_request(
-            convert::call_id(&context.id),
+            call_id,
             &params.name,
             params.arguments.as_ref(),
             fields,
             redeemed.clone(),
         );
         let budget = ResponseBudget::new(self.limits.max_message_bytes, 1);
-        // The host cancelling (or dropping the HTTP request) drops the call: the boundary
-        // audits it CANCELLED and stops its backend, as for a gRPC cancel.
+        // The host cancelling (dropping the HTTP request, or a notice naming it) drops the call:
+        // the boundary audits it CANCELLED and stops its backend, as for a gRPC cancel.
         let outcome = tokio::select! {
             outcome = self.boundary.execute(&turn, call, 0, &budget) => outcome,
             () = context.ct.cancelled() => {
                 return Err(McpError::invalid_request("the request was cancelled", None));
             }
+            () = notice.token.cancelled() => {
+                return Err(McpError::invalid_request("the request was cancelled by notifications/cancelled", None));
+            }
         };
+        drop(notice);
         if modern(&context) {
             let pending = outcome
                 .refusal

@@ -36,6 +36,9 @@ def _demo_with_approvals_url(tmp: Path) -> Path:
     text = (toolgate_process.REPO_ROOT / "examples" / "demo.yaml").read_text()
     # The approval tests call refund_order more often than its 5/min.
     text = text.replace("rate_limit: 5/min", "rate_limit: 600/min", 1)
+    # The cancellation tests hold slow_task open until they cancel it: only a cancel ends it early.
+    assert text.count("timeout: 1000ms") == 1, "slow_task's timeout moved; update this test"
+    text = text.replace("timeout: 1000ms", "timeout: 60s", 1)
     marker = "    path: /mcp\n"
     assert marker in text, "the demo's server.mcp section moved; update this test"
     path = tmp / "demo-mcp.yaml"
@@ -379,7 +382,7 @@ def test_a_host_that_gives_up_cancels_the_call_and_its_backend(door):
             async with anyio.create_task_group() as group:
 
                 async def slow():
-                    await client.call_tool("slow_task", {"ms": 900}, meta={"toolgate/run_id": "run-cancel"})
+                    await client.call_tool("slow_task", {"ms": 20000}, meta={"toolgate/run_id": "run-cancel"})
 
                 group.start_soon(slow)
                 await anyio.to_thread.run_sync(_until, lambda: _in_flight(door) >= 1, "the call to start")
@@ -389,7 +392,46 @@ def test_a_host_that_gives_up_cancels_the_call_and_its_backend(door):
     events = door.wait_for_audit_events(lambda evs: any(e.get("run_id") == "run-cancel" for e in evs))
     event = next(e for e in events if e.get("run_id") == "run-cancel")
     assert event["status"] == "CANCELLED" and event["door"] == "mcp"
-    assert event["duration_ms"] < 900
+    assert event["duration_ms"] < 20000
+    _until(lambda: _in_flight(door) == 0, "the call to leave the sidecar")
+
+
+def test_a_cancellation_notice_cancels_the_senders_call_it_names(door):
+    """A 2025-11-25 host's notifications/cancelled comes as a POST of its own (no session ties it
+    to the call): it cancels the call with that id of the caller who sent it, and its backend
+    stops; the same notice from another caller is answered 202 and cancels nothing of theirs."""
+    legacy = {"mcp-protocol-version": "2025-11-25"}
+    request_id = "cancel-by-notice-1"
+    call = {
+        "jsonrpc": "2.0",
+        "id": request_id,
+        "method": "tools/call",
+        "params": {"name": "slow_task", "arguments": {"ms": 20000}, "_meta": {"toolgate/run_id": "run-notice"}},
+    }
+    notice = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": request_id}}
+    answers: list[httpx2.Response] = []
+
+    async def body():
+        async with anyio.create_task_group() as group:
+
+            async def slow():
+                answers.append(await anyio.to_thread.run_sync(lambda: raw_post(door, call, {**legacy})))
+
+            group.start_soon(slow)
+            await anyio.to_thread.run_sync(_until, lambda: _in_flight(door) >= 1, "the call to start")
+            others = dev_headers(subject="mallory")
+            stranger = await anyio.to_thread.run_sync(lambda: raw_post(door, notice, {**legacy, **others}))
+            assert stranger.status_code == 202
+            own = await anyio.to_thread.run_sync(lambda: raw_post(door, notice, legacy))
+            assert own.status_code == 202
+
+    run(body)
+    (answer,) = answers
+    assert answer.status_code == 200 and "error" in answer.json(), answer.text
+    events = door.wait_for_audit_events(lambda evs: any(e.get("run_id") == "run-notice" for e in evs))
+    event = next(e for e in events if e.get("run_id") == "run-notice")
+    assert event["status"] == "CANCELLED" and event["door"] == "mcp"
+    assert event["duration_ms"] < 20000
     _until(lambda: _in_flight(door) == 0, "the call to leave the sidecar")
 
 
