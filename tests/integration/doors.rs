@@ -4,6 +4,7 @@
 //! that differ in the door alone. A door only converts.
 
 use std::{
+    collections::BTreeMap,
     sync::atomic::{AtomicUsize, Ordering},
     time::Duration,
 };
@@ -15,8 +16,12 @@ use proptest::{
 use serde_json::{Value, json};
 use toolgate::proto;
 
+use opentelemetry_proto::tonic::{common::v1::any_value, trace::v1::Span};
+use toolgate::settings::{DEMO_CATALOG, Env};
+
 use crate::{
     explain::{Case, arguments_json, cases},
+    otlp_collector,
     support::{TestServer, Who},
 };
 
@@ -99,10 +104,44 @@ fn comparable(event: &Value) -> Value {
     event
 }
 
+/// A call's span, as the two doors must leave it alike: every attribute but the door's name
+/// (approval ids, made anew by each call, as `apr_*`), with the span's name and status.
+fn call_span(span: &Span) -> (String, BTreeMap<String, String>, i32) {
+    let attributes = span
+        .attributes
+        .iter()
+        .filter(|kv| kv.key != "toolgate.door")
+        .map(|kv| {
+            let value = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                Some(any_value::Value::StringValue(s)) => without_approval_ids(s),
+                Some(other) => format!("{other:?}"),
+                None => String::new(),
+            };
+            (kv.key.clone(), value)
+        })
+        .collect();
+    let status = span.status.as_ref().map_or(0, |s| s.code);
+    (span.name.clone(), attributes, status)
+}
+
+fn attribute<'a>(span: &'a Span, key: &str) -> Option<&'a str> {
+    span.attributes
+        .iter()
+        .find(|kv| kv.key == key)
+        .and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
+            any_value::Value::StringValue(s) => Some(s.as_str()),
+            _ => None,
+        })
+}
+
 #[test]
 fn both_doors_decide_every_generated_call_alike() {
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let server = rt.block_on(TestServer::demo());
+    // Spans go to a real OTLP receiver, so the two doors' spans are compared as exported.
+    let collector = rt.block_on(otlp_collector::start());
+    let env = Env::default().with("OTEL_EXPORTER_OTLP_ENDPOINT", &collector.endpoint());
+    let demo = format!("{DEMO_CATALOG}\ntelemetry: {{ batch_delay: 20ms }}\n");
+    let server = rt.block_on(TestServer::start_with_env(&demo, &env));
     let client = rt.block_on(server.client());
     let url = format!(
         "http://{}/mcp",
@@ -268,6 +307,35 @@ fn both_doors_decide_every_generated_call_alike() {
     assert!(
         grpc.iter().any(|e| e["idempotent_replay"] == true),
         "no call replayed a stored result"
+    );
+    // Each pair's spans: alike but for the door.
+    server.flush_spans();
+    let calls = compared.load(Ordering::Relaxed);
+    let is_call = |span: &Span| span.name.starts_with("execute_tool ");
+    let spans = rt.block_on(collector.wait_for_spans(
+        |spans| spans.iter().filter(|s| is_call(s)).count() >= 2 * calls,
+        Duration::from_secs(30),
+    ));
+    let mut by_door: BTreeMap<(&str, &str), &Span> = BTreeMap::new();
+    for span in spans.iter().filter(|s| is_call(s)) {
+        let door = attribute(span, "toolgate.door").unwrap_or_default();
+        let call_id = attribute(span, "gen_ai.tool.call.id").unwrap_or_default();
+        assert!(
+            by_door.insert((door, call_id), span).is_none(),
+            "two spans of one call: {door} {call_id}"
+        );
+    }
+    let mut pairs = 0;
+    for ((door, call_id), grpc_span) in by_door.iter().filter(|((door, _), _)| *door == "grpc") {
+        let mcp_span = by_door
+            .get(&("mcp", call_id))
+            .unwrap_or_else(|| panic!("no MCP span of call {call_id} ({door})"));
+        assert_eq!(call_span(grpc_span), call_span(mcp_span), "call {call_id}");
+        pairs += 1;
+    }
+    assert_eq!(
+        pairs, calls,
+        "every compared call has a span through each door"
     );
     rt.block_on(server.stop());
 }

@@ -128,6 +128,8 @@ pub struct TestServer {
     pub redis: Option<RedisServer>,
     /// The `state:` section every catalog it serves carries (a change would need a restart).
     state_section: Option<String>,
+    /// The span exporter, when the catalog's telemetry (or its env) names an OTLP endpoint.
+    traces: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
     _dir: TempDir,
 }
 
@@ -226,14 +228,23 @@ impl TestServer {
 
     async fn start_config(config: Config, dir: TempDir, audit_path: PathBuf) -> Self {
         let clock = ManualClock::new(START_UNIX_MS);
+        let traces = toolgate::telemetry::tracer_provider(&config.telemetry)
+            .unwrap_or_else(|e| panic!("span exporter: {e}"));
+        let tracer = match &traces {
+            Some((provider, losses)) => toolgate::telemetry::spans::Tracer::new(
+                opentelemetry::trace::TracerProvider::tracer(provider, "toolgate"),
+                losses.clone(),
+            ),
+            None => toolgate::telemetry::spans::Tracer::off(),
+        };
         let options = StartOptions {
+            tracer,
             listen: Some("127.0.0.1:0".parse().unwrap()),
             clock: Some(SharedClock::new(clock.clone())),
             reload_on_sighup: false,
             admin_listen: Some("127.0.0.1:0".parse().unwrap()),
             // A catalog with `server.mcp` (the demo) gets an MCP door on a port of its own.
             mcp_listen: Some("127.0.0.1:0".parse().unwrap()),
-            ..StartOptions::default()
         };
         let running = toolgate::start(config, options)
             .await
@@ -246,7 +257,16 @@ impl TestServer {
             clock,
             redis: None,
             state_section: None,
+            traces: traces.map(|(provider, _)| provider),
             _dir: dir,
+        }
+    }
+
+    /// Exports the spans finished so far (blocks: call outside the runtime, or in
+    /// `spawn_blocking`).
+    pub fn flush_spans(&self) {
+        if let Some(provider) = &self.traces {
+            let _ = provider.force_flush();
         }
     }
 
