@@ -153,7 +153,7 @@ pub enum IdentityError {
     InvalidToken(String),
     #[error("token has no tenant claim {0:?}")]
     MissingTenantClaim(String),
-    #[error("missing tenant: send metadata x-toolgate-tenant")]
+    #[error("missing tenant: send the x-toolgate-tenant header (gRPC metadata)")]
     MissingTenantHeader,
     #[error("the caller's {field} is {len} bytes; the limit is {max}")]
     TooLong {
