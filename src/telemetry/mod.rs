@@ -367,14 +367,20 @@ impl TelemetryGuard {
     }
 }
 
+/// What is logged without `RUST_LOG`: `info`, but rmcp only from `warn`. rmcp logs at `info`
+/// every service it starts and ends, and the MCP door starts one per request (stateless): three
+/// lines, one with the host's whole `initialize` parameters, for every `tools/call`.
+const DEFAULT_LOG_FILTER: &str = "info,rmcp=warn";
+
 /// Installs the global subscriber for logs (to stderr) and, when configured, the OTLP span
-/// exporter that [`TelemetryGuard::tracer`] sends spans to. `RUST_LOG` refines the default `info`
-/// filter for logs; spans are exported regardless of it.
+/// exporter that [`TelemetryGuard::tracer`] sends spans to. `RUST_LOG` replaces the default
+/// filter ([`DEFAULT_LOG_FILTER`]) for logs; spans are exported regardless of it.
 pub fn init(
     format: LogFormat,
     telemetry: &TelemetryConfig,
 ) -> Result<TelemetryGuard, TelemetryError> {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER));
     let logs = match format {
         LogFormat::Json => fmt::layer()
             .json()

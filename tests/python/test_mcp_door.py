@@ -657,3 +657,25 @@ def test_a_reload_that_changes_what_a_caller_sees_is_announced(tmp_path):
         assert "tools" in type(event).__name__.lower() or "tools" in str(event).lower(), event
     finally:
         assert toolgate_process.stop(server) == 0, server.stderr_text()
+
+
+def test_requests_to_the_door_write_no_log_lines_of_their_own():
+    """Logs are for what an operator acts on: a busy door must not write lines per request (rmcp
+    logs each stateless request's service at info, three lines per call, left to itself)."""
+    server = toolgate_process.start()
+    calls = 30
+
+    async def body():
+        async with host(server, "legacy") as client:
+            for i in range(calls):
+                result = await client.call_tool("echo", {"text": f"quiet {i}"})
+                assert result.is_error is False
+
+    try:
+        run(body)
+    finally:
+        assert toolgate_process.stop(server) == 0, server.stderr_text()
+    # Stopped, so every line it wrote has been read.
+    lines = server.stderr_lines
+    assert len(lines) < calls, "".join(lines[-10:])
+    assert not [line for line in lines if '"rmcp' in line], "".join(lines[-10:])
