@@ -37,6 +37,7 @@ use toolgate::{
     canonical,
     catalog::ToolVersion,
     clock::SharedClock,
+    conditions::{Input, ToolFacts},
     config::Config,
     identity::{Caller, IdentityResolver},
     limits::{Quotas, RateLimits, metrics::QuotaMetrics},
@@ -316,7 +317,19 @@ fn access_check(bencher: Bencher, tools: usize) {
         allowed(
             "access",
             &key.name,
-            access::check(&f.config.catalog, &key.caller, black_box(&key.name)),
+            access::check(
+                &f.config.catalog,
+                &Input {
+                    caller: &key.caller,
+                    // Access reads only the name (the bench catalog has no conditions).
+                    tool: ToolFacts {
+                        name: black_box(&key.name),
+                        version: "",
+                        risk_level: "",
+                    },
+                    call: None,
+                },
+            ),
         )
     });
 }
@@ -424,7 +437,14 @@ fn decision_chain(bencher: Bencher, tools: usize) {
         allowed(
             "access",
             name,
-            access::check(catalog, &key.caller, &tool.name),
+            access::check(
+                catalog,
+                &Input {
+                    caller: &key.caller,
+                    tool: tool.facts(),
+                    call: None,
+                },
+            ),
         );
         allowed("scopes", name, scopes::check(&key.caller, tool));
         allowed("schema", name, schema::check(tool, &arguments));

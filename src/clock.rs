@@ -39,6 +39,15 @@ impl SharedClock {
     pub fn unix_ms(&self) -> i64 {
         self.0.unix_ms()
     }
+
+    /// Wall-clock time as a `SystemTime` (what conditions see as `now`).
+    pub fn system_time(&self) -> SystemTime {
+        let ms = self.unix_ms();
+        match u64::try_from(ms) {
+            Ok(ms) => UNIX_EPOCH + Duration::from_millis(ms),
+            Err(_) => UNIX_EPOCH,
+        }
+    }
 }
 
 impl Default for SharedClock {

@@ -107,6 +107,7 @@ pub enum Reason {
     StaleCatalog,
     TenantUnknown,
     DeniedByPolicy,
+    ConditionError,
     ScopeMissing,
     SchemaViolation,
     BoundArgumentOverride,
@@ -162,6 +163,8 @@ impl Reason {
             StaleCatalog => ("stale_catalog", S::StaleCatalog, false),
             TenantUnknown => ("tenant_unknown", S::Denied, false),
             DeniedByPolicy => ("denied_by_policy", S::Denied, false),
+            // A condition that cannot be evaluated decides closed (docs/conditions.md).
+            ConditionError => ("condition_error", S::Denied, false),
             ScopeMissing => ("scope_missing", S::Denied, false),
             SchemaViolation => ("schema_violation", S::InvalidArguments, false),
             BoundArgumentOverride => ("bound_argument_override", S::Denied, false),
@@ -324,7 +327,7 @@ mod tests {
     /// from the shared state decodes to what was written, for every variant.
     #[test]
     fn every_reason_and_stage_reads_back_from_its_name() {
-        assert_eq!(Reason::ALL.len(), 39);
+        assert_eq!(Reason::ALL.len(), 40);
         for &reason in Reason::ALL {
             assert_eq!(Reason::from_code(reason.code()), Some(reason));
         }

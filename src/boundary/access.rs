@@ -4,17 +4,29 @@
 //! none) gets the `"*"` entry, or nothing: the agent is the caller's claim, so misspelling it must
 //! never widen access. The refusal names the rule that matched.
 //!
+//! An entry may have a condition (`when:`). One that reads only the caller and the tool is
+//! decided here, for ListTools and the chain alike. One that reads the call (`args`, `now`,
+//! `run`) cannot be, before the arguments are validated and bound: the answer is then
+//! provisional (the tool is listed, the call goes on) and the chain asks again after bind, with
+//! the call ([`Provisional`]). A condition that cannot be evaluated decides closed
+//! (`condition_error`): a deny entry denies, an allow entry does not allow.
+//!
 //! [`check`] (the chain) and [`explain`] (ExplainTool, `toolgate test`) walk the lists with the
 //! same function, so an explanation names the rule that really decided.
 
 use crate::{
     catalog::{AccessList, AgentPolicy, Catalog, Pattern, Verdict},
+    conditions::Input,
     error::{Reason, Refusal, Stage},
-    identity::Caller,
 };
 
-pub fn check(catalog: &Catalog, caller: &Caller, tool: &str) -> Result<(), Refusal> {
-    walk(catalog, caller, tool, |_, _| {}, &mut None)
+/// Whether access was decided only provisionally: an entry's condition reads the call, which
+/// `input` did not have. The chain then checks again once it has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Provisional(pub bool);
+
+pub fn check(catalog: &Catalog, input: &Input<'_>) -> Result<Provisional, Refusal> {
+    walk(catalog, input, |_, _| {}, &mut None)
 }
 
 /// A rule of the catalog that took part in an access decision.
@@ -27,6 +39,8 @@ pub struct Rule {
     pub pattern: Option<String>,
     /// `allow` or `deny`.
     pub effect: &'static str,
+    /// The entry's condition, when it has one.
+    pub when: Option<String>,
 }
 
 impl Rule {
@@ -35,6 +49,16 @@ impl Rule {
             location: pattern.location.clone(),
             pattern: Some(pattern.text.clone()),
             effect,
+            when: pattern.when.as_ref().map(|c| c.source().to_owned()),
+        }
+    }
+
+    fn list(location: String) -> Self {
+        Rule {
+            location,
+            pattern: None,
+            effect: "allow",
+            when: None,
         }
     }
 }
@@ -50,13 +74,12 @@ pub struct Explained {
 }
 
 /// [`check`], saying which rules decided.
-pub fn explain(catalog: &Catalog, caller: &Caller, tool: &str) -> Explained {
+pub fn explain(catalog: &Catalog, input: &Input<'_>) -> Explained {
     let mut allowed = Vec::new();
     let mut denied_by = None;
     let decided = walk(
         catalog,
-        caller,
-        tool,
+        input,
         |_, hit| {
             if let Some(pattern) = hit {
                 allowed.push(Rule::of(pattern, "allow"));
@@ -65,7 +88,7 @@ pub fn explain(catalog: &Catalog, caller: &Caller, tool: &str) -> Explained {
         &mut denied_by,
     );
     match decided {
-        Ok(()) => Explained {
+        Ok(_) => Explained {
             refusal: None,
             rules: allowed,
         },
@@ -80,46 +103,38 @@ pub fn explain(catalog: &Catalog, caller: &Caller, tool: &str) -> Explained {
 /// pattern that did (none without an allow list); `denied_by` gets the rule that refused.
 fn walk<'c>(
     catalog: &'c Catalog,
-    caller: &Caller,
-    tool: &str,
+    input: &Input<'_>,
     mut passed: impl FnMut(&'c AccessList, Option<&'c Pattern>),
     denied_by: &mut Option<Rule>,
-) -> Result<(), Refusal> {
+) -> Result<Provisional, Refusal> {
+    let caller = input.caller;
     let Some(tenant) = catalog.tenants.get(&*caller.tenant) else {
-        *denied_by = Some(Rule {
-            location: "tenants".to_owned(),
-            pattern: None,
-            effect: "allow",
-        });
+        *denied_by = Some(Rule::list("tenants".to_owned()));
         return Err(Refusal::new(
             Stage::Access,
             Reason::TenantUnknown,
             format!("tenant {} is not in the catalog", caller.tenant),
         ));
     };
-    check_list(&catalog.policy, tool, &mut passed, denied_by, || {
+    let global = check_list(&catalog.policy, input, &mut passed, denied_by, || {
         "the global policy".to_owned()
     })?;
-    check_list(&tenant.access, tool, &mut passed, denied_by, || {
+    let tenant = check_list(&tenant.access, input, &mut passed, denied_by, || {
         format!("tenant {}", caller.tenant)
     })?;
-    match catalog.agents.for_agent(&caller.agent) {
-        AgentPolicy::Unrestricted => Ok(()),
-        AgentPolicy::Named(list) => check_list(list, tool, &mut passed, denied_by, || {
+    let agent = match catalog.agents.for_agent(&caller.agent) {
+        AgentPolicy::Unrestricted => Ok(Provisional(false)),
+        AgentPolicy::Named(list) => check_list(list, input, &mut passed, denied_by, || {
             format!("agent {}", caller.agent)
         }),
-        AgentPolicy::Default(list) => check_list(list, tool, &mut passed, denied_by, || {
+        AgentPolicy::Default(list) => check_list(list, input, &mut passed, denied_by, || {
             format!(
                 "the default agent policy (agents.\"*\", applied to agent {:?})",
                 caller.agent
             )
         }),
         AgentPolicy::Unknown => {
-            *denied_by = Some(Rule {
-                location: "agents".to_owned(),
-                pattern: None,
-                effect: "allow",
-            });
+            *denied_by = Some(Rule::list("agents".to_owned()));
             Err(Refusal::new(
                 Stage::Access,
                 Reason::DeniedByPolicy,
@@ -129,39 +144,70 @@ fn walk<'c>(
                 ),
             ))
         }
-    }
+    };
+    let agent = agent?;
+    Ok(Provisional(global.0 || tenant.0 || agent.0))
 }
 
 /// `owner` names the list in a refusal; it is built only then, as most calls are allowed.
 fn check_list<'c>(
     list: &'c AccessList,
-    tool: &str,
+    input: &Input<'_>,
     passed: &mut impl FnMut(&'c AccessList, Option<&'c Pattern>),
     denied_by: &mut Option<Rule>,
     owner: impl FnOnce() -> String,
-) -> Result<(), Refusal> {
-    let (message, rule) = match list.decide(tool) {
+) -> Result<Provisional, Refusal> {
+    let tool = input.tool.name;
+    let decision = list.decide(tool, input);
+    let (reason, message, rule) = match decision.verdict {
         Verdict::Allowed(hit) => {
             passed(list, hit);
-            return Ok(());
+            return Ok(Provisional(decision.provisional));
         }
         Verdict::Denied(pattern) => (
+            Reason::DeniedByPolicy,
+            match &pattern.when {
+                None => format!(
+                    "{tool} is denied by {}'s deny rule {:?}",
+                    owner(),
+                    pattern.text
+                ),
+                Some(when) => format!(
+                    "{tool} is denied by {}'s deny rule {} ({:?} when {:?})",
+                    owner(),
+                    pattern.location,
+                    pattern.text,
+                    when.source()
+                ),
+            },
+            Rule::of(pattern, "deny"),
+        ),
+        Verdict::DeniedOnError(pattern, error) => (
+            Reason::ConditionError,
             format!(
-                "{tool} is denied by {}'s deny rule {:?}",
+                "{tool} is denied by {}'s deny rule {}: its condition {:?} could not be evaluated ({error}), so it applies",
                 owner(),
-                pattern.text
+                pattern.location,
+                pattern.when.as_ref().map_or("", |c| c.source()),
             ),
             Rule::of(pattern, "deny"),
         ),
-        Verdict::NotAllowed => (
+        Verdict::NotAllowed(None) => (
+            Reason::DeniedByPolicy,
             format!("{tool} is not in {}'s allow list", owner()),
-            Rule {
-                location: format!("{}.allow", list.location),
-                pattern: None,
-                effect: "allow",
-            },
+            Rule::list(format!("{}.allow", list.location)),
+        ),
+        Verdict::NotAllowed(Some((pattern, error))) => (
+            Reason::ConditionError,
+            format!(
+                "{tool} is not allowed by {}'s allow list: the condition {:?} of its rule {} could not be evaluated ({error}), so it does not allow",
+                owner(),
+                pattern.when.as_ref().map_or("", |c| c.source()),
+                pattern.location,
+            ),
+            Rule::of(pattern, "allow"),
         ),
     };
     *denied_by = Some(rule);
-    Err(Refusal::new(Stage::Access, Reason::DeniedByPolicy, message))
+    Err(Refusal::new(Stage::Access, reason, message))
 }

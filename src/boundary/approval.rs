@@ -2,13 +2,66 @@
 //! call creates a pending approval and is refused `APPROVAL_REQUIRED`; a repeat naming it is
 //! checked here (approved, unexpired, bound to this caller, run, tool version, definition and
 //! arguments) and used up only when it reaches its backend (stage 11).
+//!
+//! A tool's `approval.when` narrows which of its calls need one: only those for which it holds,
+//! or for which it cannot be evaluated (closed). The risk level (or `requires_approval`) still
+//! says whether any can.
+
+use serde_json::Value;
 
 use super::{Boundary, CallRequest, Turn, policy};
 use crate::{
     approvals, canonical,
     catalog::ToolVersion,
+    conditions::{CallFacts, Evaluation, Input},
     error::{Reason, Refusal, Stage},
 };
+
+/// Whether this call of `tool` needs approval: `Ok` with why it does (appended to the
+/// refusal's message; empty when every call of the tool does), `Err` with why not.
+pub(super) fn needed(
+    tool: &ToolVersion,
+    asker: &policy::Asker<'_>,
+    arguments: &Value,
+) -> Result<String, String> {
+    if !tool.requires_approval {
+        return Err(format!(
+            "no approval needed (risk level {})",
+            tool.risk_level.as_str()
+        ));
+    }
+    let Some(when) = &tool.approval_when else {
+        return Ok(String::new());
+    };
+    let input = Input {
+        caller: asker.caller,
+        tool: tool.facts(),
+        call: Some(CallFacts {
+            args: arguments,
+            now: asker.now,
+            run_id: asker.run_id,
+        }),
+    };
+    match when.evaluate(&input) {
+        Evaluation::Holds(true) => Ok(format!(
+            " (its approval condition {:?} holds)",
+            when.source()
+        )),
+        Evaluation::Holds(false) => Err(format!(
+            "no approval needed: the approval condition {:?} does not hold for these arguments",
+            when.source()
+        )),
+        Evaluation::Failed(error) => Ok(format!(
+            " (its approval condition {:?} could not be evaluated: {error}; so it needs one)",
+            when.source()
+        )),
+        // Not reachable with the call given; decided closed all the same.
+        Evaluation::Unknown => Ok(format!(
+            " (its approval condition {:?} could not be decided)",
+            when.source()
+        )),
+    }
+}
 
 impl Boundary {
     /// Stage 9, for a tool that requires approval: creates an approval for a first call, or
@@ -20,6 +73,7 @@ impl Boundary {
         tool: &ToolVersion,
         arguments: &serde_json::Value,
         arguments_sha256: &str,
+        why: &str,
     ) -> Result<approvals::Checked, Refusal> {
         let binding = policy::approval_binding(&turn.caller, &turn.run_id, tool, arguments_sha256);
         let refuse =
@@ -39,7 +93,7 @@ impl Boundary {
                     Stage::Approval,
                     Reason::ApprovalRequired,
                     format!(
-                        "{} needs approval; an approver must approve {} before the call is repeated with that approval_id",
+                        "{} needs approval{why}; an approver must approve {} before the call is repeated with that approval_id",
                         tool.name, approval.id
                     ),
                 )

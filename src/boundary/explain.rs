@@ -18,6 +18,7 @@ use super::{
 };
 use crate::{
     catalog::{BindValue, Catalog, ToolVersion, VersionStatus, revision_of},
+    conditions::Input,
     error::{Reason, Refusal, Stage},
     identity::{AuthMethod, Caller},
     limits::{self, QuotaScope, Quotas, describe},
@@ -269,8 +270,10 @@ pub fn explain_visibility(catalog: &Catalog, caller: &Caller) -> (Vec<Visibility
             }
             Err(refusal) => {
                 let tool = super::resolve::resolve(catalog, name, None, caller).ok();
-                let rule = match refusal.stage {
-                    Stage::Access => access::explain(catalog, caller, name).rules.pop(),
+                let rule = match (refusal.stage, tool) {
+                    (Stage::Access, Some(tool)) => {
+                        access::explain(catalog, &listing(caller, tool)).rules.pop()
+                    }
                     _ => None,
                 };
                 let missing_scope = match (refusal.stage, tool) {
@@ -330,12 +333,17 @@ impl Explainer<'_> {
             .as_deref()
             .filter(|_| self.check_revision)
             .map(|shown| (&self.boundary.revisions, shown));
+        let asker = policy::Asker {
+            caller,
+            run_id: &turn.run_id,
+            now: self.boundary.clock.system_time(),
+        };
         let decided = policy::decide(
             limits,
             &self.boundary.arguments_budget,
             self.catalog,
             shown,
-            caller,
+            &asker,
             call,
             &mut seen,
         );
@@ -434,8 +442,13 @@ impl Explainer<'_> {
                     StageTrail::new(stage, StageResult::Refused, refusal.message.clone());
                 refused.violations = seen.violations.clone();
                 match (stage, seen.tool) {
+                    // Refused after bind by an entry whose condition read the arguments: the
+                    // chain kept the rule.
+                    (Stage::Access, Some(_)) if !seen.access_rules.is_empty() => {
+                        refused.rules = seen.access_rules.clone();
+                    }
                     (Stage::Access, Some(tool)) => {
-                        refused.rules = access::explain(self.catalog, caller, &tool.name).rules;
+                        refused.rules = access::explain(self.catalog, &listing(caller, tool)).rules;
                     }
                     (Stage::Scopes, Some(tool)) => {
                         refused.missing_scope = scopes::missing(caller, tool).map(str::to_owned);
@@ -485,7 +498,7 @@ impl Explainer<'_> {
                 ))
             }
             Stage::Access => {
-                let explained = access::explain(self.catalog, caller, &tool.name);
+                let explained = access::explain(self.catalog, &listing(caller, tool));
                 if explained.refusal.is_some() {
                     return None;
                 }
@@ -734,16 +747,20 @@ impl Explainer<'_> {
         decided: &Decided<'_>,
     ) -> (StageTrail, Result<Option<String>, Refusal>) {
         let tool = decided.tool;
-        if !tool.requires_approval {
-            let detail = format!(
-                "no approval needed (risk level {})",
-                tool.risk_level.as_str()
-            );
-            return (
-                StageTrail::new(Stage::Approval, StageResult::NotApplicable, detail),
-                Ok(None),
-            );
-        }
+        let asker = policy::Asker {
+            caller: &turn.caller,
+            run_id: &turn.run_id,
+            now: self.boundary.clock.system_time(),
+        };
+        let why = match super::approval::needed(tool, &asker, &decided.arguments) {
+            Ok(why) => why,
+            Err(detail) => {
+                return (
+                    StageTrail::new(Stage::Approval, StageResult::NotApplicable, detail),
+                    Ok(None),
+                );
+            }
+        };
         let refused = |refusal: Refusal| {
             (
                 StageTrail::new(
@@ -763,7 +780,7 @@ impl Explainer<'_> {
                 Stage::Approval,
                 Reason::ApprovalRequired,
                 format!(
-                    "{} needs approval: execution would create an approval bound to this caller, run, tool version and these arguments, and return its approval_id (explain created none)",
+                    "{} needs approval{why}: execution would create an approval bound to this caller, run, tool version and these arguments, and return its approval_id (explain created none)",
                     tool.name
                 ),
             ));
@@ -845,5 +862,14 @@ fn describe_quota(quota: &QuotaTrail) -> String {
             "the {} quota {} (not kept by the served catalog: taken as unused, all of it left)",
             quota.scope, quota.rate
         ),
+    }
+}
+
+/// What access is explained on without the call: the caller and the tool.
+fn listing<'a>(caller: &'a Caller, tool: &'a ToolVersion) -> Input<'a> {
+    Input {
+        caller,
+        tool: tool.facts(),
+        call: None,
     }
 }

@@ -524,12 +524,17 @@ impl Boundary {
             .catalog_revision
             .as_deref()
             .map(|shown| (&self.revisions, shown));
+        let asker = policy::Asker {
+            caller,
+            run_id: &turn.run_id,
+            now: self.clock.system_time(),
+        };
         let decided = policy::decide(
             &self.limits,
             &self.arguments_budget,
             catalog,
             shown,
-            caller,
+            &asker,
             call,
             &mut seen,
         );
@@ -558,10 +563,12 @@ impl Boundary {
         // 9. Approval for risky tools, bound to these exact arguments; used up only when the
         // call reaches its backend.
         // Boxed: only the tools that need approval pay for the stage's state.
-        let approval = if tool.requires_approval {
-            Some(Box::pin(self.approval(turn, call, tool, &arguments, &arguments_sha256)).await?)
-        } else {
-            None
+        let approval = match approval::needed(tool, &asker, &arguments) {
+            Ok(why) => Some(
+                Box::pin(self.approval(turn, call, tool, &arguments, &arguments_sha256, &why))
+                    .await?,
+            ),
+            Err(_) => None,
         };
         trail.approval_id = approval.as_ref().map(|a| a.id.clone());
         if let Some(checked) = &approval {

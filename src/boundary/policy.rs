@@ -5,18 +5,27 @@
 //! ExecuteTool does. Nothing here reads or writes state kept between calls, except that a shown
 //! revision equal to the current one is remembered (as ListTools does).
 
-use std::sync::Arc;
+use std::{sync::Arc, time::SystemTime};
 
 use serde_json::Value;
 
-use super::{CallRequest, bind, resolve, schema, scopes, structure};
+use super::{CallRequest, access, bind, resolve, schema, scopes, structure};
 use crate::{
     approvals, canonical,
     catalog::{Catalog, ToolVersion},
+    conditions::{CallFacts, Input},
     error::Refusal,
     identity::Caller,
     settings::LimitsConfig,
 };
+
+/// Who asks, in which run, and when (the boundary clock's time): what conditions read beside
+/// the tool and the arguments.
+pub(crate) struct Asker<'a> {
+    pub caller: &'a Caller,
+    pub run_id: &'a str,
+    pub now: SystemTime,
+}
 
 /// What stages 1–7 let through: the tool and the final arguments the backend would receive.
 pub(crate) struct Decided<'c> {
@@ -37,6 +46,8 @@ pub(crate) struct Seen<'c> {
     pub override_attempts: Vec<String>,
     /// Every violation listed when a schema refused the call.
     pub violations: Vec<String>,
+    /// The rule that refused the call after bind (4b), whose condition read the arguments.
+    pub access_rules: Vec<access::Rule>,
 }
 
 /// Runs stages 1–7 for `call`. `shown` is the revision log and the revision the model was shown,
@@ -46,10 +57,11 @@ pub(crate) fn decide<'c>(
     budget: &structure::ArgumentsBudget,
     catalog: &'c Catalog,
     shown: Option<(&resolve::RevisionLog, &str)>,
-    caller: &Caller,
+    asker: &Asker<'_>,
     call: &CallRequest,
     seen: &mut Seen<'c>,
 ) -> Result<Decided<'c>, Refusal> {
+    let caller = asker.caller;
     // 1-2. Structure: identifiers within limits and printable; a tool name; one JSON object
     // within the size and depth limits.
     structure::check_identifiers(
@@ -72,8 +84,14 @@ pub(crate) fn decide<'c>(
             super::visibility::current_revision(catalog, caller)
         })?;
     }
-    // 4. Allow/deny lists: global, tenant, agent.
-    super::access::check(catalog, caller, &tool.name)?;
+    // 4. Allow/deny lists: global, tenant, agent. Provisional when an entry's condition reads
+    // the call: decided again after bind (4b).
+    let listing = Input {
+        caller,
+        tool: tool.facts(),
+        call: None,
+    };
+    let access::Provisional(provisional) = access::check(catalog, &listing)?;
     // 5. Scopes.
     scopes::check(caller, tool)?;
     // The model's attempts to set server-bound arguments are recorded whatever refuses the
@@ -87,6 +105,22 @@ pub(crate) fn decide<'c>(
     // and handed to the backend, byte for byte.
     let mut arguments = bind::apply(tool, caller, arguments)?;
     schema::check_bound_listing(tool, &arguments, &mut seen.violations)?;
+    // 4b. The allow/deny entries whose conditions read the call, on the validated, bound
+    // arguments.
+    if provisional {
+        let input = Input {
+            call: Some(CallFacts {
+                args: &arguments,
+                now: asker.now,
+                run_id: asker.run_id,
+            }),
+            ..listing
+        };
+        if let Err(refusal) = access::check(catalog, &input) {
+            seen.access_rules = access::explain(catalog, &input).rules;
+            return Err(refusal);
+        }
+    }
     canonical::normalize(&mut arguments);
     let arguments_sha256 = canonical::sha256_hex_shared(&arguments);
     Ok(Decided {

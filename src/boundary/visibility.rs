@@ -7,6 +7,7 @@ use std::sync::Arc;
 use super::{Boundary, access, resolve, resolve::Definitions, scopes};
 use crate::{
     catalog::{Catalog, ToolVersion, revision_of},
+    conditions::Input,
     error::{Reason, Refusal, Stage},
     identity::Caller,
 };
@@ -40,7 +41,14 @@ pub(crate) fn visibility<'c>(
     name: &str,
 ) -> Result<&'c Arc<ToolVersion>, Refusal> {
     let tool = resolve::resolve(catalog, name, None, caller)?;
-    access::check(catalog, caller, &tool.name)?;
+    // Entries whose conditions read the call are provisional here: such a tool is listed, and
+    // its calls are decided after bind.
+    let listing = Input {
+        caller,
+        tool: tool.facts(),
+        call: None,
+    };
+    access::check(catalog, &listing)?;
     scopes::check(caller, tool)?;
     Ok(tool)
 }

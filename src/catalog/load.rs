@@ -231,6 +231,7 @@ fn mcp_raw_tool(name: &str, settings: &RawMcpTool, found: &DiscoveredTool) -> Ra
             },
         }),
         requires_approval: settings.requires_approval,
+        approval: settings.approval.clone(),
         max_output_bytes: settings.max_output_bytes,
         max_concurrency: settings.max_concurrency,
         record_arguments: false,
@@ -355,6 +356,25 @@ fn build_tool(
     let requires_approval = raw
         .requires_approval
         .unwrap_or_else(|| approvals.risk_levels.contains(&risk_level));
+    let approval_when = match &raw.approval {
+        None => None,
+        Some(approval) => {
+            let at = format!("{path}.approval.when");
+            if !requires_approval {
+                return Err(FieldError::new(
+                    at,
+                    format!(
+                        "a condition on a tool that never needs approval (risk level {}): set requires_approval: true, or list the risk level in approvals.risk_levels",
+                        risk_level.as_str()
+                    ),
+                ));
+            }
+            let condition = Condition::compile(&approval.when).map_err(|err| {
+                FieldError::new(at, format!("invalid condition {:?}: {err}", approval.when))
+            })?;
+            Some(Arc::new(condition))
+        }
+    };
     let max_output_bytes = match raw.max_output_bytes {
         Some(0) => {
             return Err(FieldError::new(
@@ -369,7 +389,7 @@ fn build_tool(
     let mut required_scopes = raw.required_scopes.clone();
     required_scopes.sort();
     required_scopes.dedup();
-    let definition_hash = canonical::sha256_hex(&json!({
+    let mut definition = json!({
         "name": raw.name,
         "version": version,
         "description": raw.description,
@@ -379,7 +399,12 @@ fn build_tool(
         "timeout_ms": timeout.as_millis() as u64,
         "labels": raw.labels,
         "requires_approval": requires_approval,
-    }));
+    });
+    // Only when set, so that the hashes of tools without one stay what they were.
+    if let (Some(when), Some(map)) = (&approval_when, definition.as_object_mut()) {
+        map.insert("approval_when".to_owned(), json!(when.source()));
+    }
+    let definition_hash = canonical::sha256_hex(&definition);
     Ok(ToolVersion {
         name: raw.name.clone(),
         version: version.into(),
@@ -403,6 +428,7 @@ fn build_tool(
         },
         rate_limit,
         requires_approval,
+        approval_when,
         max_output_bytes,
         concurrency,
         max_concurrency: raw.max_concurrency,

@@ -21,6 +21,7 @@ use tokio::sync::Semaphore;
 
 use crate::{
     canonical,
+    conditions::{Condition, ToolFacts},
     executor::{
         BuildContext, ExecutorSpec, McpTool, Upstream,
         mcp::{Discovered, DiscoveredTool, McpServerConfig},
@@ -31,7 +32,7 @@ use crate::{
         raw::{self, RawConfig, RawMcpTool, RawTool},
     },
 };
-pub use access_lists::{AccessDenial, AccessList, Pattern, TenantPolicy, Verdict};
+pub use access_lists::{AccessList, Decision, Pattern, TenantPolicy, Verdict};
 pub use load::CatalogInputs;
 pub use schema::{BindValue, Binding};
 
@@ -103,7 +104,10 @@ pub struct ToolVersion {
     pub bindings: Vec<Binding>,
     pub on_bound_argument: BoundOverride,
     pub rate_limit: Option<Rate>,
+    /// Whether calls can need approval (its risk level, or `requires_approval`).
     pub requires_approval: bool,
+    /// When they do (`approval.when`); without it, every call does.
+    pub approval_when: Option<Arc<Condition>>,
     pub max_output_bytes: usize,
     /// Calls of this version in flight, when the catalog caps them, and the cap.
     pub concurrency: Option<Arc<Semaphore>>,
@@ -115,6 +119,17 @@ pub struct ToolVersion {
     pub labels: BTreeMap<String, String>,
     /// Hash of everything the model is shown of this version.
     pub definition_hash: String,
+}
+
+impl ToolVersion {
+    /// What a condition may know of this tool.
+    pub fn facts(&self) -> ToolFacts<'_> {
+        ToolFacts {
+            name: &self.name,
+            version: &self.version,
+            risk_level: self.risk_level.as_str(),
+        }
+    }
 }
 
 impl fmt::Debug for ToolVersion {

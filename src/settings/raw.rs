@@ -163,6 +163,8 @@ pub struct RawMcpTool {
     pub on_bound_argument: RawBoundOverride,
     /// Override whether the tool needs approval.
     pub requires_approval: Option<bool>,
+    /// When a tool that can need approval needs it, as for other tools.
+    pub approval: Option<RawToolApproval>,
     /// Largest output returned, in bytes.
     pub max_output_bytes: Option<usize>,
     /// Most calls in flight at once.
@@ -516,26 +518,80 @@ pub enum RawAuditSink {
     None,
 }
 
-/// Allow and deny lists of tool-name globs (e.g. `ticket_*`). Deny wins.
+/// Allow and deny lists of tool-name globs (e.g. `ticket_*`), each entry optionally with a
+/// condition. Deny wins.
 #[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawAccessList {
-    /// If set, only tools matching one of these globs.
-    pub allow: Option<Vec<String>>,
-    /// Never tools matching one of these globs.
+    /// If set, only tools matching one of these entries.
+    pub allow: Option<Vec<RawRule>>,
+    /// Never tools matching one of these entries.
     #[serde(default)]
-    pub deny: Vec<String>,
+    pub deny: Vec<RawRule>,
+}
+
+/// When a tool's calls need approval.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawToolApproval {
+    /// A CEL expression over `caller`, `tool`, `args`, `now` and `run`: a call needs approval
+    /// only when it is true (or cannot be evaluated). Without it, every call does.
+    pub when: String,
+}
+
+/// An allow or deny entry: a tool-name glob, or globs with a CEL condition
+/// (`{ tools: [send_email], when: "!args.to.endsWith('@acme.com')" }`).
+#[derive(Debug, Clone, JsonSchema)]
+#[serde(untagged)]
+pub enum RawRule {
+    /// A tool-name glob, e.g. `ticket_*`.
+    Glob(String),
+    /// Globs the rule applies to only when its condition holds.
+    Conditional(RawConditionalRule),
+}
+
+/// Globs with a condition.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawConditionalRule {
+    /// Tool-name globs, e.g. `[send_email]`.
+    pub tools: Vec<String>,
+    /// A CEL expression over `caller`, `tool`, `args`, `now` and `run`; the rule applies only
+    /// when it is true.
+    pub when: String,
+}
+
+// By hand rather than `untagged`: a mistyped object entry gets its own error (an unknown field,
+// a missing `when`) instead of "did not match any variant".
+impl<'de> Deserialize<'de> for RawRule {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Entry;
+        impl<'de> serde::de::Visitor<'de> for Entry {
+            type Value = RawRule;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a tool-name glob, or { tools: [globs], when: \"condition\" }")
+            }
+            fn visit_str<E: serde::de::Error>(self, glob: &str) -> Result<RawRule, E> {
+                Ok(RawRule::Glob(glob.to_owned()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<RawRule, A::Error> {
+                RawConditionalRule::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(RawRule::Conditional)
+            }
+        }
+        deserializer.deserialize_any(Entry)
+    }
 }
 
 /// One tenant's policy.
 #[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawTenant {
-    /// If set, only tools matching one of these globs.
-    pub allow: Option<Vec<String>>,
-    /// Never tools matching one of these globs.
+    /// If set, only tools matching one of these entries.
+    pub allow: Option<Vec<RawRule>>,
+    /// Never tools matching one of these entries.
     #[serde(default)]
-    pub deny: Vec<String>,
+    pub deny: Vec<RawRule>,
     /// Overall rate limit for the tenant across all tools, e.g. `1000/min`.
     pub rate_limit: Option<RawRateLimit>,
 }
@@ -599,6 +655,8 @@ pub struct RawTool {
     pub rate_limit: Option<RawRateLimit>,
     /// Override whether the tool needs approval (default: by risk level).
     pub requires_approval: Option<bool>,
+    /// When a tool that can need approval (by its risk level or `requires_approval`) needs it.
+    pub approval: Option<RawToolApproval>,
     /// Largest output returned, in bytes.
     pub max_output_bytes: Option<usize>,
     /// Most calls of this tool in flight at once; beyond it calls are refused at once.

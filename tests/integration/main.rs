@@ -18,6 +18,7 @@ mod bounded;
 mod catalog_tests;
 mod cli;
 mod cli_and_logs;
+mod conditions;
 mod config;
 mod docs;
 mod doors;

@@ -9,7 +9,8 @@ use serde_json::{Map, Value};
 use toolgate::{
     boundary::access,
     canonical::sha256_hex,
-    catalog::AccessDenial,
+    catalog::{AccessList, Verdict},
+    conditions::{Input, ToolFacts},
     config::Config,
     identity::{AuthMethod, Caller},
     settings::Env,
@@ -276,6 +277,35 @@ fn glob_matches(pattern: &str, name: &str) -> bool {
 
 /// Reference for one allow/deny list: deny wins (naming its first matching rule), then a set allow
 /// list admits only what it matches.
+/// Why a list refuses a tool, in the reference's terms.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum AccessDenial {
+    Denied(String),
+    NotAllowed,
+}
+
+/// A list's answer for `name`, for a caller, in the reference's terms (no conditions here).
+fn list_decides(list: &AccessList, caller: &Caller, name: &str) -> Result<(), AccessDenial> {
+    match list.decide(name, &listing(caller, name)).verdict {
+        Verdict::Allowed(_) => Ok(()),
+        Verdict::Denied(hit) => Err(AccessDenial::Denied(hit.text.clone())),
+        Verdict::NotAllowed(None) => Err(AccessDenial::NotAllowed),
+        other => panic!("a condition's verdict without conditions: {other:?}"),
+    }
+}
+
+fn listing<'a>(caller: &'a Caller, name: &'a str) -> Input<'a> {
+    Input {
+        caller,
+        tool: ToolFacts {
+            name,
+            version: "1.0.0",
+            risk_level: "READ_ONLY",
+        },
+        call: None,
+    }
+}
+
 fn reference_list(
     allow: &Option<Vec<String>>,
     deny: &[String],
@@ -428,9 +458,9 @@ proptest! {
         let tenant = &catalog.tenants["t"].access;
         for name in lists.tools.iter().chain(&lists.probes) {
             let tenant_expected = reference_list(&lists.tenant_allow, &lists.tenant_deny, name);
-            prop_assert_eq!(tenant.check(name), tenant_expected.clone(), "tenant list, {}", name);
+            prop_assert_eq!(list_decides(tenant, &caller("bot"), name), tenant_expected.clone(), "tenant list, {}", name);
             prop_assert_eq!(
-                catalog.policy.check(name),
+                list_decides(&catalog.policy, &caller("bot"), name),
                 reference_list(&None, &lists.policy_deny, name),
                 "global policy, {}", name
             );
@@ -440,10 +470,10 @@ proptest! {
             // "*" entry, so an unknown agent, another spelling of a known one, or none gets nothing.
             let expected = global.is_ok() && tenant_expected.is_ok();
             for unknown in ["other", "Bot", "bot ", ""] {
-                prop_assert!(access::check(catalog, &caller(unknown), name).is_err(), "{:?} {}", unknown, name);
+                prop_assert!(access::check(catalog, &listing(&caller(unknown), name)).is_err(), "{:?} {}", unknown, name);
             }
             prop_assert_eq!(
-                access::check(catalog, &caller("bot"), name).is_ok(),
+                access::check(catalog, &listing(&caller("bot"), name)).is_ok(),
                 expected && agent.is_ok(),
                 "agent bot, {}", name
             );

@@ -1,0 +1,480 @@
+//! Conditions: CEL (Common Expression Language) expressions over a call, written in the catalog
+//! (`when:` on allow and deny rules, a tool's `approval.when`), compiled and checked once at load
+//! and evaluated by the boundary's stages.
+//!
+//! An expression sees `caller` (`tenant`, `subject`, `agent`, `scopes`), `tool` (`name`,
+//! `version`, `risk_level`), `args` (the arguments after schema validation and bind, so their
+//! types and bound values can be trusted), `now` (a timestamp, from the boundary's clock) and
+//! `run` (`id`). Nothing else: an unknown variable, a function outside the standard library's
+//! documented set, a struct literal, comprehensions nested deeper than [`MAX_NESTED_LOOPS`] or an
+//! expression longer than [`MAX_EXPRESSION_BYTES`] is a load error naming where it is. What an
+//! evaluation costs is then bounded by the expression's size and the arguments' (which
+//! `limits.max_argument_bytes` bounds): at most the arguments' length to the power of the
+//! nesting.
+//!
+//! Evaluating never panics on any input and decides nothing by itself: each place says what an
+//! error means there, always the closed answer (see [`Evaluation`]).
+
+use std::{collections::HashMap, sync::Arc, time::SystemTime};
+
+use cel::{
+    Context, Env, Program, Value,
+    common::ast::{EntryExpr, Expr, IdedExpr},
+};
+
+use crate::identity::Caller;
+
+/// Longest expression accepted, in bytes.
+pub const MAX_EXPRESSION_BYTES: usize = 1024;
+/// Deepest nesting of comprehensions (`all`, `exists`, `exists_one`, `map`, `filter`).
+pub const MAX_NESTED_LOOPS: usize = 2;
+
+/// The variables an expression may read.
+pub const VARIABLES: [&str; 5] = ["caller", "tool", "args", "now", "run"];
+
+/// Functions an expression may call beside the operators: the standard library's string,
+/// conversion, size and time functions. The macros (`has`, `all`, `exists`, `exists_one`,
+/// `map`, `filter`) expand to comprehensions and are allowed too.
+pub const FUNCTIONS: [&str; 22] = [
+    "size",
+    "contains",
+    "startsWith",
+    "endsWith",
+    "matches",
+    "int",
+    "uint",
+    "double",
+    "string",
+    "bool",
+    "bytes",
+    "dyn",
+    "timestamp",
+    "duration",
+    "getFullYear",
+    "getMonth",
+    "getDayOfMonth",
+    "getDayOfWeek",
+    "getHours",
+    "getMinutes",
+    "getSeconds",
+    "type",
+];
+
+/// Why an expression was not accepted at load.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CompileError {
+    #[error("the expression is {0} bytes, longer than {MAX_EXPRESSION_BYTES}")]
+    TooLong(usize),
+    #[error("the expression is empty")]
+    Empty,
+    #[error("{0}")]
+    Syntax(String),
+    #[error(
+        "unknown variable {name:?} at {position}: an expression may read caller, tool, args, now and run"
+    )]
+    UnknownVariable { name: String, position: String },
+    #[error("function {name:?} at {position} is not one conditions may call")]
+    UnknownFunction { name: String, position: String },
+    #[error("a message literal ({name}) at {position}: conditions have no message types")]
+    Struct { name: String, position: String },
+    #[error("comprehensions nested deeper than {MAX_NESTED_LOOPS} at {position}")]
+    TooDeep { position: String },
+}
+
+/// A compiled condition, with its text and what it reads.
+pub struct Condition {
+    source: Arc<str>,
+    program: Program,
+    /// Reads `args`, `now` or `run`: what only a call has, not a listing.
+    reads_call: bool,
+}
+
+impl std::fmt::Debug for Condition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Condition").field(&self.source).finish()
+    }
+}
+
+/// What an evaluation found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Evaluation {
+    /// The expression's value.
+    Holds(bool),
+    /// It reads the call (`args`, `now`, `run`), which is not known here (ListTools, and the
+    /// chain before bind): the place decides again once it is.
+    Unknown,
+    /// It could not be evaluated (a missing field, a type mismatch, an overflow, a value that is
+    /// not a bool), with why.
+    Failed(String),
+}
+
+/// What a condition is evaluated on.
+pub struct Input<'a> {
+    pub caller: &'a Caller,
+    pub tool: ToolFacts<'a>,
+    /// The call, once its arguments are validated and bound; `None` before (ListTools, the
+    /// chain's access stage).
+    pub call: Option<CallFacts<'a>>,
+}
+
+/// What only a call has.
+#[derive(Clone, Copy)]
+pub struct CallFacts<'a> {
+    /// The arguments after schema validation and bind.
+    pub args: &'a serde_json::Value,
+    /// The boundary clock's time.
+    pub now: SystemTime,
+    pub run_id: &'a str,
+}
+
+/// What an expression may know of the tool.
+#[derive(Clone, Copy)]
+pub struct ToolFacts<'a> {
+    pub name: &'a str,
+    pub version: &'a str,
+    pub risk_level: &'a str,
+}
+
+/// The environment every condition is compiled and run in: the standard library, no
+/// extensions, no optional syntax.
+fn env() -> Arc<Env> {
+    static ENV: std::sync::OnceLock<Arc<Env>> = std::sync::OnceLock::new();
+    ENV.get_or_init(|| {
+        // Optional values (`a.?b`) stay out: a missing field is an error, decided closed.
+        Arc::new(Env::stdlib().with_optional_support(false))
+    })
+    .clone()
+}
+
+impl Condition {
+    /// Compiles and checks `source`.
+    pub fn compile(source: &str) -> Result<Self, CompileError> {
+        if source.len() > MAX_EXPRESSION_BYTES {
+            return Err(CompileError::TooLong(source.len()));
+        }
+        if source.trim().is_empty() {
+            return Err(CompileError::Empty);
+        }
+        let program = env()
+            .compile(source)
+            .map_err(|errors| CompileError::Syntax(syntax_message(&errors)))?;
+        let mut check = Check {
+            program: &program,
+            bound: Vec::new(),
+            reads_call: false,
+        };
+        check.walk(program.expression(), 0)?;
+        let reads_call = check.reads_call;
+        Ok(Condition {
+            source: source.into(),
+            program,
+            reads_call,
+        })
+    }
+
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Whether it reads the call (`args`, `now`, `run`), and so is decided only once the
+    /// arguments are bound, never at list time.
+    pub fn reads_call(&self) -> bool {
+        self.reads_call
+    }
+
+    /// Evaluates it on `input`.
+    pub fn evaluate(&self, input: &Input<'_>) -> Evaluation {
+        let call = match (self.reads_call, input.call) {
+            (true, None) => return Evaluation::Unknown,
+            (true, call) => call,
+            (false, _) => None,
+        };
+        let mut context = Context::with_env(env());
+        let variables = match variables(input, call) {
+            Ok(variables) => variables,
+            Err(message) => return Evaluation::Failed(message),
+        };
+        for (name, value) in variables {
+            context.add_variable_from_value(name, value);
+        }
+        // The interpreter is third-party code fed the model's arguments: a panic in it decides
+        // closed like any other failure instead of taking the call's task down.
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.program.execute(&context)
+        }));
+        match result {
+            Ok(Ok(Value::Bool(holds))) => Evaluation::Holds(holds),
+            Ok(Ok(other)) => Evaluation::Failed(format!(
+                "the expression's value is {}, not a bool",
+                other.type_of()
+            )),
+            Ok(Err(err)) => Evaluation::Failed(err.to_string()),
+            Err(_) => Evaluation::Failed("the evaluator failed".to_owned()),
+        }
+    }
+}
+
+/// The variables, as CEL values; the call's only when the expression reads it.
+fn variables(
+    input: &Input<'_>,
+    call: Option<CallFacts<'_>>,
+) -> Result<Vec<(&'static str, Value)>, String> {
+    let caller = input.caller;
+    let map = |entries: Vec<(&'static str, Value)>| {
+        Value::from(entries.into_iter().collect::<HashMap<&str, Value>>())
+    };
+    let mut variables = vec![
+        (
+            "caller",
+            map(vec![
+                ("tenant", Value::from(caller.tenant.to_string())),
+                ("subject", Value::from(caller.subject.clone())),
+                ("agent", Value::from(caller.agent.to_string())),
+                (
+                    "scopes",
+                    Value::List(Arc::new(
+                        caller
+                            .scopes
+                            .iter()
+                            .map(|s| Value::from(s.clone()))
+                            .collect(),
+                    )),
+                ),
+            ]),
+        ),
+        (
+            "tool",
+            map(vec![
+                ("name", Value::from(input.tool.name)),
+                ("version", Value::from(input.tool.version)),
+                ("risk_level", Value::from(input.tool.risk_level)),
+            ]),
+        ),
+    ];
+    if let Some(call) = call {
+        let args = cel::to_value(call.args).map_err(|err| format!("args: {err}"))?;
+        variables.push(("args", args));
+        variables.push(("run", map(vec![("id", Value::from(call.run_id))])));
+        let now = chrono::DateTime::<chrono::Utc>::from(call.now).fixed_offset();
+        variables.push(("now", Value::Timestamp(now)));
+    }
+    Ok(variables)
+}
+
+/// The first syntax error, with its line and column.
+fn syntax_message(errors: &cel::ParseErrors) -> String {
+    match errors.errors.first() {
+        Some(error) => format!(
+            "syntax error at line {}, column {}: {}",
+            error.pos.0,
+            error.pos.1 + 1,
+            error.msg
+        ),
+        None => "syntax error".to_owned(),
+    }
+}
+
+/// The load-time checks, walking the expression once.
+struct Check<'p> {
+    program: &'p Program,
+    /// Comprehension variables in scope.
+    bound: Vec<String>,
+    reads_call: bool,
+}
+
+impl Check<'_> {
+    fn position(&self, expr: &IdedExpr) -> String {
+        match self.program.source_info().offset_for(expr.id) {
+            Some((line, column)) => format!("line {line}, column {column}"),
+            None => "an unknown position".to_owned(),
+        }
+    }
+
+    fn walk(&mut self, expr: &IdedExpr, loops: usize) -> Result<(), CompileError> {
+        match &expr.expr {
+            Expr::Unspecified | Expr::Literal(_) => Ok(()),
+            Expr::Ident(name) => {
+                if self.bound.iter().any(|b| b == name) {
+                    return Ok(());
+                }
+                if !VARIABLES.contains(&name.as_str()) {
+                    return Err(CompileError::UnknownVariable {
+                        name: name.clone(),
+                        position: self.position(expr),
+                    });
+                }
+                self.reads_call |= matches!(name.as_str(), "args" | "now" | "run");
+                Ok(())
+            }
+            Expr::Select(select) => self.walk(&select.operand, loops),
+            Expr::Call(call) => {
+                let name = call.func_name.as_str();
+                let operator = name.starts_with(['_', '@', '!', '-']);
+                if !operator && !FUNCTIONS.contains(&name) {
+                    return Err(CompileError::UnknownFunction {
+                        name: name.to_owned(),
+                        position: self.position(expr),
+                    });
+                }
+                if let Some(target) = &call.target {
+                    self.walk(target, loops)?;
+                }
+                call.args.iter().try_for_each(|arg| self.walk(arg, loops))
+            }
+            Expr::List(list) => list.elements.iter().try_for_each(|e| self.walk(e, loops)),
+            Expr::Map(map) => map.entries.iter().try_for_each(|entry| match &entry.expr {
+                EntryExpr::MapEntry(entry) => {
+                    self.walk(&entry.key, loops)?;
+                    self.walk(&entry.value, loops)
+                }
+                EntryExpr::StructField(field) => self.walk(&field.value, loops),
+            }),
+            Expr::Struct(message) => Err(CompileError::Struct {
+                name: message.type_name.clone(),
+                position: self.position(expr),
+            }),
+            Expr::Comprehension(comprehension) => {
+                if loops >= MAX_NESTED_LOOPS {
+                    return Err(CompileError::TooDeep {
+                        position: self.position(expr),
+                    });
+                }
+                // The range is outside the loop's scope; the rest sees its variables.
+                self.walk(&comprehension.iter_range, loops)?;
+                self.walk(&comprehension.accu_init, loops)?;
+                let scope = self.bound.len();
+                self.bound.push(comprehension.iter_var.clone());
+                self.bound.extend(comprehension.iter_var2.clone());
+                self.bound.push(comprehension.accu_var.clone());
+                let inner = [
+                    &comprehension.loop_cond,
+                    &comprehension.loop_step,
+                    &comprehension.result,
+                ];
+                let walked = inner.into_iter().try_for_each(|e| self.walk(e, loops + 1));
+                self.bound.truncate(scope);
+                walked
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{collections::BTreeSet, time::Duration};
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::identity::AuthMethod;
+
+    fn caller() -> Caller {
+        Caller {
+            tenant: "acme".into(),
+            subject: "alice".to_owned(),
+            agent: "support-bot".into(),
+            scopes: BTreeSet::from(["refunds:write".to_owned()]),
+            method: AuthMethod::Dev,
+        }
+    }
+
+    fn evaluate(source: &str, args: Option<serde_json::Value>) -> Evaluation {
+        let caller = caller();
+        let input = Input {
+            caller: &caller,
+            tool: ToolFacts {
+                name: "refund",
+                version: "1.0.0",
+                risk_level: "WRITE_CONFIRMED",
+            },
+            call: args.as_ref().map(|args| CallFacts {
+                args,
+                now: SystemTime::UNIX_EPOCH + Duration::from_secs(1_780_000_000),
+                run_id: "run-1",
+            }),
+        };
+        Condition::compile(source).unwrap().evaluate(&input)
+    }
+
+    #[test]
+    fn reads_the_call() {
+        let args = json!({"amount_cents": 60000, "to": "bob@acme.com", "items": [1, 2]});
+        for (source, holds) in [
+            ("args.amount_cents > 50000", true),
+            ("args.to.endsWith('@acme.com')", true),
+            ("!args.to.endsWith('@acme.com')", false),
+            (
+                "caller.tenant == 'acme' && 'refunds:write' in caller.scopes",
+                true,
+            ),
+            ("caller.agent == 'other'", false),
+            (
+                "tool.name == 'refund' && tool.risk_level == 'WRITE_CONFIRMED'",
+                true,
+            ),
+            ("run.id == 'run-1'", true),
+            ("now > timestamp('2026-01-01T00:00:00Z')", true),
+            ("args.items.all(i, i > 0)", true),
+            ("has(args.missing)", false),
+        ] {
+            assert_eq!(
+                evaluate(source, Some(args.clone())),
+                Evaluation::Holds(holds),
+                "{source}"
+            );
+        }
+    }
+
+    #[test]
+    fn without_the_call_an_expression_on_it_is_unknown_and_one_on_the_caller_is_decided() {
+        assert_eq!(evaluate("args.amount_cents > 1", None), Evaluation::Unknown);
+        assert_eq!(evaluate("run.id == 'x'", None), Evaluation::Unknown);
+        assert_eq!(evaluate("now > now", None), Evaluation::Unknown);
+        assert_eq!(
+            evaluate("caller.tenant == 'acme'", None),
+            Evaluation::Holds(true)
+        );
+    }
+
+    #[test]
+    fn failures_are_reported_not_decided() {
+        let args = json!({"amount_cents": "a lot", "n": 9223372036854775807_i64});
+        for source in [
+            "args.missing > 1",
+            "args.amount_cents > 1",
+            "args.n + 1 > 0",
+            "args.amount_cents",
+            "1 / (size(args) - 2) == 0",
+        ] {
+            assert!(
+                matches!(evaluate(source, Some(args.clone())), Evaluation::Failed(_)),
+                "{source}"
+            );
+        }
+    }
+
+    #[test]
+    fn load_errors_name_what_and_where() {
+        let error = |source: &str| Condition::compile(source).unwrap_err().to_string();
+        assert!(error("secrets.key == 1").contains("unknown variable \"secrets\""));
+        assert!(error("args.a ==").contains("syntax error"));
+        assert!(error("myFn(args.a)").contains("function \"myFn\""));
+        assert!(error("").contains("empty"));
+        assert!(error(&"a".repeat(MAX_EXPRESSION_BYTES + 1)).contains("longer than"));
+        assert!(
+            error("args.a.all(x, args.a.all(y, args.a.all(z, x == y)))").contains("nested deeper")
+        );
+        assert!(error("args.a.all(x, x > 0) && x > 0").contains("unknown variable \"x\""));
+        assert!(error("{'a': args.a}.?a == 1").contains("syntax error"));
+    }
+
+    #[test]
+    fn what_it_reads_is_known_at_load() {
+        let reads_call = |source: &str| Condition::compile(source).unwrap().reads_call();
+        assert!(reads_call("args.a > 1"));
+        assert!(reads_call("now > timestamp('2026-01-01T00:00:00Z')"));
+        assert!(!reads_call("caller.tenant == 'x' && tool.name == 'y'"));
+        // A loop variable named like a variable is the loop's.
+        assert!(!reads_call("caller.scopes.exists(args, args == 'x')"));
+    }
+}

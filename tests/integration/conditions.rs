@@ -1,0 +1,340 @@
+//! Conditions (issue 30): CEL `when:` on allow and deny entries and on a tool's approval,
+//! through the real server. A condition on the caller is decided at list time; one on the call
+//! (`args`, `now`, `run`) lists the tool and decides the call after bind; one that cannot be
+//! evaluated decides closed, naming the rule and the error.
+
+use std::{path::Path, time::Duration};
+
+use toolgate::{
+    config::Config,
+    proto::{self, ApprovalDecision, ToolStatus},
+    settings::Env,
+};
+
+use crate::support::{TestServer, call, exec, visible, who};
+
+const CATALOG: &str = r#"version: 1
+identity: { dev_identity: true }
+policy:
+  deny:
+    # Errors when `limit` is absent: decided closed, so such calls are denied.
+    - { tools: [lookup], when: "args.limit > 5" }
+    # The injected clock: no night jobs before 06:00 UTC.
+    - { tools: [night_job], when: "now.getHours() < 6" }
+tenants:
+  acme:
+    deny:
+      - { tools: [send_email], when: "!args.to.endsWith('@acme.com')" }
+  globex:
+    allow:
+      - lookup
+      - { tools: [export], when: "caller.agent == 'finance-bot'" }
+      - { tools: [count], when: "args.n > 1" }
+tools:
+  - name: send_email
+    description: Sends an email.
+    risk_level: read_only
+    executor: { builtin: echo_arguments }
+    input_schema: { type: object, properties: { to: { type: string }, text: { type: string } }, required: [to] }
+  - name: lookup
+    description: Looks up.
+    risk_level: read_only
+    executor: { builtin: echo_arguments }
+    input_schema: { type: object, properties: { limit: { type: integer } } }
+  - name: night_job
+    description: Runs a job.
+    risk_level: read_only
+    executor: { builtin: echo_arguments }
+    input_schema: { type: object }
+  - name: export
+    description: Exports.
+    risk_level: read_only
+    executor: { builtin: echo_arguments }
+    input_schema: { type: object }
+  - name: count
+    description: Counts.
+    risk_level: read_only
+    executor: { builtin: echo_arguments }
+    input_schema: { type: object, properties: { n: { type: integer } } }
+  - name: refund
+    description: Refunds.
+    risk_level: write_confirmed
+    approval: { when: "args.amount_cents > 50000 || args.currency != 'EUR'" }
+    executor: { builtin: echo_arguments }
+    input_schema:
+      type: object
+      properties: { amount_cents: { type: integer }, currency: { type: string } }
+      required: [amount_cents]
+"#;
+
+/// A call with an id of its own, so its audit event can be told apart.
+fn call_as(id: &str, name: &str, args: &str) -> proto::ToolCall {
+    let mut call = call(name, args);
+    call.call_id = id.into();
+    call
+}
+
+fn refusal(result: &proto::ToolResult) -> (ToolStatus, &str, &str) {
+    (
+        result.status(),
+        result.error_type.as_str(),
+        result.error_message.as_str(),
+    )
+}
+
+#[tokio::test]
+async fn a_conditional_deny_applies_only_to_the_calls_it_holds_for() {
+    let server = TestServer::start(CATALOG).await;
+    let mut client = server.client().await;
+    let acme = who("acme");
+    // Its condition reads the arguments: listed, and decided per call.
+    assert!(
+        visible(&mut client, &acme)
+            .await
+            .contains(&"send_email".to_owned())
+    );
+    let inside = exec(
+        &mut client,
+        &acme,
+        call("send_email", r#"{"to":"bob@acme.com"}"#),
+    )
+    .await;
+    assert_eq!(inside.status(), ToolStatus::Ok, "{inside:?}");
+    let outside = exec(
+        &mut client,
+        &acme,
+        call_as("outside", "send_email", r#"{"to":"eve@evil.example"}"#),
+    )
+    .await;
+    let (status, error_type, message) = refusal(&outside);
+    assert_eq!(
+        (status, error_type),
+        (ToolStatus::Denied, "denied_by_policy")
+    );
+    assert!(message.contains("tenants.acme.deny[0]"), "{message}");
+    assert!(message.contains("endsWith('@acme.com')"), "{message}");
+    let events = server.audit_events().await;
+    let denied = events
+        .iter()
+        .find(|e| e["call_id"] == outside.call_id)
+        .expect("audited");
+    assert_eq!(denied["error_type"], "denied_by_policy", "{denied}");
+}
+
+#[tokio::test]
+async fn a_deny_whose_condition_cannot_be_evaluated_denies() {
+    let server = TestServer::start(CATALOG).await;
+    let mut client = server.client().await;
+    let acme = who("acme");
+    let small = exec(&mut client, &acme, call("lookup", r#"{"limit":3}"#)).await;
+    assert_eq!(small.status(), ToolStatus::Ok, "{small:?}");
+    let large = exec(&mut client, &acme, call("lookup", r#"{"limit":10}"#)).await;
+    assert_eq!(refusal(&large).1, "denied_by_policy");
+    // No `limit`: `args.limit > 5` has no value; the deny rule applies (closed).
+    let missing = exec(&mut client, &acme, call_as("missing", "lookup", "{}")).await;
+    let (status, error_type, message) = refusal(&missing);
+    assert_eq!(
+        (status, error_type),
+        (ToolStatus::Denied, "condition_error"),
+        "{message}"
+    );
+    assert!(message.contains("policy.deny[0]"), "{message}");
+    assert!(message.contains("could not be evaluated"), "{message}");
+    assert!(message.contains("limit"), "names the error: {message}");
+    let events = server.audit_events().await;
+    let event = events
+        .iter()
+        .find(|e| e["call_id"] == missing.call_id)
+        .expect("audited");
+    assert_eq!(event["error_type"], "condition_error", "{event}");
+}
+
+#[tokio::test]
+async fn a_condition_on_the_caller_decides_what_is_listed() {
+    let server = TestServer::start(CATALOG).await;
+    let mut client = server.client().await;
+    let finance = who("globex").agent("finance-bot");
+    let support = who("globex").agent("support-bot");
+    assert!(
+        visible(&mut client, &finance)
+            .await
+            .contains(&"export".to_owned())
+    );
+    assert!(
+        !visible(&mut client, &support)
+            .await
+            .contains(&"export".to_owned())
+    );
+    let allowed = exec(&mut client, &finance, call("export", "{}")).await;
+    assert_eq!(allowed.status(), ToolStatus::Ok, "{allowed:?}");
+    // Hidden from this caller: refused as a tool that does not exist.
+    let hidden = exec(&mut client, &support, call("export", "{}")).await;
+    assert_eq!(refusal(&hidden).1, "tool_not_found", "{hidden:?}");
+}
+
+#[tokio::test]
+async fn an_allow_whose_condition_cannot_be_evaluated_does_not_allow() {
+    let server = TestServer::start(CATALOG).await;
+    let mut client = server.client().await;
+    let globex = who("globex");
+    // It reads the arguments: listed for globex.
+    assert!(
+        visible(&mut client, &globex)
+            .await
+            .contains(&"count".to_owned())
+    );
+    let two = exec(&mut client, &globex, call("count", r#"{"n":2}"#)).await;
+    assert_eq!(two.status(), ToolStatus::Ok, "{two:?}");
+    let one = exec(&mut client, &globex, call("count", r#"{"n":1}"#)).await;
+    let (status, error_type, message) = refusal(&one);
+    assert_eq!(
+        (status, error_type),
+        (ToolStatus::Denied, "denied_by_policy")
+    );
+    assert!(message.contains("allow list"), "{message}");
+    let none = exec(&mut client, &globex, call("count", "{}")).await;
+    let (status, error_type, message) = refusal(&none);
+    assert_eq!(
+        (status, error_type),
+        (ToolStatus::Denied, "condition_error"),
+        "{message}"
+    );
+    assert!(message.contains("tenants.globex.allow[2]"), "{message}");
+}
+
+#[tokio::test]
+async fn now_is_the_boundarys_clock() {
+    let server = TestServer::start(CATALOG).await;
+    let mut client = server.client().await;
+    let acme = who("acme");
+    // The test clock starts at 08:00 UTC.
+    let day = exec(&mut client, &acme, call("night_job", "{}")).await;
+    assert_eq!(day.status(), ToolStatus::Ok, "{day:?}");
+    server.clock.advance(Duration::from_secs(17 * 3600));
+    let night = exec(&mut client, &acme, call("night_job", "{}")).await;
+    assert_eq!(refusal(&night).1, "denied_by_policy", "{night:?}");
+}
+
+#[tokio::test]
+async fn approval_is_needed_only_when_its_condition_holds_or_fails() {
+    let server = TestServer::start(CATALOG).await;
+    let mut client = server.client().await;
+    let acme = who("acme");
+    let small = exec(
+        &mut client,
+        &acme,
+        call("refund", r#"{"amount_cents":100,"currency":"EUR"}"#),
+    )
+    .await;
+    assert_eq!(small.status(), ToolStatus::Ok, "{small:?}");
+    let large = exec(
+        &mut client,
+        &acme,
+        call("refund", r#"{"amount_cents":60000,"currency":"EUR"}"#),
+    )
+    .await;
+    let (status, _, message) = refusal(&large);
+    assert_eq!(status, ToolStatus::ApprovalRequired, "{large:?}");
+    assert!(message.contains("holds"), "{message}");
+    // No currency: `args.currency != 'EUR'` has no value, so the call needs approval (closed).
+    let args = r#"{"amount_cents":100}"#;
+    let unknown = exec(&mut client, &acme, call("refund", args)).await;
+    let (status, _, message) = refusal(&unknown);
+    assert_eq!(status, ToolStatus::ApprovalRequired, "{unknown:?}");
+    assert!(message.contains("could not be evaluated"), "{message}");
+    // Approved by someone else, the same call goes through once.
+    let id = unknown.approval_id.clone();
+    assert!(!id.is_empty());
+    let bob = who("acme").subject("bob").scopes("toolgate:approve");
+    server
+        .approvals()
+        .await
+        .decide_approval(bob.request(proto::DecideApprovalRequest {
+            approval_id: id.clone(),
+            decision: ApprovalDecision::Approve as i32,
+            reason: "ok".into(),
+        }))
+        .await
+        .expect("approved");
+    let mut retry = call("refund", args);
+    retry.approval_id = id;
+    let done = exec(&mut client, &acme, retry).await;
+    assert_eq!(done.status(), ToolStatus::Ok, "{done:?}");
+}
+
+#[tokio::test]
+async fn listing_shows_that_a_conditional_approval_may_be_needed() {
+    let server = TestServer::start(CATALOG).await;
+    let mut client = server.client().await;
+    let tools = client
+        .list_tools(who("acme").request(proto::ListToolsRequest {}))
+        .await
+        .expect("ListTools")
+        .into_inner()
+        .tools;
+    let refund = tools.iter().find(|t| t.name == "refund").expect("listed");
+    assert!(refund.requires_approval, "{refund:?}");
+}
+
+fn load(yaml: &str) -> Result<Config, toolgate::settings::ConfigError> {
+    Config::from_yaml(yaml, "c.yaml", Path::new("."), &Env::default())
+}
+
+#[test]
+fn a_bad_condition_is_a_load_error_naming_where_and_what() {
+    for (from, to, path, words) in [
+        (
+            "when: \"!args.to.endsWith('@acme.com')\"",
+            "when: \"secrets.x == 1\"",
+            "tenants.acme.deny[0].when",
+            "unknown variable \"secrets\"",
+        ),
+        (
+            "when: \"args.limit > 5\"",
+            "when: \"args.limit >\"",
+            "policy.deny[0].when",
+            "syntax error",
+        ),
+        (
+            "when: \"args.n > 1\"",
+            "when: \"myFunction(args.n)\"",
+            "tenants.globex.allow[2].when",
+            "function \"myFunction\"",
+        ),
+        (
+            "{ tools: [export], when:",
+            "{ tools: [exprot], when:",
+            "tenants.globex.allow[1].tools[0]",
+            "matches no tool",
+        ),
+        (
+            "{ tools: [export], when: \"caller.agent == 'finance-bot'\" }",
+            "{ tools: [export], if: \"caller.agent == 'finance-bot'\" }",
+            "tenants.globex.allow[1]",
+            "unknown field",
+        ),
+    ] {
+        assert!(CATALOG.contains(from), "{from}");
+        let err = load(&CATALOG.replacen(from, to, 1)).expect_err(to);
+        assert!(
+            err.path.starts_with(path),
+            "{to}: {} {}",
+            err.path,
+            err.message
+        );
+        assert!(err.message.contains(words), "{to}: {}", err.message);
+    }
+    load(CATALOG).expect("the catalog loads");
+}
+
+#[test]
+fn an_approval_condition_on_a_tool_that_never_needs_approval_is_refused() {
+    let yaml = CATALOG.replacen("risk_level: write_confirmed", "risk_level: read_only", 1);
+    let err = load(&yaml).expect_err("read_only with approval.when");
+    assert!(err.path.ends_with("approval.when"), "{}", err.path);
+    assert!(
+        err.message.contains("never needs approval"),
+        "{}",
+        err.message
+    );
+}
