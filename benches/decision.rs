@@ -37,7 +37,7 @@ use toolgate::{
     canonical,
     catalog::ToolVersion,
     clock::SharedClock,
-    conditions::{Input, ToolFacts},
+    conditions::{CallFacts, Input, ToolFacts},
     config::Config,
     identity::{Caller, IdentityResolver},
     limits::{Quotas, RateLimits, metrics::QuotaMetrics},
@@ -319,16 +319,15 @@ fn access_check(bencher: Bencher, tools: usize) {
             &key.name,
             access::check(
                 &f.config.catalog,
-                &Input {
-                    caller: &key.caller,
-                    // Access reads only the name (the bench catalog has no conditions).
-                    tool: ToolFacts {
+                // Access reads only the name (the bench catalog has no conditions).
+                &Input::listing(
+                    &key.caller,
+                    ToolFacts {
                         name: black_box(&key.name),
                         version: "",
                         risk_level: "",
                     },
-                    call: None,
-                },
+                ),
             ),
         )
     });
@@ -437,14 +436,7 @@ fn decision_chain(bencher: Bencher, tools: usize) {
         allowed(
             "access",
             name,
-            access::check(
-                catalog,
-                &Input {
-                    caller: &key.caller,
-                    tool: tool.facts(),
-                    call: None,
-                },
-            ),
+            access::check(catalog, &Input::listing(&key.caller, tool.facts())),
         );
         allowed("scopes", name, scopes::check(&key.caller, tool));
         allowed("schema", name, schema::check(tool, &arguments));
@@ -549,6 +541,69 @@ fn identity_dev_headers(bencher: Bencher) {
             "identity",
             "dev headers",
             DEV_RESOLVER.resolve(black_box(metadata.as_ref())),
+        )
+    });
+}
+
+/// How many conditional entries the condition benchmarks give a tenant.
+const RULES: &[usize] = &[1, 10, 100];
+
+/// A catalog whose tenant `acme` denies `send_email` under `rules` conditions written by
+/// `condition(i)`, none of which holds for the benchmarks' call, so every one is evaluated.
+fn conditional_catalog(rules: usize, condition: impl Fn(usize) -> String) -> Config {
+    let mut yaml = String::from(
+        "version: 1\nidentity: { dev_identity: true }\ntenants:\n  acme:\n    deny:\n",
+    );
+    for i in 0..rules {
+        yaml.push_str(&format!(
+            "      - {{ tools: [send_email], when: \"{}\" }}\n",
+            condition(i)
+        ));
+    }
+    yaml.push_str(
+        "tools:\n  - name: send_email\n    description: Sends.\n    risk_level: read_only\n    \
+         executor: { builtin: echo_arguments }\n    input_schema: { type: object, properties: \
+         { to: { type: string }, text: { type: string } } }\n",
+    );
+    load(&yaml)
+}
+
+/// Stage 4b: `rules` deny entries whose conditions read the arguments
+/// (`args.to.endsWith(...)`), all evaluated (none holds). Divide by `rules` for one condition.
+#[divan::bench(args = RULES)]
+fn conditions_on_the_arguments(bencher: Bencher, rules: usize) {
+    let config = conditional_catalog(rules, |i| format!("args.to.endsWith('@evil{i}.example')"));
+    let acme = caller("acme");
+    let args: Value = serde_json::from_str(r#"{"to":"bob@acme.com","text":"hello"}"#).unwrap();
+    let tool = config.catalog.resolve("send_email", None, "acme").unwrap();
+    bencher.bench_local(|| {
+        let call = CallFacts {
+            args: black_box(&args),
+            now: std::time::SystemTime::UNIX_EPOCH,
+            run_id: "run-1",
+        };
+        let input = Input::of_call(&acme, tool.facts(), call);
+        allowed(
+            "access",
+            "send_email",
+            access::check(&config.catalog, &input),
+        )
+    });
+}
+
+/// Stage 4: `rules` deny entries whose conditions read only the caller
+/// (`caller.agent == ...`), decided without the call (as ListTools does).
+#[divan::bench(args = RULES)]
+fn conditions_on_the_caller(bencher: Bencher, rules: usize) {
+    let config = conditional_catalog(rules, |i| format!("caller.agent == 'bot-{i}'"));
+    let acme = caller("acme");
+    let tool = config.catalog.resolve("send_email", None, "acme").unwrap();
+    bencher.bench_local(|| {
+        let input = Input::listing(black_box(&acme), tool.facts());
+        allowed(
+            "access",
+            "send_email",
+            access::check(&config.catalog, &input),
         )
     });
 }

@@ -15,7 +15,7 @@
 //! Evaluating never panics on any input and decides nothing by itself: each place says what an
 //! error means there, always the closed answer (see [`Evaluation`]).
 
-use std::{collections::HashMap, sync::Arc, time::SystemTime};
+use std::{cell::OnceCell, collections::HashMap, sync::Arc, time::SystemTime};
 
 use cel::{
     Context, Env, Program, Value,
@@ -85,8 +85,8 @@ pub enum CompileError {
 pub struct Condition {
     source: Arc<str>,
     program: Program,
-    /// Reads `args`, `now` or `run`: what only a call has, not a listing.
-    reads_call: bool,
+    /// The variables it reads, as indices into [`VARIABLES`]: only those are given to it.
+    reads: Vec<usize>,
 }
 
 impl std::fmt::Debug for Condition {
@@ -108,13 +108,57 @@ pub enum Evaluation {
     Failed(String),
 }
 
-/// What a condition is evaluated on.
+/// What a condition is evaluated on. The variables' values are made when a condition first
+/// reads them and shared by every condition evaluated on the same input (a call's rules).
 pub struct Input<'a> {
-    pub caller: &'a Caller,
-    pub tool: ToolFacts<'a>,
-    /// The call, once its arguments are validated and bound; `None` before (ListTools, the
-    /// chain's access stage).
-    pub call: Option<CallFacts<'a>>,
+    caller: &'a Caller,
+    tool: ToolFacts<'a>,
+    call: Option<CallFacts<'a>>,
+    /// Each of [`VARIABLES`], once made (`Err`: it could not be, e.g. arguments CEL cannot hold).
+    values: [OnceCell<Result<Value, String>>; 5],
+}
+
+impl<'a> Input<'a> {
+    /// Without the call (ListTools, the chain's access stage): conditions reading it are
+    /// [`Evaluation::Unknown`].
+    pub fn listing(caller: &'a Caller, tool: ToolFacts<'a>) -> Self {
+        Input {
+            caller,
+            tool,
+            call: None,
+            values: Default::default(),
+        }
+    }
+
+    /// With the call, once its arguments are validated and bound.
+    pub fn of_call(caller: &'a Caller, tool: ToolFacts<'a>, call: CallFacts<'a>) -> Self {
+        Input {
+            call: Some(call),
+            ..Self::listing(caller, tool)
+        }
+    }
+
+    pub fn caller(&self) -> &'a Caller {
+        self.caller
+    }
+
+    pub fn tool(&self) -> ToolFacts<'a> {
+        self.tool
+    }
+
+    /// Whether the call is known.
+    pub fn has_call(&self) -> bool {
+        self.call.is_some()
+    }
+
+    /// The value of `VARIABLES[index]`; `None` for the call's without the call.
+    fn value(&self, index: usize) -> Option<&Result<Value, String>> {
+        let call = self.call;
+        if index >= 2 && call.is_none() {
+            return None;
+        }
+        Some(self.values[index].get_or_init(|| make_value(self, index)))
+    }
 }
 
 /// What only a call has.
@@ -161,14 +205,16 @@ impl Condition {
         let mut check = Check {
             program: &program,
             bound: Vec::new(),
-            reads_call: false,
+            reads: Vec::new(),
         };
         check.walk(program.expression(), 0)?;
-        let reads_call = check.reads_call;
+        let mut reads = check.reads;
+        reads.sort_unstable();
+        reads.dedup();
         Ok(Condition {
             source: source.into(),
             program,
-            reads_call,
+            reads,
         })
     }
 
@@ -179,23 +225,19 @@ impl Condition {
     /// Whether it reads the call (`args`, `now`, `run`), and so is decided only once the
     /// arguments are bound, never at list time.
     pub fn reads_call(&self) -> bool {
-        self.reads_call
+        self.reads.iter().any(|&index| index >= 2)
     }
 
     /// Evaluates it on `input`.
     pub fn evaluate(&self, input: &Input<'_>) -> Evaluation {
-        let call = match (self.reads_call, input.call) {
-            (true, None) => return Evaluation::Unknown,
-            (true, call) => call,
-            (false, _) => None,
-        };
         let mut context = Context::with_env(env());
-        let variables = match variables(input, call) {
-            Ok(variables) => variables,
-            Err(message) => return Evaluation::Failed(message),
-        };
-        for (name, value) in variables {
-            context.add_variable_from_value(name, value);
+        for &index in &self.reads {
+            match input.value(index) {
+                None => return Evaluation::Unknown,
+                Some(Err(message)) => return Evaluation::Failed(message.clone()),
+                // Values share their contents (`Arc`s): a clone is a few reference counts.
+                Some(Ok(value)) => context.add_variable_from_value(VARIABLES[index], value.clone()),
+            }
         }
         // The interpreter is third-party code fed the model's arguments: a panic in it decides
         // closed like any other failure instead of taking the call's task down.
@@ -214,51 +256,38 @@ impl Condition {
     }
 }
 
-/// The variables, as CEL values; the call's only when the expression reads it.
-fn variables(
-    input: &Input<'_>,
-    call: Option<CallFacts<'_>>,
-) -> Result<Vec<(&'static str, Value)>, String> {
-    let caller = input.caller;
+/// The CEL value of `VARIABLES[index]` for `input` (the call's only with the call).
+fn make_value(input: &Input<'_>, index: usize) -> Result<Value, String> {
     let map = |entries: Vec<(&'static str, Value)>| {
         Value::from(entries.into_iter().collect::<HashMap<&str, Value>>())
     };
-    let mut variables = vec![
-        (
-            "caller",
-            map(vec![
-                ("tenant", Value::from(caller.tenant.to_string())),
-                ("subject", Value::from(caller.subject.clone())),
-                ("agent", Value::from(caller.agent.to_string())),
-                (
-                    "scopes",
-                    Value::List(Arc::new(
-                        caller
-                            .scopes
-                            .iter()
-                            .map(|s| Value::from(s.clone()))
-                            .collect(),
-                    )),
-                ),
-            ]),
-        ),
-        (
-            "tool",
-            map(vec![
-                ("name", Value::from(input.tool.name)),
-                ("version", Value::from(input.tool.version)),
-                ("risk_level", Value::from(input.tool.risk_level)),
-            ]),
-        ),
-    ];
-    if let Some(call) = call {
-        let args = cel::to_value(call.args).map_err(|err| format!("args: {err}"))?;
-        variables.push(("args", args));
-        variables.push(("run", map(vec![("id", Value::from(call.run_id))])));
-        let now = chrono::DateTime::<chrono::Utc>::from(call.now).fixed_offset();
-        variables.push(("now", Value::Timestamp(now)));
-    }
-    Ok(variables)
+    let caller = input.caller;
+    let call = || input.call.ok_or("the call is not known here");
+    Ok(match index {
+        0 => map(vec![
+            ("tenant", Value::from(caller.tenant.to_string())),
+            ("subject", Value::from(caller.subject.clone())),
+            ("agent", Value::from(caller.agent.to_string())),
+            (
+                "scopes",
+                Value::List(Arc::new(
+                    caller
+                        .scopes
+                        .iter()
+                        .map(|s| Value::from(s.clone()))
+                        .collect(),
+                )),
+            ),
+        ]),
+        1 => map(vec![
+            ("name", Value::from(input.tool.name)),
+            ("version", Value::from(input.tool.version)),
+            ("risk_level", Value::from(input.tool.risk_level)),
+        ]),
+        2 => cel::to_value(call()?.args).map_err(|err| format!("args: {err}"))?,
+        3 => Value::Timestamp(chrono::DateTime::<chrono::Utc>::from(call()?.now).fixed_offset()),
+        _ => map(vec![("id", Value::from(call()?.run_id))]),
+    })
 }
 
 /// The first syntax error, with its line and column.
@@ -279,7 +308,8 @@ struct Check<'p> {
     program: &'p Program,
     /// Comprehension variables in scope.
     bound: Vec<String>,
-    reads_call: bool,
+    /// Indices into [`VARIABLES`] of the variables read.
+    reads: Vec<usize>,
 }
 
 impl Check<'_> {
@@ -297,13 +327,13 @@ impl Check<'_> {
                 if self.bound.iter().any(|b| b == name) {
                     return Ok(());
                 }
-                if !VARIABLES.contains(&name.as_str()) {
+                let Some(index) = VARIABLES.iter().position(|v| v == name) else {
                     return Err(CompileError::UnknownVariable {
                         name: name.clone(),
                         position: self.position(expr),
                     });
-                }
-                self.reads_call |= matches!(name.as_str(), "args" | "now" | "run");
+                };
+                self.reads.push(index);
                 Ok(())
             }
             Expr::Select(select) => self.walk(&select.operand, loops),
@@ -380,18 +410,22 @@ mod tests {
 
     fn evaluate(source: &str, args: Option<serde_json::Value>) -> Evaluation {
         let caller = caller();
-        let input = Input {
-            caller: &caller,
-            tool: ToolFacts {
-                name: "refund",
-                version: "1.0.0",
-                risk_level: "WRITE_CONFIRMED",
-            },
-            call: args.as_ref().map(|args| CallFacts {
-                args,
-                now: SystemTime::UNIX_EPOCH + Duration::from_secs(1_780_000_000),
-                run_id: "run-1",
-            }),
+        let tool = ToolFacts {
+            name: "refund",
+            version: "1.0.0",
+            risk_level: "WRITE_CONFIRMED",
+        };
+        let input = match &args {
+            None => Input::listing(&caller, tool),
+            Some(args) => Input::of_call(
+                &caller,
+                tool,
+                CallFacts {
+                    args,
+                    now: SystemTime::UNIX_EPOCH + Duration::from_secs(1_780_000_000),
+                    run_id: "run-1",
+                },
+            ),
         };
         Condition::compile(source).unwrap().evaluate(&input)
     }

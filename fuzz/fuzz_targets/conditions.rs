@@ -48,20 +48,13 @@ fuzz_target!(|data: &[u8]| {
         version: "1",
         risk_level: "WRITE_CONFIRMED",
     };
-    let with_call = Input {
-        caller: &caller,
-        tool,
-        call: Some(CallFacts {
-            args: &args,
-            now: SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000),
-            run_id: "run-1",
-        }),
+    let call = CallFacts {
+        args: &args,
+        now: SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000),
+        run_id: "run-1",
     };
-    let without = Input {
-        caller: &caller,
-        tool,
-        call: None,
-    };
+    let with_call = Input::of_call(&caller, tool, call);
+    let without = Input::listing(&caller, tool);
     let first = condition.evaluate(&with_call);
     assert_eq!(first, condition.evaluate(&with_call), "not deterministic: {expression}");
     let listed = condition.evaluate(&without);

@@ -107,7 +107,7 @@ fn walk<'c>(
     mut passed: impl FnMut(&'c AccessList, Option<&'c Pattern>),
     denied_by: &mut Option<Rule>,
 ) -> Result<Provisional, Refusal> {
-    let caller = input.caller;
+    let caller = input.caller();
     let Some(tenant) = catalog.tenants.get(&*caller.tenant) else {
         *denied_by = Some(Rule::list("tenants".to_owned()));
         return Err(Refusal::new(
@@ -157,7 +157,7 @@ fn check_list<'c>(
     denied_by: &mut Option<Rule>,
     owner: impl FnOnce() -> String,
 ) -> Result<Provisional, Refusal> {
-    let tool = input.tool.name;
+    let tool = input.tool().name;
     let decision = list.decide(tool, input);
     let (reason, message, rule) = match decision.verdict {
         Verdict::Allowed(hit) => {

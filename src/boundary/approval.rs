@@ -33,15 +33,12 @@ pub(super) fn needed(
     let Some(when) = &tool.approval_when else {
         return Ok(String::new());
     };
-    let input = Input {
-        caller: asker.caller,
-        tool: tool.facts(),
-        call: Some(CallFacts {
-            args: arguments,
-            now: asker.now,
-            run_id: asker.run_id,
-        }),
+    let call = CallFacts {
+        args: arguments,
+        now: asker.now,
+        run_id: asker.run_id,
     };
+    let input = Input::of_call(asker.caller, tool.facts(), call);
     match when.evaluate(&input) {
         Evaluation::Holds(true) => Ok(format!(
             " (its approval condition {:?} holds)",

@@ -867,9 +867,5 @@ fn describe_quota(quota: &QuotaTrail) -> String {
 
 /// What access is explained on without the call: the caller and the tool.
 fn listing<'a>(caller: &'a Caller, tool: &'a ToolVersion) -> Input<'a> {
-    Input {
-        caller,
-        tool: tool.facts(),
-        call: None,
-    }
+    Input::listing(caller, tool.facts())
 }

@@ -86,12 +86,8 @@ pub(crate) fn decide<'c>(
     }
     // 4. Allow/deny lists: global, tenant, agent. Provisional when an entry's condition reads
     // the call: decided again after bind (4b).
-    let listing = Input {
-        caller,
-        tool: tool.facts(),
-        call: None,
-    };
-    let access::Provisional(provisional) = access::check(catalog, &listing)?;
+    let access::Provisional(provisional) =
+        access::check(catalog, &Input::listing(caller, tool.facts()))?;
     // 5. Scopes.
     scopes::check(caller, tool)?;
     // The model's attempts to set server-bound arguments are recorded whatever refuses the
@@ -108,14 +104,12 @@ pub(crate) fn decide<'c>(
     // 4b. The allow/deny entries whose conditions read the call, on the validated, bound
     // arguments.
     if provisional {
-        let input = Input {
-            call: Some(CallFacts {
-                args: &arguments,
-                now: asker.now,
-                run_id: asker.run_id,
-            }),
-            ..listing
+        let call = CallFacts {
+            args: &arguments,
+            now: asker.now,
+            run_id: asker.run_id,
         };
+        let input = Input::of_call(caller, tool.facts(), call);
         if let Err(refusal) = access::check(catalog, &input) {
             seen.access_rules = access::explain(catalog, &input).rules;
             return Err(refusal);

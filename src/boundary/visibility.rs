@@ -43,12 +43,7 @@ pub(crate) fn visibility<'c>(
     let tool = resolve::resolve(catalog, name, None, caller)?;
     // Entries whose conditions read the call are provisional here: such a tool is listed, and
     // its calls are decided after bind.
-    let listing = Input {
-        caller,
-        tool: tool.facts(),
-        call: None,
-    };
-    access::check(catalog, &listing)?;
+    access::check(catalog, &Input::listing(caller, tool.facts()))?;
     scopes::check(caller, tool)?;
     Ok(tool)
 }

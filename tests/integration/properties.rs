@@ -295,15 +295,14 @@ fn list_decides(list: &AccessList, caller: &Caller, name: &str) -> Result<(), Ac
 }
 
 fn listing<'a>(caller: &'a Caller, name: &'a str) -> Input<'a> {
-    Input {
+    Input::listing(
         caller,
-        tool: ToolFacts {
+        ToolFacts {
             name,
             version: "1.0.0",
             risk_level: "READ_ONLY",
         },
-        call: None,
-    }
+    )
 }
 
 fn reference_list(
