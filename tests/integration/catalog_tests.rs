@@ -46,7 +46,7 @@ fn the_shipped_demo_cases_pass_and_cover_every_tool_and_deny_rule() {
     assert!(stdout.contains(" 0 failed"), "{stdout}");
     assert!(!stdout.contains("FAIL"), "{stdout}");
     assert!(
-        stdout.contains("coverage: 7/7 tools have a case; 1/1 deny rules decided a case"),
+        stdout.contains("coverage: 7/7 tools have a case; 2/2 deny rules decided a case"),
         "{stdout}"
     );
     // Without --config, the embedded demo is the catalog.
@@ -126,7 +126,7 @@ cases:
     );
     assert_eq!(code, Some(1), "{stdout}");
     assert!(
-        stdout.contains("coverage: 1/7 tools have a case; 0/1 deny rules decided a case"),
+        stdout.contains("coverage: 1/7 tools have a case; 0/2 deny rules decided a case"),
         "{stdout}"
     );
     assert!(

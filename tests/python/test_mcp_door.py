@@ -644,9 +644,9 @@ def test_a_reload_that_changes_what_a_caller_sees_is_announced(tmp_path):
                 before = sorted(t.name for t in (await client.list_tools()).tools)
                 async with client.listen(tools_list_changed=True) as subscription:
                     text = config.read_text()
-                    denied = '    deny: ["delete_ticket"]\n'
+                    denied = "    deny:\n      - delete_ticket\n"
                     assert denied in text
-                    config.write_text(text.replace(denied, '    deny: ["delete_ticket", "echo"]\n', 1))
+                    config.write_text(text.replace(denied, denied + "      - echo\n", 1))
                     server.process.send_signal(signal.SIGHUP)
                     event = await subscription.__anext__()
                 after = sorted(t.name for t in (await client.list_tools()).tools)
