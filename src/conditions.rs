@@ -15,7 +15,12 @@
 //! Evaluating never panics on any input and decides nothing by itself: each place says what an
 //! error means there, always the closed answer (see [`Evaluation`]).
 
-use std::{cell::OnceCell, collections::HashMap, sync::Arc, time::SystemTime};
+use std::{
+    cell::{OnceCell, RefCell},
+    collections::HashMap,
+    sync::Arc,
+    time::SystemTime,
+};
 
 use cel::{
     Context, Env, Program, Value,
@@ -116,6 +121,18 @@ pub struct Input<'a> {
     call: Option<CallFacts<'a>>,
     /// Each of [`VARIABLES`], once made (`Err`: it could not be, e.g. arguments CEL cannot hold).
     values: [OnceCell<Result<Value, String>>; 5],
+    /// What was evaluated, when asked for ([`Input::traced`]: explain, catalog tests).
+    trace: Option<RefCell<Vec<Evaluated>>>,
+}
+
+/// A condition that was evaluated, and its value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Evaluated {
+    /// Where the catalog defines it, e.g. `tenants.acme.deny[1]`.
+    pub location: String,
+    pub expression: String,
+    /// Its value, or why it could not be evaluated.
+    pub value: Result<bool, String>,
 }
 
 impl<'a> Input<'a> {
@@ -127,7 +144,39 @@ impl<'a> Input<'a> {
             tool,
             call: None,
             values: Default::default(),
+            trace: None,
         }
+    }
+
+    /// The same, keeping what is evaluated on it ([`Input::evaluate_at`], [`Input::take_trace`]).
+    pub fn traced(self, traced: bool) -> Self {
+        Input {
+            trace: traced.then(RefCell::default),
+            ..self
+        }
+    }
+
+    /// Evaluates `condition`, defined at `location`, keeping its value when traced.
+    pub fn evaluate_at(&self, location: &str, condition: &Condition) -> Evaluation {
+        let evaluation = condition.evaluate(self);
+        if let Some(trace) = &self.trace {
+            let value = match &evaluation {
+                Evaluation::Holds(holds) => Ok(*holds),
+                Evaluation::Failed(error) => Err(error.clone()),
+                Evaluation::Unknown => return evaluation,
+            };
+            trace.borrow_mut().push(Evaluated {
+                location: location.to_owned(),
+                expression: condition.source().to_owned(),
+                value,
+            });
+        }
+        evaluation
+    }
+
+    /// What was evaluated so far (empty unless traced).
+    pub fn take_trace(&self) -> Vec<Evaluated> {
+        self.trace.as_ref().map(RefCell::take).unwrap_or_default()
     }
 
     /// With the call, once its arguments are validated and bound.

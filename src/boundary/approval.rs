@@ -13,16 +13,33 @@ use super::{Boundary, CallRequest, Turn, policy};
 use crate::{
     approvals, canonical,
     catalog::ToolVersion,
-    conditions::{CallFacts, Evaluation, Input},
+    conditions::{CallFacts, Evaluated, Evaluation, Input},
     error::{Reason, Refusal, Stage},
 };
 
+/// Where a tool's approval condition is named in explanations and catalog tests.
+pub fn condition_location(tool: &ToolVersion) -> String {
+    format!("{}@{}.approval.when", tool.name, tool.version)
+}
+
 /// Whether this call of `tool` needs approval: `Ok` with why it does (appended to the
-/// refusal's message; empty when every call of the tool does), `Err` with why not.
+/// refusal's message; empty when every call of the tool does), `Err` with why not; and the
+/// condition evaluated, when the asker traces.
 pub(super) fn needed(
     tool: &ToolVersion,
     asker: &policy::Asker<'_>,
     arguments: &Value,
+) -> (Result<String, String>, Vec<Evaluated>) {
+    let mut trace = Vec::new();
+    let needed = needed_traced(tool, asker, arguments, &mut trace);
+    (needed, trace)
+}
+
+fn needed_traced(
+    tool: &ToolVersion,
+    asker: &policy::Asker<'_>,
+    arguments: &Value,
+    trace: &mut Vec<Evaluated>,
 ) -> Result<String, String> {
     if !tool.requires_approval {
         return Err(format!(
@@ -38,8 +55,10 @@ pub(super) fn needed(
         now: asker.now,
         run_id: asker.run_id,
     };
-    let input = Input::of_call(asker.caller, tool.facts(), call);
-    match when.evaluate(&input) {
+    let input = Input::of_call(asker.caller, tool.facts(), call).traced(asker.trace);
+    let evaluation = input.evaluate_at(&condition_location(tool), when);
+    trace.extend(input.take_trace());
+    match evaluation {
         Evaluation::Holds(true) => Ok(format!(
             " (its approval condition {:?} holds)",
             when.source()

@@ -18,7 +18,7 @@ use super::{
 };
 use crate::{
     catalog::{BindValue, Catalog, ToolVersion, VersionStatus, revision_of},
-    conditions::Input,
+    conditions::{Evaluated, Input},
     error::{Reason, Refusal, Stage},
     identity::{AuthMethod, Caller},
     limits::{self, QuotaScope, Quotas, describe},
@@ -132,6 +132,9 @@ pub struct Explanation {
     pub would_execute: bool,
     /// Every stage in chain order.
     pub stages: Vec<StageTrail>,
+    /// Every condition evaluated on the way (access rules, the approval condition), with its
+    /// value or why it could not be evaluated.
+    pub conditions: Vec<Evaluated>,
     /// The final arguments the backend would receive: bound values written, canonical, with the
     /// tool's `redact` pointers replaced. `None` when a stage before `bind` refused.
     pub arguments: Option<Value>,
@@ -337,6 +340,7 @@ impl Explainer<'_> {
             caller,
             run_id: &turn.run_id,
             now: self.boundary.clock.system_time(),
+            trace: true,
         };
         let decided = policy::decide(
             limits,
@@ -354,6 +358,10 @@ impl Explainer<'_> {
         let ending = match decided {
             Err(refusal) => Ending::Refused(refusal),
             Ok(decided) => {
+                // The approval condition, if the tool has one (stage 9 evaluates it the same).
+                let (_, approval_condition) =
+                    super::approval::needed(decided.tool, &asker, &decided.arguments);
+                seen.conditions.extend(approval_condition);
                 arguments = Some(redact(&decided.arguments, &decided.tool.redact));
                 arguments_sha256 = Some(decided.arguments_sha256.to_string());
                 self.stateful(turn, call, &decided, &mut stages).await
@@ -416,6 +424,7 @@ impl Explainer<'_> {
             outcome,
             would_execute,
             stages,
+            conditions: seen.conditions,
             arguments,
             arguments_sha256,
             override_attempts: seen.override_attempts,
@@ -751,8 +760,9 @@ impl Explainer<'_> {
             caller: &turn.caller,
             run_id: &turn.run_id,
             now: self.boundary.clock.system_time(),
+            trace: false,
         };
-        let why = match super::approval::needed(tool, &asker, &decided.arguments) {
+        let why = match super::approval::needed(tool, &asker, &decided.arguments).0 {
             Ok(why) => why,
             Err(detail) => {
                 return (

@@ -60,6 +60,7 @@ use arc_swap::ArcSwap;
 use futures::{FutureExt, StreamExt, stream};
 use tokio::time::Instant;
 
+pub use approval::condition_location as approval_condition_location;
 pub(crate) use observer::{CallObserver, FinishedCall};
 pub use permit::Permit;
 pub use result::ResponseBudget;
@@ -528,6 +529,7 @@ impl Boundary {
             caller,
             run_id: &turn.run_id,
             now: self.clock.system_time(),
+            trace: false,
         };
         let decided = policy::decide(
             &self.limits,
@@ -563,7 +565,7 @@ impl Boundary {
         // 9. Approval for risky tools, bound to these exact arguments; used up only when the
         // call reaches its backend.
         // Boxed: only the tools that need approval pay for the stage's state.
-        let approval = match approval::needed(tool, &asker, &arguments) {
+        let approval = match approval::needed(tool, &asker, &arguments).0 {
             Ok(why) => Some(
                 Box::pin(self.approval(turn, call, tool, &arguments, &arguments_sha256, &why))
                     .await?,

@@ -13,7 +13,7 @@ use super::{CallRequest, access, bind, resolve, schema, scopes, structure};
 use crate::{
     approvals, canonical,
     catalog::{Catalog, ToolVersion},
-    conditions::{CallFacts, Input},
+    conditions::{CallFacts, Evaluated, Input},
     error::Refusal,
     identity::Caller,
     settings::LimitsConfig,
@@ -25,6 +25,8 @@ pub(crate) struct Asker<'a> {
     pub caller: &'a Caller,
     pub run_id: &'a str,
     pub now: SystemTime,
+    /// Keep every condition evaluated (explain, catalog tests) in [`Seen::conditions`].
+    pub trace: bool,
 }
 
 /// What stages 1–7 let through: the tool and the final arguments the backend would receive.
@@ -48,6 +50,8 @@ pub(crate) struct Seen<'c> {
     pub violations: Vec<String>,
     /// The rule that refused the call after bind (4b), whose condition read the arguments.
     pub access_rules: Vec<access::Rule>,
+    /// Every condition evaluated, when the asker traces.
+    pub conditions: Vec<Evaluated>,
 }
 
 /// Runs stages 1–7 for `call`. `shown` is the revision log and the revision the model was shown,
@@ -86,8 +90,10 @@ pub(crate) fn decide<'c>(
     }
     // 4. Allow/deny lists: global, tenant, agent. Provisional when an entry's condition reads
     // the call: decided again after bind (4b).
-    let access::Provisional(provisional) =
-        access::check(catalog, &Input::listing(caller, tool.facts()))?;
+    let listing = Input::listing(caller, tool.facts()).traced(asker.trace);
+    let access = access::check(catalog, &listing);
+    seen.conditions.extend(listing.take_trace());
+    let access::Provisional(provisional) = access?;
     // 5. Scopes.
     scopes::check(caller, tool)?;
     // The model's attempts to set server-bound arguments are recorded whatever refuses the
@@ -109,8 +115,10 @@ pub(crate) fn decide<'c>(
             now: asker.now,
             run_id: asker.run_id,
         };
-        let input = Input::of_call(caller, tool.facts(), call);
-        if let Err(refusal) = access::check(catalog, &input) {
+        let input = Input::of_call(caller, tool.facts(), call).traced(asker.trace);
+        let access = access::check(catalog, &input);
+        seen.conditions.extend(input.take_trace());
+        if let Err(refusal) = access {
             seen.access_rules = access::explain(catalog, &input).rules;
             return Err(refusal);
         }

@@ -40,7 +40,7 @@ impl Pattern {
     pub fn applies(&self, input: &Input<'_>) -> Evaluation {
         match &self.when {
             None => Evaluation::Holds(true),
-            Some(condition) => condition.evaluate(input),
+            Some(condition) => input.evaluate_at(&self.location, condition),
         }
     }
 }

@@ -21,7 +21,7 @@ use super::Failure;
 use crate::{
     audit::AuditLog,
     boundary::{
-        Boundary, CallRequest, Stores, Turn,
+        Boundary, CallRequest, Stores, Turn, approval_condition_location,
         explain::{self, Explanation, Visibility},
     },
     catalog::Catalog,
@@ -585,6 +585,9 @@ struct Report {
     failed: Vec<String>,
     called: BTreeSet<String>,
     deny_rules_matched: BTreeSet<String>,
+    /// Conditions (by location) seen true, and seen false, in some case.
+    conditions_held: BTreeSet<String>,
+    conditions_not_held: BTreeSet<String>,
 }
 
 impl Report {
@@ -595,6 +598,14 @@ impl Report {
 
     fn seen_call(&mut self, name: &str, explained: &Explanation) {
         self.called.insert(name.to_owned());
+        for evaluated in &explained.conditions {
+            match evaluated.value {
+                Ok(true) => self.conditions_held.insert(evaluated.location.clone()),
+                Ok(false) => self.conditions_not_held.insert(evaluated.location.clone()),
+                // An error decides closed; it shows neither way the condition can go.
+                Err(_) => false,
+            };
+        }
         if let Some(rule) = explained.deciding_rule()
             && rule.effect == "deny"
         {
@@ -623,7 +634,27 @@ fn deny_rules(catalog: &Catalog) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Prints coverage; true when every tool has a case and every deny rule decided one.
+/// Every condition of the catalog: (location, expression), once per entry.
+fn conditions(catalog: &Catalog) -> Vec<(String, String)> {
+    let lists = std::iter::once(&catalog.policy)
+        .chain(catalog.tenants.values().map(|t| &t.access))
+        .chain(catalog.agents.named.values())
+        .chain(catalog.agents.default.iter());
+    let mut found: Vec<(String, String)> = lists
+        .flat_map(|list| list.deny.iter().chain(list.allow.iter().flatten()))
+        .filter_map(|p| Some((p.location.clone(), p.when.as_ref()?.source().to_owned())))
+        .collect();
+    found.extend(catalog.versions().filter_map(|tool| {
+        let when = tool.approval_when.as_ref()?;
+        Some((approval_condition_location(tool), when.source().to_owned()))
+    }));
+    found.sort();
+    found.dedup();
+    found
+}
+
+/// Prints coverage; true when every tool has a case, every deny rule decided one and every
+/// condition held in one case and did not in another.
 fn print_coverage(catalog: &Catalog, report: &Report) -> bool {
     let tools: BTreeSet<&str> = catalog.names().chain(catalog.unavailable_names()).collect();
     let uncovered: Vec<&str> = tools
@@ -649,5 +680,36 @@ fn print_coverage(catalog: &Catalog, report: &Report) -> bool {
     for (location, pattern) in &unmatched {
         println!("  deny rule {location} ({pattern:?}) decided no case");
     }
-    uncovered.is_empty() && unmatched.is_empty()
+    let conditions = conditions(catalog);
+    let mut half_covered = Vec::new();
+    for (location, expression) in &conditions {
+        let held = report.conditions_held.contains(location);
+        let not_held = report.conditions_not_held.contains(location);
+        if !held {
+            half_covered.push(format!(
+                "  condition {location} ({expression:?}) held in no case"
+            ));
+        }
+        if !not_held {
+            half_covered.push(format!(
+                "  condition {location} ({expression:?}) was false in no case"
+            ));
+        }
+    }
+    if !conditions.is_empty() {
+        let both = conditions
+            .iter()
+            .filter(|(l, _)| {
+                report.conditions_held.contains(l) && report.conditions_not_held.contains(l)
+            })
+            .count();
+        println!(
+            "conditions: {both}/{} held in one case and were false in another",
+            conditions.len()
+        );
+    }
+    for line in &half_covered {
+        println!("{line}");
+    }
+    uncovered.is_empty() && unmatched.is_empty() && half_covered.is_empty()
 }

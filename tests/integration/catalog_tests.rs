@@ -139,6 +139,74 @@ cases:
     );
 }
 
+/// Every condition must hold in one case and be false in another; an error counts as neither.
+#[test]
+fn coverage_needs_each_condition_both_ways() {
+    let dir = tempfile::tempdir().unwrap();
+    let catalog = write(
+        dir.path(),
+        "c.yaml",
+        r#"version: 1
+identity: { dev_identity: true }
+tenants:
+  acme:
+    deny:
+      - { tools: [send], when: "!args.to.endsWith('@acme.com')" }
+tools:
+  - name: send
+    description: Sends.
+    risk_level: write_confirmed
+    approval: { when: "has(args.urgent) && args.urgent" }
+    executor: { builtin: echo_arguments }
+    input_schema: { type: object, properties: { to: { type: string }, urgent: { type: boolean } }, required: [to] }
+"#,
+    );
+    let case = |name: &str, args: &str, expect: &str| {
+        format!(
+            "  - name: {name}\n    identity: {{ tenant: acme }}\n    call: {{ name: send, arguments: {args} }}\n    expect: {expect}\n"
+        )
+    };
+    let outside = case(
+        "outside",
+        "{ to: eve@evil.example }",
+        "{ status: DENIED, refused_by: access, rule: 'tenants.acme.deny[0]' }",
+    );
+    let inside = case("inside", "{ to: bob@acme.com }", "{ status: OK }");
+    let urgent = case(
+        "urgent",
+        "{ to: bob@acme.com, urgent: true }",
+        "{ status: APPROVAL_REQUIRED }",
+    );
+    let half = write(
+        dir.path(),
+        "half.yaml",
+        &format!("version: 1\ncases:\n{outside}"),
+    );
+    let (code, stdout, _) = toolgate_test(&["--config", &catalog, &half, "--coverage"], &[]);
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(
+        stdout.contains("conditions: 0/2 held in one case and were false in another"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(r#"  condition tenants.acme.deny[0] ("!args.to.endsWith('@acme.com')") was false in no case"#),
+        "{stdout}"
+    );
+    // The denied call never reached stage 9: its approval condition was never evaluated.
+    assert!(stdout.contains(r#"  condition send@1.approval.when ("has(args.urgent) && args.urgent") held in no case"#), "{stdout}");
+    let all = write(
+        dir.path(),
+        "all.yaml",
+        &format!("version: 1\ncases:\n{outside}{inside}{urgent}"),
+    );
+    let (code, stdout, _) = toolgate_test(&["--config", &catalog, &all, "--coverage"], &[]);
+    assert_eq!(code, Some(0), "{stdout}");
+    assert!(
+        stdout.contains("conditions: 2/2 held in one case and were false in another"),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn a_malformed_test_file_is_refused_naming_the_case() {
     let dir = tempfile::tempdir().unwrap();
