@@ -356,7 +356,15 @@ impl Explainer<'_> {
         let version = tool.map(|t| t.version.to_string()).unwrap_or_default();
         let (mut arguments, mut arguments_sha256) = (None, None);
         let ending = match decided {
-            Err(refusal) => Ending::Refused(refusal),
+            Err(refusal) => {
+                // Refused after bind (a condition on the arguments): what it was decided on.
+                if let Some(refused) = &seen.refused_arguments {
+                    let pointers = tool.map_or(&[][..], |t| &t.redact[..]);
+                    arguments = Some(redact(refused, pointers));
+                    arguments_sha256 = Some(crate::canonical::sha256_hex(refused));
+                }
+                Ending::Refused(refusal)
+            }
             Ok(decided) => {
                 // The approval condition, if the tool has one (stage 9 evaluates it the same).
                 let (_, approval_condition) =
@@ -455,6 +463,9 @@ impl Explainer<'_> {
                     // chain kept the rule.
                     (Stage::Access, Some(_)) if !seen.access_rules.is_empty() => {
                         refused.rules = seen.access_rules.clone();
+                        refused
+                            .detail
+                            .push_str(" (decided after bind, on the bound arguments)");
                     }
                     (Stage::Access, Some(tool)) => {
                         refused.rules = access::explain(self.catalog, &listing(caller, tool)).rules;
@@ -465,9 +476,16 @@ impl Explainer<'_> {
                     _ => {}
                 }
                 trail.push(refused);
+                // Decided after bind: the stages before that passed, on these arguments.
+                if let (Stage::Access, Some(arguments)) = (stage, &seen.refused_arguments) {
+                    for stage in [Stage::Scopes, Stage::Schema, Stage::Bind] {
+                        trail.extend(self.passed(stage, turn, call, seen, Some(arguments)));
+                    }
+                }
                 break;
             }
-            let Some(passed) = self.passed(stage, turn, call, seen, decided) else {
+            let arguments = decided.as_ref().ok().map(|d| &d.arguments);
+            let Some(passed) = self.passed(stage, turn, call, seen, arguments) else {
                 break;
             };
             trail.push(passed);
@@ -482,7 +500,7 @@ impl Explainer<'_> {
         turn: &Turn,
         call: &CallRequest,
         seen: &Seen<'_>,
-        decided: &Result<Decided<'_>, Refusal>,
+        arguments: Option<&Value>,
     ) -> Option<StageTrail> {
         let caller = &turn.caller;
         let pass = |detail: String| StageTrail::new(stage, StageResult::Passed, detail);
@@ -508,7 +526,7 @@ impl Explainer<'_> {
             }
             Stage::Access => {
                 let explained = access::explain(self.catalog, &listing(caller, tool));
-                if explained.refusal.is_some() {
+                if explained.refusal.is_some() || seen.refused_arguments.is_some() {
                     return None;
                 }
                 let rules = explained.rules;
@@ -542,8 +560,7 @@ impl Explainer<'_> {
             }),
             Stage::Schema => pass("the arguments match the tool's input schema".to_owned()),
             Stage::Bind => {
-                let Ok(decided) = decided else { return None };
-                let redacted = redact(&decided.arguments, &tool.redact);
+                let redacted = redact(arguments?, &tool.redact);
                 let bound = bound_values(tool, &redacted);
                 let mut detail = if bound.is_empty() {
                     "the tool binds no argument".to_owned()

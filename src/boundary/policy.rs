@@ -50,6 +50,8 @@ pub(crate) struct Seen<'c> {
     pub violations: Vec<String>,
     /// The rule that refused the call after bind (4b), whose condition read the arguments.
     pub access_rules: Vec<access::Rule>,
+    /// The bound arguments such a rule was decided on (4b only).
+    pub refused_arguments: Option<Value>,
     /// Every condition evaluated, when the asker traces.
     pub conditions: Vec<Evaluated>,
 }
@@ -120,6 +122,9 @@ pub(crate) fn decide<'c>(
         seen.conditions.extend(input.take_trace());
         if let Err(refusal) = access {
             seen.access_rules = access::explain(catalog, &input).rules;
+            let mut refused = arguments.clone();
+            canonical::normalize(&mut refused);
+            seen.refused_arguments = Some(refused);
             return Err(refusal);
         }
     }

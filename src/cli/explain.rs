@@ -157,6 +157,17 @@ pub fn render(response: &proto::ExplainToolResponse, name: &str) -> String {
             );
         }
     }
+    for condition in &response.conditions {
+        let value = match condition.error.as_str() {
+            "" => condition.value.to_string(),
+            error => format!("error ({error}), decided closed"),
+        };
+        let _ = writeln!(
+            out,
+            "condition {} {:?}: {value}",
+            condition.location, condition.expression
+        );
+    }
     if !response.bound_override_attempts.is_empty() {
         let _ = writeln!(
             out,
@@ -189,6 +200,7 @@ pub fn to_json(response: &proto::ExplainToolResponse) -> ExplanationJson<'_> {
         arguments_sha256: &response.arguments_sha256,
         bound_override_attempts: &response.bound_override_attempts,
         catalog_revision: &response.catalog_revision,
+        conditions: response.conditions.iter().map(ConditionJson::of).collect(),
     }
 }
 
@@ -206,6 +218,32 @@ pub struct ExplanationJson<'a> {
     arguments_sha256: &'a str,
     bound_override_attempts: &'a [String],
     catalog_revision: &'a str,
+    /// Every condition evaluated; left out when there were none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    conditions: Vec<ConditionJson<'a>>,
+}
+
+/// One condition evaluated: its value, or the error it decided closed on.
+#[derive(Serialize)]
+struct ConditionJson<'a> {
+    location: &'a str,
+    expression: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    value: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a str>,
+}
+
+impl<'a> ConditionJson<'a> {
+    fn of(condition: &'a proto::ConditionEvaluation) -> Self {
+        let failed = !condition.error.is_empty();
+        ConditionJson {
+            location: &condition.location,
+            expression: &condition.expression,
+            value: (!failed).then_some(condition.value),
+            error: failed.then_some(condition.error.as_str()),
+        }
+    }
 }
 
 /// What execution would return.
@@ -481,6 +519,7 @@ mod tests {
                 .into(),
             bound_override_attempts: vec!["filter.tenant".into()],
             catalog_revision: "e42c15ad0444703a595d78a7caa1198a".into(),
+            conditions: Vec::new(),
         }
     }
 

@@ -7,6 +7,7 @@ use crate::{
         access::Rule,
         explain::{Explanation, StageResult, StageTrail, Visibility},
     },
+    conditions::Evaluated,
     proto,
 };
 
@@ -22,7 +23,21 @@ pub fn explanation(explained: Explanation) -> proto::ExplainToolResponse {
         arguments_sha256: explained.arguments_sha256.unwrap_or_default(),
         bound_override_attempts: explained.override_attempts,
         catalog_revision: explained.catalog_revision,
+        conditions: explained.conditions.into_iter().map(condition).collect(),
         decision: Some(convert::tool_result(explained.outcome)),
+    }
+}
+
+fn condition(evaluated: Evaluated) -> proto::ConditionEvaluation {
+    let (value, error) = match evaluated.value {
+        Ok(value) => (value, String::new()),
+        Err(error) => (false, error),
+    };
+    proto::ConditionEvaluation {
+        location: evaluated.location,
+        expression: evaluated.expression,
+        value,
+        error,
     }
 }
 

@@ -338,3 +338,82 @@ fn an_approval_condition_on_a_tool_that_never_needs_approval_is_refused() {
         err.message
     );
 }
+
+#[tokio::test]
+async fn explain_lists_every_condition_evaluated_with_its_value_or_error() {
+    let server = TestServer::start(CATALOG).await;
+    let mut client = server.client().await;
+    let explain = |args: &str| proto::ExplainToolRequest {
+        call: Some(call("refund", args)),
+        run_id: "run-1".into(),
+        ..Default::default()
+    };
+    let explained = |args: &'static str| {
+        let request = who("acme").request(explain(args));
+        let mut client = client.clone();
+        async move {
+            client
+                .explain_tool(request)
+                .await
+                .expect("ExplainTool")
+                .into_inner()
+                .conditions
+        }
+    };
+    let held = explained(r#"{"amount_cents":60000,"currency":"EUR"}"#).await;
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert_eq!(held[0].location, "refund@1.approval.when");
+    assert_eq!(
+        held[0].expression,
+        "args.amount_cents > 50000 || args.currency != 'EUR'"
+    );
+    assert!(held[0].value && held[0].error.is_empty(), "{held:?}");
+    let failed = explained(r#"{"amount_cents":100}"#).await;
+    assert!(
+        !failed[0].value && failed[0].error.contains("currency"),
+        "{failed:?}"
+    );
+    // A deny entry on the arguments, evaluated after bind and named by its entry.
+    let request = who("acme").request(proto::ExplainToolRequest {
+        call: Some(call("send_email", r#"{"to":"eve@evil.example"}"#)),
+        run_id: "run-1".into(),
+        ..Default::default()
+    });
+    let response = client
+        .explain_tool(request)
+        .await
+        .expect("ExplainTool")
+        .into_inner();
+    let conditions: Vec<_> = response
+        .conditions
+        .iter()
+        .map(|c| (c.location.as_str(), c.value))
+        .collect();
+    assert_eq!(conditions, [("tenants.acme.deny[0]", true)], "{response:?}");
+    let access = response
+        .stages
+        .iter()
+        .find(|s| s.stage == "access")
+        .expect("access");
+    assert_eq!(
+        access.rules[0].location, "tenants.acme.deny[0]",
+        "{access:?}"
+    );
+    assert!(
+        access
+            .detail
+            .ends_with("(decided after bind, on the bound arguments)"),
+        "{access:?}"
+    );
+    // Scopes, schema and bind ran before it, and the arguments it read are shown.
+    let bind = response
+        .stages
+        .iter()
+        .find(|s| s.stage == "bind")
+        .expect("bind");
+    assert_eq!(bind.result(), proto::StageResult::Passed, "{bind:?}");
+    assert_eq!(
+        response.final_arguments_json,
+        r#"{"to":"eve@evil.example"}"#
+    );
+}

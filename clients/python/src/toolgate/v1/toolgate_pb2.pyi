@@ -282,7 +282,7 @@ class StageExplanation(_message.Message):
     def __init__(self, stage: _Optional[str] = ..., result: _Optional[_Union[StageResult, str]] = ..., detail: _Optional[str] = ..., rules: _Optional[_Iterable[_Union[CatalogRule, _Mapping]]] = ..., missing_scope: _Optional[str] = ..., schema_violations: _Optional[_Iterable[str]] = ..., bound_arguments: _Optional[_Iterable[_Union[BoundArgument, _Mapping]]] = ..., quotas: _Optional[_Iterable[_Union[QuotaExplanation, _Mapping]]] = ...) -> None: ...
 
 class ExplainToolResponse(_message.Message):
-    __slots__ = ("decision", "would_execute", "stages", "final_arguments_json", "arguments_sha256", "bound_override_attempts", "catalog_revision")
+    __slots__ = ("decision", "would_execute", "stages", "final_arguments_json", "arguments_sha256", "bound_override_attempts", "catalog_revision", "conditions")
     DECISION_FIELD_NUMBER: _ClassVar[int]
     WOULD_EXECUTE_FIELD_NUMBER: _ClassVar[int]
     STAGES_FIELD_NUMBER: _ClassVar[int]
@@ -290,6 +290,7 @@ class ExplainToolResponse(_message.Message):
     ARGUMENTS_SHA256_FIELD_NUMBER: _ClassVar[int]
     BOUND_OVERRIDE_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     CATALOG_REVISION_FIELD_NUMBER: _ClassVar[int]
+    CONDITIONS_FIELD_NUMBER: _ClassVar[int]
     decision: ToolResult
     would_execute: bool
     stages: _containers.RepeatedCompositeFieldContainer[StageExplanation]
@@ -297,7 +298,20 @@ class ExplainToolResponse(_message.Message):
     arguments_sha256: str
     bound_override_attempts: _containers.RepeatedScalarFieldContainer[str]
     catalog_revision: str
-    def __init__(self, decision: _Optional[_Union[ToolResult, _Mapping]] = ..., would_execute: _Optional[bool] = ..., stages: _Optional[_Iterable[_Union[StageExplanation, _Mapping]]] = ..., final_arguments_json: _Optional[str] = ..., arguments_sha256: _Optional[str] = ..., bound_override_attempts: _Optional[_Iterable[str]] = ..., catalog_revision: _Optional[str] = ...) -> None: ...
+    conditions: _containers.RepeatedCompositeFieldContainer[ConditionEvaluation]
+    def __init__(self, decision: _Optional[_Union[ToolResult, _Mapping]] = ..., would_execute: _Optional[bool] = ..., stages: _Optional[_Iterable[_Union[StageExplanation, _Mapping]]] = ..., final_arguments_json: _Optional[str] = ..., arguments_sha256: _Optional[str] = ..., bound_override_attempts: _Optional[_Iterable[str]] = ..., catalog_revision: _Optional[str] = ..., conditions: _Optional[_Iterable[_Union[ConditionEvaluation, _Mapping]]] = ...) -> None: ...
+
+class ConditionEvaluation(_message.Message):
+    __slots__ = ("location", "expression", "value", "error")
+    LOCATION_FIELD_NUMBER: _ClassVar[int]
+    EXPRESSION_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    location: str
+    expression: str
+    value: bool
+    error: str
+    def __init__(self, location: _Optional[str] = ..., expression: _Optional[str] = ..., value: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
 
 class ExplainListToolsRequest(_message.Message):
     __slots__ = ()
