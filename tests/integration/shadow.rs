@@ -767,3 +767,39 @@ async fn a_difference_finding_the_audit_queue_full_is_counted_not_waited_for() {
         "each difference audited or skipped"
     );
 }
+
+/// A candidate with a condition (issue 30) is compared like any other rule: only the call its
+/// condition holds for is decided differently, and the difference names the conditional entry.
+#[tokio::test]
+async fn a_candidates_conditional_rule_is_compared_on_each_calls_arguments() {
+    let dir = tempfile::tempdir().unwrap();
+    let candidate_file = dir.path().join("candidate.yaml");
+    let candidate = SERVED.replace(
+        "  acme: {}\n",
+        "  acme:\n    deny:\n      - { tools: [refund], when: \"args.amount_cents > 1000\" }\n",
+    );
+    assert_ne!(candidate, SERVED);
+    std::fs::write(&candidate_file, candidate).unwrap();
+    let server = TestServer::start(&served(&candidate_file)).await;
+    let status = loaded(&server, 1).await;
+    assert!(status.error.is_none(), "{status:?}");
+    let mut client = server.client().await;
+    let acme = who("acme");
+    for (id, amount) in [("small", 100), ("large", 5000)] {
+        let args = format!(r#"{{"order_id":"A-1","amount_cents":{amount}}}"#);
+        let result = exec(&mut client, &acme, with_id(id, "refund", &args)).await;
+        assert_eq!(result.status(), ToolStatus::ApprovalRequired, "{result:?}");
+    }
+    compared(&server, 2.0).await;
+    let events = server.audit_events().await;
+    let shadow: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["kind"] == "shadow_decision")
+        .collect();
+    assert_eq!(shadow.len(), 1, "{shadow:?}");
+    assert_eq!(shadow[0]["call_id"], "large");
+    let candidate = &shadow[0]["candidate"];
+    assert_eq!(candidate["status"], "DENIED", "{candidate}");
+    assert_eq!(candidate["refused_by"], "access", "{candidate}");
+    assert_eq!(candidate["rule"], "tenants.acme.deny[0]", "{candidate}");
+}
