@@ -542,6 +542,11 @@ impl Boundary {
         );
         trail.tool = seen.tool.cloned();
         trail.bound_override_attempts = seen.override_attempts;
+        // Refused after bind by a rule on the arguments: the record names what it decided on,
+        // as explain does.
+        if let Some(refused) = &seen.refused_arguments {
+            trail.arguments_sha256 = Some(crate::canonical::sha256_hex_shared(refused));
+        }
         let decided = decided
             .map_err(|refusal| visibility::as_caller_sees(catalog, caller, &call.name, refusal));
         let policy::Decided {

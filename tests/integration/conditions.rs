@@ -74,6 +74,15 @@ fn call_as(id: &str, name: &str, args: &str) -> proto::ToolCall {
     call
 }
 
+/// The audit event of the call with this id.
+async fn audited(server: &TestServer, call_id: &str) -> serde_json::Value {
+    let events = server.audit_events().await;
+    events
+        .into_iter()
+        .find(|e| e["call_id"] == call_id)
+        .expect("audited")
+}
+
 fn refusal(result: &proto::ToolResult) -> (ToolStatus, &str, &str) {
     (
         result.status(),
@@ -113,12 +122,11 @@ async fn a_conditional_deny_applies_only_to_the_calls_it_holds_for() {
     );
     assert!(message.contains("tenants.acme.deny[0]"), "{message}");
     assert!(message.contains("endsWith('@acme.com')"), "{message}");
-    let events = server.audit_events().await;
-    let denied = events
-        .iter()
-        .find(|e| e["call_id"] == outside.call_id)
-        .expect("audited");
+    let denied = audited(&server, &outside.call_id).await;
     assert_eq!(denied["error_type"], "denied_by_policy", "{denied}");
+    // Decided on the bound arguments, whose hash the record keeps (as explain reports it).
+    let sha = toolgate::canonical::sha256_hex(&serde_json::json!({"to": "eve@evil.example"}));
+    assert_eq!(denied["arguments_sha256"], sha.as_str(), "{denied}");
 }
 
 #[tokio::test]
@@ -141,11 +149,7 @@ async fn a_deny_whose_condition_cannot_be_evaluated_denies() {
     assert!(message.contains("policy.deny[0]"), "{message}");
     assert!(message.contains("could not be evaluated"), "{message}");
     assert!(message.contains("limit"), "names the error: {message}");
-    let events = server.audit_events().await;
-    let event = events
-        .iter()
-        .find(|e| e["call_id"] == missing.call_id)
-        .expect("audited");
+    let event = audited(&server, &missing.call_id).await;
     assert_eq!(event["error_type"], "condition_error", "{event}");
 }
 
