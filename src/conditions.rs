@@ -156,8 +156,13 @@ impl<'a> Input<'a> {
         }
     }
 
-    /// Evaluates `condition`, defined at `location`, keeping its value when traced.
-    pub fn evaluate_at(&self, location: &str, condition: &Condition) -> Evaluation {
+    /// Evaluates `condition`, defined at `location` (asked for only when traced), keeping its
+    /// value when traced.
+    pub fn evaluate_at(
+        &self,
+        location: impl FnOnce() -> String,
+        condition: &Condition,
+    ) -> Evaluation {
         let evaluation = condition.evaluate(self);
         if let Some(trace) = &self.trace {
             let value = match &evaluation {
@@ -166,7 +171,7 @@ impl<'a> Input<'a> {
                 Evaluation::Unknown => return evaluation,
             };
             trace.borrow_mut().push(Evaluated {
-                location: location.to_owned(),
+                location: location(),
                 expression: condition.source().to_owned(),
                 value,
             });
@@ -193,11 +198,6 @@ impl<'a> Input<'a> {
 
     pub fn tool(&self) -> ToolFacts<'a> {
         self.tool
-    }
-
-    /// Whether the call is known.
-    pub fn has_call(&self) -> bool {
-        self.call.is_some()
     }
 
     /// The value of `VARIABLES[index]`; `None` for the call's without the call.

@@ -56,7 +56,7 @@ fn needed_traced(
         run_id: asker.run_id,
     };
     let input = Input::of_call(asker.caller, tool.facts(), call).traced(asker.trace);
-    let evaluation = input.evaluate_at(&condition_location(tool), when);
+    let evaluation = input.evaluate_at(|| condition_location(tool), when);
     trace.extend(input.take_trace());
     match evaluation {
         Evaluation::Holds(true) => Ok(format!(

@@ -40,7 +40,7 @@ impl Pattern {
     pub fn applies(&self, input: &Input<'_>) -> Evaluation {
         match &self.when {
             None => Evaluation::Holds(true),
-            Some(condition) => input.evaluate_at(&self.location, condition),
+            Some(condition) => input.evaluate_at(|| self.location.clone(), condition),
         }
     }
 }
@@ -131,14 +131,6 @@ impl AccessList {
                 provisional: false,
             },
         }
-    }
-
-    /// Whether an entry matching `tool` has a condition that reads the call.
-    pub fn reads_call(&self, tool: &str) -> bool {
-        self.deny
-            .iter()
-            .chain(self.allow.iter().flatten())
-            .any(|p| p.matches(tool) && p.when.as_ref().is_some_and(|c| c.reads_call()))
     }
 
     pub(super) fn build(

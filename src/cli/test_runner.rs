@@ -24,7 +24,7 @@ use crate::{
         Boundary, CallRequest, Stores, Turn, approval_condition_location,
         explain::{self, Explanation, Visibility},
     },
-    catalog::Catalog,
+    catalog::{AccessList, Catalog},
     clock::SharedClock,
     config::Config,
     error::{Reason, Status},
@@ -622,13 +622,17 @@ impl Report {
     }
 }
 
-/// Every deny rule of the catalog, by location.
-fn deny_rules(catalog: &Catalog) -> Vec<(String, String)> {
-    let lists = std::iter::once(&catalog.policy)
+/// Every access list of the catalog: global, tenants', agents'.
+fn access_lists(catalog: &Catalog) -> impl Iterator<Item = &AccessList> {
+    std::iter::once(&catalog.policy)
         .chain(catalog.tenants.values().map(|t| &t.access))
         .chain(catalog.agents.named.values())
-        .chain(catalog.agents.default.iter());
-    lists
+        .chain(catalog.agents.default.iter())
+}
+
+/// Every deny rule of the catalog, by location.
+fn deny_rules(catalog: &Catalog) -> Vec<(String, String)> {
+    access_lists(catalog)
         .flat_map(|list| &list.deny)
         .map(|p| (p.location.clone(), p.text.clone()))
         .collect()
@@ -636,11 +640,7 @@ fn deny_rules(catalog: &Catalog) -> Vec<(String, String)> {
 
 /// Every condition of the catalog: (location, expression), once per entry.
 fn conditions(catalog: &Catalog) -> Vec<(String, String)> {
-    let lists = std::iter::once(&catalog.policy)
-        .chain(catalog.tenants.values().map(|t| &t.access))
-        .chain(catalog.agents.named.values())
-        .chain(catalog.agents.default.iter());
-    let mut found: Vec<(String, String)> = lists
+    let mut found: Vec<(String, String)> = access_lists(catalog)
         .flat_map(|list| list.deny.iter().chain(list.allow.iter().flatten()))
         .filter_map(|p| Some((p.location.clone(), p.when.as_ref()?.source().to_owned())))
         .collect();
