@@ -40,7 +40,7 @@ use toolgate::{
     conditions::{CallFacts, Input, ToolFacts},
     config::Config,
     identity::{Caller, IdentityResolver},
-    limits::{Quotas, RateLimits, metrics::QuotaMetrics},
+    limits::{Cost, Quotas, RateLimits, metrics::QuotaMetrics},
     metrics::Metrics,
     settings::{Env, LimitsConfig, Rate},
     state,
@@ -326,6 +326,7 @@ fn access_check(bencher: Bencher, tools: usize) {
                         name: black_box(&key.name),
                         version: "",
                         risk_level: "",
+                        redact: &[],
                     },
                 ),
             ),
@@ -389,7 +390,7 @@ fn rate_limit_check(bencher: Bencher, tools: usize) {
         let key = next(f, &mut i);
         let answer = f
             .quotas
-            .check(&key.caller.tenant, &key.tool, key.tenant_rate)
+            .check(&key.caller.tenant, &key.tool, key.tenant_rate, Cost::ONE)
             .now_or_never()
             .expect("the memory limiter answers without waiting");
         allowed("rate limit", &key.name, answer)
@@ -445,7 +446,7 @@ fn decision_chain(bencher: Bencher, tools: usize) {
         let sha = canonical::sha256_hex(&bound);
         let quota = f
             .quotas
-            .check(&key.caller.tenant, tool, key.tenant_rate)
+            .check(&key.caller.tenant, tool, key.tenant_rate, Cost::ONE)
             .now_or_never()
             .expect("the memory limiter answers without waiting");
         allowed("rate limit", name, quota);

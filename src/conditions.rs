@@ -126,13 +126,25 @@ pub struct Input<'a> {
 }
 
 /// A condition that was evaluated, and its value.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Evaluated {
     /// Where the catalog defines it, e.g. `tenants.acme.deny[1]`.
     pub location: String,
     pub expression: String,
     /// Its value, or why it could not be evaluated.
-    pub value: Result<bool, String>,
+    pub value: Result<Found, String>,
+    /// The variables it read and their values, the arguments redacted as the audit log
+    /// redacts them (the tool's `redact` pointers).
+    pub read: Vec<(&'static str, serde_json::Value)>,
+}
+
+/// What an expression evaluated to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Found {
+    /// A rule's or an approval's condition.
+    Holds(bool),
+    /// A quota cost, in cells.
+    Cost(u64),
 }
 
 impl<'a> Input<'a> {
@@ -164,19 +176,88 @@ impl<'a> Input<'a> {
         condition: &Condition,
     ) -> Evaluation {
         let evaluation = condition.evaluate(self);
+        let value = match &evaluation {
+            Evaluation::Holds(holds) => Ok(Found::Holds(*holds)),
+            Evaluation::Failed(error) => Err(error),
+            Evaluation::Unknown => return evaluation,
+        };
+        self.record(location, condition, value);
+        evaluation
+    }
+
+    /// Evaluates the quota cost `condition`, defined at `location`: the cells this call takes,
+    /// or why it has none (an error, a negative number, a value that is not an integer).
+    pub fn cost_at(
+        &self,
+        location: impl FnOnce() -> String,
+        condition: &Condition,
+    ) -> Result<u64, String> {
+        let cost = condition.cost(self);
+        self.record(
+            location,
+            condition,
+            cost.as_ref().map(|cells| Found::Cost(*cells)),
+        );
+        cost
+    }
+
+    fn record(
+        &self,
+        location: impl FnOnce() -> String,
+        condition: &Condition,
+        value: Result<Found, &String>,
+    ) {
         if let Some(trace) = &self.trace {
-            let value = match &evaluation {
-                Evaluation::Holds(holds) => Ok(*holds),
-                Evaluation::Failed(error) => Err(error.clone()),
-                Evaluation::Unknown => return evaluation,
-            };
+            let read = condition
+                .reads
+                .iter()
+                .map(|&index| (VARIABLES[index], self.shown(index)))
+                .collect();
             trace.borrow_mut().push(Evaluated {
                 location: location(),
                 expression: condition.source().to_owned(),
-                value,
+                value: value.map_err(String::clone),
+                read,
             });
         }
-        evaluation
+    }
+
+    /// `VARIABLES[index]` as explanations show it: JSON, the arguments redacted.
+    fn shown(&self, index: usize) -> serde_json::Value {
+        let caller = self.caller;
+        let call = self.call;
+        match index {
+            0 => serde_json::json!({
+                "tenant": &*caller.tenant,
+                "subject": caller.subject,
+                "agent": &*caller.agent,
+                "scopes": caller.scopes,
+            }),
+            1 => serde_json::json!({
+                "name": self.tool.name,
+                "version": self.tool.version,
+                "risk_level": self.tool.risk_level,
+            }),
+            2 => call.map_or(serde_json::Value::Null, |call| {
+                let mut args = call.args.clone();
+                for pointer in self.tool.redact {
+                    if let Some(value) = args.pointer_mut(pointer) {
+                        *value = serde_json::Value::from("[redacted]");
+                    }
+                }
+                args
+            }),
+            3 => call.map_or(serde_json::Value::Null, |call| {
+                serde_json::Value::from(
+                    chrono::DateTime::<chrono::Utc>::from(call.now)
+                        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+                )
+            }),
+            _ => call.map_or(
+                serde_json::Value::Null,
+                |call| serde_json::json!({ "id": call.run_id }),
+            ),
+        }
     }
 
     /// What was evaluated so far (empty unless traced).
@@ -226,6 +307,8 @@ pub struct ToolFacts<'a> {
     pub name: &'a str,
     pub version: &'a str,
     pub risk_level: &'a str,
+    /// JSON pointers to the arguments that records redact.
+    pub redact: &'a [String],
 }
 
 /// The environment every condition is compiled and run in: the standard library, no
@@ -277,13 +360,40 @@ impl Condition {
         self.reads.iter().any(|&index| index >= 2)
     }
 
-    /// Evaluates it on `input`.
+    /// Evaluates it on `input`, as a rule's or an approval's condition.
     pub fn evaluate(&self, input: &Input<'_>) -> Evaluation {
+        match self.run(input) {
+            Ok(Some(Value::Bool(holds))) => Evaluation::Holds(holds),
+            Ok(Some(other)) => Evaluation::Failed(format!(
+                "the expression's value is {}, not a bool",
+                other.type_of()
+            )),
+            Ok(None) => Evaluation::Unknown,
+            Err(error) => Evaluation::Failed(error),
+        }
+    }
+
+    /// Evaluates it on `input`, as a quota cost: a whole number of cells, zero or more.
+    pub fn cost(&self, input: &Input<'_>) -> Result<u64, String> {
+        match self.run(input)? {
+            Some(Value::UInt(cells)) => Ok(cells),
+            Some(Value::Int(cells)) => u64::try_from(cells)
+                .map_err(|_| format!("the cost is {cells}: a cost cannot be negative")),
+            Some(other) => Err(format!(
+                "the cost's value is {}, not an int (convert it with int(...))",
+                other.type_of()
+            )),
+            None => Err("the cost reads the call, which is not known here".to_owned()),
+        }
+    }
+
+    /// Its value on `input`; `None` when it reads the call and `input` has none.
+    fn run(&self, input: &Input<'_>) -> Result<Option<Value>, String> {
         let mut context = Context::with_env(env());
         for &index in &self.reads {
             match input.value(index) {
-                None => return Evaluation::Unknown,
-                Some(Err(message)) => return Evaluation::Failed(message.clone()),
+                None => return Ok(None),
+                Some(Err(message)) => return Err(message.clone()),
                 // Values share their contents (`Arc`s): a clone is a few reference counts.
                 Some(Ok(value)) => context.add_variable_from_value(VARIABLES[index], value.clone()),
             }
@@ -294,13 +404,9 @@ impl Condition {
             self.program.execute(&context)
         }));
         match result {
-            Ok(Ok(Value::Bool(holds))) => Evaluation::Holds(holds),
-            Ok(Ok(other)) => Evaluation::Failed(format!(
-                "the expression's value is {}, not a bool",
-                other.type_of()
-            )),
-            Ok(Err(err)) => Evaluation::Failed(err.to_string()),
-            Err(_) => Evaluation::Failed("the evaluator failed".to_owned()),
+            Ok(Ok(value)) => Ok(Some(value)),
+            Ok(Err(err)) => Err(err.to_string()),
+            Err(_) => Err("the evaluator failed".to_owned()),
         }
     }
 }
@@ -463,6 +569,7 @@ mod tests {
             name: "refund",
             version: "1.0.0",
             risk_level: "WRITE_CONFIRMED",
+            redact: &[],
         };
         let input = match &args {
             None => Input::listing(&caller, tool),

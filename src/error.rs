@@ -112,6 +112,7 @@ pub enum Reason {
     SchemaViolation,
     BoundArgumentOverride,
     RateLimited,
+    CostOverBurst,
     ApprovalRequired,
     ApprovalNotFound,
     ApprovalPending,
@@ -169,6 +170,8 @@ impl Reason {
             SchemaViolation => ("schema_violation", S::InvalidArguments, false),
             BoundArgumentOverride => ("bound_argument_override", S::Denied, false),
             RateLimited => ("rate_limited", S::RateLimited, true),
+            // More cells than the quota's burst: no wait admits it (docs/conditions.md).
+            CostOverBurst => ("cost_over_burst", S::RateLimited, false),
             ApprovalRequired => ("approval_required", S::ApprovalRequired, false),
             ApprovalNotFound => ("approval_not_found", S::Denied, false),
             ApprovalPending => ("approval_pending", S::Denied, true),
@@ -327,7 +330,7 @@ mod tests {
     /// from the shared state decodes to what was written, for every variant.
     #[test]
     fn every_reason_and_stage_reads_back_from_its_name() {
-        assert_eq!(Reason::ALL.len(), 40);
+        assert_eq!(Reason::ALL.len(), 41);
         for &reason in Reason::ALL {
             assert_eq!(Reason::from_code(reason.code()), Some(reason));
         }

@@ -60,12 +60,25 @@ impl Gcra {
 
     /// The new TAT if a call at `now` is admitted, or how long until it would be.
     pub fn decide(&self, tat: Option<u64>, now: u64) -> Result<u64, Duration> {
+        self.decide_cells(tat, now, 1)
+    }
+
+    /// The same for a call that takes `cells` cells at once (a weighted call: GCRA with a
+    /// cost). It needs the room of `cells` calls: the TAT may be at most `tolerance` ahead
+    /// after the first `cells - 1` of them, and moves `cells` emissions. A call of more cells
+    /// than the burst is never admitted (the wait grows past any TAT); callers refuse it as such
+    /// first. Zero cells admits and changes nothing.
+    pub fn decide_cells(&self, tat: Option<u64>, now: u64, cells: u64) -> Result<u64, Duration> {
         let tat = tat.unwrap_or(now).max(now);
-        let ahead = tat - now;
-        if ahead > self.tolerance {
-            return Err(Duration::from_nanos(ahead - self.tolerance));
+        let Some(before_last) = cells.checked_sub(1) else {
+            return Ok(tat);
+        };
+        let needed = (tat - now).saturating_add(self.emission.saturating_mul(before_last));
+        if needed > self.tolerance {
+            // In this quota's unit; the memory limiter counts nanoseconds.
+            return Err(Duration::from_nanos(needed - self.tolerance));
         }
-        Ok(tat.saturating_add(self.emission))
+        Ok(tat.saturating_add(self.emission.saturating_mul(cells)))
     }
 
     /// Calls that would be admitted at `now` before the quota refuses (for explaining decisions).
@@ -143,6 +156,34 @@ mod tests {
         let later = 12_000_000_000;
         assert!(quota.decide(tat, later - 1).is_err());
         assert!(quota.decide(tat, later).is_ok());
+    }
+
+    #[test]
+    fn a_weighted_call_takes_its_cells_at_once() {
+        // 10/min with a burst of 10: one cell every 6 s.
+        let quota = rate(10, 60, 10);
+        let tat = quota.decide_cells(None, 0, 4).unwrap();
+        assert_eq!(quota.remaining(Some(tat), 0), 6);
+        let tat = quota.decide_cells(Some(tat), 0, 6).unwrap();
+        assert_eq!(quota.remaining(Some(tat), 0), 0);
+        // Three more cells are there 18 s later, not before.
+        let six_secs = 6_000_000_000;
+        assert_eq!(
+            quota.decide_cells(Some(tat), 0, 3),
+            Err(Duration::from_secs(18))
+        );
+        assert!(quota.decide_cells(Some(tat), 3 * six_secs - 1, 3).is_err());
+        assert!(quota.decide_cells(Some(tat), 3 * six_secs, 3).is_ok());
+        // One cell is a plain call; none admits without moving the TAT.
+        assert_eq!(
+            quota.decide_cells(Some(tat), 0, 1),
+            quota.decide(Some(tat), 0)
+        );
+        assert_eq!(quota.decide_cells(Some(tat), 0, 0), Ok(tat));
+        // More than the burst never fits, not even in a fresh quota.
+        assert!(quota.decide_cells(None, 0, 11).is_err());
+        assert!(quota.decide_cells(None, 0, 10).is_ok());
+        assert!(quota.decide_cells(None, 0, u64::MAX).is_err());
     }
 
     #[test]

@@ -21,7 +21,7 @@ use crate::{
     conditions::{Evaluated, Input},
     error::{Reason, Refusal, Stage},
     identity::{AuthMethod, Caller},
-    limits::{self, QuotaScope, Quotas, describe},
+    limits::{self, Cost, QuotaScope, Quotas, describe},
     outcome::CallOutcome,
     settings::Rate,
 };
@@ -366,13 +366,17 @@ impl Explainer<'_> {
                 Ending::Refused(refusal)
             }
             Ok(decided) => {
-                // The approval condition, if the tool has one (stage 9 evaluates it the same).
+                // The quota cost and the approval condition, if the tool has them (stages 8
+                // and 9 evaluate them the same).
+                let (cost, cost_condition) =
+                    super::rate_limit::cost(decided.tool, &asker, &decided.arguments);
+                seen.conditions.extend(cost_condition);
                 let (_, approval_condition) =
                     super::approval::needed(decided.tool, &asker, &decided.arguments);
                 seen.conditions.extend(approval_condition);
                 arguments = Some(redact(&decided.arguments, &decided.tool.redact));
                 arguments_sha256 = Some(decided.arguments_sha256.to_string());
-                self.stateful(turn, call, &decided, &mut stages).await
+                self.stateful(turn, call, &decided, cost, &mut stages).await
             }
         };
         for &stage in STAGES {
@@ -591,11 +595,24 @@ impl Explainer<'_> {
         turn: &Turn,
         call: &CallRequest,
         decided: &Decided<'_>,
+        cost: Result<Cost, Refusal>,
         stages: &mut Vec<StageTrail>,
     ) -> Ending {
         let caller = &turn.caller;
         let tool = decided.tool;
-        // 8. Rate limits: what each quota leaves; a quota with none left would refuse.
+        // 8. Rate limits: what each quota leaves; a quota with less left than the call takes
+        // would refuse, and so would a cost that cannot be taken at all.
+        let Cost(cells) = match cost {
+            Ok(cost) => cost,
+            Err(refusal) => {
+                stages.push(StageTrail::new(
+                    Stage::RateLimit,
+                    StageResult::Refused,
+                    refusal.message.clone(),
+                ));
+                return Ending::Refused(refusal);
+            }
+        };
         let tenant_rate = self
             .catalog
             .tenants
@@ -628,10 +645,15 @@ impl Explainer<'_> {
                     .map(|v| v.remaining),
             })
             .collect();
+        // The tool's quota gives the call's cells (none: it is not touched); the tenant's one.
+        let takes = |scope: QuotaScope| match scope {
+            QuotaScope::Tool => cells,
+            QuotaScope::Tenant => 1,
+        };
         let exhausted = applying
             .iter()
             .zip(&quotas)
-            .find(|(_, q)| q.remaining == Some(0))
+            .find(|((scope, _), q)| q.remaining.is_some_and(|left| left < takes(*scope)))
             .filter(|_| !self.own.quota);
         let mut rate_trail = match exhausted {
             Some((&(scope, rate), _)) => {
@@ -663,7 +685,7 @@ impl Explainer<'_> {
                         .join(" and ")
                 ),
             ),
-            None => StageTrail::new(
+            None if cells == 1 => StageTrail::new(
                 Stage::RateLimit,
                 StageResult::Passed,
                 format!(
@@ -671,6 +693,26 @@ impl Explainer<'_> {
                     quotas
                         .iter()
                         .map(describe_quota)
+                        .collect::<Vec<_>>()
+                        .join(" and ")
+                ),
+            ),
+            None => StageTrail::new(
+                Stage::RateLimit,
+                StageResult::Passed,
+                format!(
+                    "would take {} (nothing was consumed)",
+                    applying
+                        .iter()
+                        .zip(&quotas)
+                        .map(|(&(scope, _), quota)| format!(
+                            "{} of {}",
+                            match takes(scope) {
+                                1 => "one cell".to_owned(),
+                                n => format!("{n} cells"),
+                            },
+                            describe_quota(quota)
+                        ))
                         .collect::<Vec<_>>()
                         .join(" and ")
                 ),

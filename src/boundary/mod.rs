@@ -565,8 +565,8 @@ impl Boundary {
             }
             false => None,
         };
-        // 8. Rate limits: both quotas, or neither.
-        rate_limit::check(state, caller, tool).await?;
+        // 8. Rate limits: both quotas, or neither; the tool's by the call's cost.
+        rate_limit::check(state, &asker, tool, &arguments).await?;
         // 9. Approval for risky tools, bound to these exact arguments; used up only when the
         // call reaches its backend.
         // Boxed: only the tools that need approval pay for the stage's state.

@@ -1,16 +1,34 @@
 //! Stage 8: the call's quotas — its tool's for the tenant, and the tenant's own — decided
-//! together: a call refused by either consumes neither. The arithmetic and the stores (memory,
-//! Redis) are `crate::limits`; this is the decision the chain takes.
+//! together: a call refused by either consumes neither. A tool's `rate_limit.cost` says how many
+//! cells of the tool's quota a call takes, from its bound arguments. The arithmetic and the
+//! stores (memory, Redis) are `crate::limits`; this is the decision the chain takes.
 
-use super::CatalogState;
-use crate::{catalog::ToolVersion, error::Refusal, identity::Caller};
+use serde_json::Value;
 
-/// Takes one call of each quota that applies, or refuses `RATE_LIMITED` taking none.
+use super::{CatalogState, policy};
+use crate::{
+    catalog::ToolVersion,
+    conditions::{CallFacts, Evaluated, Input},
+    error::{Reason, Refusal, Stage},
+    limits::{self, Cost},
+};
+
+/// Where a tool's quota cost is named in explanations and refusals.
+pub fn cost_location(tool: &ToolVersion) -> String {
+    format!("{}@{}.rate_limit.cost", tool.name, tool.version)
+}
+
+/// Takes the call's cells of each quota that applies, or refuses taking none: `RATE_LIMITED`
+/// while a quota has no room; `cost_over_burst` when the cost is more than the tool's quota
+/// ever admits at once; `condition_error` when the cost cannot be evaluated or is negative.
 pub(super) async fn check(
     state: &CatalogState,
-    caller: &Caller,
+    asker: &policy::Asker<'_>,
     tool: &ToolVersion,
+    arguments: &Value,
 ) -> Result<(), Refusal> {
+    let caller = asker.caller;
+    let cost = cost(tool, asker, arguments).0?;
     let tenant_rate = state
         .catalog
         .tenants
@@ -18,6 +36,44 @@ pub(super) async fn check(
         .and_then(|t| t.rate_limit);
     state
         .rate_limits
-        .check(&caller.tenant, tool, tenant_rate)
+        .check(&caller.tenant, tool, tenant_rate, cost)
         .await
+}
+
+/// The cells of its tool's quota this call takes, refused as [`check`] says when it has none it
+/// could take; and the cost evaluated, when the asker traces.
+pub(super) fn cost(
+    tool: &ToolVersion,
+    asker: &policy::Asker<'_>,
+    arguments: &Value,
+) -> (Result<Cost, Refusal>, Vec<Evaluated>) {
+    let (Some(rate), Some(expression)) = (tool.rate_limit, &tool.quota_cost) else {
+        return (Ok(Cost::ONE), Vec::new());
+    };
+    let call = CallFacts {
+        args: arguments,
+        now: asker.now,
+        run_id: asker.run_id,
+    };
+    let input = Input::of_call(asker.caller, tool.facts(), call).traced(asker.trace);
+    let cells = input.cost_at(|| cost_location(tool), expression);
+    let decided = match cells {
+        Ok(cells) if cells > u64::from(rate.burst.get()) => Err(limits::over_burst(
+            &asker.caller.tenant,
+            tool,
+            rate,
+            Cost(cells),
+        )),
+        Ok(cells) => Ok(Cost(cells)),
+        Err(error) => Err(Refusal::new(
+            Stage::RateLimit,
+            Reason::ConditionError,
+            format!(
+                "{}: the quota cost {:?} could not be decided: {error}",
+                cost_location(tool),
+                expression.source()
+            ),
+        )),
+    };
+    (decided, input.take_trace())
 }

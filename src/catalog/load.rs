@@ -4,6 +4,7 @@
 //! is immutable afterwards.
 
 use super::*;
+use crate::settings::parse_quota;
 
 /// Everything a catalog is built from, kept so it can be rebuilt when MCP servers list tools.
 pub struct CatalogInputs {
@@ -223,13 +224,7 @@ fn mcp_raw_tool(name: &str, settings: &RawMcpTool, found: &DiscoveredTool) -> Ra
         executor: raw::RawExecutor::default(),
         bind: settings.bind.clone(),
         on_bound_argument: settings.on_bound_argument,
-        rate_limit: settings.rate_limit.as_ref().map(|r| match r {
-            raw::RawRateLimit::Short(q) => raw::RawRateLimit::Short(q.clone()),
-            raw::RawRateLimit::Full { quota, burst } => raw::RawRateLimit::Full {
-                quota: quota.clone(),
-                burst: *burst,
-            },
-        }),
+        rate_limit: settings.rate_limit.clone(),
         requires_approval: settings.requires_approval,
         approval: settings.approval.clone(),
         max_output_bytes: settings.max_output_bytes,
@@ -350,8 +345,17 @@ fn build_tool(
     let rate_limit = raw
         .rate_limit
         .as_ref()
-        .map(|r| parse_rate(r, &format!("{path}.rate_limit")))
+        .map(|r| parse_quota(r, &format!("{path}.rate_limit")))
         .transpose()?;
+    let quota_cost = match raw.rate_limit.as_ref().and_then(|r| r.cost()) {
+        None => None,
+        Some(cost) => Some(Arc::new(Condition::compile(cost).map_err(|err| {
+            FieldError::new(
+                format!("{path}.rate_limit.cost"),
+                format!("invalid cost {cost:?}: {err}"),
+            )
+        })?)),
+    };
     let risk_level = RiskLevel::from(raw.risk_level);
     let requires_approval = raw
         .requires_approval
@@ -427,6 +431,7 @@ fn build_tool(
             raw::RawBoundOverride::Overwrite => BoundOverride::Overwrite,
         },
         rate_limit,
+        quota_cost,
         requires_approval,
         approval_when,
         max_output_bytes,

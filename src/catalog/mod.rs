@@ -104,6 +104,8 @@ pub struct ToolVersion {
     pub bindings: Vec<Binding>,
     pub on_bound_argument: BoundOverride,
     pub rate_limit: Option<Rate>,
+    /// The cells of `rate_limit` a call takes, when not one each (`rate_limit.cost`).
+    pub quota_cost: Option<Arc<Condition>>,
     /// Whether calls can need approval (its risk level, or `requires_approval`).
     pub requires_approval: bool,
     /// When they do (`approval.when`); without it, every call does.
@@ -128,6 +130,7 @@ impl ToolVersion {
             name: &self.name,
             version: &self.version,
             risk_level: self.risk_level.as_str(),
+            redact: &self.redact,
         }
     }
 }

@@ -158,15 +158,19 @@ pub fn render(response: &proto::ExplainToolResponse, name: &str) -> String {
         }
     }
     for condition in &response.conditions {
-        let value = match condition.error.as_str() {
-            "" => condition.value.to_string(),
-            error => format!("error ({error}), decided closed"),
+        let value = match (condition.error.as_str(), condition.cost) {
+            ("", Some(cells)) => format!("costs {cells}"),
+            ("", None) => condition.value.to_string(),
+            (error, _) => format!("error ({error}), decided closed"),
         };
         let _ = writeln!(
             out,
             "condition {} {:?}: {value}",
             condition.location, condition.expression
         );
+        if !matches!(condition.variables_json.as_str(), "" | "{}") {
+            let _ = writeln!(out, "  read {}", condition.variables_json);
+        }
     }
     if !response.bound_override_attempts.is_empty() {
         let _ = writeln!(
@@ -230,8 +234,13 @@ struct ConditionJson<'a> {
     expression: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     value: Option<bool>,
+    /// A quota cost's cells.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cost: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<&'a str>,
+    /// The variables it read, the arguments redacted as records redact them.
+    variables: Value,
 }
 
 impl<'a> ConditionJson<'a> {
@@ -240,8 +249,11 @@ impl<'a> ConditionJson<'a> {
         ConditionJson {
             location: &condition.location,
             expression: &condition.expression,
-            value: (!failed).then_some(condition.value),
+            value: (!failed && condition.cost.is_none()).then_some(condition.value),
+            cost: condition.cost.filter(|_| !failed),
             error: failed.then_some(condition.error.as_str()),
+            variables: serde_json::from_str(&condition.variables_json)
+                .unwrap_or_else(|_| Value::Object(Default::default())),
         }
     }
 }

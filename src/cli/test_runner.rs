@@ -26,6 +26,7 @@ use crate::{
     },
     catalog::{AccessList, Catalog},
     clock::SharedClock,
+    conditions::Found,
     config::Config,
     error::{Reason, Status},
     executor::Executors,
@@ -600,10 +601,13 @@ impl Report {
         self.called.insert(name.to_owned());
         for evaluated in &explained.conditions {
             match evaluated.value {
-                Ok(true) => self.conditions_held.insert(evaluated.location.clone()),
-                Ok(false) => self.conditions_not_held.insert(evaluated.location.clone()),
-                // An error decides closed; it shows neither way the condition can go.
-                Err(_) => false,
+                Ok(Found::Holds(true)) => self.conditions_held.insert(evaluated.location.clone()),
+                Ok(Found::Holds(false)) => {
+                    self.conditions_not_held.insert(evaluated.location.clone())
+                }
+                // An error decides closed; it shows neither way the condition can go. A cost is
+                // not a rule.
+                Ok(Found::Cost(_)) | Err(_) => false,
             };
         }
         if let Some(rule) = explained.deciding_rule()

@@ -72,19 +72,21 @@ impl Quotas {
         }
     }
 
-    /// Admits one call of `tool` for `tenant` if both its quotas have room, consuming one cell
-    /// of each; otherwise consumes nothing and says how long to wait.
+    /// Admits one call of `tool` for `tenant` if both its quotas have room, consuming `cost`
+    /// cells of the tool's (see [`Cost`]) and one of the tenant's; otherwise consumes nothing
+    /// and says how long to wait.
     pub async fn check(
         &self,
         tenant: &str,
         tool: &ToolVersion,
         tenant_rate: Option<Rate>,
+        cost: Cost,
     ) -> Result<(), Refusal> {
         match self {
-            Quotas::Local(local) => local.check(tenant, tool, tenant_rate),
+            Quotas::Local(local) => local.check_cost(tenant, tool, tenant_rate, cost),
             // Boxed: only calls that go to Redis pay for its future, and every call's future
             // stays small.
-            Quotas::Shared(shared) => Box::pin(shared.check(tenant, tool, tenant_rate)).await,
+            Quotas::Shared(shared) => Box::pin(shared.check(tenant, tool, tenant_rate, cost)).await,
         }
     }
 
@@ -120,6 +122,16 @@ impl Quotas {
     pub fn keys_held(&self) -> usize {
         self.local().map_or(0, RateLimits::keys_held)
     }
+}
+
+/// How many cells of its tool's quota a call takes: one, or what the tool's `rate_limit.cost`
+/// says for its arguments (checked against the burst before it gets here: [`over_burst`]).
+/// The tenant's overall quota counts calls, one each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cost(pub u64);
+
+impl Cost {
+    pub const ONE: Cost = Cost(1);
 }
 
 /// A tenant as the maps know it: shared, so admitting a call clones a pointer, not the name.
@@ -237,7 +249,19 @@ impl RateLimits {
         tool: &ToolVersion,
         tenant_rate: Option<Rate>,
     ) -> Result<(), Refusal> {
-        let tool_cells = self.tool_cells(tool);
+        self.check_cost(tenant, tool, tenant_rate, Cost::ONE)
+    }
+
+    /// The same, the call taking `cost` cells of the tool's quota (none: the tool's quota is
+    /// not touched).
+    pub fn check_cost(
+        &self,
+        tenant: &str,
+        tool: &ToolVersion,
+        tenant_rate: Option<Rate>,
+        Cost(cells): Cost,
+    ) -> Result<(), Refusal> {
+        let tool_cells = self.tool_cells(tool).filter(|_| cells > 0);
         let tenant_cells = self.tenant_cells(tenant, tenant_rate);
         if tool_cells.is_none() && tenant_cells.is_none() {
             return Ok(());
@@ -246,9 +270,11 @@ impl RateLimits {
         let mut tool_tats = tool_cells.map(|cells| cells.lock());
         let mut tenant_tats = tenant_cells.map(|(_, cells)| cells.lock());
         let now = self.now();
-        let tool_decision = tool_cells
-            .zip(tool_tats.as_ref())
-            .map(|(cells, tats)| cells.gcra.decide(tats.get(tenant).copied(), now));
+        let tool_decision = tool_cells.zip(tool_tats.as_ref()).map(|(quota, tats)| {
+            quota
+                .gcra
+                .decide_cells(tats.get(tenant).copied(), now, cells)
+        });
         let tenant_decision = tenant_cells
             .zip(tenant_tats.as_ref())
             .map(|((_, cells), tats)| cells.gcra.decide(tats.get(tenant).copied(), now));
@@ -345,6 +371,21 @@ pub const SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 /// A call refused by its tool's quota.
 fn tool_refusal(tenant: &str, tool: &ToolVersion, rate: Rate, wait: Duration) -> Refusal {
     refusal(exhausted(QuotaScope::Tool, tenant, &tool.name, rate), wait)
+}
+
+/// A call whose cost is more than its tool's quota can ever admit at once: waiting would not
+/// help, so it is not told to.
+pub fn over_burst(tenant: &str, tool: &ToolVersion, rate: Rate, Cost(cells): Cost) -> Refusal {
+    Refusal::new(
+        Stage::RateLimit,
+        Reason::CostOverBurst,
+        format!(
+            "this call of {} costs {cells}, more than the burst of {} that its rate limit {} admits at once for tenant {tenant}; it can never be admitted with these arguments",
+            tool.name,
+            rate.burst,
+            describe(rate)
+        ),
+    )
 }
 
 /// A call refused by its tenant's overall quota.
@@ -472,7 +513,7 @@ tools:
         let rate = catalog.tenants["a"].rate_limit;
         let check = || {
             quotas
-                .check("a", tool, rate)
+                .check("a", tool, rate, Cost::ONE)
                 .now_or_never()
                 .expect("the memory limiter answers on the first poll")
         };

@@ -19,7 +19,7 @@ use std::{
 use redis::Script;
 
 use super::{
-    QuotaScope, QuotaView, RateLimits, metrics::QuotaMetrics, tenant_refusal, tool_refusal,
+    Cost, QuotaScope, QuotaView, RateLimits, metrics::QuotaMetrics, tenant_refusal, tool_refusal,
 };
 use crate::gcra::Gcra;
 use crate::{
@@ -34,25 +34,28 @@ use crate::{
 
 /// GCRA over the call's quotas (KEYS, at most two, in the order tool then tenant). ARGV[1] is
 /// `take` (admit and commit, or refuse and change nothing) or `view` (report what remains);
-/// then each key's emission interval and tolerance in microseconds.
+/// then each key's emission interval and tolerance in microseconds and the cells the call
+/// takes of it (at least one: a quota the call takes none of is not sent).
 /// `take` answers {1} when admitted, or {0, index of the refusing key, wait in µs}; `view`
-/// answers the calls each quota would admit now.
+/// answers the calls each quota would admit now. The arithmetic is `Gcra::decide_cells`'.
 const GCRA: &str = r#"
 local now = now_us
 local take = ARGV[1] == 'take'
 local tats = {}
 local remaining = {}
 for i = 1, #KEYS do
-  local emission = tonumber(ARGV[2 * i])
-  local tolerance = tonumber(ARGV[2 * i + 1])
+  local emission = tonumber(ARGV[3 * i - 1])
+  local tolerance = tonumber(ARGV[3 * i])
+  local cells = tonumber(ARGV[3 * i + 1])
   local tat = tonumber(redis.call('GET', KEYS[i]) or now)
   if tat < now then tat = now end
   local ahead = tat - now
   if take then
-    if ahead > tolerance then
-      return {0, i, ahead - tolerance}
+    local needed = ahead + emission * (cells - 1)
+    if needed > tolerance then
+      return {0, i, needed - tolerance}
     end
-    tats[i] = tat + emission
+    tats[i] = tat + emission * cells
   elseif ahead > tolerance then
     remaining[i] = 0
   else
@@ -82,11 +85,13 @@ pub struct SharedQuotas {
     falling_back: Arc<AtomicBool>,
 }
 
-/// One quota of a call: its key and its arithmetic.
+/// One quota of a call: its key, its arithmetic and the cells the call takes.
 struct Quota {
     key: String,
     gcra: Gcra,
     rate: Rate,
+    cells: u64,
+    scope: QuotaScope,
 }
 
 impl SharedQuotas {
@@ -113,13 +118,22 @@ impl SharedQuotas {
         self.fallback.as_ref()
     }
 
-    fn quotas(&self, tenant: &str, tool: &ToolVersion, tenant_rate: Option<Rate>) -> Vec<Quota> {
-        let tool_quota = tool.rate_limit.map(|rate| Quota {
+    /// The quotas a call of `cost` takes cells of (a view takes none, and sees them all).
+    fn quotas(
+        &self,
+        tenant: &str,
+        tool: &ToolVersion,
+        tenant_rate: Option<Rate>,
+        Cost(cells): Cost,
+    ) -> Vec<Quota> {
+        let tool_quota = tool.rate_limit.filter(|_| cells > 0).map(|rate| Quota {
             key: self
                 .redis
                 .key(tenant, format_args!("rl:tool:{}:{}", tool.name, spec(rate))),
             gcra: Gcra::in_micros(rate),
             rate,
+            cells,
+            scope: QuotaScope::Tool,
         });
         let tenant_quota = tenant_rate.map(|rate| Quota {
             key: self
@@ -127,6 +141,8 @@ impl SharedQuotas {
                 .key(tenant, format_args!("rl:tenant:{}", spec(rate))),
             gcra: Gcra::in_micros(rate),
             rate,
+            cells: 1,
+            scope: QuotaScope::Tenant,
         });
         tool_quota.into_iter().chain(tenant_quota).collect()
     }
@@ -137,7 +153,8 @@ impl SharedQuotas {
             op = op
                 .key(quota.key.as_str())
                 .arg(quota.gcra.emission())
-                .arg(quota.gcra.tolerance());
+                .arg(quota.gcra.tolerance())
+                .arg(quota.cells);
         }
         Reply::new(self.redis.invoke(Concern::RateLimits, &op).await?)
     }
@@ -148,14 +165,15 @@ impl SharedQuotas {
         tenant: &str,
         tool: &ToolVersion,
         tenant_rate: Option<Rate>,
+        cost: Cost,
     ) -> Result<(), Refusal> {
-        let quotas = self.quotas(tenant, tool, tenant_rate);
+        let quotas = self.quotas(tenant, tool, tenant_rate, cost);
         if quotas.is_empty() {
             return Ok(());
         }
         let reply = match self.run("take", &quotas).await {
             Ok(reply) => reply,
-            Err(err) => return self.unavailable(err, tenant, tool, tenant_rate),
+            Err(err) => return self.unavailable(err, tenant, tool, tenant_rate, cost),
         };
         if self.falling_back.swap(false, Ordering::Relaxed) {
             tracing::info!("rate limits are shared again");
@@ -175,9 +193,9 @@ impl SharedQuotas {
                 let quota = quotas
                     .get(index.saturating_sub(1))
                     .ok_or_else(|| unavailable(StateError::Malformed("no such quota".into())))?;
-                Err(match (index, tool.rate_limit.is_some()) {
-                    (1, true) => tool_refusal(tenant, tool, quota.rate, wait),
-                    _ => tenant_refusal(tenant, quota.rate, wait),
+                Err(match quota.scope {
+                    QuotaScope::Tool => tool_refusal(tenant, tool, quota.rate, wait),
+                    QuotaScope::Tenant => tenant_refusal(tenant, quota.rate, wait),
                 })
             }
             Err(err) => Err(unavailable(err)),
@@ -191,23 +209,17 @@ impl SharedQuotas {
         tool: &ToolVersion,
         tenant_rate: Option<Rate>,
     ) -> Result<Vec<QuotaView>, StateError> {
-        let quotas = self.quotas(tenant, tool, tenant_rate);
+        let quotas = self.quotas(tenant, tool, tenant_rate, Cost::ONE);
         if quotas.is_empty() {
             return Ok(Vec::new());
         }
         let reply = self.run("view", &quotas).await?;
-        let scopes = tool
-            .rate_limit
-            .map(|_| QuotaScope::Tool.as_str())
-            .into_iter()
-            .chain(tenant_rate.map(|_| QuotaScope::Tenant.as_str()));
         quotas
             .iter()
-            .zip(scopes)
             .enumerate()
-            .map(|(i, (quota, scope))| {
+            .map(|(i, quota)| {
                 Ok(QuotaView {
-                    scope,
+                    scope: quota.scope.as_str(),
                     rate: quota.rate,
                     remaining: u64::try_from(reply.int(i)?).unwrap_or(0),
                 })
@@ -225,6 +237,7 @@ impl SharedQuotas {
         tenant: &str,
         tool: &ToolVersion,
         tenant_rate: Option<Rate>,
+        cost: Cost,
     ) -> Result<(), Refusal> {
         let outage = matches!(err, StateError::Timeout(_) | StateError::Unreachable(_));
         let Some(local) = self.fallback.as_ref().filter(|_| outage) else {
@@ -234,7 +247,7 @@ impl SharedQuotas {
         if !self.falling_back.swap(true, Ordering::Relaxed) {
             tracing::warn!(error = %err, "shared rate limits unavailable: this sidecar decides quotas alone until the state backend answers");
         }
-        local.check(tenant, tool, tenant_rate)
+        local.check_cost(tenant, tool, tenant_rate, cost)
     }
 }
 

@@ -7,7 +7,7 @@ use crate::{
         access::Rule,
         explain::{Explanation, StageResult, StageTrail, Visibility},
     },
-    conditions::Evaluated,
+    conditions::{Evaluated, Found},
     proto,
 };
 
@@ -29,15 +29,23 @@ pub fn explanation(explained: Explanation) -> proto::ExplainToolResponse {
 }
 
 fn condition(evaluated: Evaluated) -> proto::ConditionEvaluation {
-    let (value, error) = match evaluated.value {
-        Ok(value) => (value, String::new()),
-        Err(error) => (false, error),
+    let (value, cost, error) = match evaluated.value {
+        Ok(Found::Holds(value)) => (value, None, String::new()),
+        Ok(Found::Cost(cells)) => (false, Some(cells), String::new()),
+        Err(error) => (false, None, error),
     };
+    let variables: serde_json::Map<String, serde_json::Value> = evaluated
+        .read
+        .into_iter()
+        .map(|(name, value)| (name.to_owned(), value))
+        .collect();
     proto::ConditionEvaluation {
         location: evaluated.location,
         expression: evaluated.expression,
         value,
         error,
+        cost,
+        variables_json: serde_json::Value::Object(variables).to_string(),
     }
 }
 

@@ -584,11 +584,23 @@ pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
     Ok(duration)
 }
 
-/// Parses a rate limit such as `5/min`, or `{quota: 5/min, burst: 10}`.
+/// Parses a rate limit such as `5/min`, or `{quota: 5/min, burst: 10}`, of a quota that counts
+/// calls: one with a `cost` is refused.
 pub fn parse_rate(raw: &raw::RawRateLimit, path: &str) -> Result<Rate, FieldError> {
+    if raw.cost().is_some() {
+        return Err(FieldError::new(
+            format!("{path}.cost"),
+            "only a tool's rate limit has a cost: this quota counts calls",
+        ));
+    }
+    parse_quota(raw, path)
+}
+
+/// Parses a rate limit's quota and burst; its cost, if any, is the caller's to read.
+pub fn parse_quota(raw: &raw::RawRateLimit, path: &str) -> Result<Rate, FieldError> {
     let (quota, burst) = match raw {
         raw::RawRateLimit::Short(quota) => (quota.as_str(), None),
-        raw::RawRateLimit::Full { quota, burst } => (quota.as_str(), *burst),
+        raw::RawRateLimit::Full(full) => (full.quota.as_str(), full.burst),
     };
     let bad = |why: &str| {
         FieldError::new(
@@ -658,10 +670,11 @@ mod tests {
             (5, Duration::from_secs(60), 5)
         );
         let rate = parse_rate(
-            &raw::RawRateLimit::Full {
+            &raw::RawRateLimit::Full(raw::RawQuota {
                 quota: "100/s".into(),
                 burst: Some(10),
-            },
+                cost: None,
+            }),
             "p",
         )
         .unwrap();

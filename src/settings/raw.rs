@@ -695,19 +695,39 @@ pub enum RawBoundOverride {
     Overwrite,
 }
 
-/// A rate limit: `N/s`, `N/min` or `N/h`, or that with a burst.
-#[derive(Debug, Deserialize, JsonSchema)]
+/// A rate limit: `N/s`, `N/min` or `N/h`, or that with a burst (and, for a tool, a cost).
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub enum RawRateLimit {
     /// e.g. `5/min`.
     Short(String),
-    /// A quota with an explicit burst.
-    Full {
-        /// e.g. `5/min`.
-        quota: String,
-        /// Calls allowed at once before the rate applies (default: the quota's count).
-        burst: Option<u32>,
-    },
+    /// A quota with an explicit burst or cost.
+    Full(RawQuota),
+}
+
+impl RawRateLimit {
+    /// The cost expression, when one is written.
+    pub fn cost(&self) -> Option<&str> {
+        match self {
+            RawRateLimit::Short(_) => None,
+            RawRateLimit::Full(full) => full.cost.as_deref(),
+        }
+    }
+}
+
+/// A quota written out.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawQuota {
+    /// e.g. `5/min`.
+    pub quota: String,
+    /// Calls (cells) allowed at once before the rate applies (default: the quota's count).
+    pub burst: Option<u32>,
+    /// A tool's quota only: a CEL expression giving the cells a call takes, e.g.
+    /// `int(args.top_k)` (default 1; docs/conditions.md). Zero takes none; a negative value,
+    /// an error or a value that is not an integer refuses the call (`condition_error`), and
+    /// more than the burst refuses it as never admissible (`cost_over_burst`).
+    pub cost: Option<String>,
 }
 
 /// How a tool runs: exactly one backend.

@@ -45,6 +45,7 @@ mod otlp_collector;
 mod process;
 mod process_hardening;
 mod properties;
+mod quota_cost;
 mod rate_limits;
 #[path = "../common/redis_server.rs"]
 mod redis_server;

@@ -301,6 +301,7 @@ fn listing<'a>(caller: &'a Caller, name: &'a str) -> Input<'a> {
             name,
             version: "1.0.0",
             risk_level: "READ_ONLY",
+            redact: &[],
         },
     )
 }

@@ -302,16 +302,20 @@ class ExplainToolResponse(_message.Message):
     def __init__(self, decision: _Optional[_Union[ToolResult, _Mapping]] = ..., would_execute: _Optional[bool] = ..., stages: _Optional[_Iterable[_Union[StageExplanation, _Mapping]]] = ..., final_arguments_json: _Optional[str] = ..., arguments_sha256: _Optional[str] = ..., bound_override_attempts: _Optional[_Iterable[str]] = ..., catalog_revision: _Optional[str] = ..., conditions: _Optional[_Iterable[_Union[ConditionEvaluation, _Mapping]]] = ...) -> None: ...
 
 class ConditionEvaluation(_message.Message):
-    __slots__ = ("location", "expression", "value", "error")
+    __slots__ = ("location", "expression", "value", "error", "cost", "variables_json")
     LOCATION_FIELD_NUMBER: _ClassVar[int]
     EXPRESSION_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    COST_FIELD_NUMBER: _ClassVar[int]
+    VARIABLES_JSON_FIELD_NUMBER: _ClassVar[int]
     location: str
     expression: str
     value: bool
     error: str
-    def __init__(self, location: _Optional[str] = ..., expression: _Optional[str] = ..., value: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+    cost: int
+    variables_json: str
+    def __init__(self, location: _Optional[str] = ..., expression: _Optional[str] = ..., value: _Optional[bool] = ..., error: _Optional[str] = ..., cost: _Optional[int] = ..., variables_json: _Optional[str] = ...) -> None: ...
 
 class ExplainListToolsRequest(_message.Message):
     __slots__ = ()
