@@ -22,10 +22,11 @@ tools:
     description: Searches; a larger top_k costs more of the quota.
     risk_level: read_only
     rate_limit: { quota: 100/h, cost: "int(args.top_k)" }
+    redact: [/query]
     executor: { builtin: echo_arguments }
     input_schema:
       type: object
-      properties: { top_k: { type: integer }, weight: { type: number } }
+      properties: { top_k: { type: integer }, query: { type: string } }
   - name: weighed
     description: Costs a double, which is not a number of cells.
     risk_level: read_only
@@ -133,7 +134,10 @@ async fn explain_shows_the_cost_and_refuses_a_call_the_quota_has_no_room_for() {
     );
     let explain = |top_k: i64| {
         let request = acme.request(proto::ExplainToolRequest {
-            call: Some(search(top_k)),
+            call: Some(call(
+                "search",
+                &format!(r#"{{"top_k":{top_k},"query":"card 4111"}}"#),
+            )),
             run_id: "run-1".into(),
             ..Default::default()
         });
@@ -159,9 +163,12 @@ async fn explain_shows_the_cost_and_refuses_a_call_the_quota_has_no_room_for() {
         ),
         ("search@1.rate_limit.cost", "int(args.top_k)", Some(5), ""),
     );
-    // It read the arguments, and shows them.
+    // It read the arguments, and shows them as records do: the redacted query is not shown.
     let read: serde_json::Value = serde_json::from_str(&cost.variables_json).unwrap();
-    assert_eq!(read, serde_json::json!({"args": {"top_k": 5}}));
+    assert_eq!(
+        read,
+        serde_json::json!({"args": {"top_k": 5, "query": "[redacted]"}})
+    );
     let stage = fits
         .stages
         .iter()
