@@ -2,7 +2,8 @@
 //! (`when:` on allow and deny rules, a tool's `approval.when`), compiled and checked once at load
 //! and evaluated by the boundary's stages.
 //!
-//! An expression sees `caller` (`tenant`, `subject`, `agent`, `scopes`), `tool` (`name`,
+//! An expression sees `caller` (`tenant`, `subject`, `agent`, `scopes`, and `claims`: the
+//! verified token's claims the catalog exposes), `tool` (`name`,
 //! `version`, `risk_level`), `args` (the arguments after schema validation and bind, so their
 //! types and bound values can be trusted), `now` (a timestamp, from the boundary's clock) and
 //! `run` (`id`). Nothing else: an unknown variable, a function outside the standard library's
@@ -232,6 +233,7 @@ impl<'a> Input<'a> {
                 "subject": caller.subject,
                 "agent": &*caller.agent,
                 "scopes": caller.scopes,
+                "claims": caller.claims.map(),
             }),
             1 => serde_json::json!({
                 "name": self.tool.name,
@@ -433,6 +435,15 @@ fn make_value(input: &Input<'_>, index: usize) -> Result<Value, String> {
                         .collect(),
                 )),
             ),
+            (
+                "claims",
+                match caller.claims.map() {
+                    None => Value::from(HashMap::<&str, Value>::new()),
+                    Some(claims) => {
+                        cel::to_value(claims).map_err(|err| format!("claims: {err}"))?
+                    }
+                },
+            ),
         ]),
         1 => map(vec![
             ("name", Value::from(input.tool.name)),
@@ -560,6 +571,7 @@ mod tests {
             agent: "support-bot".into(),
             scopes: BTreeSet::from(["refunds:write".to_owned()]),
             method: AuthMethod::Dev,
+            claims: Default::default(),
         }
     }
 

@@ -42,6 +42,7 @@ fuzz_target!(|data: &[u8]| {
         agent: "bot".into(),
         scopes: BTreeSet::from(["a".to_owned(), "b".to_owned()]),
         method: AuthMethod::Dev,
+        claims: Default::default(),
     };
     let tool = ToolFacts {
         name: "refund",

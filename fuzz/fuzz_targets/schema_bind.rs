@@ -118,6 +118,7 @@ fn caller(choice: u8) -> Caller {
             .map(|s| (*s).to_owned())
             .collect::<BTreeSet<_>>(),
         method: AuthMethod::Dev,
+        claims: Default::default(),
     }
 }
 

@@ -332,6 +332,7 @@ mod tests {
             agent: "bot".into(),
             scopes: scopes.iter().map(|s| s.to_string()).collect(),
             method: AuthMethod::Dev,
+            claims: Default::default(),
         }
     }
 

@@ -259,6 +259,7 @@ mod tests {
                 agent: "agent-7".into(),
                 scopes: ["tools:read".to_owned()].into(),
                 method: AuthMethod::Dev,
+                claims: Default::default(),
             })),
             ..full.clone()
         };
@@ -291,6 +292,7 @@ mod tests {
                 agent: "support".into(),
                 scopes: Default::default(),
                 method: AuthMethod::Dev,
+                claims: Default::default(),
             })),
             tool: "echo".into(),
             tool_version: "1.0.0".into(),

@@ -392,6 +392,7 @@ fn caller(
             None => BTreeSet::new(),
         },
         method: AuthMethod::Dev,
+        claims: Default::default(),
     })
 }
 

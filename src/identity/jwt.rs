@@ -7,7 +7,7 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation, jwk::JwkSet};
 use serde_json::Value;
 
 use super::{
-    AuthMethod, Caller, IdentityError, split_scopes,
+    AuthMethod, Caller, Claims, IdentityError, split_scopes,
     token_cache::{self, TokenCache, Validity, Verified},
 };
 use crate::{
@@ -34,6 +34,8 @@ pub struct JwtSettings {
     subject_claim: String,
     agent_claim: String,
     scopes_claim: String,
+    /// Claims given to conditions as `caller.claims`.
+    exposed_claims: Vec<String>,
 }
 
 impl fmt::Debug for JwtSettings {
@@ -155,6 +157,7 @@ impl JwtSettings {
             subject_claim: claim(&raw.claims.subject, "sub"),
             agent_claim: claim(&raw.claims.agent, "agent"),
             scopes_claim: claim(&raw.claims.scopes, "scope"),
+            exposed_claims: exposed_claims(&raw.claims.expose)?,
         })
     }
 }
@@ -371,10 +374,47 @@ impl JwtSettings {
             agent: string(&s.agent_claim).unwrap_or_default().into(),
             scopes,
             method: AuthMethod::Jwt,
+            claims: self.exposed(claims, max_identity_bytes)?,
         };
         super::check_lengths(&caller, max_identity_bytes)?;
         Ok(caller)
     }
+
+    /// The exposed claims the token has. Each is bounded like the identity's fields (its JSON
+    /// at most 16 times `limits.max_identity_bytes`): a token carrying a larger one is refused,
+    /// not trimmed, so a condition never decides on half a claim.
+    fn exposed(&self, claims: &Value, max_identity_bytes: usize) -> Result<Claims, IdentityError> {
+        let max = max_identity_bytes.saturating_mul(16);
+        let mut exposed = serde_json::Map::new();
+        for name in &self.exposed_claims {
+            let Some(value) = claims.get(name) else {
+                continue;
+            };
+            let len = value.to_string().len();
+            if len > max {
+                return Err(IdentityError::InvalidToken(format!(
+                    "claim {name:?} is {len} bytes, more than the {max} a condition may read"
+                )));
+            }
+            exposed.insert(name.clone(), value.clone());
+        }
+        Ok(Claims::new(exposed))
+    }
+}
+
+/// `identity.jwt.claims.expose`: claim names, each once.
+fn exposed_claims(names: &[String]) -> Result<Vec<String>, FieldError> {
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, name) in names.iter().enumerate() {
+        let at = format!("identity.jwt.claims.expose[{i}]");
+        if name.trim().is_empty() {
+            return Err(FieldError::new(at, "a claim name cannot be empty"));
+        }
+        if !seen.insert(name.as_str()) {
+            return Err(FieldError::new(at, format!("{name:?} is listed twice")));
+        }
+    }
+    Ok(names.to_vec())
 }
 
 /// The token's `exp` (required, checked present by jsonwebtoken) and optional `nbf`.

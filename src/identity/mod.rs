@@ -128,6 +128,25 @@ pub struct Caller {
     pub agent: Arc<str>,
     pub scopes: BTreeSet<String>,
     pub method: AuthMethod,
+    /// The verified token's claims that the catalog exposes to conditions
+    /// (`identity.jwt.claims.expose`); none for other identities.
+    pub claims: Claims,
+}
+
+/// Claims of a verified token that conditions may read (`caller.claims`): only those the
+/// catalog names, never the whole token. Shared: a cached token's caller clones a pointer.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Claims(Option<Arc<serde_json::Map<String, serde_json::Value>>>);
+
+impl Claims {
+    pub fn new(claims: serde_json::Map<String, serde_json::Value>) -> Self {
+        Claims((!claims.is_empty()).then(|| Arc::new(claims)))
+    }
+
+    /// The claims, by name.
+    pub fn map(&self) -> Option<&serde_json::Map<String, serde_json::Value>> {
+        self.0.as_deref()
+    }
 }
 
 impl Caller {
@@ -305,6 +324,7 @@ impl IdentityResolver {
             agent: text(metadata, &AGENT)?.unwrap_or("").trim().into(),
             scopes: split_scopes(text(metadata, &SCOPES)?.unwrap_or("")),
             method: AuthMethod::Dev,
+            claims: Default::default(),
         };
         check_lengths(&caller, self.max_identity_bytes)?;
         Ok(Arc::new(caller))

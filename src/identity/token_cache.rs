@@ -176,6 +176,7 @@ mod tests {
                 agent: "".into(),
                 scopes: Default::default(),
                 method: AuthMethod::Jwt,
+                claims: Default::default(),
             }),
             validity: Validity {
                 not_before: None,

@@ -98,6 +98,7 @@ mod tests {
             agent: "bot".into(),
             scopes: Default::default(),
             method: crate::identity::AuthMethod::Dev,
+            claims: Default::default(),
         }
     }
 

@@ -204,6 +204,7 @@ mod tests {
             agent: "bot".into(),
             scopes: Default::default(),
             method: AuthMethod::Dev,
+            claims: Default::default(),
         }
     }
 

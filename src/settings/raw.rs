@@ -286,6 +286,10 @@ pub struct RawClaims {
     pub agent: Option<String>,
     /// Claim holding scopes, space separated or an array (default `scope`).
     pub scopes: Option<String>,
+    /// Further claims that conditions may read as `caller.claims.<name>`: only these (none
+    /// unless listed), and only from a verified token (docs/conditions.md).
+    #[serde(default)]
+    pub expose: Vec<String>,
 }
 
 /// Request size limits and concurrency caps.

@@ -398,6 +398,7 @@ mod tests {
                 agent: "".into(),
                 scopes: Default::default(),
                 method: crate::identity::AuthMethod::Dev,
+                claims: Default::default(),
             }),
             door: crate::identity::Door::Grpc,
             run_id: "r".into(),

@@ -220,7 +220,7 @@ fn call_json_approvals_reject_and_exit_codes() {
     // Two approvals requested; `approvals` lists both, `reject` refuses one through the server.
     let mut ids = Vec::new();
     for order in ["A-1", "A-2"] {
-        let args = format!(r#"{{"order_id":"{order}","amount_cents":100}}"#);
+        let args = format!(r#"{{"order_id":"{order}","amount_cents":2500}}"#);
         let (code, stdout, _) = toolgate(
             &[
                 &["call", "refund_order", "--args", &args, "--json"][..],
@@ -284,7 +284,7 @@ fn call_json_approvals_reject_and_exit_codes() {
                 "call",
                 "refund_order",
                 "--args",
-                r#"{"order_id":"A-1","amount_cents":100}"#,
+                r#"{"order_id":"A-1","amount_cents":2500}"#,
                 "--approval-id",
                 &ids[0],
                 "--json",

@@ -97,7 +97,7 @@ fn valid_arguments(tool: &str, variant: bool) -> Value {
         }
         "create_ticket" => json!({"title": v}),
         "refund_order" => {
-            json!({"order_id": "A-1", "amount_cents": if variant { 200 } else { 100 }})
+            json!({"order_id": "A-1", "amount_cents": if variant { 200 } else { 2500 }})
         }
         "slow_task" => json!({"ms": 0}),
         _ => json!({}),

@@ -207,3 +207,132 @@ async fn the_configured_leeway_bounds_exp_and_nbf() {
     assert!(status.message().contains("not valid yet"), "{status:?}");
     server.stop().await;
 }
+
+/// The catalog above with `department` exposed to conditions: only finance may export, and a
+/// rule on a claim that is not exposed (`role`) never sees it, whatever the token carries.
+async fn server_exposing_claims() -> (TestServer, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let secret_file = dir.path().join("jwt-secret");
+    std::fs::write(&secret_file, format!("{SECRET}\n")).unwrap();
+    let yaml = catalog(&secret_file)
+        .replace(
+            "scopes: permissions }",
+            "scopes: permissions, expose: [department] }",
+        )
+        .replace(
+            "billing-agent: { allow: [whoami] }",
+            r#"billing-agent:
+    allow:
+      - whoami
+      - echo
+      - { tools: [export], when: "caller.claims.department == 'finance'" }
+    deny:
+      - { tools: [echo], when: "has(caller.claims.role)" }"#,
+        )
+        .replace(
+            "  - name: echo\n",
+            "  - name: export\n    description: Exports the books.\n    risk_level: read_only\n    executor: { builtin: echo_arguments }\n    input_schema: { type: object }\n  - name: echo\n",
+        );
+    (TestServer::start(&yaml).await, dir)
+}
+
+#[tokio::test]
+async fn conditions_read_only_the_claims_the_catalog_exposes() {
+    let (server, _dir) = server_exposing_claims().await;
+    let mut client = server.client().await;
+    let with = |department: Option<&str>| {
+        let mut claims = claims();
+        claims["role"] = json!("admin");
+        claims["permissions"] = json!(["read:invoices", "write:drafts", "toolgate:explain"]);
+        if let Some(department) = department {
+            claims["department"] = json!(department);
+        }
+        Who::token(&token(&claims))
+    };
+    let listed = |who: Who| {
+        let mut client = client.clone();
+        async move {
+            let tools = client
+                .list_tools(who.request(proto::ListToolsRequest::default()))
+                .await
+                .expect("ListTools")
+                .into_inner()
+                .tools;
+            let mut names: Vec<String> = tools.into_iter().map(|t| t.name).collect();
+            names.sort();
+            names
+        }
+    };
+    // The condition reads only the caller: decided at list time too.
+    assert_eq!(
+        listed(with(Some("finance"))).await,
+        ["echo", "export", "whoami"]
+    );
+    assert_eq!(listed(with(Some("sales"))).await, ["echo", "whoami"]);
+    // A token without the claim: the condition cannot be evaluated, so it does not allow.
+    assert_eq!(listed(with(None)).await, ["echo", "whoami"]);
+    let export = exec(&mut client, &with(Some("finance")), call("export", "{}")).await;
+    assert_eq!(export.status(), ToolStatus::Ok, "{export:?}");
+    let refused = exec(&mut client, &with(Some("sales")), call("export", "{}")).await;
+    assert_eq!(refused.status(), ToolStatus::NotFound, "{refused:?}");
+    // `role` is in every token above but not exposed: the deny on it never held.
+    let echo = exec(&mut client, &with(None), call("echo", r#"{"text":"hi"}"#)).await;
+    assert_eq!(echo.status(), ToolStatus::Ok, "{echo:?}");
+    // An exposed claim is bounded like the identity: an oversized one refuses the token.
+    let mut huge = claims();
+    huge["department"] = json!("x".repeat(16 * 256 + 1));
+    let status = client
+        .list_tools(Who::token(&token(&huge)).request(proto::ListToolsRequest::default()))
+        .await
+        .expect_err("refused");
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    assert!(status.message().contains("department"), "{status:?}");
+    // Explain shows what the condition read, claims included.
+    let explained = client
+        .explain_tool(with(Some("sales")).request(proto::ExplainToolRequest {
+            call: Some(call("export", "{}")),
+            ..Default::default()
+        }))
+        .await
+        .expect("ExplainTool")
+        .into_inner();
+    let condition = explained
+        .conditions
+        .iter()
+        .find(|c| c.location == "agents.billing-agent.allow[2]")
+        .expect("the allow entry's condition");
+    assert!(
+        !condition.value && condition.error.is_empty(),
+        "{condition:?}"
+    );
+    let read: Value = serde_json::from_str(&condition.variables_json).unwrap();
+    assert_eq!(
+        read["caller"]["claims"],
+        json!({"department": "sales"}),
+        "{read}"
+    );
+}
+
+#[test]
+fn an_exposed_claim_is_named_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret_file = dir.path().join("jwt-secret");
+    std::fs::write(&secret_file, SECRET).unwrap();
+    let yaml = catalog(&secret_file).replace(
+        "scopes: permissions }",
+        "scopes: permissions, expose: [department, department] }",
+    );
+    let err = toolgate::config::Config::from_yaml(
+        &yaml,
+        "catalog.yaml",
+        dir.path(),
+        &toolgate::settings::Env::default(),
+    )
+    .map(|_| ())
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("identity.jwt.claims.expose[1]") && err.contains("listed twice"),
+        "{err}"
+    );
+}

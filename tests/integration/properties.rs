@@ -454,6 +454,7 @@ proptest! {
             agent: agent.into(),
             scopes: BTreeSet::new(),
             method: AuthMethod::Dev,
+            claims: Default::default(),
         };
         let tenant = &catalog.tenants["t"].access;
         for name in lists.tools.iter().chain(&lists.probes) {

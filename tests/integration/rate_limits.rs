@@ -96,7 +96,7 @@ async fn the_demo_refund_quota_holds_before_approval(backend: Backend) {
     let results = burst(
         &server,
         "refund_order",
-        r#"{"order_id":"o-1","amount_cents":100}"#,
+        r#"{"order_id":"o-1","amount_cents":2500}"#,
         "acme",
     )
     .await;

@@ -971,6 +971,7 @@ async fn the_per_call_future_stays_small() {
             agent: "".into(),
             scopes: Default::default(),
             method: toolgate::identity::AuthMethod::Dev,
+            claims: Default::default(),
         }),
         run_id: "run".into(),
         step: 0,

@@ -257,7 +257,7 @@ def test_approval_round_trip_2026_07_28_as_a_url_elicitation(door, grpc_api):
 
     async def body():
         async with host(door, "auto", elicitation_callback=approve_when_asked) as client:
-            return await client.call_tool("refund_order", {"order_id": "A-2026-1", "amount_cents": 1234})
+            return await client.call_tool("refund_order", {"order_id": "A-2026-1", "amount_cents": 12340})
 
     result = run(body)
     assert len(asked) == 1
@@ -278,7 +278,7 @@ def test_a_sealed_approval_state_is_redeemed_once_and_only_for_its_caller(door, 
     async def body():
         async with host(door, "auto", elicitation_callback=never_called) as client:
             first = await client.session.call_tool(
-                "refund_order", {"order_id": "A-2026-2", "amount_cents": 99}, allow_input_required=True
+                "refund_order", {"order_id": "A-2026-2", "amount_cents": 1999}, allow_input_required=True
             )
             assert isinstance(first, mcp_types.InputRequiredResult), first
             state = first.request_state
@@ -286,7 +286,7 @@ def test_a_sealed_approval_state_is_redeemed_once_and_only_for_its_caller(door, 
             # Not approved yet: asked again, with the same approval.
             pending = await client.session.call_tool(
                 "refund_order",
-                {"order_id": "A-2026-2", "amount_cents": 99},
+                {"order_id": "A-2026-2", "amount_cents": 1999},
                 request_state=state,
                 allow_input_required=True,
             )
@@ -295,13 +295,13 @@ def test_a_sealed_approval_state_is_redeemed_once_and_only_for_its_caller(door, 
             await anyio.to_thread.run_sync(decide, grpc_api, approval_id)
             redeemed = await client.session.call_tool(
                 "refund_order",
-                {"order_id": "A-2026-2", "amount_cents": 99},
+                {"order_id": "A-2026-2", "amount_cents": 1999},
                 request_state=state,
                 allow_input_required=True,
             )
             replayed = await client.session.call_tool(
                 "refund_order",
-                {"order_id": "A-2026-2", "amount_cents": 99},
+                {"order_id": "A-2026-2", "amount_cents": 1999},
                 request_state=state,
                 allow_input_required=True,
             )
@@ -316,7 +316,7 @@ def test_a_sealed_approval_state_is_redeemed_once_and_only_for_its_caller(door, 
             try:
                 await other.session.call_tool(
                     "refund_order",
-                    {"order_id": "A-2026-2", "amount_cents": 99},
+                    {"order_id": "A-2026-2", "amount_cents": 1999},
                     request_state=state,
                     allow_input_required=True,
                 )
@@ -334,7 +334,7 @@ def test_a_sealed_approval_state_is_redeemed_once_and_only_for_its_caller(door, 
 
 
 def test_approval_round_trip_2025_11_25_through_meta(door, grpc_api):
-    arguments = {"order_id": "A-2025-1", "amount_cents": 500}
+    arguments = {"order_id": "A-2025-1", "amount_cents": 5000}
 
     async def call(meta=None):
         async with host(door, "legacy") as client:

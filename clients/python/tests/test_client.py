@@ -252,16 +252,16 @@ class RecordedSleeps(list):
 def test_retries_respect_retry_after_and_stop_at_max_attempts(fresh_toolgate, make_client, run_id):
     client = make_client(server=fresh_toolgate)
     for n in range(5):  # refund_order allows 5 calls a minute per tenant
-        assert client.execute("refund_order", {"order_id": f"A-{n}", "amount_cents": 1}).status is (
+        assert client.execute("refund_order", {"order_id": f"A-{n}", "amount_cents": 2500}).status is (
             ToolStatus.APPROVAL_REQUIRED
         )
 
-    limited = client.execute("refund_order", {"order_id": "A-9", "amount_cents": 1}, run_id="plain")
+    limited = client.execute("refund_order", {"order_id": "A-9", "amount_cents": 2500}, run_id="plain")
     assert limited.status is ToolStatus.RATE_LIMITED and limited.retryable and limited.retry_after_ms > 0
 
     sleeps = RecordedSleeps()
     policy = RetryPolicy(max_attempts=3, max_retry_after=120, sleep=sleeps)
-    retried = client.execute("refund_order", {"order_id": "A-9", "amount_cents": 1}, run_id=run_id, retry=policy)
+    retried = client.execute("refund_order", {"order_id": "A-9", "amount_cents": 2500}, run_id=run_id, retry=policy)
     assert retried.status is ToolStatus.RATE_LIMITED
     assert len(sleeps) == 2
     # Each wait is at least what the sidecar asked for (it only shrinks as the window passes).
@@ -270,7 +270,7 @@ def test_retries_respect_retry_after_and_stop_at_max_attempts(fresh_toolgate, ma
     assert [e["status"] for e in attempts] == ["RATE_LIMITED"] * 3
 
     impatient = RetryPolicy(max_attempts=3, max_retry_after=0.001, sleep=RecordedSleeps())
-    client.execute("refund_order", {"order_id": "A-9", "amount_cents": 1}, retry=impatient)
+    client.execute("refund_order", {"order_id": "A-9", "amount_cents": 2500}, retry=impatient)
     assert impatient.sleep == [], "a longer wait than max_retry_after is not waited for"
 
 

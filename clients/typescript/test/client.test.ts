@@ -229,11 +229,11 @@ describe('ToolgateClient', () => {
     const fresh = await ToolgateProcess.start();
     const c = new ToolgateClient({ address: fresh.address, identity: alice() });
     try {
-      for (let n = 0; n < 5; n++) await c.execute('refund_order', { order_id: `A-${n}`, amount_cents: 1 });
+      for (let n = 0; n < 5; n++) await c.execute('refund_order', { order_id: `A-${n}`, amount_cents: 2500 });
       const sleeps: number[] = [];
       const sleep = async (ms: number) => void sleeps.push(ms);
       const runId = `ts-retry-${randomUUID()}`;
-      const limited = await c.execute('refund_order', { order_id: 'A-9', amount_cents: 1 }, { runId, retry: { maxAttempts: 3, maxRetryAfterMs: 120_000, sleep } });
+      const limited = await c.execute('refund_order', { order_id: 'A-9', amount_cents: 2500 }, { runId, retry: { maxAttempts: 3, maxRetryAfterMs: 120_000, sleep } });
       assert.equal(limited.status, 'RATE_LIMITED');
       assert.equal(sleeps.length, 2);
       assert.ok(sleeps.every((ms) => ms >= limited.retryAfterMs), JSON.stringify([sleeps, limited.retryAfterMs]));

@@ -99,7 +99,7 @@ describe('the AI SDK MCP client', () => {
       const model = new MockLanguageModelV4({
         doGenerate: async (options) => {
           const results = toolResultsIn(options.prompt);
-          if (!('r1' in results)) return proposes('r1', 'refund_order', { order_id: 'A-1', amount_cents: 100 });
+          if (!('r1' in results)) return proposes('r1', 'refund_order', { order_id: 'A-1', amount_cents: 2500 });
           seen = textOf(results.r1);
           return says('The refund needs an approval.');
         },
