@@ -19,6 +19,7 @@ mod catalog_tests;
 mod cli;
 mod cli_and_logs;
 mod conditions;
+mod conditions_docs;
 mod config;
 mod docs;
 mod doors;
