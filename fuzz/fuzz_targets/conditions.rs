@@ -65,4 +65,11 @@ fuzz_target!(|data: &[u8]| {
     } else {
         assert_eq!(listed, first, "{expression}");
     }
+    // The same expression as a quota cost: a number of cells or a reason, never a panic, and
+    // never a cell count from a value that is not a whole number.
+    let cost = condition.cost(&with_call);
+    assert_eq!(cost, condition.cost(&with_call), "not deterministic: {expression}");
+    if let Evaluation::Holds(_) = first {
+        assert!(cost.is_err(), "a bool is not a cost: {expression}");
+    }
 });
