@@ -25,7 +25,11 @@ use std::{
 
 use cel::{
     Context, Env, Program, Value,
-    common::ast::{EntryExpr, Expr, IdedExpr},
+    common::{
+        ast::{EntryExpr, Expr, IdedExpr},
+        value::{CowVal, Val},
+    },
+    context::VariableResolver,
 };
 
 use crate::identity::Caller;
@@ -37,6 +41,19 @@ pub const MAX_NESTED_LOOPS: usize = 2;
 
 /// The variables an expression may read.
 pub const VARIABLES: [&str; 5] = ["caller", "tool", "args", "now", "run"];
+
+/// The type names an expression may compare `type(...)` with: constants, not variables.
+pub const TYPE_NAMES: [&str; 9] = [
+    "int",
+    "uint",
+    "double",
+    "bool",
+    "string",
+    "bytes",
+    "list",
+    "map",
+    "null_type",
+];
 
 /// Functions an expression may call beside the operators: the standard library's string,
 /// conversion, size and time functions. The macros (`has`, `all`, `exists`, `exists_one`,
@@ -120,8 +137,10 @@ pub struct Input<'a> {
     caller: &'a Caller,
     tool: ToolFacts<'a>,
     call: Option<CallFacts<'a>>,
-    /// Each of [`VARIABLES`], once made (`Err`: it could not be, e.g. arguments CEL cannot hold).
-    values: [OnceCell<Result<Value, String>>; 5],
+    /// Each of [`VARIABLES`], once made, in the interpreter's own form (`Err`: it could not be,
+    /// e.g. arguments CEL cannot hold). Every condition evaluated on this input borrows it: the
+    /// arguments are converted once per call, not once per condition.
+    values: [OnceCell<Result<Box<dyn Val>, String>>; 5],
     /// What was evaluated, when asked for ([`Input::traced`]: explain, catalog tests).
     trace: Option<RefCell<Vec<Evaluated>>>,
 }
@@ -284,12 +303,26 @@ impl<'a> Input<'a> {
     }
 
     /// The value of `VARIABLES[index]`; `None` for the call's without the call.
-    fn value(&self, index: usize) -> Option<&Result<Value, String>> {
+    fn value(&self, index: usize) -> Option<&Result<Box<dyn Val>, String>> {
         let call = self.call;
         if index >= 2 && call.is_none() {
             return None;
         }
-        Some(self.values[index].get_or_init(|| make_value(self, index)))
+        Some(self.values[index].get_or_init(|| {
+            let value = make_value(self, index)?;
+            Box::<dyn Val>::try_from(value).map_err(|err| format!("{}: {err}", VARIABLES[index]))
+        }))
+    }
+}
+
+/// The variables one evaluation reads, lent to the interpreter from their [`Input`]: binding
+/// them copies nothing.
+struct Bound<'i>([Option<&'i dyn Val>; 5]);
+
+impl VariableResolver for Bound<'_> {
+    fn resolve<'b>(&'b self, variable: &str) -> Option<CowVal<'b, 'b>> {
+        let index = VARIABLES.iter().position(|name| *name == variable)?;
+        self.0[index].map(CowVal::Borrowed)
     }
 }
 
@@ -391,15 +424,16 @@ impl Condition {
 
     /// Its value on `input`; `None` when it reads the call and `input` has none.
     fn run(&self, input: &Input<'_>) -> Result<Option<Value>, String> {
-        let mut context = Context::with_env(env());
+        let mut bound = Bound([None; 5]);
         for &index in &self.reads {
             match input.value(index) {
                 None => return Ok(None),
                 Some(Err(message)) => return Err(message.clone()),
-                // Values share their contents (`Arc`s): a clone is a few reference counts.
-                Some(Ok(value)) => context.add_variable_from_value(VARIABLES[index], value.clone()),
+                Some(Ok(value)) => bound.0[index] = Some(value.as_ref()),
             }
         }
+        let mut context = Context::with_env(env());
+        context.set_variable_resolver(&bound);
         // The interpreter is third-party code fed the model's arguments: a panic in it decides
         // closed like any other failure instead of taking the call's task down.
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -439,9 +473,7 @@ fn make_value(input: &Input<'_>, index: usize) -> Result<Value, String> {
                 "claims",
                 match caller.claims.map() {
                     None => Value::from(HashMap::<&str, Value>::new()),
-                    Some(claims) => {
-                        cel::to_value(claims).map_err(|err| format!("claims: {err}"))?
-                    }
+                    Some(claims) => json_object(claims),
                 },
             ),
         ]),
@@ -450,10 +482,38 @@ fn make_value(input: &Input<'_>, index: usize) -> Result<Value, String> {
             ("version", Value::from(input.tool.version)),
             ("risk_level", Value::from(input.tool.risk_level)),
         ]),
-        2 => cel::to_value(call()?.args).map_err(|err| format!("args: {err}"))?,
+        2 => json(call()?.args),
         3 => Value::Timestamp(chrono::DateTime::<chrono::Utc>::from(call()?.now).fixed_offset()),
         _ => map(vec![("id", Value::from(call()?.run_id))]),
     })
+}
+
+/// JSON as CEL sees it: a whole number is an `int` (a `uint` only above the `int` range), so
+/// `args.n + 1` adds two ints; a number with a fraction or an exponent is a `double`. (The
+/// generic serde conversion makes every non-negative integer a `uint`, which no `int` literal
+/// can be added to.) Depth is bounded by the arguments' limits and the claims' size.
+fn json(value: &serde_json::Value) -> Value {
+    use serde_json::Value as Json;
+    match value {
+        Json::Null => Value::Null,
+        Json::Bool(b) => Value::Bool(*b),
+        Json::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(int), _) => Value::Int(int),
+            (None, Some(uint)) => Value::UInt(uint),
+            _ => Value::Float(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        Json::String(s) => Value::from(s.clone()),
+        Json::Array(items) => Value::List(Arc::new(items.iter().map(json).collect())),
+        Json::Object(map) => json_object(map),
+    }
+}
+
+fn json_object(map: &serde_json::Map<String, serde_json::Value>) -> Value {
+    Value::from(
+        map.iter()
+            .map(|(key, value)| (key.clone(), json(value)))
+            .collect::<HashMap<String, Value>>(),
+    )
 }
 
 /// The first syntax error, with its line and column.
@@ -490,7 +550,7 @@ impl Check<'_> {
         match &expr.expr {
             Expr::Unspecified | Expr::Literal(_) => Ok(()),
             Expr::Ident(name) => {
-                if self.bound.iter().any(|b| b == name) {
+                if self.bound.iter().any(|b| b == name) || TYPE_NAMES.contains(&name.as_str()) {
                     return Ok(());
                 }
                 let Some(index) = VARIABLES.iter().position(|v| v == name) else {
@@ -617,6 +677,16 @@ mod tests {
             ("run.id == 'run-1'", true),
             ("now > timestamp('2026-01-01T00:00:00Z')", true),
             ("args.items.all(i, i > 0)", true),
+            // Whole numbers are ints, as the schema's integers are.
+            ("args.amount_cents + 1 == 60001", true),
+            ("args.items.map(i, i * 2) == [2, 4]", true),
+            ("type(args.amount_cents) == int", true),
+            // A loop variable named like a variable is the loop's, also when evaluated.
+            ("caller.scopes.exists(args, args == 'refunds:write')", true),
+            (
+                "args.items.exists(caller, caller == 2) && caller.tenant == 'acme'",
+                true,
+            ),
             ("has(args.missing)", false),
         ] {
             assert_eq!(

@@ -109,8 +109,10 @@ pub(crate) fn decide<'c>(
     // and handed to the backend, byte for byte.
     let mut arguments = bind::apply(tool, caller, arguments)?;
     schema::check_bound_listing(tool, &arguments, &mut seen.violations)?;
+    canonical::normalize(&mut arguments);
     // 4b. The allow/deny entries whose conditions read the call, on the validated, bound
-    // arguments.
+    // arguments in canonical form: what the quota cost and the approval condition read too
+    // (`2500.0` is the integer `2500` for all of them).
     if provisional {
         let call = CallFacts {
             args: &arguments,
@@ -122,13 +124,10 @@ pub(crate) fn decide<'c>(
         seen.conditions.extend(input.take_trace());
         if let Err(refusal) = access {
             seen.access_rules = access::explain(catalog, &input).rules;
-            let mut refused = arguments.clone();
-            canonical::normalize(&mut refused);
-            seen.refused_arguments = Some(refused);
+            seen.refused_arguments = Some(arguments.clone());
             return Err(refusal);
         }
     }
-    canonical::normalize(&mut arguments);
     let arguments_sha256 = canonical::sha256_hex_shared(&arguments);
     Ok(Decided {
         tool,

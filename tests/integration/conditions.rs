@@ -29,7 +29,7 @@ tenants:
     allow:
       - lookup
       - { tools: [export], when: "caller.agent == 'finance-bot'" }
-      - { tools: [count], when: "args.n > 1" }
+      - { tools: [count], when: "args.n + 1 > 2" }
 tools:
   - name: send_email
     description: Sends an email.
@@ -189,6 +189,10 @@ async fn an_allow_whose_condition_cannot_be_evaluated_does_not_allow() {
     );
     let two = exec(&mut client, &globex, call("count", r#"{"n":2}"#)).await;
     assert_eq!(two.status(), ToolStatus::Ok, "{two:?}");
+    // `2.0` is the integer the schema says: the condition reads the canonical arguments, as the
+    // hash, the quota cost and the approval do (int + int, not double + int, an error).
+    let two = exec(&mut client, &globex, call("count", r#"{"n":2.0}"#)).await;
+    assert_eq!(two.status(), ToolStatus::Ok, "{two:?}");
     let one = exec(&mut client, &globex, call("count", r#"{"n":1}"#)).await;
     let (status, error_type, message) = refusal(&one);
     assert_eq!(
@@ -300,7 +304,7 @@ fn a_bad_condition_is_a_load_error_naming_where_and_what() {
             "syntax error",
         ),
         (
-            "when: \"args.n > 1\"",
+            "when: \"args.n + 1 > 2\"",
             "when: \"myFunction(args.n)\"",
             "tenants.globex.allow[2].when",
             "function \"myFunction\"",
