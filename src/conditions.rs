@@ -137,6 +137,8 @@ pub struct Input<'a> {
     caller: &'a Caller,
     tool: ToolFacts<'a>,
     call: Option<CallFacts<'a>>,
+    /// The caller's value made once for several inputs (ListTools: one caller, every tool).
+    shared_caller: Option<&'a CallerValue>,
     /// Each of [`VARIABLES`], once made, in the interpreter's own form (`Err`: it could not be,
     /// e.g. arguments CEL cannot hold). Every condition evaluated on this input borrows it: the
     /// arguments are converted once per call, not once per condition.
@@ -144,6 +146,11 @@ pub struct Input<'a> {
     /// What was evaluated, when asked for ([`Input::traced`]: explain, catalog tests).
     trace: Option<RefCell<Vec<Evaluated>>>,
 }
+
+/// The caller as conditions read it, made when first read and shared by the inputs that are
+/// given it ([`Input::listing_sharing`]): listing the catalog for one caller makes it once.
+#[derive(Default)]
+pub struct CallerValue(OnceCell<Result<Box<dyn Val>, String>>);
 
 /// A condition that was evaluated, and its value.
 #[derive(Debug, Clone, PartialEq)]
@@ -175,8 +182,21 @@ impl<'a> Input<'a> {
             caller,
             tool,
             call: None,
+            shared_caller: None,
             values: Default::default(),
             trace: None,
+        }
+    }
+
+    /// The same, reading the caller from `shared`, made by the first input that needs it.
+    pub fn listing_sharing(
+        caller: &'a Caller,
+        tool: ToolFacts<'a>,
+        shared: &'a CallerValue,
+    ) -> Self {
+        Input {
+            shared_caller: Some(shared),
+            ..Self::listing(caller, tool)
         }
     }
 
@@ -308,10 +328,14 @@ impl<'a> Input<'a> {
         if index >= 2 && call.is_none() {
             return None;
         }
-        Some(self.values[index].get_or_init(|| {
+        let make = || {
             let value = make_value(self, index)?;
             Box::<dyn Val>::try_from(value).map_err(|err| format!("{}: {err}", VARIABLES[index]))
-        }))
+        };
+        Some(match (index, self.shared_caller) {
+            (0, Some(shared)) => shared.0.get_or_init(make),
+            _ => self.values[index].get_or_init(make),
+        })
     }
 }
 

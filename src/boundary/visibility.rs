@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::{Boundary, access, resolve, resolve::Definitions, scopes};
 use crate::{
     catalog::{Catalog, ToolVersion, revision_of},
-    conditions::Input,
+    conditions::{CallerValue, Input},
     error::{Reason, Refusal, Stage},
     identity::Caller,
 };
@@ -25,9 +25,11 @@ impl Boundary {
 
 /// The tools a caller may see: resolved for its tenant, allowed, and within its scopes.
 pub(super) fn visible_tools(catalog: &Catalog, caller: &Caller) -> Vec<Arc<ToolVersion>> {
+    // The caller's value is made once for the whole catalog, not once per tool.
+    let shared = CallerValue::default();
     catalog
         .names()
-        .filter_map(|name| visibility(catalog, caller, name).ok())
+        .filter_map(|name| visibility_sharing(catalog, caller, name, &shared).ok())
         .cloned()
         .collect()
 }
@@ -40,10 +42,23 @@ pub(crate) fn visibility<'c>(
     caller: &Caller,
     name: &str,
 ) -> Result<&'c Arc<ToolVersion>, Refusal> {
+    visibility_sharing(catalog, caller, name, &CallerValue::default())
+}
+
+/// [`visibility`], the caller's value for conditions taken from (or made into) `shared`.
+fn visibility_sharing<'c>(
+    catalog: &'c Catalog,
+    caller: &Caller,
+    name: &str,
+    shared: &CallerValue,
+) -> Result<&'c Arc<ToolVersion>, Refusal> {
     let tool = resolve::resolve(catalog, name, None, caller)?;
     // Entries whose conditions read the call are provisional here: such a tool is listed, and
     // its calls are decided after bind.
-    access::check(catalog, &Input::listing(caller, tool.facts()))?;
+    access::check(
+        catalog,
+        &Input::listing_sharing(caller, tool.facts(), shared),
+    )?;
     scopes::check(caller, tool)?;
     Ok(tool)
 }
