@@ -27,6 +27,10 @@ use cel::{
     Context, Env, Program, Value,
     common::{
         ast::{EntryExpr, Expr, IdedExpr},
+        types::{
+            CelBool, CelDouble, CelInt, CelList, CelMap, CelMapKey, CelNull, CelString,
+            CelTimestamp, CelUInt,
+        },
         value::{CowVal, Val},
     },
     context::VariableResolver,
@@ -142,7 +146,7 @@ pub struct Input<'a> {
     /// Each of [`VARIABLES`], once made, in the interpreter's own form (`Err`: it could not be,
     /// e.g. arguments CEL cannot hold). Every condition evaluated on this input borrows it: the
     /// arguments are converted once per call, not once per condition.
-    values: [OnceCell<Result<Box<dyn Val>, String>>; 5],
+    values: [OnceCell<Result<Box<dyn Val + 'a>, String>>; 5],
     /// What was evaluated, when asked for ([`Input::traced`]: explain, catalog tests).
     trace: Option<RefCell<Vec<Evaluated>>>,
 }
@@ -323,27 +327,23 @@ impl<'a> Input<'a> {
     }
 
     /// The value of `VARIABLES[index]`; `None` for the call's without the call.
-    fn value(&self, index: usize) -> Option<&Result<Box<dyn Val>, String>> {
+    fn value(&self, index: usize) -> Option<&Result<Box<dyn Val + 'a>, String>> {
         let call = self.call;
         if index >= 2 && call.is_none() {
             return None;
         }
-        let make = || {
-            let value = make_value(self, index)?;
-            Box::<dyn Val>::try_from(value).map_err(|err| format!("{}: {err}", VARIABLES[index]))
-        };
         Some(match (index, self.shared_caller) {
-            (0, Some(shared)) => shared.0.get_or_init(make),
-            _ => self.values[index].get_or_init(make),
+            (0, Some(shared)) => shared.0.get_or_init(|| Ok(caller_value(self.caller))),
+            _ => self.values[index].get_or_init(|| make_value(self, index)),
         })
     }
 }
 
 /// The variables one evaluation reads, lent to the interpreter from their [`Input`]: binding
 /// them copies nothing.
-struct Bound<'i>([Option<&'i dyn Val>; 5]);
+struct Bound<'i, 'a>([Option<&'i (dyn Val + 'a)>; 5]);
 
-impl VariableResolver for Bound<'_> {
+impl VariableResolver for Bound<'_, '_> {
     fn resolve<'b>(&'b self, variable: &str) -> Option<CowVal<'b, 'b>> {
         let index = VARIABLES.iter().position(|name| *name == variable)?;
         self.0[index].map(CowVal::Borrowed)
@@ -471,73 +471,115 @@ impl Condition {
     }
 }
 
-/// The CEL value of `VARIABLES[index]` for `input` (the call's only with the call).
-fn make_value(input: &Input<'_>, index: usize) -> Result<Value, String> {
-    let map = |entries: Vec<(&'static str, Value)>| {
-        Value::from(entries.into_iter().collect::<HashMap<&str, Value>>())
-    };
-    let caller = input.caller;
+/// The interpreter's value of `VARIABLES[index]` for `input` (the call's only with the call),
+/// made directly: the call's strings are borrowed, not copied. The caller's value owns its
+/// strings (a few short ones), so it can be shared by the inputs of one listing.
+fn make_value<'a>(input: &Input<'a>, index: usize) -> Result<Box<dyn Val + 'a>, String> {
     let call = || input.call.ok_or("the call is not known here");
     Ok(match index {
-        0 => map(vec![
-            ("tenant", Value::from(caller.tenant.to_string())),
-            ("subject", Value::from(caller.subject.clone())),
-            ("agent", Value::from(caller.agent.to_string())),
-            (
-                "scopes",
-                Value::List(Arc::new(
-                    caller
-                        .scopes
-                        .iter()
-                        .map(|s| Value::from(s.clone()))
-                        .collect(),
-                )),
-            ),
-            (
-                "claims",
-                match caller.claims.map() {
-                    None => Value::from(HashMap::<&str, Value>::new()),
-                    Some(claims) => json_object(claims),
-                },
-            ),
-        ]),
-        1 => map(vec![
-            ("name", Value::from(input.tool.name)),
-            ("version", Value::from(input.tool.version)),
-            ("risk_level", Value::from(input.tool.risk_level)),
+        0 => caller_value(input.caller),
+        1 => map([
+            ("name", borrowed(input.tool.name)),
+            ("version", borrowed(input.tool.version)),
+            ("risk_level", borrowed(input.tool.risk_level)),
         ]),
         2 => json(call()?.args),
-        3 => Value::Timestamp(chrono::DateTime::<chrono::Utc>::from(call()?.now).fixed_offset()),
-        _ => map(vec![("id", Value::from(call()?.run_id))]),
+        3 => Box::new(CelTimestamp::from(
+            chrono::DateTime::<chrono::Utc>::from(call()?.now).fixed_offset(),
+        )),
+        _ => map([("id", borrowed(call()?.run_id))]),
     })
+}
+
+fn caller_value(caller: &Caller) -> Box<dyn Val> {
+    let owned = |text: &str| -> Box<dyn Val> { Box::new(CelString::from(text.to_owned())) };
+    let scopes: Vec<Box<dyn Val>> = caller.scopes.iter().map(|s| owned(s)).collect();
+    let claims = match caller.claims.map() {
+        None => Box::new(CelMap::from(HashMap::new())),
+        Some(claims) => owned_json_object(claims),
+    };
+    map([
+        ("tenant", owned(&caller.tenant)),
+        ("subject", owned(&caller.subject)),
+        ("agent", owned(&caller.agent)),
+        ("scopes", Box::new(CelList::from(scopes))),
+        ("claims", claims),
+    ])
+}
+
+fn borrowed(text: &str) -> Box<dyn Val + '_> {
+    Box::new(CelString::from(text))
+}
+
+/// A map with these field names.
+fn map<'a, const N: usize>(entries: [(&'static str, Box<dyn Val + 'a>); N]) -> Box<dyn Val + 'a> {
+    let entries: HashMap<CelMapKey<'a>, Box<dyn Val + 'a>> = entries
+        .into_iter()
+        .map(|(name, value)| (CelMapKey::String(CelString::from(name)), value))
+        .collect();
+    Box::new(CelMap::from(entries))
 }
 
 /// JSON as CEL sees it: a whole number is an `int` (a `uint` only above the `int` range), so
 /// `args.n + 1` adds two ints; a number with a fraction or an exponent is a `double`. (The
 /// generic serde conversion makes every non-negative integer a `uint`, which no `int` literal
-/// can be added to.) Depth is bounded by the arguments' limits and the claims' size.
-fn json(value: &serde_json::Value) -> Value {
+/// can be added to.) Strings are borrowed. Depth is bounded by the arguments' limits.
+fn json(value: &serde_json::Value) -> Box<dyn Val + '_> {
     use serde_json::Value as Json;
     match value {
-        Json::Null => Value::Null,
-        Json::Bool(b) => Value::Bool(*b),
-        Json::Number(n) => match (n.as_i64(), n.as_u64()) {
-            (Some(int), _) => Value::Int(int),
-            (None, Some(uint)) => Value::UInt(uint),
-            _ => Value::Float(n.as_f64().unwrap_or(f64::NAN)),
-        },
-        Json::String(s) => Value::from(s.clone()),
-        Json::Array(items) => Value::List(Arc::new(items.iter().map(json).collect())),
-        Json::Object(map) => json_object(map),
+        Json::String(s) => borrowed(s),
+        Json::Array(items) => Box::new(CelList::from(items.iter().map(json).collect::<Vec<_>>())),
+        Json::Object(map) => Box::new(CelMap::from(
+            map.iter()
+                .map(|(key, value)| {
+                    (
+                        CelMapKey::String(CelString::from(key.as_str())),
+                        json(value),
+                    )
+                })
+                .collect::<HashMap<_, _>>(),
+        )),
+        scalar => json_scalar(scalar),
     }
 }
 
-fn json_object(map: &serde_json::Map<String, serde_json::Value>) -> Value {
-    Value::from(
+/// The same, owning its strings (the caller's claims, kept with the caller's value).
+fn owned_json(value: &serde_json::Value) -> Box<dyn Val> {
+    use serde_json::Value as Json;
+    match value {
+        Json::String(s) => Box::new(CelString::from(s.clone())),
+        Json::Array(items) => Box::new(CelList::from(
+            items.iter().map(owned_json).collect::<Vec<_>>(),
+        )),
+        Json::Object(map) => owned_json_object(map),
+        scalar => json_scalar(scalar),
+    }
+}
+
+fn owned_json_object(map: &serde_json::Map<String, serde_json::Value>) -> Box<dyn Val> {
+    Box::new(CelMap::from(
         map.iter()
-            .map(|(key, value)| (key.clone(), json(value)))
-            .collect::<HashMap<String, Value>>(),
-    )
+            .map(|(key, value)| {
+                (
+                    CelMapKey::String(CelString::from(key.clone())),
+                    owned_json(value),
+                )
+            })
+            .collect::<HashMap<_, _>>(),
+    ))
+}
+
+fn json_scalar(value: &serde_json::Value) -> Box<dyn Val> {
+    use serde_json::Value as Json;
+    match value {
+        Json::Bool(b) => Box::new(CelBool::from(*b)),
+        Json::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(int), _) => Box::new(CelInt::from(int)),
+            (None, Some(uint)) => Box::new(CelUInt::from(uint)),
+            _ => Box::new(CelDouble::from(n.as_f64().unwrap_or(f64::NAN))),
+        },
+        _ => Box::new(CelNull),
+    }
 }
 
 /// The first syntax error, with its line and column.
