@@ -198,11 +198,7 @@ impl Fixture {
                     .resolve(&name, None, &caller.tenant)
                     .expect("tool resolves")
                     .clone();
-                let tenant_rate = config
-                    .catalog
-                    .tenants
-                    .get(&*caller.tenant)
-                    .and_then(|t| t.rate_limit);
+                let tenant_rate = config.catalog.tenant_rate(&caller.tenant);
                 Key {
                     name,
                     tool,
@@ -326,7 +322,6 @@ fn access_check(bencher: Bencher, tools: usize) {
                         name: black_box(&key.name),
                         version: "",
                         risk_level: "",
-                        redact: &[],
                     },
                 ),
             ),

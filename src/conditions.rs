@@ -164,8 +164,8 @@ pub struct Evaluated {
     pub expression: String,
     /// Its value, or why it could not be evaluated.
     pub value: Result<Found, String>,
-    /// The variables it read and their values, the arguments redacted as the audit log
-    /// redacts them (the tool's `redact` pointers).
+    /// The variables it read and their values, the arguments whole: whoever shows them redacts
+    /// them as records do (explanations do, with the tool's `redact` pointers).
     pub read: Vec<(&'static str, serde_json::Value)>,
 }
 
@@ -266,7 +266,7 @@ impl<'a> Input<'a> {
         }
     }
 
-    /// `VARIABLES[index]` as explanations show it: JSON, the arguments redacted.
+    /// `VARIABLES[index]` as JSON, for explanations.
     fn shown(&self, index: usize) -> serde_json::Value {
         let caller = self.caller;
         let call = self.call;
@@ -283,15 +283,7 @@ impl<'a> Input<'a> {
                 "version": self.tool.version,
                 "risk_level": self.tool.risk_level,
             }),
-            2 => call.map_or(serde_json::Value::Null, |call| {
-                let mut args = call.args.clone();
-                for pointer in self.tool.redact {
-                    if let Some(value) = args.pointer_mut(pointer) {
-                        *value = serde_json::Value::from("[redacted]");
-                    }
-                }
-                args
-            }),
+            2 => call.map_or(serde_json::Value::Null, |call| call.args.clone()),
             3 => call.map_or(serde_json::Value::Null, |call| {
                 serde_json::Value::from(
                     chrono::DateTime::<chrono::Utc>::from(call.now)
@@ -366,8 +358,6 @@ pub struct ToolFacts<'a> {
     pub name: &'a str,
     pub version: &'a str,
     pub risk_level: &'a str,
-    /// JSON pointers to the arguments that records redact.
-    pub redact: &'a [String],
 }
 
 /// The environment every condition is compiled and run in: the standard library, no
@@ -707,7 +697,6 @@ mod tests {
             name: "refund",
             version: "1.0.0",
             risk_level: "WRITE_CONFIRMED",
-            redact: &[],
         };
         let input = match &args {
             None => Input::listing(&caller, tool),

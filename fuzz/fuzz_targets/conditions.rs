@@ -48,7 +48,6 @@ fuzz_target!(|data: &[u8]| {
         name: "refund",
         version: "1",
         risk_level: "WRITE_CONFIRMED",
-        redact: &[],
     };
     let call = CallFacts {
         args: &args,

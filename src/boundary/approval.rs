@@ -13,7 +13,7 @@ use super::{Boundary, CallRequest, Turn, policy};
 use crate::{
     approvals, canonical,
     catalog::ToolVersion,
-    conditions::{CallFacts, Evaluated, Evaluation, Input},
+    conditions::{Evaluated, Evaluation},
     error::{Reason, Refusal, Stage},
 };
 
@@ -50,12 +50,7 @@ fn needed_traced(
     let Some(when) = &tool.approval_when else {
         return Ok(String::new());
     };
-    let call = CallFacts {
-        args: arguments,
-        now: asker.now,
-        run_id: asker.run_id,
-    };
-    let input = Input::of_call(asker.caller, tool.facts(), call).traced(asker.trace);
+    let input = asker.call_input(tool, arguments);
     let evaluation = input.evaluate_at(|| condition_location(tool), when);
     trace.extend(input.take_trace());
     match evaluation {

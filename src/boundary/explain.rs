@@ -436,7 +436,11 @@ impl Explainer<'_> {
             outcome,
             would_execute,
             stages,
-            conditions: seen.conditions,
+            conditions: seen
+                .conditions
+                .into_iter()
+                .map(|evaluated| redact_read(evaluated, tool))
+                .collect(),
             arguments,
             arguments_sha256,
             override_attempts: seen.override_attempts,
@@ -613,11 +617,7 @@ impl Explainer<'_> {
                 return Ending::Refused(refusal);
             }
         };
-        let tenant_rate = self
-            .catalog
-            .tenants
-            .get(&*caller.tenant)
-            .and_then(|t| t.rate_limit);
+        let tenant_rate = self.catalog.tenant_rate(&caller.tenant);
         // With the shared state unreachable, what is left is unknown (the trail says so); the
         // quota is not called exhausted on a guess.
         let views = self
@@ -932,6 +932,19 @@ fn describe_quota(quota: &QuotaTrail) -> String {
             quota.scope, quota.rate
         ),
     }
+}
+
+/// A condition's values as records show them: the arguments it read redacted by the tool's
+/// `redact` pointers, as the final arguments are.
+fn redact_read(mut evaluated: Evaluated, tool: Option<&std::sync::Arc<ToolVersion>>) -> Evaluated {
+    if let Some(tool) = tool {
+        for (name, value) in &mut evaluated.read {
+            if *name == "args" {
+                *value = redact(value, &tool.redact);
+            }
+        }
+    }
+    evaluated
 }
 
 /// What access is explained on without the call: the caller and the tool.

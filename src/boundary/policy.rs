@@ -29,6 +29,19 @@ pub(crate) struct Asker<'a> {
     pub trace: bool,
 }
 
+impl<'a> Asker<'a> {
+    /// What the conditions of `tool` read for this call, once its arguments are final (stage 4b,
+    /// the quota cost, the approval condition), traced when the asker traces.
+    pub fn call_input(&self, tool: &'a ToolVersion, arguments: &'a Value) -> Input<'a> {
+        let call = CallFacts {
+            args: arguments,
+            now: self.now,
+            run_id: self.run_id,
+        };
+        Input::of_call(self.caller, tool.facts(), call).traced(self.trace)
+    }
+}
+
 /// What stages 1–7 let through: the tool and the final arguments the backend would receive.
 pub(crate) struct Decided<'c> {
     pub tool: &'c Arc<ToolVersion>,
@@ -114,12 +127,7 @@ pub(crate) fn decide<'c>(
     // arguments in canonical form: what the quota cost and the approval condition read too
     // (`2500.0` is the integer `2500` for all of them).
     if provisional {
-        let call = CallFacts {
-            args: &arguments,
-            now: asker.now,
-            run_id: asker.run_id,
-        };
-        let input = Input::of_call(caller, tool.facts(), call).traced(asker.trace);
+        let input = asker.call_input(tool, &arguments);
         let access = access::check(catalog, &input);
         seen.conditions.extend(input.take_trace());
         if let Err(refusal) = access {

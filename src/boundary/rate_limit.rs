@@ -8,7 +8,7 @@ use serde_json::Value;
 use super::{CatalogState, policy};
 use crate::{
     catalog::ToolVersion,
-    conditions::{CallFacts, Evaluated, Input},
+    conditions::Evaluated,
     error::{Reason, Refusal, Stage},
     limits::{self, Cost},
 };
@@ -29,11 +29,7 @@ pub(super) async fn check(
 ) -> Result<(), Refusal> {
     let caller = asker.caller;
     let cost = cost(tool, asker, arguments).0?;
-    let tenant_rate = state
-        .catalog
-        .tenants
-        .get(&*caller.tenant)
-        .and_then(|t| t.rate_limit);
+    let tenant_rate = state.catalog.tenant_rate(&caller.tenant);
     state
         .rate_limits
         .check(&caller.tenant, tool, tenant_rate, cost)
@@ -50,12 +46,7 @@ pub(super) fn cost(
     let (Some(rate), Some(expression)) = (tool.rate_limit, &tool.quota_cost) else {
         return (Ok(Cost::ONE), Vec::new());
     };
-    let call = CallFacts {
-        args: arguments,
-        now: asker.now,
-        run_id: asker.run_id,
-    };
-    let input = Input::of_call(asker.caller, tool.facts(), call).traced(asker.trace);
+    let input = asker.call_input(tool, arguments);
     let cells = input.cost_at(|| cost_location(tool), expression);
     let decided = match cells {
         Ok(cells) if cells > u64::from(rate.burst.get()) => Err(limits::over_burst(

@@ -130,7 +130,6 @@ impl ToolVersion {
             name: &self.name,
             version: &self.version,
             risk_level: self.risk_level.as_str(),
-            redact: &self.redact,
         }
     }
 }
@@ -219,6 +218,11 @@ impl Catalog {
     /// Configured tools that cannot be offered now (e.g. their MCP server is down), sorted.
     pub fn unavailable_names(&self) -> impl Iterator<Item = &str> {
         self.unavailable.keys().map(String::as_str)
+    }
+
+    /// A tenant's overall quota, if it has one.
+    pub fn tenant_rate(&self, tenant: &str) -> Option<Rate> {
+        self.tenants.get(tenant).and_then(|t| t.rate_limit)
     }
 
     /// Every version of every tool.

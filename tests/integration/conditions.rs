@@ -68,14 +68,14 @@ tools:
 "#;
 
 /// A call with an id of its own, so its audit event can be told apart.
-fn call_as(id: &str, name: &str, args: &str) -> proto::ToolCall {
+pub(crate) fn call_as(id: &str, name: &str, args: &str) -> proto::ToolCall {
     let mut call = call(name, args);
     call.call_id = id.into();
     call
 }
 
 /// The audit event of the call with this id.
-async fn audited(server: &TestServer, call_id: &str) -> serde_json::Value {
+pub(crate) async fn audited(server: &TestServer, call_id: &str) -> serde_json::Value {
     let events = server.audit_events().await;
     events
         .into_iter()

@@ -301,7 +301,6 @@ fn listing<'a>(caller: &'a Caller, name: &'a str) -> Input<'a> {
             name,
             version: "1.0.0",
             risk_level: "READ_ONLY",
-            redact: &[],
         },
     )
 }

@@ -7,6 +7,7 @@ use futures::future::join_all;
 use toolgate::proto::{self, ToolStatus};
 
 use crate::{
+    conditions::{audited, call_as},
     process::spawn,
     shared_state::{connect, tools},
     support::{Backend, RedisServer, TestServer, call, exec, on_both_backends, redis_state, who},
@@ -95,9 +96,8 @@ async fn a_call_takes_its_cost_in_cells_and_a_cost_that_cannot_be_taken_is_refus
         ("search", r#"{}"#, "top_k"),
         ("weighed", r#"{"weight":1.5}"#, "not an int"),
     ] {
-        let mut refused_call = call(tool, args);
-        refused_call.call_id = format!("closed-{tool}-{}", args.len());
-        let refused = exec(&mut client, &who("acme"), refused_call.clone()).await;
+        let call_id = format!("closed-{tool}-{}", args.len());
+        let refused = exec(&mut client, &who("acme"), call_as(&call_id, tool, args)).await;
         assert_eq!(
             (
                 refused.status(),
@@ -114,11 +114,7 @@ async fn a_call_takes_its_cost_in_cells_and_a_cost_that_cannot_be_taken_is_refus
                 && refused.error_message.contains(error),
             "{refused:?}"
         );
-        let events = server.audit_events().await;
-        let event = events
-            .iter()
-            .find(|e| e["call_id"] == refused_call.call_id.as_str())
-            .expect("audited");
+        let event = audited(&server, &call_id).await;
         assert_eq!(event["error_type"], "condition_error", "{event}");
     }
 }
