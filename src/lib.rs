@@ -74,6 +74,49 @@ pub mod tls;
 
 pub use server::{Running, StartError, StartOptions, run, start};
 
+/// The unit tests' allocator: counts the allocations of the thread that makes them (tests run
+/// on several threads), to show a path allocates nothing.
+#[cfg(test)]
+pub(crate) mod allocations {
+    use std::{
+        alloc::{GlobalAlloc, Layout, System},
+        cell::Cell,
+    };
+
+    struct Counting;
+
+    thread_local! {
+        static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
+    }
+
+    #[expect(
+        unsafe_code,
+        reason = "a counting allocator, to show a path allocates nothing"
+    )]
+    // SAFETY: every call is passed on to the system allocator unchanged.
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            ALLOCATIONS.with(|n| n.set(n.get() + 1));
+            // SAFETY: the caller's contract is System's.
+            unsafe { System.alloc(layout) }
+        }
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            // SAFETY: the caller's contract is System's.
+            unsafe { System.dealloc(ptr, layout) }
+        }
+    }
+
+    #[global_allocator]
+    static COUNTING: Counting = Counting;
+
+    /// How many allocations `f` made on this thread.
+    pub(crate) fn allocations_in(f: impl FnOnce()) -> usize {
+        let before = ALLOCATIONS.with(Cell::get);
+        f();
+        ALLOCATIONS.with(Cell::get) - before
+    }
+}
+
 /// Generated `toolgate.v1` types, clients and servers.
 pub mod proto {
     #![allow(

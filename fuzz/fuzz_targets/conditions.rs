@@ -5,7 +5,9 @@
 //! - an expression longer than the limit is refused, never compiled;
 //! - evaluating twice on the same input gives the same answer;
 //! - an expression that does not read the call decides the same with and without it, and one
-//!   that does is undecided (`Unknown`) without it.
+//!   that does is undecided (`Unknown`) without it;
+//! - what is decided in place (without the interpreter) is what the interpreter decides, as a
+//!   rule and as a cost, with and without the call.
 #![no_main]
 
 use std::{collections::BTreeSet, time::{Duration, SystemTime}};
@@ -14,7 +16,7 @@ use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 use toolgate::{
     conditions::{CallFacts, Condition, Evaluation, Input, MAX_EXPRESSION_BYTES, ToolFacts},
-    identity::{AuthMethod, Caller},
+    identity::{AuthMethod, Caller, Claims},
 };
 
 fuzz_target!(|data: &[u8]| {
@@ -42,7 +44,12 @@ fuzz_target!(|data: &[u8]| {
         agent: "bot".into(),
         scopes: BTreeSet::from(["a".to_owned(), "b".to_owned()]),
         method: AuthMethod::Dev,
-        claims: Default::default(),
+        claims: Claims::new(
+            serde_json::json!({"department": "finance", "level": 3})
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
+        ),
     };
     let tool = ToolFacts {
         name: "refund",
@@ -56,6 +63,10 @@ fuzz_target!(|data: &[u8]| {
     };
     let with_call = Input::of_call(&caller, tool, call);
     let without = Input::listing(&caller, tool);
+    for input in [&with_call, &without] {
+        assert_eq!(condition.evaluate(input), condition.interpret(input), "{expression}");
+        assert_eq!(condition.cost(input), condition.interpret_cost(input), "{expression}");
+    }
     let first = condition.evaluate(&with_call);
     assert_eq!(first, condition.evaluate(&with_call), "not deterministic: {expression}");
     let listed = condition.evaluate(&without);

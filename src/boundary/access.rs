@@ -211,3 +211,56 @@ fn check_list<'c>(
     *denied_by = Some(rule);
     Err(Refusal::new(Stage::Access, reason, message))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        allocations::allocations_in,
+        config::Config,
+        identity::{AuthMethod, Caller},
+        settings::Env,
+    };
+
+    /// Stage 4 with conditional entries on the caller and the tool, as ListTools and the chain
+    /// run it: the allowed path allocates nothing, however many entries it evaluates.
+    #[test]
+    fn conditions_on_the_caller_cost_no_allocation_per_call() {
+        let mut yaml = String::from(
+            "version: 1\nidentity: { dev_identity: true }\ntenants:\n  acme:\n    allow:\n      \
+             - { tools: ['*'], when: \"'support' in caller.scopes || tool.risk_level == 'READ_ONLY'\" }\n    deny:\n",
+        );
+        for i in 0..100 {
+            yaml.push_str(&format!(
+                "      - {{ tools: [send_email], when: \"caller.agent == 'bot-{i}'\" }}\n"
+            ));
+        }
+        yaml.push_str(
+            "tools:\n  - { name: send_email, description: d, risk_level: read_only, \
+             executor: { builtin: echo }, input_schema: { type: object } }\n",
+        );
+        let config =
+            Config::from_yaml(&yaml, "t", std::path::Path::new("."), &Env::default()).unwrap();
+        let caller = Caller {
+            tenant: "acme".into(),
+            subject: "alice".to_owned(),
+            agent: "support-bot".into(),
+            scopes: Default::default(),
+            method: AuthMethod::Dev,
+            claims: Default::default(),
+        };
+        let tool = config.catalog.resolve("send_email", None, "acme").unwrap();
+        let input = Input::listing(&caller, tool.facts());
+        assert_eq!(
+            allocations_in(|| assert_eq!(check(&config.catalog, &input), Ok(Provisional(false)))),
+            0
+        );
+        // A refusal is counted: it builds its message.
+        let bot = Caller {
+            agent: "bot-99".into(),
+            ..caller.clone()
+        };
+        let input = Input::listing(&bot, tool.facts());
+        assert!(allocations_in(|| assert!(check(&config.catalog, &input).is_err())) > 0);
+    }
+}

@@ -451,45 +451,9 @@ pub fn describe(rate: Rate) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::allocations::allocations_in;
     use crate::{clock::ManualClock, config::Config, settings::Env};
     use futures::FutureExt;
-    use std::{
-        alloc::{GlobalAlloc, Layout, System},
-        cell::Cell,
-    };
-
-    /// Counts the allocations of the thread that makes them (tests run on several threads).
-    struct Counting;
-
-    thread_local! {
-        static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
-    }
-
-    #[expect(
-        unsafe_code,
-        reason = "a counting allocator, to show the memory path allocates nothing"
-    )]
-    // SAFETY: every call is passed on to the system allocator unchanged.
-    unsafe impl GlobalAlloc for Counting {
-        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-            ALLOCATIONS.with(|n| n.set(n.get() + 1));
-            // SAFETY: the caller's contract is System's.
-            unsafe { System.alloc(layout) }
-        }
-        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-            // SAFETY: the caller's contract is System's.
-            unsafe { System.dealloc(ptr, layout) }
-        }
-    }
-
-    #[global_allocator]
-    static COUNTING: Counting = Counting;
-
-    fn allocations_in(f: impl FnOnce()) -> usize {
-        let before = ALLOCATIONS.with(Cell::get);
-        f();
-        ALLOCATIONS.with(Cell::get) - before
-    }
 
     #[test]
     fn the_memory_limiter_behind_the_enum_allocates_nothing_per_call() {

@@ -38,6 +38,8 @@ use cel::{
 
 use crate::identity::Caller;
 
+mod direct;
+
 /// Longest expression accepted, in bytes.
 pub const MAX_EXPRESSION_BYTES: usize = 1024;
 /// Deepest nesting of comprehensions (`all`, `exists`, `exists_one`, `map`, `filter`).
@@ -114,6 +116,8 @@ pub struct Condition {
     program: Program,
     /// The variables it reads, as indices into [`VARIABLES`]: only those are given to it.
     reads: Vec<usize>,
+    /// The same expression decided in place, when it is in the shapes that can be.
+    direct: Option<direct::Direct>,
 }
 
 impl std::fmt::Debug for Condition {
@@ -394,6 +398,7 @@ impl Condition {
         reads.dedup();
         Ok(Condition {
             source: source.into(),
+            direct: direct::Direct::plan(program.expression()),
             program,
             reads,
         })
@@ -409,8 +414,40 @@ impl Condition {
         self.reads.iter().any(|&index| index >= 2)
     }
 
-    /// Evaluates it on `input`, as a rule's or an approval's condition.
+    /// Evaluates it on `input`, as a rule's or an approval's condition: in place when it can
+    /// be (no allocation), by the interpreter otherwise.
     pub fn evaluate(&self, input: &Input<'_>) -> Evaluation {
+        if let Some(holds) = self.in_place(input).and_then(|d| d.holds(input)) {
+            return Evaluation::Holds(holds);
+        }
+        self.interpret(input)
+    }
+
+    /// Evaluates it on `input`, as a quota cost: a whole number of cells, zero or more.
+    pub fn cost(&self, input: &Input<'_>) -> Result<u64, String> {
+        if let Some(cells) = self.in_place(input).and_then(|d| d.cost(input)) {
+            return Ok(cells);
+        }
+        self.interpret_cost(input)
+    }
+
+    /// Whether it is in the shapes decided in place, without the interpreter.
+    pub fn decided_in_place(&self) -> bool {
+        self.direct.is_some()
+    }
+
+    /// The in-place form, unless the call it reads is not known here: then the answer is the
+    /// interpreter's (`Unknown`), even where a short-circuit could decide without the call.
+    fn in_place(&self, input: &Input<'_>) -> Option<&direct::Direct> {
+        if input.call.is_none() && self.reads_call() {
+            return None;
+        }
+        self.direct.as_ref()
+    }
+
+    /// [`Condition::evaluate`] by the interpreter alone: the reference the in-place answers are
+    /// held to (unit tests, the `conditions` fuzz target).
+    pub fn interpret(&self, input: &Input<'_>) -> Evaluation {
         match self.run(input) {
             Ok(Some(Value::Bool(holds))) => Evaluation::Holds(holds),
             Ok(Some(other)) => Evaluation::Failed(format!(
@@ -422,8 +459,8 @@ impl Condition {
         }
     }
 
-    /// Evaluates it on `input`, as a quota cost: a whole number of cells, zero or more.
-    pub fn cost(&self, input: &Input<'_>) -> Result<u64, String> {
+    /// [`Condition::cost`] by the interpreter alone.
+    pub fn interpret_cost(&self, input: &Input<'_>) -> Result<u64, String> {
         match self.run(input)? {
             Some(Value::UInt(cells)) => Ok(cells),
             Some(Value::Int(cells)) => u64::try_from(cells)
@@ -678,7 +715,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::identity::AuthMethod;
+    use crate::{allocations::allocations_in, identity::AuthMethod};
 
     fn caller() -> Caller {
         Caller {
@@ -793,6 +830,257 @@ mod tests {
         );
         assert!(error("args.a.all(x, x > 0) && x > 0").contains("unknown variable \"x\""));
         assert!(error("{'a': args.a}.?a == 1").contains("syntax error"));
+    }
+
+    /// The in-place path answers as the interpreter does, on expressions made from the shapes
+    /// it decides and the ones it hands back (mismatched types, missing fields, numbers that
+    /// are not ints, null), for callers with and without claims, arguments of the expected and
+    /// unexpected types, and without the call.
+    #[test]
+    fn in_place_answers_are_the_interpreters() {
+        let mut callers = vec![caller()];
+        let mut with_claims = caller();
+        with_claims.claims = crate::identity::Claims::new(
+            json!({"department": "finance", "level": 3, "tags": ["a"]})
+                .as_object()
+                .cloned()
+                .unwrap(),
+        );
+        callers.push(with_claims);
+        let args = [
+            json!({"to": "bob@acme.com", "name": "é☃", "amount_cents": 60000, "n": -3,
+                   "flag": true, "tags": ["x", "y"], "mixed": [1, "x", 1.0],
+                   "nested": {"count": 2}, "big": 18446744073709551615_u64, "ratio": 1.5,
+                   "nul": null}),
+            json!({"to": 5, "name": null, "amount_cents": "a lot", "n": 2.0, "flag": "yes",
+                   "tags": "x", "nested": [], "mixed": {}}),
+        ];
+        let tool = ToolFacts {
+            name: "refund",
+            version: "1.0.0",
+            risk_level: "WRITE_CONFIRMED",
+        };
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_780_000_000);
+        let (mut compared, mut in_place) = (0, 0);
+        let mut random = Random(0x5eed);
+        for _ in 0..4000 {
+            let source = random.boolean(3);
+            let Ok(condition) = Condition::compile(&source) else {
+                continue;
+            };
+            in_place += usize::from(condition.decided_in_place());
+            for caller in &callers {
+                let mut inputs = vec![Input::listing(caller, tool)];
+                inputs.extend(args.iter().map(|args| {
+                    Input::of_call(
+                        caller,
+                        tool,
+                        CallFacts {
+                            args,
+                            now,
+                            run_id: "run-1",
+                        },
+                    )
+                }));
+                for input in &inputs {
+                    compared += 1;
+                    assert_eq!(
+                        condition.evaluate(input),
+                        condition.interpret(input),
+                        "{source}"
+                    );
+                    assert_eq!(
+                        condition.cost(input),
+                        condition.interpret_cost(input),
+                        "{source}"
+                    );
+                }
+            }
+        }
+        assert!(compared > 10_000, "{compared}");
+        assert!(in_place > 2000, "only {in_place} of 4000 decided in place");
+    }
+
+    /// A deterministic generator of expressions.
+    struct Random(u64);
+
+    impl Random {
+        fn below(&mut self, n: usize) -> usize {
+            // xorshift64
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            (self.0 % n as u64) as usize
+        }
+
+        fn pick(&mut self, from: &[&str]) -> String {
+            from[self.below(from.len())].to_owned()
+        }
+
+        fn any(&mut self, depth: usize) -> String {
+            match self.below(4) {
+                0 => self.pick(&[
+                    "caller.tenant",
+                    "caller.subject",
+                    "caller.agent",
+                    "tool.name",
+                    "tool.version",
+                    "tool.risk_level",
+                    "run.id",
+                    "args.to",
+                    "args.name",
+                    "caller.claims.department",
+                    "caller.claims['level']",
+                    "'acme'",
+                    "'alice'",
+                    "''",
+                    "'é☃'",
+                    "args.missing",
+                    "args.tags[0]",
+                    "args.tags[5]",
+                    "'refund'",
+                    "'bob@acme.com'",
+                    "caller.claims.tags",
+                    "caller.scopes",
+                    "args.nested",
+                ]),
+                1 => self.pick(&[
+                    "args.amount_cents",
+                    "args.n",
+                    "args.big",
+                    "args.ratio",
+                    "1000",
+                    "-1",
+                    "0",
+                    "2",
+                    "60000",
+                    "size(caller.scopes)",
+                    "size(args.to)",
+                    "args.tags.size()",
+                    "size(caller.claims)",
+                    "caller.claims.level",
+                    "args.nested.count",
+                    "args.nul",
+                    "-args.n",
+                    "size(args.name)",
+                    "args.mixed[0]",
+                    "1u",
+                    "1.0",
+                    "args.amount_cents + 1",
+                    "-9223372036854775808",
+                ]),
+                2 if depth > 0 => {
+                    let (c, a, b) = (self.boolean(depth - 1), self.any(0), self.any(0));
+                    format!("({c} ? {a} : {b})")
+                }
+                _ => self.boolean(depth.saturating_sub(1)),
+            }
+        }
+
+        fn boolean(&mut self, depth: usize) -> String {
+            let choice = if depth == 0 {
+                self.below(2)
+            } else {
+                self.below(7)
+            };
+            match choice {
+                0 => self.pick(&[
+                    "true",
+                    "false",
+                    "args.flag",
+                    "has(args.to)",
+                    "has(caller.claims.department)",
+                    "has(args.nested.count)",
+                    "'refunds:write' in caller.scopes",
+                    "'to' in args",
+                    "'x' in args.tags",
+                    "1 in [1, 2]",
+                    "caller.tenant in ['acme', 'globex']",
+                    "args.to.endsWith('@acme.com')",
+                    "caller.agent.startsWith('support')",
+                    "tool.name.contains('und')",
+                    "'department' in caller.claims",
+                    "1 in args.mixed",
+                    "'x' in args.mixed",
+                    "args.n in [1, 'x']",
+                    "has(caller.tenant)",
+                    "args.to.startsWith(args.name)",
+                ]),
+                1 => {
+                    let operator = self.pick(&["==", "!=", "<", "<=", ">", ">="]);
+                    let (a, b) = (self.any(depth), self.any(depth));
+                    format!("{a} {operator} {b}")
+                }
+                2 => format!("!({})", self.boolean(depth - 1)),
+                3 => format!(
+                    "({} && {})",
+                    self.boolean(depth - 1),
+                    self.boolean(depth - 1)
+                ),
+                4 => format!(
+                    "({} || {})",
+                    self.boolean(depth - 1),
+                    self.boolean(depth - 1)
+                ),
+                5 => format!("{} in [{}, {}]", self.any(0), self.any(0), self.any(0)),
+                _ => {
+                    let test = self.pick(&["startsWith", "endsWith", "contains"]);
+                    format!("{}.{test}({})", self.any(0), self.any(0))
+                }
+            }
+        }
+    }
+
+    /// Rules on the caller and the tool, the common shapes, cost nothing per call: decided in
+    /// place, nothing converted to the interpreter's values, nothing allocated.
+    #[test]
+    fn conditions_on_the_caller_and_the_tool_allocate_nothing() {
+        let caller = caller();
+        let tool = ToolFacts {
+            name: "refund",
+            version: "1.0.0",
+            risk_level: "WRITE_CONFIRMED",
+        };
+        let args = json!({"to": "bob@acme.com", "amount_cents": 60000});
+        for source in [
+            "caller.agent == 'bot-7'",
+            "caller.tenant == 'acme' && 'refunds:write' in caller.scopes",
+            "!(caller.tenant in ['globex', 'initech']) || tool.risk_level == 'READ_ONLY'",
+            "tool.name.startsWith('ref') && size(caller.scopes) > 0",
+            "has(caller.claims.department) ? caller.claims.department == 'finance' : false",
+        ] {
+            let condition = Condition::compile(source).unwrap();
+            assert!(condition.decided_in_place(), "{source}");
+            let input = Input::listing(&caller, tool);
+            assert_eq!(
+                allocations_in(|| {
+                    assert!(matches!(
+                        input.evaluate_at(|| unreachable!(), &condition),
+                        Evaluation::Holds(_)
+                    ));
+                }),
+                0,
+                "{source}"
+            );
+        }
+        // So do the common rules on the arguments.
+        let condition =
+            Condition::compile("!args.to.endsWith('@acme.com') || args.amount_cents > 50000")
+                .unwrap();
+        let call = CallFacts {
+            args: &args,
+            now: SystemTime::UNIX_EPOCH,
+            run_id: "run-1",
+        };
+        let input = Input::of_call(&caller, tool, call);
+        assert_eq!(
+            allocations_in(|| assert_eq!(condition.evaluate(&input), Evaluation::Holds(true))),
+            0
+        );
+        // The counter does count: the interpreter allocates.
+        assert!(
+            allocations_in(|| assert_eq!(condition.interpret(&input), Evaluation::Holds(true))) > 0
+        );
     }
 
     #[test]

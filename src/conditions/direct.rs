@@ -1,0 +1,381 @@
+//! Conditions decided in place: the common shapes of expression (comparisons, `in`, the string
+//! tests, `size`, `has`, `!`, `&&`, `||`, `?:` over literals and the fields of `caller`, `tool`,
+//! `args` and `run`) are evaluated here by reading the caller, the tool and the arguments where
+//! they are, without the interpreter: nothing is converted to the interpreter's values and
+//! nothing is allocated. That is what makes a rule on the caller free per call.
+//!
+//! This is a fast path, never a second meaning: it answers only when the answer cannot differ
+//! from the interpreter's — same-typed comparisons of strings, ints and bools, and the
+//! operators' own short-circuits — and hands everything else back (`None`): a missing field, a
+//! type mismatch, a number that is not an `int`, an overflow. The interpreter then decides, and
+//! reports the error exactly as it always did. The unit tests and the `conditions` fuzz target
+//! compare the two on every expression they make.
+
+use std::collections::BTreeSet;
+
+use cel::common::ast::{Expr, IdedExpr, LiteralValue, operators};
+use serde_json::{Map, Value as Json};
+
+use super::{CallFacts, Input, ToolFacts};
+use crate::identity::Caller;
+
+/// An expression in the shapes decided in place, built at load.
+#[derive(Debug)]
+pub(super) struct Direct(Node);
+
+#[derive(Debug)]
+enum Node {
+    Bool(bool),
+    Int(i64),
+    Text(Box<str>),
+    /// `caller`, `tool`, `args` or `run`.
+    Variable(Root),
+    /// `operand.field`, or with `test`, `has(operand.field)`.
+    Select {
+        operand: Box<Node>,
+        field: Box<str>,
+        test: bool,
+    },
+    /// `operand[key]`.
+    Index(Box<Node>, Box<Node>),
+    /// A list literal: only as the right-hand side of `in`.
+    List(Vec<Node>),
+    Not(Box<Node>),
+    Negate(Box<Node>),
+    And(Box<Node>, Box<Node>),
+    Or(Box<Node>, Box<Node>),
+    Choose(Box<[Node; 3]>),
+    Compare(Comparison, Box<Node>, Box<Node>),
+    In(Box<Node>, Box<Node>),
+    StringTest(StringTest, Box<Node>, Box<Node>),
+    Size(Box<Node>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Root {
+    Caller,
+    Tool,
+    Args,
+    Run,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Comparison {
+    Equal,
+    NotEqual,
+    Less,
+    LessOrEqual,
+    Greater,
+    GreaterOrEqual,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum StringTest {
+    StartsWith,
+    EndsWith,
+    Contains,
+}
+
+/// A value read in place.
+#[derive(Clone, Copy)]
+enum Value<'a> {
+    Bool(bool),
+    Int(i64),
+    Text(&'a str),
+    Caller(&'a Caller),
+    Tool(ToolFacts<'a>),
+    Run(&'a str),
+    Scopes(&'a BTreeSet<String>),
+    /// A JSON object (the arguments, an object in them, the claims); `None`: no claims.
+    Object(Option<&'a Map<String, Json>>),
+    Array(&'a [Json]),
+}
+
+impl Direct {
+    /// The expression in the shapes decided in place, or `None` when any part of it is not.
+    pub(super) fn plan(expr: &IdedExpr) -> Option<Direct> {
+        node(expr).map(Direct)
+    }
+
+    /// The rule's (or approval's) value, when it is decided in place.
+    pub(super) fn holds(&self, input: &Input<'_>) -> Option<bool> {
+        match eval(&self.0, &Facts::of(input))? {
+            Value::Bool(holds) => Some(holds),
+            _ => None,
+        }
+    }
+
+    /// The quota cost, when it is decided in place and is a whole number of cells.
+    pub(super) fn cost(&self, input: &Input<'_>) -> Option<u64> {
+        match eval(&self.0, &Facts::of(input))? {
+            Value::Int(cells) => u64::try_from(cells).ok(),
+            _ => None,
+        }
+    }
+}
+
+/// What an evaluation reads.
+struct Facts<'a> {
+    caller: &'a Caller,
+    tool: ToolFacts<'a>,
+    call: Option<CallFacts<'a>>,
+}
+
+impl<'a> Facts<'a> {
+    fn of(input: &Input<'a>) -> Self {
+        Facts {
+            caller: input.caller,
+            tool: input.tool,
+            call: input.call,
+        }
+    }
+}
+
+fn boxed(expr: &IdedExpr) -> Option<Box<Node>> {
+    node(expr).map(Box::new)
+}
+
+fn node(expr: &IdedExpr) -> Option<Node> {
+    Some(match &expr.expr {
+        Expr::Literal(LiteralValue::Boolean(b)) => Node::Bool(*b.inner()),
+        Expr::Literal(LiteralValue::Int(i)) => Node::Int(*i.inner()),
+        Expr::Literal(LiteralValue::String(s)) => Node::Text(s.inner().into()),
+        Expr::Ident(name) => Node::Variable(match name.as_str() {
+            "caller" => Root::Caller,
+            "tool" => Root::Tool,
+            "args" => Root::Args,
+            "run" => Root::Run,
+            // `now`, type names and loop variables are the interpreter's.
+            _ => return None,
+        }),
+        Expr::Select(select) => Node::Select {
+            operand: boxed(&select.operand)?,
+            field: select.field.as_str().into(),
+            test: select.test,
+        },
+        Expr::List(list) if list.optional_indices.is_empty() => {
+            Node::List(list.elements.iter().map(node).collect::<Option<_>>()?)
+        }
+        Expr::Call(call) => {
+            let name = call.func_name.as_str();
+            match (&call.target, call.args.as_slice()) {
+                (None, [a]) => match name {
+                    operators::LOGICAL_NOT => Node::Not(boxed(a)?),
+                    operators::NEGATE => Node::Negate(boxed(a)?),
+                    "size" => Node::Size(boxed(a)?),
+                    _ => return None,
+                },
+                (None, [a, b]) => {
+                    let (a, b) = (boxed(a)?, boxed(b)?);
+                    let comparison = match name {
+                        operators::LOGICAL_AND => return Some(Node::And(a, b)),
+                        operators::LOGICAL_OR => return Some(Node::Or(a, b)),
+                        operators::IN => return Some(Node::In(a, b)),
+                        operators::INDEX => return Some(Node::Index(a, b)),
+                        operators::EQUALS => Comparison::Equal,
+                        operators::NOT_EQUALS => Comparison::NotEqual,
+                        operators::LESS => Comparison::Less,
+                        operators::LESS_EQUALS => Comparison::LessOrEqual,
+                        operators::GREATER => Comparison::Greater,
+                        operators::GREATER_EQUALS => Comparison::GreaterOrEqual,
+                        _ => return None,
+                    };
+                    Node::Compare(comparison, a, b)
+                }
+                (None, [c, a, b]) if name == operators::CONDITIONAL => {
+                    Node::Choose(Box::new([node(c)?, node(a)?, node(b)?]))
+                }
+                (Some(target), []) if name == "size" => Node::Size(boxed(target)?),
+                (Some(target), [needle]) => {
+                    let test = match name {
+                        "startsWith" => StringTest::StartsWith,
+                        "endsWith" => StringTest::EndsWith,
+                        "contains" => StringTest::Contains,
+                        _ => return None,
+                    };
+                    Node::StringTest(test, boxed(target)?, boxed(needle)?)
+                }
+                _ => return None,
+            }
+        }
+        _ => return None,
+    })
+}
+
+/// The value of `node`, or `None` when the interpreter must decide.
+fn eval<'a>(node: &'a Node, facts: &Facts<'a>) -> Option<Value<'a>> {
+    Some(match node {
+        Node::Bool(b) => Value::Bool(*b),
+        Node::Int(i) => Value::Int(*i),
+        Node::Text(text) => Value::Text(text),
+        Node::Variable(root) => match root {
+            Root::Caller => Value::Caller(facts.caller),
+            Root::Tool => Value::Tool(facts.tool),
+            Root::Args => json(facts.call?.args)?,
+            Root::Run => Value::Run(facts.call?.run_id),
+        },
+        Node::Select {
+            operand,
+            field,
+            test,
+        } => {
+            let operand = eval(operand, facts)?;
+            if *test {
+                // `has` on an object: whether the key is there.
+                let Value::Object(map) = operand else {
+                    return None;
+                };
+                return Some(Value::Bool(
+                    map.is_some_and(|map| map.contains_key(&**field)),
+                ));
+            }
+            field_of(operand, field)?
+        }
+        Node::Index(operand, key) => match (eval(operand, facts)?, eval(key, facts)?) {
+            (Value::Object(map), Value::Text(key)) => json(map?.get(key)?)?,
+            (Value::Array(items), Value::Int(at)) => json(items.get(usize::try_from(at).ok()?)?)?,
+            _ => return None,
+        },
+        Node::List(_) => return None,
+        Node::Not(operand) => Value::Bool(!boolean(operand, facts)?),
+        Node::Negate(operand) => match eval(operand, facts)? {
+            Value::Int(i) => Value::Int(i.checked_neg()?),
+            _ => return None,
+        },
+        // The interpreter's short-circuits: `false && x` is false and `true || x` true whatever
+        // `x` is. Any other case with a side it cannot read is the interpreter's.
+        Node::And(a, b) => Value::Bool(boolean(a, facts)? && boolean(b, facts)?),
+        Node::Or(a, b) => Value::Bool(boolean(a, facts)? || boolean(b, facts)?),
+        Node::Choose(parts) => {
+            let [condition, then, otherwise] = &**parts;
+            eval(
+                if boolean(condition, facts)? {
+                    then
+                } else {
+                    otherwise
+                },
+                facts,
+            )?
+        }
+        Node::Compare(comparison, a, b) => {
+            let ordering = match (eval(a, facts)?, eval(b, facts)?) {
+                (Value::Int(a), Value::Int(b)) => a.cmp(&b),
+                // Rust orders strings by bytes, which in UTF-8 is CEL's order by code point.
+                (Value::Text(a), Value::Text(b)) => a.cmp(b),
+                (Value::Bool(a), Value::Bool(b)) => match comparison {
+                    Comparison::Equal => return Some(Value::Bool(a == b)),
+                    Comparison::NotEqual => return Some(Value::Bool(a != b)),
+                    _ => return None,
+                },
+                _ => return None,
+            };
+            Value::Bool(match comparison {
+                Comparison::Equal => ordering.is_eq(),
+                Comparison::NotEqual => ordering.is_ne(),
+                Comparison::Less => ordering.is_lt(),
+                Comparison::LessOrEqual => ordering.is_le(),
+                Comparison::Greater => ordering.is_gt(),
+                Comparison::GreaterOrEqual => ordering.is_ge(),
+            })
+        }
+        Node::In(needle, haystack) => Value::Bool(contains(needle, haystack, facts)?),
+        Node::StringTest(test, target, needle) => {
+            let (Value::Text(target), Value::Text(needle)) =
+                (eval(target, facts)?, eval(needle, facts)?)
+            else {
+                return None;
+            };
+            Value::Bool(match test {
+                StringTest::StartsWith => target.starts_with(needle),
+                StringTest::EndsWith => target.ends_with(needle),
+                StringTest::Contains => target.contains(needle),
+            })
+        }
+        Node::Size(operand) => {
+            let size = match eval(operand, facts)? {
+                // CEL counts a string's code points.
+                Value::Text(text) => text.chars().count(),
+                Value::Scopes(scopes) => scopes.len(),
+                Value::Array(items) => items.len(),
+                Value::Object(map) => map.map_or(0, Map::len),
+                _ => return None,
+            };
+            Value::Int(i64::try_from(size).ok()?)
+        }
+    })
+}
+
+fn boolean(node: &Node, facts: &Facts<'_>) -> Option<bool> {
+    match eval(node, facts)? {
+        Value::Bool(b) => Some(b),
+        _ => None,
+    }
+}
+
+/// `needle in haystack`: a scope among the caller's, a key of an object, or an element of a
+/// list whose elements are all of the needle's type.
+fn contains(needle: &Node, haystack: &Node, facts: &Facts<'_>) -> Option<bool> {
+    let needle = eval(needle, facts)?;
+    if let Node::List(elements) = haystack {
+        let mut found = false;
+        for element in elements {
+            found |= same_scalar(needle, eval(element, facts)?)?;
+        }
+        return Some(found);
+    }
+    match (needle, eval(haystack, facts)?) {
+        (Value::Text(scope), Value::Scopes(scopes)) => Some(scopes.contains(scope)),
+        (Value::Text(key), Value::Object(map)) => {
+            Some(map.is_some_and(|map| map.contains_key(key)))
+        }
+        (needle, Value::Array(items)) => {
+            let mut found = false;
+            for item in items {
+                found |= same_scalar(needle, json(item)?)?;
+            }
+            Some(found)
+        }
+        _ => None,
+    }
+}
+
+/// Whether two scalars of the same type are equal; `None` for any other pair (CEL's equality
+/// across types, e.g. `1 == 1.0`, is the interpreter's).
+fn same_scalar(a: Value<'_>, b: Value<'_>) -> Option<bool> {
+    match (a, b) {
+        (Value::Text(a), Value::Text(b)) => Some(a == b),
+        (Value::Int(a), Value::Int(b)) => Some(a == b),
+        (Value::Bool(a), Value::Bool(b)) => Some(a == b),
+        _ => None,
+    }
+}
+
+/// `operand.field` for the fields conditions see.
+fn field_of<'a>(operand: Value<'a>, field: &str) -> Option<Value<'a>> {
+    Some(match (operand, field) {
+        (Value::Caller(caller), "tenant") => Value::Text(&caller.tenant),
+        (Value::Caller(caller), "subject") => Value::Text(&caller.subject),
+        (Value::Caller(caller), "agent") => Value::Text(&caller.agent),
+        (Value::Caller(caller), "scopes") => Value::Scopes(&caller.scopes),
+        (Value::Caller(caller), "claims") => Value::Object(caller.claims.map()),
+        (Value::Tool(tool), "name") => Value::Text(tool.name),
+        (Value::Tool(tool), "version") => Value::Text(tool.version),
+        (Value::Tool(tool), "risk_level") => Value::Text(tool.risk_level),
+        (Value::Run(id), "id") => Value::Text(id),
+        (Value::Object(map), field) => json(map?.get(field)?)?,
+        _ => return None,
+    })
+}
+
+/// A JSON value as conditions read it: whole numbers in the `int` range are ints, as the
+/// interpreter's conversion makes them; other numbers and `null` are the interpreter's.
+fn json(value: &Json) -> Option<Value<'_>> {
+    Some(match value {
+        Json::Bool(b) => Value::Bool(*b),
+        Json::Number(n) => Value::Int(n.as_i64()?),
+        Json::String(s) => Value::Text(s),
+        Json::Array(items) => Value::Array(items),
+        Json::Object(map) => Value::Object(Some(map)),
+        Json::Null => return None,
+    })
+}
