@@ -603,3 +603,58 @@ fn conditions_on_the_caller(bencher: Bencher, rules: usize) {
         )
     });
 }
+
+/// A tool output of 64 KiB as the output guard sees it: JSON records of ordinary text, with
+/// `secrets` of them carrying an AWS key (0: nothing to redact, the common case).
+fn tool_output(secrets: usize) -> String {
+    let mut out = String::from("[");
+    let mut i = 0;
+    while out.len() < 64 * 1024 - 200 {
+        if i > 0 {
+            out.push(',');
+        }
+        let note = if i < secrets {
+            "rotate key AKIAIOSFODNN7EXAMPLE today".to_owned()
+        } else {
+            format!("order {i} shipped to warehouse 7, customer note: leave at the door")
+        };
+        out.push_str(&format!(
+            r#"{{"id":{i},"status":"shipped","amount_cents":{},"note":"{note}"}}"#,
+            1000 + i * 7
+        ));
+        i += 1;
+    }
+    out.push(']');
+    out
+}
+
+/// Stage 12b: the default output guard (every secret detector) over 64 KiB of output, with
+/// nothing, 1 or 10 matches to redact. Target (issue 32): under 100 µs.
+#[divan::bench(args = [0, 1, 10])]
+fn output_guard_64k(bencher: Bencher, secrets: usize) {
+    let guard = toolgate::output_guard::Guard::compile(None, None).expect("the default guard");
+    let output = tool_output(secrets);
+    assert_eq!(
+        guard.screen(&output).findings.len(),
+        usize::from(secrets > 0)
+    );
+    bencher.bench_local(|| guard.screen(black_box(&output)).text.len());
+}
+
+/// The same 64 KiB with every detector on, the personal-data ones too (opt-in: their patterns
+/// have no literal to look for first, so they cost more).
+#[divan::bench]
+fn output_guard_64k_every_detector(bencher: Bencher) {
+    use toolgate::settings::raw::{RawGuardAction, RawOutputGuard};
+    let section = RawOutputGuard {
+        detectors: ["email", "payment_card", "iban", "phone"]
+            .into_iter()
+            .map(|name| (name.to_owned(), RawGuardAction::Redact))
+            .collect(),
+        ..RawOutputGuard::default()
+    };
+    let guard = toolgate::output_guard::Guard::compile(Some((&section, "output_guard")), None)
+        .expect("every detector");
+    let output = tool_output(0);
+    bencher.bench_local(|| guard.screen(black_box(&output)).text.len());
+}

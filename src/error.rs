@@ -132,6 +132,7 @@ pub enum Reason {
     DestinationRefused,
     ToolUnavailable,
     OutputTooLarge,
+    OutputBlocked,
     Overloaded,
     AuditUnavailable,
     StateUnavailable,
@@ -191,6 +192,7 @@ impl Reason {
             DestinationRefused => ("destination_refused", S::Denied, false),
             ToolUnavailable => ("tool_unavailable", S::Unavailable, true),
             OutputTooLarge => ("output_too_large", S::Error, false),
+            OutputBlocked => ("output_blocked", S::Error, false),
             Overloaded => ("overloaded", S::Unavailable, true),
             AuditUnavailable => ("audit_unavailable", S::Unavailable, true),
             StateUnavailable => ("state_unavailable", S::Unavailable, true),
@@ -330,7 +332,7 @@ mod tests {
     /// from the shared state decodes to what was written, for every variant.
     #[test]
     fn every_reason_and_stage_reads_back_from_its_name() {
-        assert_eq!(Reason::ALL.len(), 41);
+        assert_eq!(Reason::ALL.len(), 42);
         for &reason in Reason::ALL {
             assert_eq!(Reason::from_code(reason.code()), Some(reason));
         }

@@ -15,7 +15,7 @@
 //! | floor | modules | what lives there |
 //! |---|---|---|
 //! | 0 | `canonical`, `clock`, `error`, `gcra`, `outcome`, `settings`, `tasks`, `tls` | foundations: canonical JSON, time, the outcome table and a call's outcome, the GCRA arithmetic, plain configuration values (a tool's risk level among them), tasks with an owner, TLS setup |
-//! | 1 | `conditions`, `identity`, `metrics`, `state` | CEL conditions over a call (compiled at load, evaluated by the stages), who is calling, the metrics registry, the shared state's connections |
+//! | 1 | `conditions`, `identity`, `metrics`, `output_guard`, `state` | CEL conditions over a call (compiled at load, evaluated by the stages), who is calling, the metrics registry, the detectors screening tool output, the shared state's connections |
 //! | 2 | `catalog`, `executor` | tool definitions and the backends that run them |
 //! | 3 | `approvals`, `audit`, `limits`, `telemetry` | what calls leave behind: approvals, audit events, quotas, spans |
 //! | 4 | `config` | a catalog file assembled into the parts of a running sidecar |
@@ -64,6 +64,7 @@ pub mod limits;
 pub mod mcp_door;
 pub mod metrics;
 pub mod outcome;
+pub mod output_guard;
 pub mod server;
 pub mod settings;
 pub mod shadow;

@@ -72,6 +72,23 @@ impl AuditEvent {
             }
             out.push(b']');
         }
+        if !self.output_guard.is_empty() {
+            let out = object.key(key!("output_guard"));
+            out.push(b'[');
+            for (i, finding) in self.output_guard.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(br#"{"detector":"#);
+                write_string(&finding.detector, out);
+                out.extend_from_slice(br#","matches":"#);
+                out.extend_from_slice(finding.matches.to_string().as_bytes());
+                out.extend_from_slice(br#","action":"#);
+                write_string(finding.action.as_str(), out);
+                out.push(b'}');
+            }
+            out.push(b']');
+        }
         object.number(key!("duration_ms"), self.duration_ms);
         if let Some(trace_id) = self.trace_id {
             object.hex(key!("trace_id"), &trace_id.to_bytes());
@@ -217,6 +234,18 @@ mod tests {
             approver: Some("ops@example.com".into()),
             idempotent_replay: true,
             bound_override_attempts: vec!["/tenant".into(), tricky.into()],
+            output_guard: vec![
+                crate::output_guard::Finding {
+                    detector: "aws_access_key".into(),
+                    matches: 2,
+                    action: crate::output_guard::Action::Redact,
+                },
+                crate::output_guard::Finding {
+                    detector: tricky.into(),
+                    matches: 1,
+                    action: crate::output_guard::Action::Block,
+                },
+            ],
             duration_ms: u64::MAX,
             trace_id: Some(TraceId::from_bytes([
                 0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e,

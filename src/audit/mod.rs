@@ -27,6 +27,7 @@ use tokio::{
 
 use crate::{
     identity::Caller,
+    output_guard::Finding,
     settings::{AuditConfig, AuditSinkConfig, raw::RawFsync},
     tasks::Tasks,
 };
@@ -86,6 +87,10 @@ pub struct AuditEvent {
     /// Bound argument paths the model tried to set itself.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub bound_override_attempts: Vec<String>,
+    /// What the output guard found in the tool's output: each detector that fired, how many
+    /// matches and what it did — never what it matched.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub output_guard: Vec<Finding>,
     pub duration_ms: u64,
     /// The call's trace, when traced (lowercase hex).
     #[serde(skip_serializing_if = "Option::is_none", serialize_with = "as_display")]

@@ -1,6 +1,7 @@
 //! The boundary's metrics, registered when the boundary is built: every call it decides
 //! (`toolgate_tool_calls_total{tool,status}`, `…_tool_call_duration_seconds{tool}`,
-//! `…_refusals_total{stage,error_type}`, `…_rate_limited_total{tool}`) and the catalog revision
+//! `…_refusals_total{stage,error_type}`, `…_rate_limited_total{tool}`, what the output guard
+//! found, `…_output_guard_matches_total{tool,detector,action}`) and the catalog revision
 //! it serves (`toolgate_catalog_revision_info{revision}`), which it alone
 //! swaps.
 
@@ -20,6 +21,7 @@ use crate::{
     error::Status,
     metrics::{Metrics, UNKNOWN_TOOL},
     outcome::CallOutcome,
+    output_guard::Finding,
 };
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -40,6 +42,13 @@ struct RefusalLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GuardLabels {
+    tool: Arc<str>,
+    detector: Arc<str>,
+    action: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RevisionLabels {
     revision: String,
 }
@@ -55,6 +64,7 @@ pub struct BoundaryMetrics {
     durations: Family<ToolLabels, Histogram, fn() -> Histogram>,
     refusals: Family<RefusalLabels, Counter>,
     rate_limited: Family<ToolLabels, Counter>,
+    output_guard: Family<GuardLabels, Counter>,
     revision: Family<RevisionLabels, Gauge>,
     current_revision: Mutex<String>,
     /// The label of calls to tools the catalog does not have, made once.
@@ -69,6 +79,7 @@ impl BoundaryMetrics {
             durations: Family::new_with_constructor(duration_histogram),
             refusals: Family::default(),
             rate_limited: Family::default(),
+            output_guard: Family::default(),
             revision: Family::default(),
             current_revision: Mutex::new(String::new()),
             unknown_tool: Arc::from(UNKNOWN_TOOL),
@@ -92,6 +103,11 @@ impl BoundaryMetrics {
             "rate_limited",
             "Calls refused by a rate limit",
             boundary.rate_limited.clone(),
+        );
+        metrics.register(
+            "output_guard_matches",
+            "What the output guard's detectors found in tool output, by tool, detector and action",
+            boundary.output_guard.clone(),
         );
         metrics.register(
             "catalog_revision_info",
@@ -127,6 +143,19 @@ impl BoundaryMetrics {
             if outcome.status == Status::RateLimited {
                 self.rate_limited.get_or_create(&ToolLabels { tool }).inc();
             }
+        }
+    }
+
+    /// What the output guard found in a call's output (`tool`: the catalog's name).
+    pub fn output_guard(&self, tool: &Arc<str>, findings: &[Finding]) {
+        for finding in findings {
+            self.output_guard
+                .get_or_create(&GuardLabels {
+                    tool: tool.clone(),
+                    detector: finding.detector.clone(),
+                    action: finding.action.as_str(),
+                })
+                .inc_by(finding.matches as u64);
         }
     }
 

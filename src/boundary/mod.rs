@@ -21,6 +21,7 @@
 //! | 10 | idempotency | `idempotency/` | its own (memory, Redis) |
 //! | 11 | execute | `execute.rs` | — |
 //! | 12 | result | `result.rs` | — |
+//! | 12b | output guard | `output_guard.rs` | — |
 //!
 //! Beside them: the call's record (`trail.rs`), what ListTools shows (`visibility.rs`), redaction
 //! (`redaction.rs`), the approvals RPCs (`approvals_admin.rs`), the sealed `Permit`, the observer
@@ -44,6 +45,7 @@ mod approvals_admin;
 pub mod explain;
 mod metrics;
 mod observer;
+pub mod output_guard;
 mod permit;
 mod policy;
 mod redaction;
@@ -463,6 +465,7 @@ impl Boundary {
             let known = !outcome.tool_version.is_empty()
                 || self.state.load().catalog.contains(&outcome.tool);
             self.metrics.observe(&outcome, known.then_some(&guard.tool));
+            self.metrics.output_guard(&guard.tool, &trail.output_guard);
             if let Some(arguments) = &trail.arguments {
                 spans::record_content(&mut span, arguments, &outcome);
             }
@@ -618,8 +621,13 @@ impl Boundary {
             // The keyed path is boxed: only calls that use it pay for its state.
             let output = match call.idempotency_key.as_deref() {
                 None => {
-                    self.call_backend(turn, span, &mut admitted.permit, approval_id, &started)
-                        .await
+                    let result = self
+                        .call_backend(turn, span, &mut admitted.permit, approval_id, &started)
+                        .await;
+                    // 12b. The output guard, before anything keeps or returns the result.
+                    let (result, findings) = output_guard::screen(admitted.permit.tool(), result);
+                    trail.output_guard = findings;
+                    result
                 }
                 Some(key) => {
                     Box::pin(async {
@@ -648,7 +656,10 @@ impl Boundary {
                             Claimed::Replay(stored) => {
                                 trail.idempotent_replay = true;
                                 trail.replayed_version = Some(stored.tool_version);
-                                stored.result
+                                // Screened when stored; again, by the guard in force now.
+                                let (result, findings) = output_guard::screen(tool, stored.result);
+                                trail.output_guard = findings;
+                                result
                             }
                             Claimed::Owner(slot) => {
                                 let result = self
@@ -660,6 +671,9 @@ impl Boundary {
                                         &started,
                                     )
                                     .await;
+                                let (result, findings) =
+                                    output_guard::screen(admitted.permit.tool(), result);
+                                trail.output_guard = findings;
                                 slot.finish(&result).await;
                                 result
                             }

@@ -12,6 +12,7 @@ use crate::{
     catalog::ToolVersion,
     error::{Reason, Refusal, Stage, Status},
     outcome::CallOutcome,
+    output_guard::Finding,
     telemetry::spans,
 };
 
@@ -30,6 +31,8 @@ pub(crate) struct CallTrail {
     pub arguments: Option<Box<serde_json::Value>>,
     pub approval_id: Option<String>,
     pub idempotent_replay: bool,
+    /// What the output guard found in the output (detectors and counts, never values).
+    pub output_guard: Vec<Finding>,
 }
 
 impl CallTrail {
@@ -124,6 +127,7 @@ impl AuditGuard<'_> {
             approval_id,
             idempotent_replay: trail.idempotent_replay,
             bound_override_attempts: trail.bound_override_attempts,
+            output_guard: trail.output_guard,
             duration_ms: u64::try_from(duration.as_millis()).unwrap_or(u64::MAX),
             trace_id: self
                 .trace

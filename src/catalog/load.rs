@@ -36,20 +36,24 @@ impl CatalogInputs {
             base_dir: &self.base_dir,
             env: &self.env,
         };
+        let guard_section = raw.output_guard.as_ref();
+        let shared = ToolShared {
+            approvals: &self.approvals,
+            limits: &self.limits,
+            tenants: &raw.tenants,
+            guard: Arc::new(
+                Guard::compile(guard_section.map(|g| (g, "output_guard")), None)
+                    .map_err(|err| FieldError::new("output_guard", err.to_string()))?,
+            ),
+            guard_section,
+        };
         let mut tools: BTreeMap<String, Vec<Arc<ToolVersion>>> = BTreeMap::new();
         let mut seen: BTreeMap<(String, String), usize> = BTreeMap::new();
         for (index, raw_tool) in raw.tools.iter().enumerate() {
             let path = format!("tools[{index}]");
             let executor =
                 ExecutorSpec::build(&raw_tool.executor, &format!("{path}.executor"), &ctx)?;
-            let tool = build_tool(
-                raw_tool,
-                &path,
-                &self.approvals,
-                &self.limits,
-                &raw.tenants,
-                executor,
-            )?;
+            let tool = build_tool(raw_tool, &path, &shared, executor)?;
             let key = (tool.name.clone(), tool.version.to_string());
             if let Some(first) = seen.insert(key, index) {
                 return Err(FieldError::new(
@@ -103,23 +107,16 @@ impl CatalogInputs {
                     })
                 };
                 let check = mcp_raw_tool(&name, settings, &placeholder);
-                build_tool(
-                    &check,
-                    &path,
-                    &self.approvals,
-                    &self.limits,
-                    &raw.tenants,
-                    executor(),
-                )
-                .map(|_| ())
-                .or_else(|err| {
-                    // Bindings can only be checked against the server's schema.
-                    if err.path.starts_with(&format!("{path}.bind")) {
-                        Ok(())
-                    } else {
-                        Err(err)
-                    }
-                })?;
+                build_tool(&check, &path, &shared, executor())
+                    .map(|_| ())
+                    .or_else(|err| {
+                        // Bindings can only be checked against the server's schema.
+                        if err.path.starts_with(&format!("{path}.bind")) {
+                            Ok(())
+                        } else {
+                            Err(err)
+                        }
+                    })?;
                 let listed = discovered
                     .get(&server.name)
                     .and_then(|list| list.iter().find(|t| &t.name == tool_name));
@@ -137,9 +134,7 @@ impl CatalogInputs {
                     Some(found) => match build_tool(
                         &mcp_raw_tool(&name, settings, found),
                         &path,
-                        &self.approvals,
-                        &self.limits,
-                        &raw.tenants,
+                        &shared,
                         executor(),
                     ) {
                         Ok(tool) => {
@@ -232,17 +227,32 @@ fn mcp_raw_tool(name: &str, settings: &RawMcpTool, found: &DiscoveredTool) -> Ra
         record_arguments: false,
         redact: Vec::new(),
         labels: settings.labels.clone(),
+        output_guard: settings.output_guard.clone(),
     }
+}
+
+/// What every tool of a catalog is built with.
+struct ToolShared<'a> {
+    approvals: &'a ApprovalsConfig,
+    limits: &'a LimitsConfig,
+    tenants: &'a BTreeMap<String, raw::RawTenant>,
+    /// The catalog's output guard, compiled once for the tools without their own section.
+    guard: Arc<Guard>,
+    guard_section: Option<&'a RawOutputGuard>,
 }
 
 fn build_tool(
     raw: &RawTool,
     path: &str,
-    approvals: &ApprovalsConfig,
-    limits: &LimitsConfig,
-    tenants: &BTreeMap<String, raw::RawTenant>,
+    shared: &ToolShared<'_>,
     executor: ExecutorSpec,
 ) -> Result<ToolVersion, FieldError> {
+    let ToolShared {
+        approvals,
+        limits,
+        tenants,
+        ..
+    } = *shared;
     validate_name(&raw.name, &format!("{path}.name"))?;
     let version = raw.version.clone().unwrap_or_else(|| "1".to_owned());
     if version.trim().is_empty() {
@@ -409,6 +419,17 @@ fn build_tool(
         map.insert("approval_when".to_owned(), json!(when.source()));
     }
     let definition_hash = canonical::sha256_hex(&definition);
+    let output_guard = match &raw.output_guard {
+        None => shared.guard.clone(),
+        Some(own) => {
+            let at = format!("{path}.output_guard");
+            let catalog = shared.guard_section.map(|g| (g, "output_guard"));
+            Arc::new(
+                Guard::compile(catalog, Some((own, &at)))
+                    .map_err(|err| FieldError::new(at.clone(), err.to_string()))?,
+            )
+        }
+    };
     Ok(ToolVersion {
         name: raw.name.clone(),
         version: version.into(),
@@ -441,6 +462,7 @@ fn build_tool(
         redact: raw.redact.clone(),
         labels: raw.labels.clone(),
         definition_hash,
+        output_guard,
     })
 }
 

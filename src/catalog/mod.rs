@@ -26,10 +26,11 @@ use crate::{
         BuildContext, ExecutorSpec, McpTool, Upstream,
         mcp::{Discovered, DiscoveredTool, McpServerConfig},
     },
+    output_guard::Guard,
     settings::{
         ApprovalsConfig, Env, FieldError, LimitsConfig, Rate, RiskLevel, parse_duration,
         parse_rate,
-        raw::{self, RawConfig, RawMcpTool, RawTool},
+        raw::{self, RawConfig, RawMcpTool, RawOutputGuard, RawTool},
     },
 };
 pub use access_lists::{AccessList, Decision, Pattern, TenantPolicy, Verdict};
@@ -121,6 +122,9 @@ pub struct ToolVersion {
     pub labels: BTreeMap<String, String>,
     /// Hash of everything the model is shown of this version.
     pub definition_hash: String,
+    /// The detectors screening its output (shared with the tools that have no section of
+    /// their own).
+    pub output_guard: Arc<Guard>,
 }
 
 impl ToolVersion {

@@ -28,7 +28,7 @@ use crate::{
     clock::SharedClock,
     conditions::Found,
     config::Config,
-    error::{Reason, Status},
+    error::{Reason, Stage, Status},
     executor::Executors,
     identity::{AuthMethod, Caller, split_scopes},
     metrics::Metrics,
@@ -99,6 +99,10 @@ pub struct TestCall {
     pub approval_id: Option<String>,
     /// The run (approvals are bound to it); default `toolgate-test`.
     pub run_id: Option<String>,
+    /// What the backend returns, to test the output guard: when the call would run, this
+    /// output is screened as the sidecar screens it, and `expect.model_text`,
+    /// `expect.output_guard` (and a blocked output's status) are checked on the result.
+    pub output: Option<String>,
 }
 
 /// What the case must decide. Only the fields given are checked.
@@ -122,6 +126,11 @@ pub struct Expectation {
     pub arguments: Option<Value>,
     /// The tools the caller's ListTools shows.
     pub tools: Option<ToolsExpectation>,
+    /// The text the model gets for `call.output`, exactly, after the output guard.
+    pub model_text: Option<String>,
+    /// What the output guard finds in `call.output`: each detector that fires and its
+    /// number of matches, exactly (`{}`: nothing).
+    pub output_guard: Option<BTreeMap<String, usize>>,
 }
 
 /// What the caller's ListTools must show.
@@ -187,7 +196,9 @@ fn check_case(case: &TestCase, catalog: &Catalog) -> Result<(), String> {
         || expect.rule.is_some()
         || expect.tool_version.is_some()
         || expect.bound_arguments.is_some()
-        || expect.arguments.is_some();
+        || expect.arguments.is_some()
+        || expect.model_text.is_some()
+        || expect.output_guard.is_some();
     match (&case.call, about_call, &expect.tools) {
         (None, true, _) => return Err("expects a call's outcome but has no call".into()),
         (None, false, None) | (Some(_), false, None) => {
@@ -200,6 +211,10 @@ fn check_case(case: &TestCase, catalog: &Catalog) -> Result<(), String> {
         && call.arguments_json.is_some()
     {
         return Err("give call.arguments or call.arguments_json, not both".into());
+    }
+    let gives_output = case.call.as_ref().is_some_and(|c| c.output.is_some());
+    if (expect.model_text.is_some() || expect.output_guard.is_some()) && !gives_output {
+        return Err("expects what the model gets, but the call gives no output".into());
     }
     let identity = &case.identity;
     let direct = identity.tenant.is_some()
@@ -234,8 +249,10 @@ fn check_case(case: &TestCase, catalog: &Catalog) -> Result<(), String> {
     {
         return Err(format!("expect.error_type: unknown error_type {code:?}"));
     }
+    // A sample output can be refused by the result stage (the output guard) too.
     if let Some(stage) = &expect.refused_by
         && !explain::STAGES.iter().any(|s| s.as_str() == stage)
+        && !(gives_output && stage == Stage::Result.as_str())
     {
         return Err(format!("expect.refused_by: unknown stage {stage:?}"));
     }
@@ -287,11 +304,17 @@ pub async fn run(config: Option<&Path>, tests: &Path, coverage: bool) -> Result<
         };
         let mut diff = String::new();
         if let Some(call) = &case.call {
-            let explained = boundary
+            let mut explained = boundary
                 .explain(&turn(&caller, call), &call_request(call), 0)
                 .await;
+            let findings = screen_output(&boundary, &caller, call, &mut explained);
             report.seen_call(&call.name, &explained);
             diff.push_str(&compare_call(&case.expect, &explained));
+            diff.push_str(&compare_output(
+                &case.expect,
+                &explained,
+                findings.as_deref(),
+            ));
             if !diff.is_empty() {
                 let response = crate::server::explain::explanation(explained);
                 let _ = writeln!(
@@ -437,6 +460,71 @@ fn describe(caller: &Caller) -> String {
         caller.agent,
         scopes.join(", ")
     )
+}
+
+/// A case's sample output, screened as the sidecar screens the output of a call that runs:
+/// the explanation's outcome becomes what the model would get. `None` without an output or
+/// when the call would not run.
+fn screen_output(
+    boundary: &Boundary,
+    caller: &Caller,
+    call: &TestCall,
+    explained: &mut Explanation,
+) -> Option<Vec<crate::output_guard::Finding>> {
+    let output = call.output.as_ref()?;
+    if !explained.would_execute {
+        return None;
+    }
+    let catalog = boundary.catalog();
+    let outcome = &explained.outcome;
+    let tool = catalog
+        .catalog
+        .resolve(&call.name, Some(&outcome.tool_version), &caller.tenant)
+        .ok()?;
+    let (result, findings) = crate::boundary::output_guard::screen(tool, Ok(output.clone()));
+    let (call_id, name, version) = (
+        outcome.call_id.clone(),
+        outcome.tool.clone(),
+        outcome.tool_version.clone(),
+    );
+    explained.outcome = match result {
+        Ok(text) => crate::outcome::CallOutcome::ok(call_id, name, version, text),
+        Err(refusal) => crate::outcome::CallOutcome::refused(call_id, name, version, refusal),
+    };
+    Some(findings)
+}
+
+fn compare_output(
+    expect: &Expectation,
+    explained: &Explanation,
+    findings: Option<&[crate::output_guard::Finding]>,
+) -> String {
+    let mut diff = String::new();
+    let Some(findings) = findings else {
+        if expect.model_text.is_some() || expect.output_guard.is_some() {
+            diff.push_str("  model_text: the call would not run, so its output was not screened\n");
+        }
+        return diff;
+    };
+    if let Some(expected) = &expect.model_text
+        && *expected != explained.outcome.model_text
+    {
+        let _ = writeln!(
+            diff,
+            "  model_text: expected {expected:?}, got {:?}",
+            explained.outcome.model_text
+        );
+    }
+    if let Some(expected) = &expect.output_guard {
+        let got: BTreeMap<String, usize> = findings
+            .iter()
+            .map(|f| (f.detector.to_string(), f.matches))
+            .collect();
+        if *expected != got {
+            let _ = writeln!(diff, "  output_guard: expected {expected:?}, got {got:?}");
+        }
+    }
+    diff
 }
 
 /// Every expected field that differs, one line each: `field: expected X, got Y`.

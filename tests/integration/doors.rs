@@ -42,7 +42,7 @@ fn without_approval_ids(text: &str) -> String {
 }
 
 /// The MCP door's answer to one `tools/call`, as a 2025-11-25 host sends it.
-async fn mcp_call(
+pub(crate) async fn mcp_call(
     http: &reqwest::Client,
     url: &str,
     who: &Who,

@@ -43,6 +43,7 @@ mod metrics;
 mod observability;
 #[path = "../common/otlp_collector.rs"]
 mod otlp_collector;
+mod output_guard;
 mod process;
 mod process_hardening;
 mod properties;
