@@ -1,19 +1,21 @@
-//! Conditions decided in place: the common shapes of expression (comparisons, `in`, the string
-//! tests, `size`, `has`, `!`, `&&`, `||`, `?:` over literals and the fields of `caller`, `tool`,
-//! `args` and `run`) are evaluated here by reading the caller, the tool and the arguments where
-//! they are, without the interpreter: nothing is converted to the interpreter's values and
-//! nothing is allocated. That is what makes a rule on the caller free per call.
+//! Conditions decided in place: the common shapes of expression — comparisons, `in`, the string
+//! tests, `matches` with a literal pattern, `size`, `has`, `!`, `&&`, `||`, `?:`, int arithmetic
+//! and the `all`, `exists` and `exists_one` macros, over literals and the fields of `caller`,
+//! `tool`, `args` and `run` — are evaluated here by reading the caller, the tool and the
+//! arguments where they are, without the interpreter: nothing is converted to the interpreter's
+//! values and nothing is allocated. That is what makes a rule on the caller free per call.
 //!
 //! This is a fast path, never a second meaning: it answers only when the answer cannot differ
 //! from the interpreter's — same-typed comparisons of strings, ints and bools, and the
 //! operators' own short-circuits — and hands everything else back (`None`): a missing field, a
-//! type mismatch, a number that is not an `int`, an overflow. The interpreter then decides, and
-//! reports the error exactly as it always did. The unit tests and the `conditions` fuzz target
-//! compare the two on every expression they make.
+//! type mismatch, a number that is not an `int`, an overflow, `now`, `map` and `filter`,
+//! conversions. The interpreter then decides, and reports the error exactly as it always did.
+//! The unit tests and the `conditions` fuzz target compare the two on every expression they
+//! make.
 
 use std::collections::BTreeSet;
 
-use cel::common::ast::{Expr, IdedExpr, LiteralValue, operators};
+use cel::common::ast::{ComprehensionExpr, Expr, IdedExpr, LiteralValue, operators};
 use serde_json::{Map, Value as Json};
 
 use super::{CallFacts, Input, ToolFacts};
@@ -30,6 +32,22 @@ enum Node {
     Text(Box<str>),
     /// `caller`, `tool`, `args` or `run`.
     Variable(Root),
+    /// A loop variable or accumulator, by slot.
+    Local(usize),
+    /// A comprehension: for each element of `range` (a list's elements, an object's keys) in
+    /// slot `item`, with the accumulator in `item + 1` starting at `init`: while `parts[0]`
+    /// holds, the accumulator becomes `parts[1]`; the value is `parts[2]`.
+    Loop {
+        range: Box<Node>,
+        init: Box<Node>,
+        item: usize,
+        parts: Box<[Node; 3]>,
+    },
+    /// `@not_strictly_false(x)`, the macros' loop condition.
+    NotStrictlyFalse(Box<Node>),
+    Arithmetic(Arithmetic, Box<Node>, Box<Node>),
+    /// `text.matches('literal')`, compiled at load.
+    Matches(Box<Node>, Box<regex::Regex>),
     /// `operand.field`, or with `test`, `has(operand.field)`.
     Select {
         operand: Box<Node>,
@@ -70,6 +88,19 @@ enum Comparison {
 }
 
 #[derive(Debug, Clone, Copy)]
+enum Arithmetic {
+    Add,
+    Subtract,
+    Multiply,
+    Divide,
+    Modulo,
+}
+
+/// Loop variables and accumulators in scope at once: two nested comprehensions
+/// ([`super::MAX_NESTED_LOOPS`]) of two each.
+const MAX_LOCALS: usize = 2 * super::MAX_NESTED_LOOPS;
+
+#[derive(Debug, Clone, Copy)]
 enum StringTest {
     StartsWith,
     EndsWith,
@@ -94,7 +125,7 @@ enum Value<'a> {
 impl Direct {
     /// The expression in the shapes decided in place, or `None` when any part of it is not.
     pub(super) fn plan(expr: &IdedExpr) -> Option<Direct> {
-        node(expr).map(Direct)
+        Planner::default().node(expr).map(Direct)
     }
 
     /// The rule's (or approval's) value, when it is decided in place.
@@ -114,11 +145,13 @@ impl Direct {
     }
 }
 
-/// What an evaluation reads.
+/// What an evaluation reads: the call, and the loop variables in scope.
+#[derive(Clone, Copy)]
 struct Facts<'a> {
     caller: &'a Caller,
     tool: ToolFacts<'a>,
     call: Option<CallFacts<'a>>,
+    locals: [Option<Value<'a>>; MAX_LOCALS],
 }
 
 impl<'a> Facts<'a> {
@@ -127,79 +160,146 @@ impl<'a> Facts<'a> {
             caller: input.caller,
             tool: input.tool,
             call: input.call,
+            locals: [None; MAX_LOCALS],
         }
     }
 }
 
-fn boxed(expr: &IdedExpr) -> Option<Box<Node>> {
-    node(expr).map(Box::new)
+/// Builds the in-place form at load, knowing which loop variables are in scope.
+#[derive(Default)]
+struct Planner {
+    /// Loop variables in scope, innermost last: a variable's slot is its index here.
+    scope: Vec<String>,
 }
 
-fn node(expr: &IdedExpr) -> Option<Node> {
-    Some(match &expr.expr {
-        Expr::Literal(LiteralValue::Boolean(b)) => Node::Bool(*b.inner()),
-        Expr::Literal(LiteralValue::Int(i)) => Node::Int(*i.inner()),
-        Expr::Literal(LiteralValue::String(s)) => Node::Text(s.inner().into()),
-        Expr::Ident(name) => Node::Variable(match name.as_str() {
-            "caller" => Root::Caller,
-            "tool" => Root::Tool,
-            "args" => Root::Args,
-            "run" => Root::Run,
-            // `now`, type names and loop variables are the interpreter's.
-            _ => return None,
-        }),
-        Expr::Select(select) => Node::Select {
-            operand: boxed(&select.operand)?,
-            field: select.field.as_str().into(),
-            test: select.test,
-        },
-        Expr::List(list) if list.optional_indices.is_empty() => {
-            Node::List(list.elements.iter().map(node).collect::<Option<_>>()?)
-        }
-        Expr::Call(call) => {
-            let name = call.func_name.as_str();
-            match (&call.target, call.args.as_slice()) {
-                (None, [a]) => match name {
-                    operators::LOGICAL_NOT => Node::Not(boxed(a)?),
-                    operators::NEGATE => Node::Negate(boxed(a)?),
-                    "size" => Node::Size(boxed(a)?),
+impl Planner {
+    fn boxed(&mut self, expr: &IdedExpr) -> Option<Box<Node>> {
+        self.node(expr).map(Box::new)
+    }
+
+    fn node(&mut self, expr: &IdedExpr) -> Option<Node> {
+        Some(match &expr.expr {
+            Expr::Literal(LiteralValue::Boolean(b)) => Node::Bool(*b.inner()),
+            Expr::Literal(LiteralValue::Int(i)) => Node::Int(*i.inner()),
+            Expr::Literal(LiteralValue::String(s)) => Node::Text(s.inner().into()),
+            Expr::Ident(name) => {
+                // A loop variable: the innermost of that name.
+                if let Some(slot) = self.scope.iter().rposition(|bound| bound == name) {
+                    return Some(Node::Local(slot));
+                }
+                Node::Variable(match name.as_str() {
+                    "caller" => Root::Caller,
+                    "tool" => Root::Tool,
+                    "args" => Root::Args,
+                    "run" => Root::Run,
+                    // `now` and type names are the interpreter's.
                     _ => return None,
-                },
-                (None, [a, b]) => {
-                    let (a, b) = (boxed(a)?, boxed(b)?);
-                    let comparison = match name {
-                        operators::LOGICAL_AND => return Some(Node::And(a, b)),
-                        operators::LOGICAL_OR => return Some(Node::Or(a, b)),
-                        operators::IN => return Some(Node::In(a, b)),
-                        operators::INDEX => return Some(Node::Index(a, b)),
-                        operators::EQUALS => Comparison::Equal,
-                        operators::NOT_EQUALS => Comparison::NotEqual,
-                        operators::LESS => Comparison::Less,
-                        operators::LESS_EQUALS => Comparison::LessOrEqual,
-                        operators::GREATER => Comparison::Greater,
-                        operators::GREATER_EQUALS => Comparison::GreaterOrEqual,
-                        _ => return None,
-                    };
-                    Node::Compare(comparison, a, b)
-                }
-                (None, [c, a, b]) if name == operators::CONDITIONAL => {
-                    Node::Choose(Box::new([node(c)?, node(a)?, node(b)?]))
-                }
-                (Some(target), []) if name == "size" => Node::Size(boxed(target)?),
-                (Some(target), [needle]) => {
-                    let test = match name {
-                        "startsWith" => StringTest::StartsWith,
-                        "endsWith" => StringTest::EndsWith,
-                        "contains" => StringTest::Contains,
-                        _ => return None,
-                    };
-                    Node::StringTest(test, boxed(target)?, boxed(needle)?)
-                }
-                _ => return None,
+                })
             }
+            Expr::Select(select) => Node::Select {
+                operand: self.boxed(&select.operand)?,
+                field: select.field.as_str().into(),
+                test: select.test,
+            },
+            Expr::List(list) if list.optional_indices.is_empty() => Node::List(
+                list.elements
+                    .iter()
+                    .map(|e| self.node(e))
+                    .collect::<Option<_>>()?,
+            ),
+            Expr::Comprehension(loop_) => self.comprehension(loop_)?,
+            Expr::Call(call) => self.call(&call.func_name, call.target.as_deref(), &call.args)?,
+            _ => return None,
+        })
+    }
+
+    fn call(&mut self, name: &str, target: Option<&IdedExpr>, args: &[IdedExpr]) -> Option<Node> {
+        Some(match (target, args) {
+            (None, [a]) => match name {
+                operators::LOGICAL_NOT => Node::Not(self.boxed(a)?),
+                operators::NOT_STRICTLY_FALSE => Node::NotStrictlyFalse(self.boxed(a)?),
+                operators::NEGATE => Node::Negate(self.boxed(a)?),
+                "size" => Node::Size(self.boxed(a)?),
+                _ => return None,
+            },
+            (None, [a, b]) => {
+                let (a, b) = (self.boxed(a)?, self.boxed(b)?);
+                let comparison = match name {
+                    operators::LOGICAL_AND => return Some(Node::And(a, b)),
+                    operators::LOGICAL_OR => return Some(Node::Or(a, b)),
+                    operators::IN => return Some(Node::In(a, b)),
+                    operators::INDEX => return Some(Node::Index(a, b)),
+                    operators::ADD => return Some(Node::Arithmetic(Arithmetic::Add, a, b)),
+                    operators::SUBSTRACT => {
+                        return Some(Node::Arithmetic(Arithmetic::Subtract, a, b));
+                    }
+                    operators::MULTIPLY => {
+                        return Some(Node::Arithmetic(Arithmetic::Multiply, a, b));
+                    }
+                    operators::DIVIDE => return Some(Node::Arithmetic(Arithmetic::Divide, a, b)),
+                    operators::MODULO => return Some(Node::Arithmetic(Arithmetic::Modulo, a, b)),
+                    operators::EQUALS => Comparison::Equal,
+                    operators::NOT_EQUALS => Comparison::NotEqual,
+                    operators::LESS => Comparison::Less,
+                    operators::LESS_EQUALS => Comparison::LessOrEqual,
+                    operators::GREATER => Comparison::Greater,
+                    operators::GREATER_EQUALS => Comparison::GreaterOrEqual,
+                    _ => return None,
+                };
+                Node::Compare(comparison, a, b)
+            }
+            (None, [c, a, b]) if name == operators::CONDITIONAL => {
+                Node::Choose(Box::new([self.node(c)?, self.node(a)?, self.node(b)?]))
+            }
+            (Some(target), []) if name == "size" => Node::Size(self.boxed(target)?),
+            (Some(target), [pattern]) if name == "matches" => {
+                // Only a literal pattern, compiled here once as the interpreter would compile
+                // it on every evaluation; one that does not compile is the interpreter's error.
+                let Expr::Literal(LiteralValue::String(pattern)) = &pattern.expr else {
+                    return None;
+                };
+                let regex = regex::Regex::new(pattern.inner()).ok()?;
+                Node::Matches(self.boxed(target)?, Box::new(regex))
+            }
+            (Some(target), [needle]) => {
+                let test = match name {
+                    "startsWith" => StringTest::StartsWith,
+                    "endsWith" => StringTest::EndsWith,
+                    "contains" => StringTest::Contains,
+                    _ => return None,
+                };
+                Node::StringTest(test, self.boxed(target)?, self.boxed(needle)?)
+            }
+            _ => return None,
+        })
+    }
+
+    /// A comprehension (the `all`, `exists` and `exists_one` macros): its loop variable and
+    /// accumulator take the next slots for the loop's parts.
+    fn comprehension(&mut self, loop_: &ComprehensionExpr) -> Option<Node> {
+        if loop_.iter_var2.is_some() || self.scope.len() + 2 > MAX_LOCALS {
+            return None;
         }
-        _ => return None,
-    })
+        let range = self.boxed(&loop_.iter_range)?;
+        let init = self.boxed(&loop_.accu_init)?;
+        let scope = self.scope.len();
+        self.scope.push(loop_.iter_var.clone());
+        self.scope.push(loop_.accu_var.clone());
+        let parts = (|| {
+            Some(Box::new([
+                self.node(&loop_.loop_cond)?,
+                self.node(&loop_.loop_step)?,
+                self.node(&loop_.result)?,
+            ]))
+        })();
+        self.scope.truncate(scope);
+        Some(Node::Loop {
+            range,
+            init,
+            item: scope,
+            parts: parts?,
+        })
+    }
 }
 
 /// The value of `node`, or `None` when the interpreter must decide.
@@ -234,6 +334,68 @@ fn eval<'a>(node: &'a Node, facts: &Facts<'a>) -> Option<Value<'a>> {
         Node::Index(operand, key) => match (eval(operand, facts)?, eval(key, facts)?) {
             (Value::Object(map), Value::Text(key)) => json(map?.get(key)?)?,
             (Value::Array(items), Value::Int(at)) => json(items.get(usize::try_from(at).ok()?)?)?,
+            _ => return None,
+        },
+        Node::Local(slot) => facts.locals[*slot]?,
+        Node::Loop {
+            range,
+            init,
+            item,
+            parts,
+        } => {
+            let [condition, step, result] = &**parts;
+            let mut inner = *facts;
+            inner.locals[item + 1] = Some(eval(init, facts)?);
+            let mut each = |element: Value<'a>| -> Option<bool> {
+                inner.locals[*item] = Some(element);
+                if !boolean(condition, &inner)? {
+                    return Some(false);
+                }
+                inner.locals[item + 1] = Some(eval(step, &inner)?);
+                Some(true)
+            };
+            match eval(range, facts)? {
+                Value::Scopes(scopes) => {
+                    for scope in scopes {
+                        if !each(Value::Text(scope))? {
+                            break;
+                        }
+                    }
+                }
+                Value::Array(items) => {
+                    for element in items {
+                        if !each(json(element)?)? {
+                            break;
+                        }
+                    }
+                }
+                Value::Object(map) => {
+                    for key in map.into_iter().flat_map(Map::keys) {
+                        if !each(Value::Text(key))? {
+                            break;
+                        }
+                    }
+                }
+                _ => return None,
+            }
+            eval(result, &inner)?
+        }
+        Node::NotStrictlyFalse(operand) => Value::Bool(boolean(operand, facts)?),
+        Node::Arithmetic(operation, a, b) => {
+            let (Value::Int(a), Value::Int(b)) = (eval(a, facts)?, eval(b, facts)?) else {
+                return None;
+            };
+            // Overflow and division by zero are the interpreter's errors.
+            Value::Int(match operation {
+                Arithmetic::Add => a.checked_add(b)?,
+                Arithmetic::Subtract => a.checked_sub(b)?,
+                Arithmetic::Multiply => a.checked_mul(b)?,
+                Arithmetic::Divide => a.checked_div(b)?,
+                Arithmetic::Modulo => a.checked_rem(b)?,
+            })
+        }
+        Node::Matches(target, regex) => match eval(target, facts)? {
+            Value::Text(text) => Value::Bool(regex.is_match(text)),
             _ => return None,
         },
         Node::List(_) => return None,

@@ -968,6 +968,12 @@ mod tests {
                     "1.0",
                     "args.amount_cents + 1",
                     "-9223372036854775808",
+                    "args.n * 3 - 1",
+                    "args.amount_cents / 7",
+                    "args.amount_cents % 0",
+                    "9223372036854775807 + args.n",
+                    "args.n / 0",
+                    "size(args.tags) * 2",
                 ]),
                 2 if depth > 0 => {
                     let (c, a, b) = (self.boolean(depth - 1), self.any(0), self.any(0));
@@ -1005,6 +1011,20 @@ mod tests {
                     "args.n in [1, 'x']",
                     "has(caller.tenant)",
                     "args.to.startsWith(args.name)",
+                    "caller.scopes.exists(s, s.startsWith('refunds'))",
+                    "caller.scopes.all(s, s.contains(':'))",
+                    "args.tags.exists_one(t, t == 'x')",
+                    "args.mixed.exists(m, m == 1)",
+                    "args.mixed.all(m, m == 1)",
+                    "args.nested.exists(k, k == 'count')",
+                    "args.tags.all(t, args.tags.exists(u, u == t))",
+                    "caller.subject.matches('^al')",
+                    r"args.to.matches('[a-z]+@acme\\.com')",
+                    "args.name.matches('(')",
+                    "args.tags.map(t, t) == ['x', 'y']",
+                    "caller.claims.tags.exists(t, t == 'a')",
+                    "args.n * 3 - 1 == -10",
+                    "args.amount_cents / 7 == 8571 && args.amount_cents % 7 == 3",
                 ]),
                 1 => {
                     let operator = self.pick(&["==", "!=", "<", "<=", ">", ">="]);
@@ -1048,10 +1068,15 @@ mod tests {
             "!(caller.tenant in ['globex', 'initech']) || tool.risk_level == 'READ_ONLY'",
             "tool.name.startsWith('ref') && size(caller.scopes) > 0",
             "has(caller.claims.department) ? caller.claims.department == 'finance' : false",
+            "caller.scopes.exists(s, s.startsWith('refunds:'))",
+            "caller.scopes.all(s, s.contains(':')) && size(caller.scopes) * 2 < 10",
+            "caller.subject.matches('^al[a-z]+$')",
         ] {
             let condition = Condition::compile(source).unwrap();
             assert!(condition.decided_in_place(), "{source}");
             let input = Input::listing(&caller, tool);
+            // A regex's first search on a thread makes its cache.
+            condition.evaluate(&input);
             assert_eq!(
                 allocations_in(|| {
                     assert!(matches!(
