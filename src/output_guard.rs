@@ -276,6 +276,19 @@ impl Guard {
             }
         }
         for (name, (pattern, action, path)) in custom {
+            // One that can match the empty text would redact between every two characters.
+            let hir = regex_syntax::parse(pattern).map_err(|error| GuardError::Pattern {
+                path: path.clone(),
+                error: error.to_string(),
+            })?;
+            if hir.properties().minimum_len() == Some(0) {
+                return Err(GuardError::Pattern {
+                    path,
+                    error:
+                        "it matches the empty text; a detector must match at least one character"
+                            .to_owned(),
+                });
+            }
             if let Some(action) = active(action) {
                 detectors.push(Detector {
                     name: name.into(),
@@ -313,7 +326,7 @@ impl Guard {
         for (index, detector) in self.detectors.iter().enumerate() {
             let mut matches = 0;
             for found in detector.regex.find_iter(text) {
-                if !passes(detector.check, found.as_str()) {
+                if found.is_empty() || !passes(detector.check, found.as_str()) {
                     continue;
                 }
                 matches += 1;
@@ -652,6 +665,16 @@ mod tests {
             error("{ custom: [{ name: t, pattern: 'a{1000}{1000}' }] }")
                 .contains("invalid pattern")
         );
+        // A pattern that matches the empty text would redact between every two characters.
+        for empty in ["x*", "\\b", "(a|)"] {
+            let message = error(&format!(
+                "{{ custom: [{{ name: t, pattern: '{empty}' }}] }}"
+            ));
+            assert!(
+                message.contains("matches the empty text"),
+                "{empty}: {message}"
+            );
+        }
     }
 
     #[test]
