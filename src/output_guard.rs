@@ -109,8 +109,8 @@ const BUILTINS: &[Builtin] = &[
     Builtin {
         name: "connection_string_password",
         secret: true,
-        // scheme://user:password@host — the userinfo of a URL that carries a password.
-        pattern: r"(?-u:\b)[a-zA-Z][a-zA-Z0-9+.-]{1,30}://[^\s:/@?#'`\x22]+:[^\s/@'`\x22]+@",
+        // scheme://user:password@host — only the userinfo is redacted, the rest stays readable.
+        pattern: r"(?-u:\b)[a-zA-Z][a-zA-Z0-9+.-]{1,30}://(?P<secret>[^\s:/@?#'`\x22]+:[^\s/@'`\x22]+)@",
         check: Check::None,
     },
     Builtin {
@@ -174,7 +174,13 @@ struct Detector {
     regex: Regex,
     action: Action,
     check: Check,
+    /// Whether the pattern names a group `secret`: then only that part of a match is what
+    /// the detector finds (and redacts), the rest of the match is context.
+    secret_group: bool,
 }
+
+/// The group a pattern may name to say which part of its match is the secret.
+const SECRET_GROUP: &str = "secret";
 
 /// The compiled detectors of one tool (shared by the tools with the same settings).
 #[derive(Debug)]
@@ -267,12 +273,12 @@ impl Guard {
                 None => RawGuardAction::Off,
             };
             if let Some(action) = active(action) {
-                detectors.push(Detector {
-                    name: builtin.name.into(),
-                    regex: regex(builtin.pattern, builtin.name)?,
+                detectors.push(Detector::new(
+                    builtin.name,
+                    regex(builtin.pattern, builtin.name)?,
                     action,
-                    check: builtin.check,
-                });
+                    builtin.check,
+                ));
             }
         }
         for (name, (pattern, action, path)) in custom {
@@ -290,12 +296,12 @@ impl Guard {
                 });
             }
             if let Some(action) = active(action) {
-                detectors.push(Detector {
-                    name: name.into(),
-                    regex: regex(pattern, &path)?,
+                detectors.push(Detector::new(
+                    name,
+                    regex(pattern, &path)?,
                     action,
-                    check: Check::None,
-                });
+                    Check::None,
+                ));
             }
         }
         Ok(Guard { detectors })
@@ -325,15 +331,15 @@ impl Guard {
         }
         for (index, detector) in self.detectors.iter().enumerate() {
             let mut matches = 0;
-            for found in detector.regex.find_iter(text) {
+            detector.each_match(text, |found| {
                 if found.is_empty() || !passes(detector.check, found.as_str()) {
-                    continue;
+                    return;
                 }
                 matches += 1;
                 if detector.action == Action::Redact {
                     redactions.push((found.start(), found.end(), index));
                 }
-            }
+            });
             if matches > 0 {
                 blocked |= detector.action == Action::Block;
                 findings.push(Finding {
@@ -392,6 +398,32 @@ impl Guard {
         out.push_str(&self.detectors[index].name);
         out.push(']');
         end
+    }
+}
+
+impl Detector {
+    fn new(name: &str, regex: Regex, action: Action, check: Check) -> Self {
+        let secret_group = regex.capture_names().any(|n| n == Some(SECRET_GROUP));
+        Detector {
+            name: name.into(),
+            regex,
+            action,
+            check,
+            secret_group,
+        }
+    }
+
+    /// Calls `found` with each thing the detector finds: the match, or its `secret` group.
+    fn each_match<'t>(&self, text: &'t str, mut found: impl FnMut(regex::Match<'t>)) {
+        if !self.secret_group {
+            self.regex.find_iter(text).for_each(found);
+            return;
+        }
+        for captures in self.regex.captures_iter(text) {
+            if let Some(secret) = captures.name(SECRET_GROUP) {
+                found(secret);
+            }
+        }
     }
 }
 
@@ -675,6 +707,22 @@ mod tests {
                 "{empty}: {message}"
             );
         }
+    }
+
+    #[test]
+    fn a_named_secret_group_is_all_that_is_redacted() {
+        let default = Guard::compile(None, None).unwrap();
+        assert_eq!(
+            default
+                .screen("db postgres://app:s3cr3t@db.internal/orders")
+                .text,
+            "db postgres://[REDACTED:connection_string_password]@db.internal/orders"
+        );
+        let custom = guard(r"{ custom: [{ name: pin, pattern: 'PIN: (?P<secret>[0-9]{4})' }] }");
+        assert_eq!(
+            custom.screen("card PIN: 1234 ok").text,
+            "card PIN: [REDACTED:pin] ok"
+        );
     }
 
     #[test]

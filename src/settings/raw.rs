@@ -722,7 +722,8 @@ pub struct RawCustomDetector {
     /// Its name, as redactions, audit events and metrics show it: lower-case letters, digits
     /// and '_'.
     pub name: String,
-    /// A regex (Rust `regex` syntax: no look-around or backreferences, linear time).
+    /// A regex (Rust `regex` syntax: no look-around or backreferences, linear time). A group
+    /// named `secret` (`(?P<secret>...)`) marks the part of a match that is redacted.
     pub pattern: String,
     /// What it does with a match (default redact).
     #[serde(default = "redact")]
