@@ -131,6 +131,7 @@ pub enum Reason {
     BackendMisconfigured,
     DestinationRefused,
     ToolUnavailable,
+    DefinitionChanged,
     OutputTooLarge,
     OutputBlocked,
     Overloaded,
@@ -191,6 +192,8 @@ impl Reason {
             BackendMisconfigured => ("backend_misconfigured", S::Error, false),
             DestinationRefused => ("destination_refused", S::Denied, false),
             ToolUnavailable => ("tool_unavailable", S::Unavailable, true),
+            // A pinned MCP tool withdrawn: no retry helps until an operator acts.
+            DefinitionChanged => ("definition_changed", S::Unavailable, false),
             OutputTooLarge => ("output_too_large", S::Error, false),
             OutputBlocked => ("output_blocked", S::Error, false),
             Overloaded => ("overloaded", S::Unavailable, true),
@@ -332,7 +335,7 @@ mod tests {
     /// from the shared state decodes to what was written, for every variant.
     #[test]
     fn every_reason_and_stage_reads_back_from_its_name() {
-        assert_eq!(Reason::ALL.len(), 42);
+        assert_eq!(Reason::ALL.len(), 43);
         for &reason in Reason::ALL {
             assert_eq!(Reason::from_code(reason.code()), Some(reason));
         }

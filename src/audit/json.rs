@@ -2,7 +2,8 @@
 //! derived `Serialize` (the tests compare the two), at a fraction of the cost. serde_json looks
 //! at every byte of every string through a table, and `#[serde(flatten)]` turns the event into a
 //! map of ~20 entries, each a trip through the serializer; this was the audit writer thread's
-//! whole cost (docs/performance.md). Shadow decisions (flattened records) take serde's path.
+//! whole cost (docs/performance.md). Shadow decisions and tool definition changes (flattened
+//! records, rare) take serde's path.
 
 use crate::canonical::write_string;
 
@@ -27,7 +28,7 @@ impl AuditEvent {
     }
 
     fn write_json_raw(&self, out: &mut Vec<u8>) -> serde_json::Result<()> {
-        if self.shadow.is_some() {
+        if self.shadow.is_some() || self.definition_change.is_some() {
             return serde_json::to_writer(out, self);
         }
         let mut object = Object::start(out);
@@ -117,6 +118,7 @@ impl EventKind {
             EventKind::ApprovalDecision => "approval_decision",
             EventKind::AuthenticationFailed => "authentication_failed",
             EventKind::ShadowDecision => "shadow_decision",
+            EventKind::ToolDefinitionChanged => "tool_definition_changed",
         }
     }
 }
@@ -259,6 +261,7 @@ mod tests {
             peer: Some("127.0.0.1:5000".into()),
             suppressed: Some(0),
             shadow: None,
+            definition_change: None,
         };
         let kinds = [
             None,
@@ -266,6 +269,7 @@ mod tests {
             Some(EventKind::ApprovalDecision),
             Some(EventKind::AuthenticationFailed),
             Some(EventKind::ShadowDecision),
+            Some(EventKind::ToolDefinitionChanged),
         ];
         for kind in kinds {
             for event in [

@@ -32,11 +32,13 @@ use crate::{
     tasks::Tasks,
 };
 
+mod definition_change;
 mod json;
 mod otlp;
 mod refused;
 mod shadow;
 
+pub use definition_change::DefinitionChange;
 pub use refused::RefusedCallers;
 pub use shadow::{CandidateDecision, ShadowRecord};
 
@@ -50,6 +52,9 @@ pub enum EventKind {
     AuthenticationFailed,
     /// The shadow catalog would have decided a call differently (`crate::shadow`).
     ShadowDecision,
+    /// A pinned MCP tool's server lists another definition than its pin, or the pinned one
+    /// again (`crate::catalog::pins`).
+    ToolDefinitionChanged,
 }
 
 /// One audit event. Raw arguments are never recorded, only their canonical SHA-256.
@@ -112,6 +117,9 @@ pub struct AuditEvent {
     /// For shadow decisions: what differs, and the candidate catalog's decision.
     #[serde(flatten)]
     pub shadow: Option<Box<ShadowRecord>>,
+    /// For tool definition changes: which tool, its pin and what its server lists.
+    #[serde(flatten)]
+    pub definition_change: Option<Box<DefinitionChange>>,
 }
 
 /// When an event happened, in Unix milliseconds; written as RFC 3339 with milliseconds. Kept as a

@@ -1,7 +1,8 @@
 //! The boundary's metrics, registered when the boundary is built: every call it decides
 //! (`toolgate_tool_calls_total{tool,status}`, `…_tool_call_duration_seconds{tool}`,
 //! `…_refusals_total{stage,error_type}`, `…_rate_limited_total{tool}`, what the output guard
-//! found, `…_output_guard_matches_total{tool,detector,action}`) and the catalog revision
+//! found, `…_output_guard_matches_total{tool,detector,action}`), pinned MCP tools' definition
+//! changes (`…_tool_definition_changes_total{server,tool,status}`) and the catalog revision
 //! it serves (`toolgate_catalog_revision_info{revision}`), which it alone
 //! swaps.
 
@@ -49,6 +50,13 @@ struct GuardLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DefinitionLabels {
+    server: String,
+    tool: String,
+    status: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RevisionLabels {
     revision: String,
 }
@@ -65,6 +73,7 @@ pub struct BoundaryMetrics {
     refusals: Family<RefusalLabels, Counter>,
     rate_limited: Family<ToolLabels, Counter>,
     output_guard: Family<GuardLabels, Counter>,
+    definition_changes: Family<DefinitionLabels, Counter>,
     revision: Family<RevisionLabels, Gauge>,
     current_revision: Mutex<String>,
     /// The label of calls to tools the catalog does not have, made once.
@@ -80,6 +89,7 @@ impl BoundaryMetrics {
             refusals: Family::default(),
             rate_limited: Family::default(),
             output_guard: Family::default(),
+            definition_changes: Family::default(),
             revision: Family::default(),
             current_revision: Mutex::new(String::new()),
             unknown_tool: Arc::from(UNKNOWN_TOOL),
@@ -108,6 +118,11 @@ impl BoundaryMetrics {
             "output_guard_matches",
             "What the output guard's detectors found in tool output, by tool, detector and action",
             boundary.output_guard.clone(),
+        );
+        metrics.register(
+            "tool_definition_changes",
+            "Pinned MCP tools listed with a definition other than their pin (WITHDRAWN, KEPT) or with it again (RESTORED)",
+            boundary.definition_changes.clone(),
         );
         metrics.register(
             "catalog_revision_info",
@@ -157,6 +172,22 @@ impl BoundaryMetrics {
                 })
                 .inc_by(finding.matches as u64);
         }
+    }
+
+    /// A pinned MCP tool's standing changed (`tool`: the catalog's name).
+    pub fn definition_change(
+        &self,
+        server: &str,
+        tool: &str,
+        outcome: crate::catalog::pins::Outcome,
+    ) {
+        self.definition_changes
+            .get_or_create(&DefinitionLabels {
+                server: server.to_owned(),
+                tool: tool.to_owned(),
+                status: outcome.as_str(),
+            })
+            .inc();
     }
 
     /// The catalog revision now served.

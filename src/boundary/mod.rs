@@ -25,7 +25,8 @@
 //!
 //! Beside them: the call's record (`trail.rs`), what ListTools shows (`visibility.rs`), redaction
 //! (`redaction.rs`), the approvals RPCs (`approvals_admin.rs`), the sealed `Permit`, the observer
-//! of finished calls, explanation, and the boundary's metrics (`metrics.rs`).
+//! of finished calls, explanation, pinned MCP tools' changes at catalog swaps (`pins.rs`), and
+//! the boundary's metrics (`metrics.rs`).
 
 // The stages (see the table).
 pub mod access;
@@ -47,6 +48,7 @@ mod metrics;
 mod observer;
 pub mod output_guard;
 mod permit;
+mod pins;
 mod policy;
 mod redaction;
 mod trail;
@@ -176,6 +178,8 @@ pub struct Boundary {
     tracer: spans::Tracer,
     /// What the calls in flight may hold of parsed arguments.
     arguments_budget: structure::ArgumentsBudget,
+    /// How pinned MCP tools were last listed, to audit each change once.
+    pins: pins::PinWatch,
 }
 
 /// What a successful chain produced.
@@ -238,6 +242,7 @@ impl Boundary {
             observer: std::sync::OnceLock::new(),
             tracer: spans::Tracer::off(),
             arguments_budget,
+            pins: pins::PinWatch::default(),
         }
     }
 
@@ -303,6 +308,9 @@ impl Boundary {
             Some(&previous.rate_limits),
         );
         let invalidated = self.approvals.invalidate_changed(&catalog).await;
+        self.pins
+            .swapped(&catalog, &self.audit, &self.metrics, &self.clock)
+            .await;
         self.metrics.serving_revision(catalog.revision());
         self.state.store(Arc::new(CatalogState {
             catalog,

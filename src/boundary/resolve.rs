@@ -32,6 +32,9 @@ pub fn resolve<'c>(
             ResolveError::Unavailable(why) => {
                 Refusal::new(Stage::Resolve, Reason::ToolUnavailable, why)
             }
+            ResolveError::DefinitionChanged(why) => {
+                Refusal::new(Stage::Resolve, Reason::DefinitionChanged, why)
+            }
         })
 }
 

@@ -67,12 +67,16 @@ fn visibility_sharing<'c>(
 /// refusal of resolve, access or scopes for a tool hidden from it.
 fn reveals_hidden_tool(catalog: &Catalog, caller: &Caller, name: &str, refusal: &Refusal) -> bool {
     matches!(refusal.stage, Stage::Resolve | Stage::Access | Stage::Scopes)
-        // Unknown already; unavailable to everyone (its backend is down), which tells the
+        // Unknown already; unavailable to everyone (its backend is down, or its definition
+        // changed from its pin), which tells the
         // caller nothing about its access and says when to retry; or a tenant the catalog does
         // not know, which sees nothing and is told so.
         && !matches!(
             refusal.reason,
-            Reason::ToolNotFound | Reason::ToolUnavailable | Reason::TenantUnknown
+            Reason::ToolNotFound
+                | Reason::ToolUnavailable
+                | Reason::DefinitionChanged
+                | Reason::TenantUnknown
         )
         && visibility(catalog, caller, name).is_err()
 }

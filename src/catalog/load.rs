@@ -79,6 +79,7 @@ impl CatalogInputs {
             versions.push(Arc::new(tool));
         }
         let mut unavailable = BTreeMap::new();
+        let mut pinned = BTreeMap::new();
         for server in &self.mcp_servers {
             let Some(raw_server) = raw.mcp_servers.get(&server.name) else {
                 continue;
@@ -97,9 +98,20 @@ impl CatalogInputs {
                 // Settings are checked even before the server is reached.
                 let placeholder = DiscoveredTool {
                     name: tool_name.clone(),
-                    description: String::new(),
                     input_schema: json!({"type": "object"}),
+                    ..DiscoveredTool::default()
                 };
+                let pin = settings
+                    .pin
+                    .as_deref()
+                    .map(|pin| pins::parse(pin, &format!("{path}.pin")))
+                    .transpose()?;
+                let on_change = pins::OnChange::from(
+                    settings
+                        .on_definition_change
+                        .or(raw_server.on_definition_change)
+                        .unwrap_or_default(),
+                );
                 let executor = || {
                     ExecutorSpec::Mcp(McpTool {
                         server: server.name.clone(),
@@ -120,16 +132,34 @@ impl CatalogInputs {
                 let listed = discovered
                     .get(&server.name)
                     .and_then(|list| list.iter().find(|t| &t.name == tool_name));
+                if let (Some(found), Some(pin)) = (listed, pin) {
+                    let pinned_tool = pins::PinnedTool {
+                        server: server.name.clone(),
+                        tool: tool_name.clone(),
+                        pin,
+                        listed: pins::Listed::of(found),
+                        on_change,
+                    };
+                    let holds = pinned_tool.holds();
+                    pinned.insert(name.clone(), pinned_tool);
+                    if !holds && on_change == pins::OnChange::Withdraw {
+                        unavailable.insert(name, Unavailable {
+                            why: format!("tool {tool_name} of MCP server {} is withdrawn until an operator reviews it: the server now describes it differently from the definition the catalog pinned", server.name),
+                            definition_changed: true,
+                        });
+                        continue;
+                    }
+                }
                 match listed {
                     None => {
-                        unavailable.insert(name, format!("tool {tool_name} of MCP server {} is not available: the server is not connected or does not offer it", server.name));
+                        unavailable.insert(name, Unavailable::not_offered(format!("tool {tool_name} of MCP server {} is not available: the server is not connected or does not offer it", server.name)));
                     }
                     // Names are unique by construction (tools are checked against MCP names
                     // above, prefixes are unique); should one still be taken when a server lists
                     // a tool, only that tool is left out — never the rebuild of the catalog.
                     Some(_) if tools.contains_key(&name) => {
                         tracing::error!(tool = %name, server = %server.name, "MCP tool clashes with a tool already in the catalog; left out");
-                        unavailable.insert(name, format!("tool {tool_name} of MCP server {} clashes with another tool of the same name", server.name));
+                        unavailable.insert(name, Unavailable::not_offered(format!("tool {tool_name} of MCP server {} clashes with another tool of the same name", server.name)));
                     }
                     Some(found) => match build_tool(
                         &mcp_raw_tool(&name, settings, found),
@@ -142,7 +172,7 @@ impl CatalogInputs {
                         }
                         Err(err) => {
                             tracing::error!(tool = %name, error = %err.message, at = %err.path, "MCP tool left out of the catalog");
-                            unavailable.insert(name, format!("tool {tool_name} of MCP server {} has a definition this catalog cannot use", server.name));
+                            unavailable.insert(name, Unavailable::not_offered(format!("tool {tool_name} of MCP server {} has a definition this catalog cannot use", server.name)));
                         }
                     },
                 }
@@ -188,6 +218,7 @@ impl CatalogInputs {
         Ok(Catalog {
             tools,
             unavailable,
+            pinned,
             policy,
             tenants,
             agents,

@@ -5,6 +5,7 @@
 
 mod access_lists;
 mod load;
+pub mod pins;
 mod schema;
 
 use std::{
@@ -155,6 +156,25 @@ pub enum ResolveError {
     VersionNotAvailable(String),
     /// Configured, but its backend has not offered it (e.g. its MCP server is down).
     Unavailable(String),
+    /// A pinned MCP tool whose server lists another definition: withdrawn until an operator
+    /// acts.
+    DefinitionChanged(String),
+}
+
+/// Why a configured tool is not offered now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Unavailable {
+    why: String,
+    definition_changed: bool,
+}
+
+impl Unavailable {
+    fn not_offered(why: String) -> Self {
+        Unavailable {
+            why,
+            definition_changed: false,
+        }
+    }
 }
 
 /// The whole catalog.
@@ -162,7 +182,9 @@ pub enum ResolveError {
 pub struct Catalog {
     tools: BTreeMap<String, Vec<Arc<ToolVersion>>>,
     /// Configured tools that cannot be offered now, with the reason.
-    unavailable: BTreeMap<String, String>,
+    unavailable: BTreeMap<String, Unavailable>,
+    /// Pinned MCP tools their servers list now, by catalog name, whether the pin holds or not.
+    pinned: BTreeMap<String, pins::PinnedTool>,
     pub policy: AccessList,
     pub tenants: BTreeMap<String, TenantPolicy>,
     pub agents: AgentPolicies,
@@ -224,6 +246,11 @@ impl Catalog {
         self.unavailable.keys().map(String::as_str)
     }
 
+    /// Pinned MCP tools as their servers list them now, by catalog name.
+    pub fn pinned(&self) -> &BTreeMap<String, pins::PinnedTool> {
+        &self.pinned
+    }
+
     /// A tenant's overall quota, if it has one.
     pub fn tenant_rate(&self, tenant: &str) -> Option<Rate> {
         self.tenants.get(tenant).and_then(|t| t.rate_limit)
@@ -272,7 +299,8 @@ impl Catalog {
     ) -> Result<&Arc<ToolVersion>, ResolveError> {
         let Some(versions) = self.tools.get(name) else {
             return Err(match self.unavailable.get(name) {
-                Some(why) => ResolveError::Unavailable(why.clone()),
+                Some(u) if u.definition_changed => ResolveError::DefinitionChanged(u.why.clone()),
+                Some(u) => ResolveError::Unavailable(u.why.clone()),
                 None => ResolveError::UnknownTool,
             });
         };
@@ -353,6 +381,7 @@ mod tests {
             name: name.into(),
             description: "d".into(),
             input_schema: json!({"type": "object"}),
+            ..DiscoveredTool::default()
         };
         let discovered = Discovered::from([
             ("a".to_owned(), vec![tool("t")]),

@@ -26,6 +26,22 @@ pub(super) fn host_problems(config: &Config) -> Vec<crate::settings::FieldError>
     tools.chain(servers).collect()
 }
 
+/// The MCP tools without a pin, by their place in the file.
+fn unpinned(config: &Config) -> Vec<String> {
+    config
+        .catalog_inputs
+        .raw
+        .mcp_servers
+        .iter()
+        .flat_map(|(server, raw)| {
+            raw.tools
+                .iter()
+                .filter(|(_, tool)| tool.pin.is_none())
+                .map(move |(tool, _)| format!("mcp_servers.{server}.tools.{tool}.pin"))
+        })
+        .collect()
+}
+
 /// `check --connect`: whether the state backend answers.
 async fn connect_state(config: &Config) -> Result<String, String> {
     let crate::settings::StateBackend::Redis(redis) = &config.state.backend else {
@@ -52,8 +68,15 @@ pub(super) async fn check(
     config: Option<PathBuf>,
     portable: bool,
     connect: bool,
+    strict_mcp: bool,
 ) -> Result<(), Failure> {
     let loaded = load(config.as_ref()).map_err(Failure::error)?;
+    if strict_mcp {
+        let unpinned = unpinned(&loaded);
+        if !unpinned.is_empty() {
+            return Err(Failure::Errors(unpinned.iter().map(|path| format!("{}: {path}: not pinned (--strict-mcp requires a pin for every MCP tool; `toolgate pin --config {} --write` sets them)", loaded.source, loaded.source)).collect()));
+        }
+    }
     let problems = if portable {
         Vec::new()
     } else {

@@ -16,6 +16,7 @@ mod client;
 mod client_verbs;
 mod explain;
 mod mcp_stdio;
+mod pin;
 mod schema;
 mod serve;
 pub mod shadow_report;
@@ -63,6 +64,20 @@ enum Command {
         /// Also connect to the state backend (`state.redis`) and check that it answers.
         #[arg(long)]
         connect: bool,
+        /// Also fail unless every MCP tool is pinned (`pin:`; `toolgate pin` makes them).
+        #[arg(long)]
+        strict_mcp: bool,
+    },
+    /// Connect to the catalog's MCP servers and print the pin of each tool it lists from them
+    /// (the hash of the definition the server lists now), to review and set as `pin:`.
+    Pin {
+        /// The catalog file.
+        #[arg(long, env = "TOOLGATE_CONFIG")]
+        config: PathBuf,
+        /// Set the pins in the catalog file (comments and layout kept) instead of only printing
+        /// them; nothing is written unless every listed tool could be pinned.
+        #[arg(long)]
+        write: bool,
     },
     /// Print the JSON Schema of the catalog file format (with --tests, of the test file format).
     Schema {
@@ -301,7 +316,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             config,
             portable,
             connect,
-        }) => check::check(config, portable, connect).await,
+            strict_mcp,
+        }) => check::check(config, portable, connect, strict_mcp).await,
+        Some(Command::Pin { config, write }) => pin::run(config, write).await,
         Some(Command::Schema { tests }) => schema::schema(tests),
         Some(Command::Test {
             config,

@@ -415,6 +415,26 @@ pub fn catalog_dir(path: &Path) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("."))
 }
 
+/// What of `mcp_servers` takes effect only on restart: how each server is reached and which of
+/// its tools are listed, not the catalog's settings of those tools (risk, scopes, pins,
+/// `on_definition_change`), which a reload applies like any tool's.
+fn mcp_connections(servers: &serde_yaml_ng::Value) -> serde_yaml_ng::Value {
+    let mut servers = servers.clone();
+    if let Some(servers) = servers.as_mapping_mut() {
+        for (_, server) in servers.iter_mut() {
+            if let Some(server) = server.as_mapping_mut() {
+                server.remove("on_definition_change");
+            }
+            if let Some(tools) = server.get_mut("tools").and_then(|t| t.as_mapping_mut()) {
+                for (_, settings) in tools.iter_mut() {
+                    *settings = serde_yaml_ng::Value::Null;
+                }
+            }
+        }
+    }
+    servers
+}
+
 /// Sections whose changes take effect only on restart: a reload that changes one is refused.
 pub const RESTART_SECTIONS: &[&str] = &[
     "server",
@@ -450,7 +470,13 @@ impl Loaded {
         let section = |name: &str| {
             sections
                 .get(name)
-                .map(|v| serde_yaml_ng::to_string(v).unwrap_or_default())
+                .map(|v| {
+                    let v = match name {
+                        "mcp_servers" => mcp_connections(v),
+                        _ => v.clone(),
+                    };
+                    serde_yaml_ng::to_string(&v).unwrap_or_default()
+                })
                 .unwrap_or_default()
         };
         let referenced = referenced_files(text, base_dir);
@@ -640,6 +666,30 @@ pub fn json_schema() -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mcp_tool_settings_reload_and_server_connections_need_a_restart() {
+        let catalog = |server: &str, tool: &str| {
+            format!(
+                "version: 1\nmcp_servers:\n  docs:\n    command: [python3, s.py]\n{server}    tools:\n      search: {{ risk_level: read_only{tool} }}\n"
+            )
+        };
+        let base = Loaded::of(&catalog("", ""), Path::new("."));
+        let changed = |server: &str, tool: &str| {
+            Loaded::of(&catalog(server, tool), Path::new(".")).restart_changes(&base)
+        };
+        // A tool's settings, a pin and the server's on_definition_change reload.
+        assert!(changed("", ", pin: \"sha256:00\"").is_empty());
+        assert!(changed("", ", required_scopes: [a]").is_empty());
+        assert!(changed("    on_definition_change: warn\n", "").is_empty());
+        // How the server is reached, and which tools it lists, do not.
+        assert_eq!(changed("    env: [PATH]\n", ""), ["mcp_servers"]);
+        let other_tool = Loaded::of(
+            &catalog("", "").replace("search:", "fetch:"),
+            Path::new("."),
+        );
+        assert_eq!(other_tool.restart_changes(&base), ["mcp_servers"]);
+    }
 
     #[test]
     fn durations_parse_and_zero_is_refused() {

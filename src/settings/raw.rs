@@ -142,6 +142,21 @@ pub struct RawMcpServer {
     /// Largest single message accepted from the server, in bytes (default 4194304); a response
     /// over it ends its call as `output_too_large`.
     pub max_message_bytes: Option<usize>,
+    /// What happens when a pinned tool's definition differs from its pin, for this server's
+    /// tools (default withdraw).
+    pub on_definition_change: Option<RawDefinitionChange>,
+}
+
+/// What happens when the server lists a pinned tool with a definition other than its pin.
+#[derive(Debug, Clone, Copy, Default, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RawDefinitionChange {
+    /// Take the tool out of the catalog: not listed, calls answer UNAVAILABLE
+    /// (`definition_changed`) until the pin or the server's definition is put right.
+    #[default]
+    Withdraw,
+    /// Keep serving the tool with the server's new definition, with a warning.
+    Warn,
 }
 
 /// Catalog-side settings of one MCP tool.
@@ -178,6 +193,12 @@ pub struct RawMcpTool {
     pub labels: BTreeMap<String, String>,
     /// This tool's output guard, over the catalog's, as for other tools.
     pub output_guard: Option<RawOutputGuard>,
+    /// The definition reviewed: `sha256:` and the hex SHA-256 of the canonical form of the
+    /// tool's name, description, input schema, output schema and annotations as the server lists
+    /// them (`toolgate pin` prints it). A server that lists anything else is not trusted.
+    pub pin: Option<String>,
+    /// Overrides the server's `on_definition_change` for this tool.
+    pub on_definition_change: Option<RawDefinitionChange>,
 }
 
 /// Listen addresses and shutdown behaviour.

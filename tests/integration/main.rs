@@ -44,6 +44,7 @@ mod observability;
 #[path = "../common/otlp_collector.rs"]
 mod otlp_collector;
 mod output_guard;
+mod pins;
 mod process;
 mod process_hardening;
 mod properties;

@@ -217,12 +217,16 @@ impl TestServer {
 
     /// Serves a catalog file (written into the test's directory), so it can be reloaded.
     pub async fn start_file(yaml: &str) -> Self {
+        Self::start_file_with_env(yaml, &Env::default()).await
+    }
+
+    /// [`Self::start_file`], with the sidecar's environment.
+    pub async fn start_file_with_env(yaml: &str, env: &Env) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let audit_path = dir.path().join("audit.jsonl");
         let file = dir.path().join("catalog.yaml");
         std::fs::write(&file, with_audit_file(yaml, &audit_path)).unwrap();
-        let config = Config::load_file(&file, &Env::default())
-            .unwrap_or_else(|e| panic!("test catalog: {e}"));
+        let config = Config::load_file(&file, env).unwrap_or_else(|e| panic!("test catalog: {e}"));
         Self::start_config(config, dir, audit_path).await
     }
 

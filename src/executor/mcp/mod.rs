@@ -50,12 +50,15 @@ pub struct McpTool {
     pub tool: String,
 }
 
-/// A tool a server listed, as the model will see it.
-#[derive(Debug, Clone, PartialEq)]
+/// A tool a server listed: what the model will see of it, and what a pin covers besides
+/// (`catalog::pins`).
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct DiscoveredTool {
     pub name: String,
     pub description: String,
     pub input_schema: Value,
+    pub output_schema: Option<Value>,
+    pub annotations: Option<Value>,
 }
 
 /// Server name -> the tools it offers that the catalog names; absent while it is not connected.

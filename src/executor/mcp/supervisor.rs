@@ -153,6 +153,9 @@ async fn list(
             name: t.name.to_string(),
             description: t.description.as_deref().unwrap_or("").to_owned(),
             input_schema: Value::Object((*t.input_schema).clone()),
+            output_schema: t.output_schema.map(|o| Value::Object((*o).clone())),
+            // Annotations are plain data; one that cannot be turned back into JSON is absent.
+            annotations: t.annotations.and_then(|a| serde_json::to_value(a).ok()),
         })
         .collect())
 }
