@@ -107,6 +107,7 @@ pub enum Reason {
     StaleCatalog,
     TenantUnknown,
     DeniedByPolicy,
+    EmergencyDenied,
     ConditionError,
     ScopeMissing,
     SchemaViolation,
@@ -166,6 +167,8 @@ impl Reason {
             StaleCatalog => ("stale_catalog", S::StaleCatalog, false),
             TenantUnknown => ("tenant_unknown", S::Denied, false),
             DeniedByPolicy => ("denied_by_policy", S::Denied, false),
+            // An operator stopped the tool; it may be lifted, but not by retrying.
+            EmergencyDenied => ("emergency_denied", S::Denied, false),
             // A condition that cannot be evaluated decides closed (docs/conditions.md).
             ConditionError => ("condition_error", S::Denied, false),
             ScopeMissing => ("scope_missing", S::Denied, false),
@@ -335,7 +338,7 @@ mod tests {
     /// from the shared state decodes to what was written, for every variant.
     #[test]
     fn every_reason_and_stage_reads_back_from_its_name() {
-        assert_eq!(Reason::ALL.len(), 43);
+        assert_eq!(Reason::ALL.len(), 44);
         for &reason in Reason::ALL {
             assert_eq!(Reason::from_code(reason.code()), Some(reason));
         }

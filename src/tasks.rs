@@ -63,6 +63,11 @@ impl Tasks {
             .spawn(task.instrument(tracing::info_span!("task", task = name)));
     }
 
+    /// Whether the group was told to stop.
+    pub fn is_cancelled(&self) -> bool {
+        self.stop.is_cancelled()
+    }
+
     /// The group's stop signal, for work that is not a task of its own (a graceful-shutdown
     /// future handed to a server).
     pub fn token(&self) -> CancellationToken {

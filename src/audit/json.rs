@@ -2,8 +2,8 @@
 //! derived `Serialize` (the tests compare the two), at a fraction of the cost. serde_json looks
 //! at every byte of every string through a table, and `#[serde(flatten)]` turns the event into a
 //! map of ~20 entries, each a trip through the serializer; this was the audit writer thread's
-//! whole cost (docs/performance.md). Shadow decisions and tool definition changes (flattened
-//! records, rare) take serde's path.
+//! whole cost (docs/performance.md). Shadow decisions, tool definition changes and emergency
+//! denies (records of their own, rare) take serde's path.
 
 use crate::canonical::write_string;
 
@@ -28,7 +28,10 @@ impl AuditEvent {
     }
 
     fn write_json_raw(&self, out: &mut Vec<u8>) -> serde_json::Result<()> {
-        if self.shadow.is_some() || self.definition_change.is_some() {
+        if self.shadow.is_some()
+            || self.definition_change.is_some()
+            || self.emergency_deny.is_some()
+        {
             return serde_json::to_writer(out, self);
         }
         let mut object = Object::start(out);
@@ -119,6 +122,7 @@ impl EventKind {
             EventKind::AuthenticationFailed => "authentication_failed",
             EventKind::ShadowDecision => "shadow_decision",
             EventKind::ToolDefinitionChanged => "tool_definition_changed",
+            EventKind::EmergencyDeny => "emergency_deny",
         }
     }
 }
@@ -262,6 +266,7 @@ mod tests {
             suppressed: Some(0),
             shadow: None,
             definition_change: None,
+            emergency_deny: None,
         };
         let kinds = [
             None,
@@ -270,6 +275,7 @@ mod tests {
             Some(EventKind::AuthenticationFailed),
             Some(EventKind::ShadowDecision),
             Some(EventKind::ToolDefinitionChanged),
+            Some(EventKind::EmergencyDeny),
         ];
         for kind in kinds {
             for event in [

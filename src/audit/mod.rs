@@ -55,6 +55,8 @@ pub enum EventKind {
     /// A pinned MCP tool's server lists another definition than its pin, or the pinned one
     /// again (`crate::catalog::pins`).
     ToolDefinitionChanged,
+    /// An emergency deny set, cleared or expired (`crate::emergency`).
+    EmergencyDeny,
 }
 
 /// One audit event. Raw arguments are never recorded, only their canonical SHA-256.
@@ -120,6 +122,9 @@ pub struct AuditEvent {
     /// For tool definition changes: which tool, its pin and what its server lists.
     #[serde(flatten)]
     pub definition_change: Option<Box<DefinitionChange>>,
+    /// For emergency denies: the deny.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub emergency_deny: Option<Box<crate::emergency::EmergencyDeny>>,
 }
 
 /// When an event happened, in Unix milliseconds; written as RFC 3339 with milliseconds. Kept as a

@@ -249,18 +249,22 @@ impl Boundary {
     /// revision ListTools would report. Nothing is recorded.
     pub fn explain_visibility(&self, caller: &Caller) -> (Vec<Visibility>, String) {
         let state = self.state.load_full();
-        explain_visibility(&state.catalog, caller)
+        explain_visibility(&state.catalog, &self.emergency, caller)
     }
 }
 
 /// See [`Boundary::explain_visibility`].
-pub fn explain_visibility(catalog: &Catalog, caller: &Caller) -> (Vec<Visibility>, String) {
+pub fn explain_visibility(
+    catalog: &Catalog,
+    denies: &crate::emergency::EmergencyDenies,
+    caller: &Caller,
+) -> (Vec<Visibility>, String) {
     let mut names: Vec<&str> = catalog.names().chain(catalog.unavailable_names()).collect();
     names.sort_unstable();
     let mut visible = Vec::new();
     let tools = names
         .into_iter()
-        .map(|name| match visibility(catalog, caller, name) {
+        .map(|name| match visibility(catalog, denies, caller, name) {
             Ok(tool) => {
                 visible.push(tool.clone());
                 Visibility {
@@ -346,6 +350,7 @@ impl Explainer<'_> {
             limits,
             &self.boundary.arguments_budget,
             self.catalog,
+            &self.boundary.emergency,
             shown,
             &asker,
             call,
@@ -423,8 +428,13 @@ impl Explainer<'_> {
             // What the caller would be answered (a hidden tool as an unknown one); the stages
             // above say what really refused it.
             Ending::Refused(refusal) => {
-                let refusal =
-                    super::visibility::as_caller_sees(self.catalog, caller, &call.name, refusal);
+                let refusal = super::visibility::as_caller_sees(
+                    self.catalog,
+                    &self.boundary.emergency,
+                    caller,
+                    &call.name,
+                    refusal,
+                );
                 let version = match refusal.reason {
                     Reason::ToolNotFound => String::new(),
                     _ => version,

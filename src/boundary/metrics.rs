@@ -2,7 +2,8 @@
 //! (`toolgate_tool_calls_total{tool,status}`, `…_tool_call_duration_seconds{tool}`,
 //! `…_refusals_total{stage,error_type}`, `…_rate_limited_total{tool}`, what the output guard
 //! found, `…_output_guard_matches_total{tool,detector,action}`), pinned MCP tools' definition
-//! changes (`…_tool_definition_changes_total{server,tool,status}`) and the catalog revision
+//! changes (`…_tool_definition_changes_total{server,tool,status}`), the emergency denies in
+//! force (`toolgate_emergency_denies`) and the catalog revision
 //! it serves (`toolgate_catalog_revision_info{revision}`), which it alone
 //! swaps.
 
@@ -74,6 +75,7 @@ pub struct BoundaryMetrics {
     rate_limited: Family<ToolLabels, Counter>,
     output_guard: Family<GuardLabels, Counter>,
     definition_changes: Family<DefinitionLabels, Counter>,
+    emergency_denies: Gauge,
     revision: Family<RevisionLabels, Gauge>,
     current_revision: Mutex<String>,
     /// The label of calls to tools the catalog does not have, made once.
@@ -90,6 +92,7 @@ impl BoundaryMetrics {
             rate_limited: Family::default(),
             output_guard: Family::default(),
             definition_changes: Family::default(),
+            emergency_denies: Gauge::default(),
             revision: Family::default(),
             current_revision: Mutex::new(String::new()),
             unknown_tool: Arc::from(UNKNOWN_TOOL),
@@ -123,6 +126,11 @@ impl BoundaryMetrics {
             "tool_definition_changes",
             "Pinned MCP tools listed with a definition other than their pin (WITHDRAWN, KEPT) or with it again (RESTORED)",
             boundary.definition_changes.clone(),
+        );
+        metrics.register(
+            "emergency_denies",
+            "Emergency denies in force",
+            boundary.emergency_denies.clone(),
         );
         metrics.register(
             "catalog_revision_info",
@@ -188,6 +196,12 @@ impl BoundaryMetrics {
                 status: outcome.as_str(),
             })
             .inc();
+    }
+
+    /// The emergency denies in force now.
+    pub fn emergency_denies(&self, count: usize) {
+        self.emergency_denies
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
 
     /// The catalog revision now served.

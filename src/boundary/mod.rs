@@ -43,6 +43,8 @@ pub mod structure;
 
 // What the chain is made of and what it makes.
 mod approvals_admin;
+mod controls_admin;
+mod emergency;
 pub mod explain;
 mod metrics;
 mod observer;
@@ -77,6 +79,7 @@ use crate::{
     audit::{AuditLog, EventTime},
     catalog::Catalog,
     clock::SharedClock,
+    emergency::EmergencyDenies,
     error::{Reason, Refusal, Stage},
     executor::Executors,
     identity::Caller,
@@ -105,6 +108,7 @@ pub struct Stores {
     pub backend: state::Backend,
     pub approvals: Approvals,
     pub idempotency: Idempotency,
+    pub emergency: Arc<EmergencyDenies>,
 }
 
 impl Stores {
@@ -118,6 +122,7 @@ impl Stores {
         Stores {
             approvals: Approvals::new(&backend, clock.clone(), approvals),
             idempotency: Idempotency::new(&backend, clock.clone(), idempotency),
+            emergency: Arc::new(EmergencyDenies::on(&backend, clock.clone())),
             backend,
         }
     }
@@ -180,6 +185,8 @@ pub struct Boundary {
     arguments_budget: structure::ArgumentsBudget,
     /// How pinned MCP tools were last listed, to audit each change once.
     pins: pins::PinWatch,
+    /// The operators' emergency denies in force.
+    emergency: Arc<EmergencyDenies>,
 }
 
 /// What a successful chain produced.
@@ -222,6 +229,9 @@ impl Boundary {
         metrics.serving_revision(catalog.revision());
         let arguments_budget =
             structure::ArgumentsBudget::new(limits.max_parsed_arguments_bytes_in_flight);
+        let calls = Tasks::new();
+        // Running calls wait once, for the hard stop or a deny stopping them.
+        stores.emergency.attach(calls.token());
         Boundary {
             state: ArcSwap::from_pointee(CatalogState {
                 catalog,
@@ -237,12 +247,13 @@ impl Boundary {
             clock,
             metrics,
             quota_metrics,
-            calls: Tasks::new(),
+            calls,
             catalog_changes: tokio::sync::watch::Sender::new(0),
             observer: std::sync::OnceLock::new(),
             tracer: spans::Tracer::off(),
             arguments_budget,
             pins: pins::PinWatch::default(),
+            emergency: stores.emergency,
         }
     }
 
@@ -269,6 +280,33 @@ impl Boundary {
 
     pub fn catalog(&self) -> Arc<CatalogState> {
         self.state.load_full()
+    }
+
+    /// Resolves when a running call must stop: the sidecar's hard stop at the end of the
+    /// shutdown grace period, or an emergency deny with `cancel_running` that matches it. One
+    /// wait serves both (the epoch is a child of the calls' stop signal).
+    async fn interrupted(
+        &self,
+        mut epoch: Arc<tokio_util::sync::CancellationToken>,
+        tool: &str,
+        caller: &Caller,
+    ) -> Refusal {
+        loop {
+            epoch.cancelled().await;
+            if self.calls.is_cancelled() {
+                return Refusal::new(
+                    Stage::Execute,
+                    Reason::Cancelled,
+                    "the sidecar is shutting down",
+                );
+            }
+            // The next epoch first, so a deny seen while this one looks is not missed.
+            let next = self.emergency.epoch();
+            if let Some(active) = self.emergency.stopping(tool, caller) {
+                return emergency::refused(tool, &active.deny, true);
+            }
+            epoch = next;
+        }
     }
 
     /// Bytes held by each store kept between calls, for the `toolgate_*_bytes` gauges.
@@ -420,7 +458,9 @@ impl Boundary {
                 self.metrics.observe(&outcome, None);
                 return outcome;
             }
-            let hard_stop = self.calls.token();
+            // Taken before the call is decided: a deny stopping running calls, seen after its
+            // access check, still reaches it.
+            let interrupt = self.emergency.epoch();
             let chain =
                 AssertUnwindSafe(self.chain(turn, &call, &guard.call_id, &mut guard.trail, &span))
                     .catch_unwind();
@@ -429,11 +469,9 @@ impl Boundary {
                     tracing::error!(tool = %call.name, call_id = %guard.call_id, panic = panic_message(&panic), "a call panicked; this is a bug in toolgate");
                     Err(Refusal::new(Stage::Execute, Reason::Internal, "internal error in toolgate; the call's outcome is unknown"))
                 }),
-                () = hard_stop.cancelled() => Err(Refusal::new(
-                    Stage::Execute,
-                    Reason::Cancelled,
-                    "the sidecar is shutting down",
-                )),
+                // Shutdown's hard stop, or an operator's emergency deny with cancel_running:
+                // the chain (and the backend with it) is dropped, as when the client cancels.
+                refusal = self.interrupted(interrupt, &call.name, &turn.caller) => Err(refusal),
             };
             let trail = &guard.trail;
             let call_id = guard.call_id.to_string();
@@ -546,6 +584,7 @@ impl Boundary {
             &self.limits,
             &self.arguments_budget,
             catalog,
+            &self.emergency,
             shown,
             &asker,
             call,
@@ -558,8 +597,9 @@ impl Boundary {
         if let Some(refused) = &seen.refused_arguments {
             trail.arguments_sha256 = Some(crate::canonical::sha256_hex_shared(refused));
         }
-        let decided = decided
-            .map_err(|refusal| visibility::as_caller_sees(catalog, caller, &call.name, refusal));
+        let decided = decided.map_err(|refusal| {
+            visibility::as_caller_sees(catalog, &self.emergency, caller, &call.name, refusal)
+        });
         let policy::Decided {
             tool,
             arguments,

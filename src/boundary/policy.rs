@@ -9,11 +9,12 @@ use std::{sync::Arc, time::SystemTime};
 
 use serde_json::Value;
 
-use super::{CallRequest, access, bind, resolve, schema, scopes, structure};
+use super::{CallRequest, access, bind, emergency, resolve, schema, scopes, structure};
 use crate::{
     approvals, canonical,
     catalog::{Catalog, ToolVersion},
     conditions::{CallFacts, Evaluated, Input},
+    emergency::EmergencyDenies,
     error::Refusal,
     identity::Caller,
     settings::LimitsConfig,
@@ -71,10 +72,15 @@ pub(crate) struct Seen<'c> {
 
 /// Runs stages 1–7 for `call`. `shown` is the revision log and the revision the model was shown,
 /// when the client says.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the chain's inputs, each its own concern"
+)]
 pub(crate) fn decide<'c>(
     limits: &LimitsConfig,
     budget: &structure::ArgumentsBudget,
     catalog: &'c Catalog,
+    denies: &EmergencyDenies,
     shown: Option<(&resolve::RevisionLog, &str)>,
     asker: &Asker<'_>,
     call: &CallRequest,
@@ -100,7 +106,7 @@ pub(crate) fn decide<'c>(
     seen.tool = Some(tool);
     if let Some((revisions, shown)) = shown {
         resolve::check_revision(revisions, shown, tool, || {
-            super::visibility::current_revision(catalog, caller)
+            super::visibility::current_revision(catalog, denies, caller)
         })?;
     }
     // 4. Allow/deny lists: global, tenant, agent. Provisional when an entry's condition reads
@@ -109,6 +115,9 @@ pub(crate) fn decide<'c>(
     let access = access::check(catalog, &listing);
     seen.conditions.extend(listing.take_trace());
     let access::Provisional(provisional) = access?;
+    // An operator's emergency deny, last of access (told only to callers who would see the
+    // tool without it: `visibility::as_caller_sees`).
+    emergency::check(denies, tool, caller)?;
     // 5. Scopes.
     scopes::check(caller, tool)?;
     // The model's attempts to set server-bound arguments are recorded whatever refuses the

@@ -14,6 +14,7 @@
 mod check;
 mod client;
 mod client_verbs;
+mod controls;
 mod explain;
 mod mcp_stdio;
 mod pin;
@@ -145,6 +146,39 @@ enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Stop the tools matching a glob at once, for every caller or one tenant and/or agent: an
+    /// emergency deny (Controls service; needs scope toolgate:admin, or dev identity). With a
+    /// shared state backend it reaches every sidecar sharing it.
+    Deny {
+        /// A glob over catalog tool names, e.g. 'send_*'.
+        #[arg(long = "tool")]
+        tools: String,
+        /// Only this tenant's calls.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Only this agent's calls.
+        #[arg(long)]
+        agent: Option<String>,
+        /// Why; calls it refuses are told.
+        #[arg(long)]
+        reason: String,
+        /// How long it lasts, e.g. 2h (default: until cleared).
+        #[arg(long = "for")]
+        lasts: Option<String>,
+        /// Also stop the matching calls running now.
+        #[arg(long)]
+        cancel_running: bool,
+        #[command(flatten)]
+        control: ControlArgs,
+    },
+    /// Lift an emergency deny.
+    Undeny {
+        deny_id: String,
+        #[command(flatten)]
+        control: ControlArgs,
+    },
+    /// List the emergency denies in force.
+    Denies(ControlArgs),
     /// Reject a pending approval (needs scope toolgate:approve).
     Reject {
         approval_id: String,
@@ -249,6 +283,24 @@ struct IdentityArgs {
     /// A JWT to send as `authorization: Bearer`.
     #[arg(long, env = "TOOLGATE_TOKEN", hide_env_values = true)]
     token: Option<String>,
+}
+
+/// The Controls verbs' flags: the sidecar and the operator (`--tenant` and `--agent` narrow a
+/// deny instead).
+#[derive(Debug, Args)]
+struct ControlArgs {
+    /// The sidecar's address.
+    #[arg(long, env = "TOOLGATE_ADDR", default_value = "http://127.0.0.1:50051")]
+    addr: String,
+    /// Dev identity of the operator, as TENANT/SUBJECT (default operator/cli, without --token).
+    #[arg(long = "as", conflicts_with = "token")]
+    operator: Option<String>,
+    /// A JWT to send as `authorization: Bearer` (with scope toolgate:admin).
+    #[arg(long, env = "TOOLGATE_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
 }
 
 /// `mcp-stdio`'s flags: the door to forward to and one identity, a JWT or dev identity.
@@ -359,6 +411,35 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             reason,
             client,
         }) => client_verbs::decide(client, approval_id, false, reason).await,
+        Some(Command::Deny {
+            tools,
+            tenant,
+            agent,
+            reason,
+            lasts,
+            cancel_running,
+            control,
+        }) => {
+            let ttl_seconds = match lasts {
+                None => 0,
+                Some(text) => {
+                    let lasts = crate::settings::parse_duration(&text)
+                        .map_err(|err| Failure::error(format_args!("--for {text}: {err}")))?;
+                    u32::try_from(lasts.as_secs().max(1)).unwrap_or(u32::MAX)
+                }
+            };
+            let ask = proto::SetEmergencyDenyRequest {
+                tools,
+                tenant: tenant.unwrap_or_default(),
+                agent: agent.unwrap_or_default(),
+                reason,
+                ttl_seconds,
+                cancel_running,
+            };
+            controls::deny(control, ask).await
+        }
+        Some(Command::Undeny { deny_id, control }) => controls::undeny(control, deny_id).await,
+        Some(Command::Denies(control)) => controls::denies(control).await,
         Some(Command::McpStdio(args)) => mcp_stdio::run(args).await,
     }
 }

@@ -207,6 +207,47 @@ pub fn decide_status(err: &DecideError) -> GrpcStatus {
     GrpcStatus::new(code, err.to_string())
 }
 
+/// A SetEmergencyDeny request in domain terms: blank tenant and agent mean every one.
+pub fn new_deny(request: proto::SetEmergencyDenyRequest) -> crate::emergency::NewDeny {
+    let given = |text: String| Some(text).filter(|t| !t.is_empty());
+    crate::emergency::NewDeny {
+        tools: request.tools,
+        tenant: given(request.tenant),
+        agent: given(request.agent),
+        reason: request.reason,
+        ttl: (request.ttl_seconds > 0).then(|| Duration::from_secs(u64::from(request.ttl_seconds))),
+        cancel_running: request.cancel_running,
+    }
+}
+
+pub fn emergency_deny(deny: crate::emergency::EmergencyDeny) -> proto::EmergencyDeny {
+    proto::EmergencyDeny {
+        deny_id: deny.id,
+        tools: deny.tools,
+        tenant: deny.tenant.unwrap_or_default(),
+        agent: deny.agent.unwrap_or_default(),
+        reason: deny.reason,
+        set_by: deny.set_by,
+        set_at_unix_ms: deny.set_at_ms,
+        expires_at_unix_ms: deny.expires_at_ms.unwrap_or(0),
+        cancel_running: deny.cancel_running,
+    }
+}
+
+pub fn deny_status(err: &crate::emergency::DenyError) -> GrpcStatus {
+    use crate::emergency::DenyError as E;
+    let code = match err {
+        E::MissingScope => Code::PermissionDenied,
+        E::InvalidTools(..) | E::ReasonMissing | E::TooLong(..) | E::Blank(_) | E::TtlTooLong => {
+            Code::InvalidArgument
+        }
+        E::TooMany => Code::ResourceExhausted,
+        E::NotFound(_) => Code::NotFound,
+        E::Unavailable(_) | E::AuditUnavailable => Code::Unavailable,
+    };
+    GrpcStatus::new(code, err.to_string())
+}
+
 /// Parses the `grpc-timeout` header (e.g. `500m`, `2S`) as the gRPC spec writes it: 1 to 8 ASCII
 /// digits and a unit. Anything else is not a timeout (the call then has no client deadline).
 pub fn grpc_timeout(value: &str) -> Option<Duration> {

@@ -36,14 +36,17 @@ use crate::{
     config::Config,
     executor::{Executors, McpManager},
     identity::IdentityResolver,
-    proto::{self, approvals_server::ApprovalsServer, tool_gate_server::ToolGateServer},
+    proto::{
+        self, approvals_server::ApprovalsServer, controls_server::ControlsServer,
+        tool_gate_server::ToolGateServer,
+    },
     tasks::Tasks,
 };
 use crate::{metrics::Metrics, shadow::Shadow, telemetry::spans::TraceContextLayer};
 use admin::AdminBinding;
 use connections::Listener;
 use deadline::DeadlineLayer;
-use services::{ApprovalsService, ToolGateService};
+use services::{ApprovalsService, ControlsService, ToolGateService};
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -131,6 +134,18 @@ struct ServerTasks {
 /// stop at their next await, so only a task stuck in a blocking call can take this long).
 const TASKS_STOP_WITHIN: Duration = Duration::from_secs(2);
 
+/// How often expired emergency denies are taken out (they stop matching at their expiry
+/// anyway; this is when the expiry is audited).
+const EMERGENCY_EXPIRY_CHECK: Duration = Duration::from_secs(1);
+
+/// The gRPC services whose health is reported by name (and `""`, the whole server).
+const SERVICES: [&str; 4] = [
+    "",
+    "toolgate.v1.ToolGate",
+    "toolgate.v1.Approvals",
+    "toolgate.v1.Controls",
+];
+
 impl Running {
     /// The TCP address actually bound.
     pub fn local_addr(&self) -> Option<SocketAddr> {
@@ -190,7 +205,7 @@ impl Running {
                 .ready
                 .store(false, std::sync::atomic::Ordering::Relaxed);
         }
-        for service in ["", "toolgate.v1.ToolGate", "toolgate.v1.Approvals"] {
+        for service in SERVICES {
             self.health
                 .set_service_status(service, ServingStatus::NotServing)
                 .await;
@@ -415,7 +430,10 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
     ))
     .max_decoding_message_size(max_message)
     .max_encoding_message_size(max_message);
-    let approvals = ApprovalsServer::new(ApprovalsService::new(gate))
+    let approvals = ApprovalsServer::new(ApprovalsService::new(gate.clone()))
+        .max_decoding_message_size(max_message)
+        .max_encoding_message_size(max_message);
+    let controls = ControlsServer::new(ControlsService::new(gate))
         .max_decoding_message_size(max_message)
         .max_encoding_message_size(max_message);
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -427,6 +445,9 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         .await;
     health
         .set_serving::<ApprovalsServer<ApprovalsService>>()
+        .await;
+    health
+        .set_serving::<ControlsServer<ControlsService>>()
         .await;
     health.set_service_status("", ServingStatus::Serving).await;
     health
@@ -462,6 +483,7 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         .max_encoding_message_size(max_message);
     let routes = Routes::new(toolgate)
         .add_service(approvals)
+        .add_service(controls)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha);
@@ -574,6 +596,30 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         &tasks.upkeep,
     )
     .await?;
+    // Emergency denies: the shared ones read before serving (a restarted sidecar enforces them
+    // from its first call, Redis answering), then followed; expiries taken out and audited, and
+    // each change announced (what callers see changed) and counted.
+    let denies = boundary.emergency_denies().clone();
+    denies.reconcile().await;
+    boundary.emergency_denies_changed();
+    tasks
+        .upkeep
+        .spawn_until_stopped("emergency-deny-follower", move |stop| denies.follow(stop));
+    let upkeep_boundary = boundary.clone();
+    tasks.upkeep.spawn("emergency-deny-upkeep", async move {
+        let mut changes = upkeep_boundary.emergency_denies().watch();
+        let mut expiry = tokio::time::interval(EMERGENCY_EXPIRY_CHECK);
+        expiry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = expiry.tick() => upkeep_boundary.expire_emergency_denies().await,
+                changed = changes.changed() => match changed {
+                    Ok(()) => upkeep_boundary.emergency_denies_changed(),
+                    Err(_) => return,
+                },
+            }
+        }
+    });
     // Shed rate-limit keys whose window has passed, so their stores stay small.
     let sweeper = boundary.clone();
     tasks.upkeep.spawn("rate-limit-sweeper", async move {
@@ -626,7 +672,7 @@ async fn report_state_health(
             .set_service_status(STATE_HEALTH_SERVICE, status)
             .await;
         if required {
-            for service in ["", "toolgate.v1.ToolGate", "toolgate.v1.Approvals"] {
+            for service in SERVICES {
                 health.set_service_status(service, status).await;
             }
         }

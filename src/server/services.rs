@@ -12,7 +12,9 @@ use crate::{
     approvals,
     boundary::{Boundary, ResponseBudget, Turn},
     identity::Caller,
-    proto::{self, approvals_server::Approvals, tool_gate_server::ToolGate},
+    proto::{
+        self, approvals_server::Approvals, controls_server::Controls, tool_gate_server::ToolGate,
+    },
     settings::LimitsConfig,
     telemetry::spans,
 };
@@ -330,6 +332,67 @@ impl Approvals for ApprovalsService {
             .map_err(|e| convert::decide_status(&e))?;
         Ok(Response::new(proto::DecideApprovalResponse {
             approval: Some(convert::approval(approval)),
+        }))
+    }
+}
+
+pub struct ControlsService {
+    gate: Gate,
+}
+
+impl ControlsService {
+    pub fn new(gate: Gate) -> Self {
+        ControlsService { gate }
+    }
+}
+
+#[tonic::async_trait]
+impl Controls for ControlsService {
+    async fn set_emergency_deny(
+        &self,
+        request: Request<proto::SetEmergencyDenyRequest>,
+    ) -> Result<Response<proto::SetEmergencyDenyResponse>, Status> {
+        let operator = caller(&request)?;
+        let new = convert::new_deny(request.into_inner());
+        let deny = self
+            .gate
+            .boundary
+            .set_emergency_deny(&operator, new)
+            .await
+            .map_err(|e| convert::deny_status(&e))?;
+        Ok(Response::new(proto::SetEmergencyDenyResponse {
+            deny: Some(convert::emergency_deny(deny)),
+        }))
+    }
+
+    async fn clear_emergency_deny(
+        &self,
+        request: Request<proto::ClearEmergencyDenyRequest>,
+    ) -> Result<Response<proto::ClearEmergencyDenyResponse>, Status> {
+        let operator = caller(&request)?;
+        let deny = self
+            .gate
+            .boundary
+            .clear_emergency_deny(&operator, &request.get_ref().deny_id)
+            .await
+            .map_err(|e| convert::deny_status(&e))?;
+        Ok(Response::new(proto::ClearEmergencyDenyResponse {
+            deny: Some(convert::emergency_deny(deny)),
+        }))
+    }
+
+    async fn list_emergency_denies(
+        &self,
+        request: Request<proto::ListEmergencyDeniesRequest>,
+    ) -> Result<Response<proto::ListEmergencyDeniesResponse>, Status> {
+        let operator = caller(&request)?;
+        let denies = self
+            .gate
+            .boundary
+            .list_emergency_denies(&operator)
+            .map_err(|e| convert::deny_status(&e))?;
+        Ok(Response::new(proto::ListEmergencyDeniesResponse {
+            denies: denies.into_iter().map(convert::emergency_deny).collect(),
         }))
     }
 }

@@ -63,6 +63,7 @@ pub enum Concern {
     RateLimits,
     Approvals,
     Idempotency,
+    EmergencyDenies,
     Health,
 }
 
@@ -72,6 +73,7 @@ impl Concern {
             Concern::RateLimits => "rate_limits",
             Concern::Approvals => "approvals",
             Concern::Idempotency => "idempotency",
+            Concern::EmergencyDenies => "emergency_denies",
             Concern::Health => "health",
         }
     }

@@ -264,6 +264,8 @@ pub struct Redis {
     metrics: StateMetrics,
     /// Redis's clock, for the scripts' give-up times.
     clock: RedisClock,
+    /// For subscriptions (one server only: on a cluster, changes are found by reading again).
+    subscriber: Option<Client>,
 }
 
 impl std::fmt::Debug for Redis {
@@ -310,6 +312,7 @@ impl Redis {
             root_cert: Some(pem.clone()),
         });
         let settings = |err: RedisError| StateError::Settings(err.to_string());
+        let mut subscriber = None;
         let connections = if config.cluster {
             let mut builder = ClusterClientBuilder::new([info]);
             if let Some(certificates) = certificates {
@@ -337,6 +340,7 @@ impl Redis {
                 .set_min_delay(Duration::from_millis(10))
                 .set_max_delay(Duration::from_secs(1))
                 .set_number_of_retries(3);
+            subscriber = Some(client.clone());
             (0..config.connections)
                 .map(|_| {
                     ConnectionManager::new_lazy_with_config(client.clone(), manager_config.clone())
@@ -356,7 +360,38 @@ impl Redis {
             up: watch::channel(false).0,
             metrics,
             clock: RedisClock::new(),
+            subscriber,
         })
+    }
+
+    /// A channel's name: `<prefix><name>`, so sidecars with another prefix hear nothing.
+    pub fn channel(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
+    }
+
+    /// Subscribes to `channel` on a connection of its own; a stream that yields at each message
+    /// and ends with the connection. `None` on a cluster, where changes are found by reading
+    /// again instead.
+    pub async fn subscribe(
+        &self,
+        channel: &str,
+    ) -> Result<Option<impl futures::Stream<Item = ()> + Send + 'static>, StateError> {
+        let Some(client) = &self.subscriber else {
+            return Ok(None);
+        };
+        let within = self.timeout + self.connect_timeout;
+        let subscribed = tokio::time::timeout(within, async {
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe(channel).await?;
+            Ok::<_, RedisError>(pubsub)
+        })
+        .await
+        .map_err(|_| StateError::Timeout(within))?
+        .map_err(|err| self.classify(&err))?;
+        Ok(Some(futures::StreamExt::map(
+            subscribed.into_on_message(),
+            |_| (),
+        )))
     }
 
     /// What rate limits do while Redis cannot be reached.

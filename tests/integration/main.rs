@@ -23,6 +23,7 @@ mod conditions_docs;
 mod config;
 mod docs;
 mod doors;
+mod emergency;
 mod examples;
 mod execution;
 mod executors;

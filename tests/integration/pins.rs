@@ -104,12 +104,7 @@ async fn search(
 
 /// The `tool_definition_changed` events so far.
 async fn changes(server: &TestServer) -> Vec<Value> {
-    server
-        .audit_events()
-        .await
-        .into_iter()
-        .filter(|e| e["kind"] == "tool_definition_changed")
-        .collect()
+    server.audit_events_of("tool_definition_changed").await
 }
 
 async fn changes_metric(server: &TestServer, tool: &str, status: &str) -> f64 {

@@ -349,6 +349,13 @@ impl TestServer {
     }
 
     /// Every audit event written so far (the queue is flushed first).
+    /// The audit events of one kind so far.
+    pub async fn audit_events_of(&self, kind: &str) -> Vec<Value> {
+        let mut events = self.audit_events().await;
+        events.retain(|e| e["kind"] == kind);
+        events
+    }
+
     pub async fn audit_events(&self) -> Vec<Value> {
         self.running().audit().flush().await;
         let text = std::fs::read_to_string(&self.audit_path).unwrap_or_default();

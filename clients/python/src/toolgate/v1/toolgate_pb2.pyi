@@ -432,3 +432,69 @@ class DecideApprovalResponse(_message.Message):
     APPROVAL_FIELD_NUMBER: _ClassVar[int]
     approval: Approval
     def __init__(self, approval: _Optional[_Union[Approval, _Mapping]] = ...) -> None: ...
+
+class EmergencyDeny(_message.Message):
+    __slots__ = ("deny_id", "tools", "tenant", "agent", "reason", "set_by", "set_at_unix_ms", "expires_at_unix_ms", "cancel_running")
+    DENY_ID_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    AGENT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SET_BY_FIELD_NUMBER: _ClassVar[int]
+    SET_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    deny_id: str
+    tools: str
+    tenant: str
+    agent: str
+    reason: str
+    set_by: str
+    set_at_unix_ms: int
+    expires_at_unix_ms: int
+    cancel_running: bool
+    def __init__(self, deny_id: _Optional[str] = ..., tools: _Optional[str] = ..., tenant: _Optional[str] = ..., agent: _Optional[str] = ..., reason: _Optional[str] = ..., set_by: _Optional[str] = ..., set_at_unix_ms: _Optional[int] = ..., expires_at_unix_ms: _Optional[int] = ..., cancel_running: _Optional[bool] = ...) -> None: ...
+
+class SetEmergencyDenyRequest(_message.Message):
+    __slots__ = ("tools", "tenant", "agent", "reason", "ttl_seconds", "cancel_running")
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    AGENT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    tools: str
+    tenant: str
+    agent: str
+    reason: str
+    ttl_seconds: int
+    cancel_running: bool
+    def __init__(self, tools: _Optional[str] = ..., tenant: _Optional[str] = ..., agent: _Optional[str] = ..., reason: _Optional[str] = ..., ttl_seconds: _Optional[int] = ..., cancel_running: _Optional[bool] = ...) -> None: ...
+
+class SetEmergencyDenyResponse(_message.Message):
+    __slots__ = ("deny",)
+    DENY_FIELD_NUMBER: _ClassVar[int]
+    deny: EmergencyDeny
+    def __init__(self, deny: _Optional[_Union[EmergencyDeny, _Mapping]] = ...) -> None: ...
+
+class ClearEmergencyDenyRequest(_message.Message):
+    __slots__ = ("deny_id",)
+    DENY_ID_FIELD_NUMBER: _ClassVar[int]
+    deny_id: str
+    def __init__(self, deny_id: _Optional[str] = ...) -> None: ...
+
+class ClearEmergencyDenyResponse(_message.Message):
+    __slots__ = ("deny",)
+    DENY_FIELD_NUMBER: _ClassVar[int]
+    deny: EmergencyDeny
+    def __init__(self, deny: _Optional[_Union[EmergencyDeny, _Mapping]] = ...) -> None: ...
+
+class ListEmergencyDeniesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListEmergencyDeniesResponse(_message.Message):
+    __slots__ = ("denies",)
+    DENIES_FIELD_NUMBER: _ClassVar[int]
+    denies: _containers.RepeatedCompositeFieldContainer[EmergencyDeny]
+    def __init__(self, denies: _Optional[_Iterable[_Union[EmergencyDeny, _Mapping]]] = ...) -> None: ...

@@ -446,3 +446,173 @@ class Approvals:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class ControlsStub:
+    """Controls lets an operator stop tools at once: an emergency deny refuses the tools it matches
+    on this sidecar and, with a shared state backend, on every sidecar sharing it. Every method
+    needs the scope `toolgate:admin` (dev identity, which is only served on loopback, needs none).
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.SetEmergencyDeny = channel.unary_unary(
+                '/toolgate.v1.Controls/SetEmergencyDeny',
+                request_serializer=toolgate_dot_v1_dot_toolgate__pb2.SetEmergencyDenyRequest.SerializeToString,
+                response_deserializer=toolgate_dot_v1_dot_toolgate__pb2.SetEmergencyDenyResponse.FromString,
+                _registered_method=True)
+        self.ClearEmergencyDeny = channel.unary_unary(
+                '/toolgate.v1.Controls/ClearEmergencyDeny',
+                request_serializer=toolgate_dot_v1_dot_toolgate__pb2.ClearEmergencyDenyRequest.SerializeToString,
+                response_deserializer=toolgate_dot_v1_dot_toolgate__pb2.ClearEmergencyDenyResponse.FromString,
+                _registered_method=True)
+        self.ListEmergencyDenies = channel.unary_unary(
+                '/toolgate.v1.Controls/ListEmergencyDenies',
+                request_serializer=toolgate_dot_v1_dot_toolgate__pb2.ListEmergencyDeniesRequest.SerializeToString,
+                response_deserializer=toolgate_dot_v1_dot_toolgate__pb2.ListEmergencyDeniesResponse.FromString,
+                _registered_method=True)
+
+
+class ControlsServicer:
+    """Controls lets an operator stop tools at once: an emergency deny refuses the tools it matches
+    on this sidecar and, with a shared state backend, on every sidecar sharing it. Every method
+    needs the scope `toolgate:admin` (dev identity, which is only served on loopback, needs none).
+    """
+
+    def SetEmergencyDeny(self, request, context):
+        """SetEmergencyDeny stops the tools matching a glob, for every caller or one tenant and/or agent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ClearEmergencyDeny(self, request, context):
+        """ClearEmergencyDeny lifts one emergency deny.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListEmergencyDenies(self, request, context):
+        """ListEmergencyDenies returns the emergency denies in force.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ControlsServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'SetEmergencyDeny': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetEmergencyDeny,
+                    request_deserializer=toolgate_dot_v1_dot_toolgate__pb2.SetEmergencyDenyRequest.FromString,
+                    response_serializer=toolgate_dot_v1_dot_toolgate__pb2.SetEmergencyDenyResponse.SerializeToString,
+            ),
+            'ClearEmergencyDeny': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClearEmergencyDeny,
+                    request_deserializer=toolgate_dot_v1_dot_toolgate__pb2.ClearEmergencyDenyRequest.FromString,
+                    response_serializer=toolgate_dot_v1_dot_toolgate__pb2.ClearEmergencyDenyResponse.SerializeToString,
+            ),
+            'ListEmergencyDenies': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListEmergencyDenies,
+                    request_deserializer=toolgate_dot_v1_dot_toolgate__pb2.ListEmergencyDeniesRequest.FromString,
+                    response_serializer=toolgate_dot_v1_dot_toolgate__pb2.ListEmergencyDeniesResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'toolgate.v1.Controls', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('toolgate.v1.Controls', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Controls:
+    """Controls lets an operator stop tools at once: an emergency deny refuses the tools it matches
+    on this sidecar and, with a shared state backend, on every sidecar sharing it. Every method
+    needs the scope `toolgate:admin` (dev identity, which is only served on loopback, needs none).
+    """
+
+    @staticmethod
+    def SetEmergencyDeny(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/toolgate.v1.Controls/SetEmergencyDeny',
+            toolgate_dot_v1_dot_toolgate__pb2.SetEmergencyDenyRequest.SerializeToString,
+            toolgate_dot_v1_dot_toolgate__pb2.SetEmergencyDenyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClearEmergencyDeny(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/toolgate.v1.Controls/ClearEmergencyDeny',
+            toolgate_dot_v1_dot_toolgate__pb2.ClearEmergencyDenyRequest.SerializeToString,
+            toolgate_dot_v1_dot_toolgate__pb2.ClearEmergencyDenyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListEmergencyDenies(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/toolgate.v1.Controls/ListEmergencyDenies',
+            toolgate_dot_v1_dot_toolgate__pb2.ListEmergencyDeniesRequest.SerializeToString,
+            toolgate_dot_v1_dot_toolgate__pb2.ListEmergencyDeniesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -19,7 +19,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file toolgate/v1/toolgate.proto.
  */
 export const file_toolgate_v1_toolgate: GenFile = /*@__PURE__*/
-  fileDesc("Chp0b29sZ2F0ZS92MS90b29sZ2F0ZS5wcm90bxILdG9vbGdhdGUudjEiuwIKDlRvb2xEZWZpbml0aW9uEgwKBG5hbWUYASABKAkSDwoHdmVyc2lvbhgCIAEoCRITCgtkZXNjcmlwdGlvbhgDIAEoCRIZChFpbnB1dF9zY2hlbWFfanNvbhgEIAEoCRIqCgpyaXNrX2xldmVsGAUgASgOMhYudG9vbGdhdGUudjEuUmlza0xldmVsEhcKD3JlcXVpcmVkX3Njb3BlcxgGIAMoCRISCgp0aW1lb3V0X21zGAcgASgNEjcKBmxhYmVscxgIIAMoCzInLnRvb2xnYXRlLnYxLlRvb2xEZWZpbml0aW9uLkxhYmVsc0VudHJ5EhkKEXJlcXVpcmVzX2FwcHJvdmFsGAkgASgIGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiEgoQTGlzdFRvb2xzUmVxdWVzdCJZChFMaXN0VG9vbHNSZXNwb25zZRIqCgV0b29scxgBIAMoCzIbLnRvb2xnYXRlLnYxLlRvb2xEZWZpbml0aW9uEhgKEGNhdGFsb2dfcmV2aXNpb24YAiABKAkigAEKCFRvb2xDYWxsEg8KB2NhbGxfaWQYASABKAkSDAoEbmFtZRgCIAEoCRIWCg5hcmd1bWVudHNfanNvbhgDIAEoCRIPCgd2ZXJzaW9uGAQgASgJEhcKD2lkZW1wb3RlbmN5X2tleRgFIAEoCRITCgthcHByb3ZhbF9pZBgGIAEoCSJxChJFeGVjdXRlVG9vbFJlcXVlc3QSIwoEY2FsbBgBIAEoCzIVLnRvb2xnYXRlLnYxLlRvb2xDYWxsEg4KBnJ1bl9pZBgCIAEoCRIMCgRzdGVwGAMgASgNEhgKEGNhdGFsb2dfcmV2aXNpb24YBCABKAkiPgoTRXhlY3V0ZVRvb2xSZXNwb25zZRInCgZyZXN1bHQYASABKAsyFy50b29sZ2F0ZS52MS5Ub29sUmVzdWx0IpsBChNFeGVjdXRlVG9vbHNSZXF1ZXN0EiQKBWNhbGxzGAEgAygLMhUudG9vbGdhdGUudjEuVG9vbENhbGwSDgoGcnVuX2lkGAIgASgJEgwKBHN0ZXAYAyABKA0SEAoIcGFyYWxsZWwYBCABKAgSFAoMbWF4X3BhcmFsbGVsGAUgASgNEhgKEGNhdGFsb2dfcmV2aXNpb24YBiABKAkiQAoURXhlY3V0ZVRvb2xzUmVzcG9uc2USKAoHcmVzdWx0cxgBIAMoCzIXLnRvb2xnYXRlLnYxLlRvb2xSZXN1bHQiyQIKClRvb2xSZXN1bHQSDwoHY2FsbF9pZBgBIAEoCRInCgZzdGF0dXMYAiABKA4yFy50b29sZ2F0ZS52MS5Ub29sU3RhdHVzEhIKBm91dHB1dBgDIAEoCUICGAESEgoKbW9kZWxfdGV4dBgEIAEoCRISCgplcnJvcl90eXBlGAUgASgJEhUKDWVycm9yX21lc3NhZ2UYBiABKAkSEQoJcmV0cnlhYmxlGAcgASgIEhQKDHVzZXJfdmlzaWJsZRgIIAEoCBIUCgx0b29sX3ZlcnNpb24YCSABKAkSEwoLYXBwcm92YWxfaWQYCiABKAkSFgoOcmV0cnlfYWZ0ZXJfbXMYCyABKAQSEwoLZHVyYXRpb25fbXMYDCABKAQSEgoKcmVmdXNlZF9ieRgNIAEoCRIZChFpZGVtcG90ZW50X3JlcGxheRgOIAEoCCJxChJFeHBsYWluVG9vbFJlcXVlc3QSIwoEY2FsbBgBIAEoCzIVLnRvb2xnYXRlLnYxLlRvb2xDYWxsEg4KBnJ1bl9pZBgCIAEoCRIMCgRzdGVwGAMgASgNEhgKEGNhdGFsb2dfcmV2aXNpb24YBCABKAkiQAoLQ2F0YWxvZ1J1bGUSEAoIbG9jYXRpb24YASABKAkSDwoHcGF0dGVybhgCIAEoCRIOCgZlZmZlY3QYAyABKAkiQQoNQm91bmRBcmd1bWVudBIMCgRwYXRoGAEgASgJEhIKCnZhbHVlX2pzb24YAiABKAkSDgoGc291cmNlGAMgASgJImIKEFF1b3RhRXhwbGFuYXRpb24SDQoFc2NvcGUYASABKAkSDAoEcmF0ZRgCIAEoCRINCgVidXJzdBgDIAEoDRIRCglyZW1haW5pbmcYBCABKAQSDwoHdHJhY2tlZBgFIAEoCCKaAgoQU3RhZ2VFeHBsYW5hdGlvbhINCgVzdGFnZRgBIAEoCRIoCgZyZXN1bHQYAiABKA4yGC50b29sZ2F0ZS52MS5TdGFnZVJlc3VsdBIOCgZkZXRhaWwYAyABKAkSJwoFcnVsZXMYBCADKAsyGC50b29sZ2F0ZS52MS5DYXRhbG9nUnVsZRIVCg1taXNzaW5nX3Njb3BlGAUgASgJEhkKEXNjaGVtYV92aW9sYXRpb25zGAYgAygJEjMKD2JvdW5kX2FyZ3VtZW50cxgHIAMoCzIaLnRvb2xnYXRlLnYxLkJvdW5kQXJndW1lbnQSLQoGcXVvdGFzGAggAygLMh0udG9vbGdhdGUudjEuUXVvdGFFeHBsYW5hdGlvbiKvAgoTRXhwbGFpblRvb2xSZXNwb25zZRIpCghkZWNpc2lvbhgBIAEoCzIXLnRvb2xnYXRlLnYxLlRvb2xSZXN1bHQSFQoNd291bGRfZXhlY3V0ZRgCIAEoCBItCgZzdGFnZXMYAyADKAsyHS50b29sZ2F0ZS52MS5TdGFnZUV4cGxhbmF0aW9uEhwKFGZpbmFsX2FyZ3VtZW50c19qc29uGAQgASgJEhgKEGFyZ3VtZW50c19zaGEyNTYYBSABKAkSHwoXYm91bmRfb3ZlcnJpZGVfYXR0ZW1wdHMYBiADKAkSGAoQY2F0YWxvZ19yZXZpc2lvbhgHIAEoCRI0Cgpjb25kaXRpb25zGAggAygLMiAudG9vbGdhdGUudjEuQ29uZGl0aW9uRXZhbHVhdGlvbiKNAQoTQ29uZGl0aW9uRXZhbHVhdGlvbhIQCghsb2NhdGlvbhgBIAEoCRISCgpleHByZXNzaW9uGAIgASgJEg0KBXZhbHVlGAMgASgIEg0KBWVycm9yGAQgASgJEhEKBGNvc3QYBSABKARIAIgBARIWCg52YXJpYWJsZXNfanNvbhgGIAEoCUIHCgVfY29zdCIZChdFeHBsYWluTGlzdFRvb2xzUmVxdWVzdCK2AQoOVG9vbFZpc2liaWxpdHkSDAoEbmFtZRgBIAEoCRIPCgd2ZXJzaW9uGAIgASgJEg8KB3Zpc2libGUYAyABKAgSEQoJaGlkZGVuX2J5GAQgASgJEhIKCmVycm9yX3R5cGUYBSABKAkSDgoGcmVhc29uGAYgASgJEiYKBHJ1bGUYByABKAsyGC50b29sZ2F0ZS52MS5DYXRhbG9nUnVsZRIVCg1taXNzaW5nX3Njb3BlGAggASgJImAKGEV4cGxhaW5MaXN0VG9vbHNSZXNwb25zZRIqCgV0b29scxgBIAMoCzIbLnRvb2xnYXRlLnYxLlRvb2xWaXNpYmlsaXR5EhgKEGNhdGFsb2dfcmV2aXNpb24YAiABKAkioAMKCEFwcHJvdmFsEhMKC2FwcHJvdmFsX2lkGAEgASgJEg4KBnRlbmFudBgCIAEoCRIPCgdzdWJqZWN0GAMgASgJEg0KBWFnZW50GAQgASgJEg4KBnJ1bl9pZBgFIAEoCRIMCgR0b29sGAYgASgJEhQKDHRvb2xfdmVyc2lvbhgHIAEoCRIYChBhcmd1bWVudHNfc2hhMjU2GAggASgJEhYKDmFyZ3VtZW50c19qc29uGAkgASgJEikKBXN0YXRlGAogASgOMhoudG9vbGdhdGUudjEuQXBwcm92YWxTdGF0ZRIaChJjcmVhdGVkX2F0X3VuaXhfbXMYCyABKAMSGgoSZXhwaXJlc19hdF91bml4X21zGAwgASgDEhIKCmRlY2lkZWRfYnkYDSABKAkSDgoGcmVhc29uGA4gASgJEioKCnJpc2tfbGV2ZWwYDyABKA4yFi50b29sZ2F0ZS52MS5SaXNrTGV2ZWwSGQoRYXJndW1lbnRzX3ByZXZpZXcYECABKAkSGwoTYXJndW1lbnRzX3RydW5jYXRlZBgRIAEoCCJoChRMaXN0QXBwcm92YWxzUmVxdWVzdBIpCgVzdGF0ZRgBIAEoDjIaLnRvb2xnYXRlLnYxLkFwcHJvdmFsU3RhdGUSEQoJcGFnZV9zaXplGAIgASgNEhIKCnBhZ2VfdG9rZW4YAyABKAkiWgoVTGlzdEFwcHJvdmFsc1Jlc3BvbnNlEigKCWFwcHJvdmFscxgBIAMoCzIVLnRvb2xnYXRlLnYxLkFwcHJvdmFsEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIpChJHZXRBcHByb3ZhbFJlcXVlc3QSEwoLYXBwcm92YWxfaWQYASABKAkiPgoTR2V0QXBwcm92YWxSZXNwb25zZRInCghhcHByb3ZhbBgBIAEoCzIVLnRvb2xnYXRlLnYxLkFwcHJvdmFsIm0KFURlY2lkZUFwcHJvdmFsUmVxdWVzdBITCgthcHByb3ZhbF9pZBgBIAEoCRIvCghkZWNpc2lvbhgCIAEoDjIdLnRvb2xnYXRlLnYxLkFwcHJvdmFsRGVjaXNpb24SDgoGcmVhc29uGAMgASgJIkEKFkRlY2lkZUFwcHJvdmFsUmVzcG9uc2USJwoIYXBwcm92YWwYASABKAsyFS50b29sZ2F0ZS52MS5BcHByb3ZhbCqZAQoJUmlza0xldmVsEhoKFlJJU0tfTEVWRUxfVU5TUEVDSUZJRUQQABIYChRSSVNLX0xFVkVMX1JFQURfT05MWRABEhoKFlJJU0tfTEVWRUxfV1JJVEVfRFJBRlQQAhIeChpSSVNLX0xFVkVMX1dSSVRFX0NPTkZJUk1FRBADEhoKFlJJU0tfTEVWRUxfREVTVFJVQ1RJVkUQBCrbAgoKVG9vbFN0YXR1cxIbChdUT09MX1NUQVRVU19VTlNQRUNJRklFRBAAEhIKDlRPT0xfU1RBVFVTX09LEAESFQoRVE9PTF9TVEFUVVNfRVJST1IQAhIhCh1UT09MX1NUQVRVU19JTlZBTElEX0FSR1VNRU5UUxADEhkKFVRPT0xfU1RBVFVTX05PVF9GT1VORBAEEhYKElRPT0xfU1RBVFVTX0RFTklFRBAFEhwKGFRPT0xfU1RBVFVTX1JBVEVfTElNSVRFRBAGEiEKHVRPT0xfU1RBVFVTX0FQUFJPVkFMX1JFUVVJUkVEEAcSFwoTVE9PTF9TVEFUVVNfVElNRU9VVBAIEhkKFVRPT0xfU1RBVFVTX0NBTkNFTExFRBAJEh0KGVRPT0xfU1RBVFVTX1NUQUxFX0NBVEFMT0cQChIbChdUT09MX1NUQVRVU19VTkFWQUlMQUJMRRALKp0BCgtTdGFnZVJlc3VsdBIcChhTVEFHRV9SRVNVTFRfVU5TUEVDSUZJRUQQABIXChNTVEFHRV9SRVNVTFRfUEFTU0VEEAESGAoUU1RBR0VfUkVTVUxUX1JFRlVTRUQQAhIcChhTVEFHRV9SRVNVTFRfTk9UX1JFQUNIRUQQAxIfChtTVEFHRV9SRVNVTFRfTk9UX0FQUExJQ0FCTEUQBCraAQoNQXBwcm92YWxTdGF0ZRIeChpBUFBST1ZBTF9TVEFURV9VTlNQRUNJRklFRBAAEhoKFkFQUFJPVkFMX1NUQVRFX1BFTkRJTkcQARIbChdBUFBST1ZBTF9TVEFURV9BUFBST1ZFRBACEhsKF0FQUFJPVkFMX1NUQVRFX1JFSkVDVEVEEAMSFwoTQVBQUk9WQUxfU1RBVEVfVVNFRBAEEhoKFkFQUFJPVkFMX1NUQVRFX0VYUElSRUQQBRIeChpBUFBST1ZBTF9TVEFURV9JTlZBTElEQVRFRBAGKnIKEEFwcHJvdmFsRGVjaXNpb24SIQodQVBQUk9WQUxfREVDSVNJT05fVU5TUEVDSUZJRUQQABIdChlBUFBST1ZBTF9ERUNJU0lPTl9BUFBST1ZFEAESHAoYQVBQUk9WQUxfREVDSVNJT05fUkVKRUNUEAIysAMKCFRvb2xHYXRlEkoKCUxpc3RUb29scxIdLnRvb2xnYXRlLnYxLkxpc3RUb29sc1JlcXVlc3QaHi50b29sZ2F0ZS52MS5MaXN0VG9vbHNSZXNwb25zZRJQCgtFeGVjdXRlVG9vbBIfLnRvb2xnYXRlLnYxLkV4ZWN1dGVUb29sUmVxdWVzdBogLnRvb2xnYXRlLnYxLkV4ZWN1dGVUb29sUmVzcG9uc2USUwoMRXhlY3V0ZVRvb2xzEiAudG9vbGdhdGUudjEuRXhlY3V0ZVRvb2xzUmVxdWVzdBohLnRvb2xnYXRlLnYxLkV4ZWN1dGVUb29sc1Jlc3BvbnNlElAKC0V4cGxhaW5Ub29sEh8udG9vbGdhdGUudjEuRXhwbGFpblRvb2xSZXF1ZXN0GiAudG9vbGdhdGUudjEuRXhwbGFpblRvb2xSZXNwb25zZRJfChBFeHBsYWluTGlzdFRvb2xzEiQudG9vbGdhdGUudjEuRXhwbGFpbkxpc3RUb29sc1JlcXVlc3QaJS50b29sZ2F0ZS52MS5FeHBsYWluTGlzdFRvb2xzUmVzcG9uc2UykAIKCUFwcHJvdmFscxJWCg1MaXN0QXBwcm92YWxzEiEudG9vbGdhdGUudjEuTGlzdEFwcHJvdmFsc1JlcXVlc3QaIi50b29sZ2F0ZS52MS5MaXN0QXBwcm92YWxzUmVzcG9uc2USUAoLR2V0QXBwcm92YWwSHy50b29sZ2F0ZS52MS5HZXRBcHByb3ZhbFJlcXVlc3QaIC50b29sZ2F0ZS52MS5HZXRBcHByb3ZhbFJlc3BvbnNlElkKDkRlY2lkZUFwcHJvdmFsEiIudG9vbGdhdGUudjEuRGVjaWRlQXBwcm92YWxSZXF1ZXN0GiMudG9vbGdhdGUudjEuRGVjaWRlQXBwcm92YWxSZXNwb25zZUJeCg9kZXYudG9vbGdhdGUudjFCDVRvb2xnYXRlUHJvdG9QAVo6Z2l0aHViLmNvbS90b29sZ2F0ZS90b29sZ2F0ZS9nZW4vZ28vdG9vbGdhdGUvdjE7dG9vbGdhdGV2MWIGcHJvdG8z");
+  fileDesc("Chp0b29sZ2F0ZS92MS90b29sZ2F0ZS5wcm90bxILdG9vbGdhdGUudjEiuwIKDlRvb2xEZWZpbml0aW9uEgwKBG5hbWUYASABKAkSDwoHdmVyc2lvbhgCIAEoCRITCgtkZXNjcmlwdGlvbhgDIAEoCRIZChFpbnB1dF9zY2hlbWFfanNvbhgEIAEoCRIqCgpyaXNrX2xldmVsGAUgASgOMhYudG9vbGdhdGUudjEuUmlza0xldmVsEhcKD3JlcXVpcmVkX3Njb3BlcxgGIAMoCRISCgp0aW1lb3V0X21zGAcgASgNEjcKBmxhYmVscxgIIAMoCzInLnRvb2xnYXRlLnYxLlRvb2xEZWZpbml0aW9uLkxhYmVsc0VudHJ5EhkKEXJlcXVpcmVzX2FwcHJvdmFsGAkgASgIGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiEgoQTGlzdFRvb2xzUmVxdWVzdCJZChFMaXN0VG9vbHNSZXNwb25zZRIqCgV0b29scxgBIAMoCzIbLnRvb2xnYXRlLnYxLlRvb2xEZWZpbml0aW9uEhgKEGNhdGFsb2dfcmV2aXNpb24YAiABKAkigAEKCFRvb2xDYWxsEg8KB2NhbGxfaWQYASABKAkSDAoEbmFtZRgCIAEoCRIWCg5hcmd1bWVudHNfanNvbhgDIAEoCRIPCgd2ZXJzaW9uGAQgASgJEhcKD2lkZW1wb3RlbmN5X2tleRgFIAEoCRITCgthcHByb3ZhbF9pZBgGIAEoCSJxChJFeGVjdXRlVG9vbFJlcXVlc3QSIwoEY2FsbBgBIAEoCzIVLnRvb2xnYXRlLnYxLlRvb2xDYWxsEg4KBnJ1bl9pZBgCIAEoCRIMCgRzdGVwGAMgASgNEhgKEGNhdGFsb2dfcmV2aXNpb24YBCABKAkiPgoTRXhlY3V0ZVRvb2xSZXNwb25zZRInCgZyZXN1bHQYASABKAsyFy50b29sZ2F0ZS52MS5Ub29sUmVzdWx0IpsBChNFeGVjdXRlVG9vbHNSZXF1ZXN0EiQKBWNhbGxzGAEgAygLMhUudG9vbGdhdGUudjEuVG9vbENhbGwSDgoGcnVuX2lkGAIgASgJEgwKBHN0ZXAYAyABKA0SEAoIcGFyYWxsZWwYBCABKAgSFAoMbWF4X3BhcmFsbGVsGAUgASgNEhgKEGNhdGFsb2dfcmV2aXNpb24YBiABKAkiQAoURXhlY3V0ZVRvb2xzUmVzcG9uc2USKAoHcmVzdWx0cxgBIAMoCzIXLnRvb2xnYXRlLnYxLlRvb2xSZXN1bHQiyQIKClRvb2xSZXN1bHQSDwoHY2FsbF9pZBgBIAEoCRInCgZzdGF0dXMYAiABKA4yFy50b29sZ2F0ZS52MS5Ub29sU3RhdHVzEhIKBm91dHB1dBgDIAEoCUICGAESEgoKbW9kZWxfdGV4dBgEIAEoCRISCgplcnJvcl90eXBlGAUgASgJEhUKDWVycm9yX21lc3NhZ2UYBiABKAkSEQoJcmV0cnlhYmxlGAcgASgIEhQKDHVzZXJfdmlzaWJsZRgIIAEoCBIUCgx0b29sX3ZlcnNpb24YCSABKAkSEwoLYXBwcm92YWxfaWQYCiABKAkSFgoOcmV0cnlfYWZ0ZXJfbXMYCyABKAQSEwoLZHVyYXRpb25fbXMYDCABKAQSEgoKcmVmdXNlZF9ieRgNIAEoCRIZChFpZGVtcG90ZW50X3JlcGxheRgOIAEoCCJxChJFeHBsYWluVG9vbFJlcXVlc3QSIwoEY2FsbBgBIAEoCzIVLnRvb2xnYXRlLnYxLlRvb2xDYWxsEg4KBnJ1bl9pZBgCIAEoCRIMCgRzdGVwGAMgASgNEhgKEGNhdGFsb2dfcmV2aXNpb24YBCABKAkiQAoLQ2F0YWxvZ1J1bGUSEAoIbG9jYXRpb24YASABKAkSDwoHcGF0dGVybhgCIAEoCRIOCgZlZmZlY3QYAyABKAkiQQoNQm91bmRBcmd1bWVudBIMCgRwYXRoGAEgASgJEhIKCnZhbHVlX2pzb24YAiABKAkSDgoGc291cmNlGAMgASgJImIKEFF1b3RhRXhwbGFuYXRpb24SDQoFc2NvcGUYASABKAkSDAoEcmF0ZRgCIAEoCRINCgVidXJzdBgDIAEoDRIRCglyZW1haW5pbmcYBCABKAQSDwoHdHJhY2tlZBgFIAEoCCKaAgoQU3RhZ2VFeHBsYW5hdGlvbhINCgVzdGFnZRgBIAEoCRIoCgZyZXN1bHQYAiABKA4yGC50b29sZ2F0ZS52MS5TdGFnZVJlc3VsdBIOCgZkZXRhaWwYAyABKAkSJwoFcnVsZXMYBCADKAsyGC50b29sZ2F0ZS52MS5DYXRhbG9nUnVsZRIVCg1taXNzaW5nX3Njb3BlGAUgASgJEhkKEXNjaGVtYV92aW9sYXRpb25zGAYgAygJEjMKD2JvdW5kX2FyZ3VtZW50cxgHIAMoCzIaLnRvb2xnYXRlLnYxLkJvdW5kQXJndW1lbnQSLQoGcXVvdGFzGAggAygLMh0udG9vbGdhdGUudjEuUXVvdGFFeHBsYW5hdGlvbiKvAgoTRXhwbGFpblRvb2xSZXNwb25zZRIpCghkZWNpc2lvbhgBIAEoCzIXLnRvb2xnYXRlLnYxLlRvb2xSZXN1bHQSFQoNd291bGRfZXhlY3V0ZRgCIAEoCBItCgZzdGFnZXMYAyADKAsyHS50b29sZ2F0ZS52MS5TdGFnZUV4cGxhbmF0aW9uEhwKFGZpbmFsX2FyZ3VtZW50c19qc29uGAQgASgJEhgKEGFyZ3VtZW50c19zaGEyNTYYBSABKAkSHwoXYm91bmRfb3ZlcnJpZGVfYXR0ZW1wdHMYBiADKAkSGAoQY2F0YWxvZ19yZXZpc2lvbhgHIAEoCRI0Cgpjb25kaXRpb25zGAggAygLMiAudG9vbGdhdGUudjEuQ29uZGl0aW9uRXZhbHVhdGlvbiKNAQoTQ29uZGl0aW9uRXZhbHVhdGlvbhIQCghsb2NhdGlvbhgBIAEoCRISCgpleHByZXNzaW9uGAIgASgJEg0KBXZhbHVlGAMgASgIEg0KBWVycm9yGAQgASgJEhEKBGNvc3QYBSABKARIAIgBARIWCg52YXJpYWJsZXNfanNvbhgGIAEoCUIHCgVfY29zdCIZChdFeHBsYWluTGlzdFRvb2xzUmVxdWVzdCK2AQoOVG9vbFZpc2liaWxpdHkSDAoEbmFtZRgBIAEoCRIPCgd2ZXJzaW9uGAIgASgJEg8KB3Zpc2libGUYAyABKAgSEQoJaGlkZGVuX2J5GAQgASgJEhIKCmVycm9yX3R5cGUYBSABKAkSDgoGcmVhc29uGAYgASgJEiYKBHJ1bGUYByABKAsyGC50b29sZ2F0ZS52MS5DYXRhbG9nUnVsZRIVCg1taXNzaW5nX3Njb3BlGAggASgJImAKGEV4cGxhaW5MaXN0VG9vbHNSZXNwb25zZRIqCgV0b29scxgBIAMoCzIbLnRvb2xnYXRlLnYxLlRvb2xWaXNpYmlsaXR5EhgKEGNhdGFsb2dfcmV2aXNpb24YAiABKAkioAMKCEFwcHJvdmFsEhMKC2FwcHJvdmFsX2lkGAEgASgJEg4KBnRlbmFudBgCIAEoCRIPCgdzdWJqZWN0GAMgASgJEg0KBWFnZW50GAQgASgJEg4KBnJ1bl9pZBgFIAEoCRIMCgR0b29sGAYgASgJEhQKDHRvb2xfdmVyc2lvbhgHIAEoCRIYChBhcmd1bWVudHNfc2hhMjU2GAggASgJEhYKDmFyZ3VtZW50c19qc29uGAkgASgJEikKBXN0YXRlGAogASgOMhoudG9vbGdhdGUudjEuQXBwcm92YWxTdGF0ZRIaChJjcmVhdGVkX2F0X3VuaXhfbXMYCyABKAMSGgoSZXhwaXJlc19hdF91bml4X21zGAwgASgDEhIKCmRlY2lkZWRfYnkYDSABKAkSDgoGcmVhc29uGA4gASgJEioKCnJpc2tfbGV2ZWwYDyABKA4yFi50b29sZ2F0ZS52MS5SaXNrTGV2ZWwSGQoRYXJndW1lbnRzX3ByZXZpZXcYECABKAkSGwoTYXJndW1lbnRzX3RydW5jYXRlZBgRIAEoCCJoChRMaXN0QXBwcm92YWxzUmVxdWVzdBIpCgVzdGF0ZRgBIAEoDjIaLnRvb2xnYXRlLnYxLkFwcHJvdmFsU3RhdGUSEQoJcGFnZV9zaXplGAIgASgNEhIKCnBhZ2VfdG9rZW4YAyABKAkiWgoVTGlzdEFwcHJvdmFsc1Jlc3BvbnNlEigKCWFwcHJvdmFscxgBIAMoCzIVLnRvb2xnYXRlLnYxLkFwcHJvdmFsEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIpChJHZXRBcHByb3ZhbFJlcXVlc3QSEwoLYXBwcm92YWxfaWQYASABKAkiPgoTR2V0QXBwcm92YWxSZXNwb25zZRInCghhcHByb3ZhbBgBIAEoCzIVLnRvb2xnYXRlLnYxLkFwcHJvdmFsIm0KFURlY2lkZUFwcHJvdmFsUmVxdWVzdBITCgthcHByb3ZhbF9pZBgBIAEoCRIvCghkZWNpc2lvbhgCIAEoDjIdLnRvb2xnYXRlLnYxLkFwcHJvdmFsRGVjaXNpb24SDgoGcmVhc29uGAMgASgJIkEKFkRlY2lkZUFwcHJvdmFsUmVzcG9uc2USJwoIYXBwcm92YWwYASABKAsyFS50b29sZ2F0ZS52MS5BcHByb3ZhbCK6AQoNRW1lcmdlbmN5RGVueRIPCgdkZW55X2lkGAEgASgJEg0KBXRvb2xzGAIgASgJEg4KBnRlbmFudBgDIAEoCRINCgVhZ2VudBgEIAEoCRIOCgZyZWFzb24YBSABKAkSDgoGc2V0X2J5GAYgASgJEhYKDnNldF9hdF91bml4X21zGAcgASgDEhoKEmV4cGlyZXNfYXRfdW5peF9tcxgIIAEoAxIWCg5jYW5jZWxfcnVubmluZxgJIAEoCCKEAQoXU2V0RW1lcmdlbmN5RGVueVJlcXVlc3QSDQoFdG9vbHMYASABKAkSDgoGdGVuYW50GAIgASgJEg0KBWFnZW50GAMgASgJEg4KBnJlYXNvbhgEIAEoCRITCgt0dGxfc2Vjb25kcxgFIAEoDRIWCg5jYW5jZWxfcnVubmluZxgGIAEoCCJEChhTZXRFbWVyZ2VuY3lEZW55UmVzcG9uc2USKAoEZGVueRgBIAEoCzIaLnRvb2xnYXRlLnYxLkVtZXJnZW5jeURlbnkiLAoZQ2xlYXJFbWVyZ2VuY3lEZW55UmVxdWVzdBIPCgdkZW55X2lkGAEgASgJIkYKGkNsZWFyRW1lcmdlbmN5RGVueVJlc3BvbnNlEigKBGRlbnkYASABKAsyGi50b29sZ2F0ZS52MS5FbWVyZ2VuY3lEZW55IhwKGkxpc3RFbWVyZ2VuY3lEZW5pZXNSZXF1ZXN0IkkKG0xpc3RFbWVyZ2VuY3lEZW5pZXNSZXNwb25zZRIqCgZkZW5pZXMYASADKAsyGi50b29sZ2F0ZS52MS5FbWVyZ2VuY3lEZW55KpkBCglSaXNrTGV2ZWwSGgoWUklTS19MRVZFTF9VTlNQRUNJRklFRBAAEhgKFFJJU0tfTEVWRUxfUkVBRF9PTkxZEAESGgoWUklTS19MRVZFTF9XUklURV9EUkFGVBACEh4KGlJJU0tfTEVWRUxfV1JJVEVfQ09ORklSTUVEEAMSGgoWUklTS19MRVZFTF9ERVNUUlVDVElWRRAEKtsCCgpUb29sU3RhdHVzEhsKF1RPT0xfU1RBVFVTX1VOU1BFQ0lGSUVEEAASEgoOVE9PTF9TVEFUVVNfT0sQARIVChFUT09MX1NUQVRVU19FUlJPUhACEiEKHVRPT0xfU1RBVFVTX0lOVkFMSURfQVJHVU1FTlRTEAMSGQoVVE9PTF9TVEFUVVNfTk9UX0ZPVU5EEAQSFgoSVE9PTF9TVEFUVVNfREVOSUVEEAUSHAoYVE9PTF9TVEFUVVNfUkFURV9MSU1JVEVEEAYSIQodVE9PTF9TVEFUVVNfQVBQUk9WQUxfUkVRVUlSRUQQBxIXChNUT09MX1NUQVRVU19USU1FT1VUEAgSGQoVVE9PTF9TVEFUVVNfQ0FOQ0VMTEVEEAkSHQoZVE9PTF9TVEFUVVNfU1RBTEVfQ0FUQUxPRxAKEhsKF1RPT0xfU1RBVFVTX1VOQVZBSUxBQkxFEAsqnQEKC1N0YWdlUmVzdWx0EhwKGFNUQUdFX1JFU1VMVF9VTlNQRUNJRklFRBAAEhcKE1NUQUdFX1JFU1VMVF9QQVNTRUQQARIYChRTVEFHRV9SRVNVTFRfUkVGVVNFRBACEhwKGFNUQUdFX1JFU1VMVF9OT1RfUkVBQ0hFRBADEh8KG1NUQUdFX1JFU1VMVF9OT1RfQVBQTElDQUJMRRAEKtoBCg1BcHByb3ZhbFN0YXRlEh4KGkFQUFJPVkFMX1NUQVRFX1VOU1BFQ0lGSUVEEAASGgoWQVBQUk9WQUxfU1RBVEVfUEVORElORxABEhsKF0FQUFJPVkFMX1NUQVRFX0FQUFJPVkVEEAISGwoXQVBQUk9WQUxfU1RBVEVfUkVKRUNURUQQAxIXChNBUFBST1ZBTF9TVEFURV9VU0VEEAQSGgoWQVBQUk9WQUxfU1RBVEVfRVhQSVJFRBAFEh4KGkFQUFJPVkFMX1NUQVRFX0lOVkFMSURBVEVEEAYqcgoQQXBwcm92YWxEZWNpc2lvbhIhCh1BUFBST1ZBTF9ERUNJU0lPTl9VTlNQRUNJRklFRBAAEh0KGUFQUFJPVkFMX0RFQ0lTSU9OX0FQUFJPVkUQARIcChhBUFBST1ZBTF9ERUNJU0lPTl9SRUpFQ1QQAjKwAwoIVG9vbEdhdGUSSgoJTGlzdFRvb2xzEh0udG9vbGdhdGUudjEuTGlzdFRvb2xzUmVxdWVzdBoeLnRvb2xnYXRlLnYxLkxpc3RUb29sc1Jlc3BvbnNlElAKC0V4ZWN1dGVUb29sEh8udG9vbGdhdGUudjEuRXhlY3V0ZVRvb2xSZXF1ZXN0GiAudG9vbGdhdGUudjEuRXhlY3V0ZVRvb2xSZXNwb25zZRJTCgxFeGVjdXRlVG9vbHMSIC50b29sZ2F0ZS52MS5FeGVjdXRlVG9vbHNSZXF1ZXN0GiEudG9vbGdhdGUudjEuRXhlY3V0ZVRvb2xzUmVzcG9uc2USUAoLRXhwbGFpblRvb2wSHy50b29sZ2F0ZS52MS5FeHBsYWluVG9vbFJlcXVlc3QaIC50b29sZ2F0ZS52MS5FeHBsYWluVG9vbFJlc3BvbnNlEl8KEEV4cGxhaW5MaXN0VG9vbHMSJC50b29sZ2F0ZS52MS5FeHBsYWluTGlzdFRvb2xzUmVxdWVzdBolLnRvb2xnYXRlLnYxLkV4cGxhaW5MaXN0VG9vbHNSZXNwb25zZTKQAgoJQXBwcm92YWxzElYKDUxpc3RBcHByb3ZhbHMSIS50b29sZ2F0ZS52MS5MaXN0QXBwcm92YWxzUmVxdWVzdBoiLnRvb2xnYXRlLnYxLkxpc3RBcHByb3ZhbHNSZXNwb25zZRJQCgtHZXRBcHByb3ZhbBIfLnRvb2xnYXRlLnYxLkdldEFwcHJvdmFsUmVxdWVzdBogLnRvb2xnYXRlLnYxLkdldEFwcHJvdmFsUmVzcG9uc2USWQoORGVjaWRlQXBwcm92YWwSIi50b29sZ2F0ZS52MS5EZWNpZGVBcHByb3ZhbFJlcXVlc3QaIy50b29sZ2F0ZS52MS5EZWNpZGVBcHByb3ZhbFJlc3BvbnNlMrwCCghDb250cm9scxJfChBTZXRFbWVyZ2VuY3lEZW55EiQudG9vbGdhdGUudjEuU2V0RW1lcmdlbmN5RGVueVJlcXVlc3QaJS50b29sZ2F0ZS52MS5TZXRFbWVyZ2VuY3lEZW55UmVzcG9uc2USZQoSQ2xlYXJFbWVyZ2VuY3lEZW55EiYudG9vbGdhdGUudjEuQ2xlYXJFbWVyZ2VuY3lEZW55UmVxdWVzdBonLnRvb2xnYXRlLnYxLkNsZWFyRW1lcmdlbmN5RGVueVJlc3BvbnNlEmgKE0xpc3RFbWVyZ2VuY3lEZW5pZXMSJy50b29sZ2F0ZS52MS5MaXN0RW1lcmdlbmN5RGVuaWVzUmVxdWVzdBooLnRvb2xnYXRlLnYxLkxpc3RFbWVyZ2VuY3lEZW5pZXNSZXNwb25zZUJeCg9kZXYudG9vbGdhdGUudjFCDVRvb2xnYXRlUHJvdG9QAVo6Z2l0aHViLmNvbS90b29sZ2F0ZS90b29sZ2F0ZS9nZW4vZ28vdG9vbGdhdGUvdjE7dG9vbGdhdGV2MWIGcHJvdG8z");
 
 /**
  * ToolDefinition is one tool as this caller's model should see it.
@@ -1228,6 +1228,238 @@ export const DecideApprovalResponseSchema: GenMessage<DecideApprovalResponse> = 
   messageDesc(file_toolgate_v1_toolgate, 25);
 
 /**
+ * EmergencyDeny is one emergency deny in force.
+ *
+ * @generated from message toolgate.v1.EmergencyDeny
+ */
+export type EmergencyDeny = Message<"toolgate.v1.EmergencyDeny"> & {
+  /**
+   * Its id, to clear it by.
+   *
+   * @generated from field: string deny_id = 1;
+   */
+  denyId: string;
+
+  /**
+   * The tools it stops: a glob over catalog tool names (`send_*`, `crm.*`, `*`).
+   *
+   * @generated from field: string tools = 2;
+   */
+  tools: string;
+
+  /**
+   * Only this tenant's calls; blank: every tenant's.
+   *
+   * @generated from field: string tenant = 3;
+   */
+  tenant: string;
+
+  /**
+   * Only this agent's calls; blank: every agent's.
+   *
+   * @generated from field: string agent = 4;
+   */
+  agent: string;
+
+  /**
+   * Why, as the operator said; calls it refuses are told.
+   *
+   * @generated from field: string reason = 5;
+   */
+  reason: string;
+
+  /**
+   * Who set it: `tenant/subject` of the operator.
+   *
+   * @generated from field: string set_by = 6;
+   */
+  setBy: string;
+
+  /**
+   * When it was set, in Unix milliseconds.
+   *
+   * @generated from field: int64 set_at_unix_ms = 7;
+   */
+  setAtUnixMs: bigint;
+
+  /**
+   * When it ends by itself, in Unix milliseconds; 0: only when cleared.
+   *
+   * @generated from field: int64 expires_at_unix_ms = 8;
+   */
+  expiresAtUnixMs: bigint;
+
+  /**
+   * Whether calls of matching tools already running were stopped when it was set.
+   *
+   * @generated from field: bool cancel_running = 9;
+   */
+  cancelRunning: boolean;
+};
+
+/**
+ * Describes the message toolgate.v1.EmergencyDeny.
+ * Use `create(EmergencyDenySchema)` to create a new message.
+ */
+export const EmergencyDenySchema: GenMessage<EmergencyDeny> = /*@__PURE__*/
+  messageDesc(file_toolgate_v1_toolgate, 26);
+
+/**
+ * SetEmergencyDenyRequest says which tools to stop, for whom, why and for how long.
+ *
+ * @generated from message toolgate.v1.SetEmergencyDenyRequest
+ */
+export type SetEmergencyDenyRequest = Message<"toolgate.v1.SetEmergencyDenyRequest"> & {
+  /**
+   * A glob over catalog tool names; required.
+   *
+   * @generated from field: string tools = 1;
+   */
+  tools: string;
+
+  /**
+   * Only this tenant's calls; blank: every tenant's.
+   *
+   * @generated from field: string tenant = 2;
+   */
+  tenant: string;
+
+  /**
+   * Only this agent's calls; blank: every agent's.
+   *
+   * @generated from field: string agent = 3;
+   */
+  agent: string;
+
+  /**
+   * Why; required, and told to the calls it refuses.
+   *
+   * @generated from field: string reason = 4;
+   */
+  reason: string;
+
+  /**
+   * How long it lasts, in seconds; 0: until cleared.
+   *
+   * @generated from field: uint32 ttl_seconds = 5;
+   */
+  ttlSeconds: number;
+
+  /**
+   * Also stop the matching calls running now (their backends are stopped, as on a client cancel).
+   *
+   * @generated from field: bool cancel_running = 6;
+   */
+  cancelRunning: boolean;
+};
+
+/**
+ * Describes the message toolgate.v1.SetEmergencyDenyRequest.
+ * Use `create(SetEmergencyDenyRequestSchema)` to create a new message.
+ */
+export const SetEmergencyDenyRequestSchema: GenMessage<SetEmergencyDenyRequest> = /*@__PURE__*/
+  messageDesc(file_toolgate_v1_toolgate, 27);
+
+/**
+ * SetEmergencyDenyResponse returns the deny as set, in force once this answer is sent.
+ *
+ * @generated from message toolgate.v1.SetEmergencyDenyResponse
+ */
+export type SetEmergencyDenyResponse = Message<"toolgate.v1.SetEmergencyDenyResponse"> & {
+  /**
+   * The deny.
+   *
+   * @generated from field: toolgate.v1.EmergencyDeny deny = 1;
+   */
+  deny?: EmergencyDeny | undefined;
+};
+
+/**
+ * Describes the message toolgate.v1.SetEmergencyDenyResponse.
+ * Use `create(SetEmergencyDenyResponseSchema)` to create a new message.
+ */
+export const SetEmergencyDenyResponseSchema: GenMessage<SetEmergencyDenyResponse> = /*@__PURE__*/
+  messageDesc(file_toolgate_v1_toolgate, 28);
+
+/**
+ * ClearEmergencyDenyRequest names the deny to lift.
+ *
+ * @generated from message toolgate.v1.ClearEmergencyDenyRequest
+ */
+export type ClearEmergencyDenyRequest = Message<"toolgate.v1.ClearEmergencyDenyRequest"> & {
+  /**
+   * The deny's id.
+   *
+   * @generated from field: string deny_id = 1;
+   */
+  denyId: string;
+};
+
+/**
+ * Describes the message toolgate.v1.ClearEmergencyDenyRequest.
+ * Use `create(ClearEmergencyDenyRequestSchema)` to create a new message.
+ */
+export const ClearEmergencyDenyRequestSchema: GenMessage<ClearEmergencyDenyRequest> = /*@__PURE__*/
+  messageDesc(file_toolgate_v1_toolgate, 29);
+
+/**
+ * ClearEmergencyDenyResponse returns the deny as it was.
+ *
+ * @generated from message toolgate.v1.ClearEmergencyDenyResponse
+ */
+export type ClearEmergencyDenyResponse = Message<"toolgate.v1.ClearEmergencyDenyResponse"> & {
+  /**
+   * The deny lifted.
+   *
+   * @generated from field: toolgate.v1.EmergencyDeny deny = 1;
+   */
+  deny?: EmergencyDeny | undefined;
+};
+
+/**
+ * Describes the message toolgate.v1.ClearEmergencyDenyResponse.
+ * Use `create(ClearEmergencyDenyResponseSchema)` to create a new message.
+ */
+export const ClearEmergencyDenyResponseSchema: GenMessage<ClearEmergencyDenyResponse> = /*@__PURE__*/
+  messageDesc(file_toolgate_v1_toolgate, 30);
+
+/**
+ * ListEmergencyDeniesRequest asks for the denies in force.
+ *
+ * @generated from message toolgate.v1.ListEmergencyDeniesRequest
+ */
+export type ListEmergencyDeniesRequest = Message<"toolgate.v1.ListEmergencyDeniesRequest"> & {
+};
+
+/**
+ * Describes the message toolgate.v1.ListEmergencyDeniesRequest.
+ * Use `create(ListEmergencyDeniesRequestSchema)` to create a new message.
+ */
+export const ListEmergencyDeniesRequestSchema: GenMessage<ListEmergencyDeniesRequest> = /*@__PURE__*/
+  messageDesc(file_toolgate_v1_toolgate, 31);
+
+/**
+ * ListEmergencyDeniesResponse holds the denies in force, oldest first.
+ *
+ * @generated from message toolgate.v1.ListEmergencyDeniesResponse
+ */
+export type ListEmergencyDeniesResponse = Message<"toolgate.v1.ListEmergencyDeniesResponse"> & {
+  /**
+   * The denies.
+   *
+   * @generated from field: repeated toolgate.v1.EmergencyDeny denies = 1;
+   */
+  denies: EmergencyDeny[];
+};
+
+/**
+ * Describes the message toolgate.v1.ListEmergencyDeniesResponse.
+ * Use `create(ListEmergencyDeniesResponseSchema)` to create a new message.
+ */
+export const ListEmergencyDeniesResponseSchema: GenMessage<ListEmergencyDeniesResponse> = /*@__PURE__*/
+  messageDesc(file_toolgate_v1_toolgate, 32);
+
+/**
  * RiskLevel says what a tool can change; the catalog decides which levels need approval.
  *
  * @generated from enum toolgate.v1.RiskLevel
@@ -1618,4 +1850,45 @@ export const Approvals: GenService<{
   },
 }> = /*@__PURE__*/
   serviceDesc(file_toolgate_v1_toolgate, 1);
+
+/**
+ * Controls lets an operator stop tools at once: an emergency deny refuses the tools it matches
+ * on this sidecar and, with a shared state backend, on every sidecar sharing it. Every method
+ * needs the scope `toolgate:admin` (dev identity, which is only served on loopback, needs none).
+ *
+ * @generated from service toolgate.v1.Controls
+ */
+export const Controls: GenService<{
+  /**
+   * SetEmergencyDeny stops the tools matching a glob, for every caller or one tenant and/or agent.
+   *
+   * @generated from rpc toolgate.v1.Controls.SetEmergencyDeny
+   */
+  setEmergencyDeny: {
+    methodKind: "unary";
+    input: typeof SetEmergencyDenyRequestSchema;
+    output: typeof SetEmergencyDenyResponseSchema;
+  },
+  /**
+   * ClearEmergencyDeny lifts one emergency deny.
+   *
+   * @generated from rpc toolgate.v1.Controls.ClearEmergencyDeny
+   */
+  clearEmergencyDeny: {
+    methodKind: "unary";
+    input: typeof ClearEmergencyDenyRequestSchema;
+    output: typeof ClearEmergencyDenyResponseSchema;
+  },
+  /**
+   * ListEmergencyDenies returns the emergency denies in force.
+   *
+   * @generated from rpc toolgate.v1.Controls.ListEmergencyDenies
+   */
+  listEmergencyDenies: {
+    methodKind: "unary";
+    input: typeof ListEmergencyDeniesRequestSchema;
+    output: typeof ListEmergencyDeniesResponseSchema;
+  },
+}> = /*@__PURE__*/
+  serviceDesc(file_toolgate_v1_toolgate, 2);
 

@@ -1,0 +1,111 @@
+//! What the Controls service asks of the boundary: set, clear and list emergency denies
+//! (`crate::emergency`), each needing the scope `toolgate:admin` (dev identity, served only on
+//! loopback, needs none). Every set, clear and expiry is an audit event (`emergency_deny`),
+//! its slot taken before the change is made, so a change made always has its event.
+
+use std::sync::Arc;
+
+use super::Boundary;
+use crate::{
+    audit::{AuditEvent, EventKind, EventTime, Party},
+    emergency::{ADMIN_SCOPE, DenyError, EmergencyDenies, EmergencyDeny, NewDeny},
+    identity::{AuthMethod, Caller},
+};
+
+impl Boundary {
+    /// Sets an emergency deny, in force on this sidecar when this returns.
+    pub async fn set_emergency_deny(
+        &self,
+        operator: &Arc<Caller>,
+        new: NewDeny,
+    ) -> Result<EmergencyDeny, DenyError> {
+        authorize(operator)?;
+        let slot = self.audit_slot().await?;
+        let deny = self.emergency.set(new, operator).await?;
+        tracing::warn!(deny = %deny.id, tools = %deny.tools, tenant = ?deny.tenant, agent = ?deny.agent, reason = %deny.reason, set_by = %deny.set_by, "emergency deny set");
+        slot.send(self.deny_event(&deny, "SET", Some(operator)));
+        Ok(deny)
+    }
+
+    /// Lifts an emergency deny; the deny as it was.
+    pub async fn clear_emergency_deny(
+        &self,
+        operator: &Arc<Caller>,
+        id: &str,
+    ) -> Result<EmergencyDeny, DenyError> {
+        authorize(operator)?;
+        let slot = self.audit_slot().await?;
+        let deny = self.emergency.clear(id).await?;
+        tracing::warn!(deny = %deny.id, tools = %deny.tools, cleared_by = %format!("{}/{}", operator.tenant, operator.subject), "emergency deny cleared");
+        slot.send(self.deny_event(&deny, "CLEARED", Some(operator)));
+        Ok(deny)
+    }
+
+    /// The emergency denies in force.
+    pub fn list_emergency_denies(
+        &self,
+        operator: &Caller,
+    ) -> Result<Vec<EmergencyDeny>, DenyError> {
+        authorize(operator)?;
+        Ok(self.emergency.list())
+    }
+
+    /// Takes out the denies that expired and records each (with Redis, on one sidecar).
+    pub async fn expire_emergency_denies(&self) {
+        for deny in self.emergency.expire().await {
+            tracing::warn!(deny = %deny.id, tools = %deny.tools, "emergency deny expired");
+            self.audit
+                .record(self.deny_event(&deny, "EXPIRED", None))
+                .await;
+        }
+    }
+
+    /// The denies in force changed: what callers see may have changed (the MCP door announces
+    /// it), and the gauge is set.
+    pub fn emergency_denies_changed(&self) {
+        self.metrics.emergency_denies(self.emergency.list().len());
+        self.catalog_changes
+            .send_modify(|generation| *generation += 1);
+    }
+
+    /// The denies in force, for whoever follows the shared ones and announces changes.
+    pub fn emergency_denies(&self) -> &Arc<EmergencyDenies> {
+        &self.emergency
+    }
+
+    async fn audit_slot(&self) -> Result<crate::audit::Reservation, DenyError> {
+        match self.audit.fail_closed() {
+            true => self.audit.try_reserve(),
+            false => self.audit.reserve().await,
+        }
+        .ok_or(DenyError::AuditUnavailable)
+    }
+
+    /// `operator`: who set or cleared it; none for an expiry.
+    fn deny_event(
+        &self,
+        deny: &EmergencyDeny,
+        status: &'static str,
+        operator: Option<&Arc<Caller>>,
+    ) -> Box<AuditEvent> {
+        Box::new(AuditEvent {
+            time: EventTime(self.clock.unix_ms()),
+            kind: Some(EventKind::EmergencyDeny),
+            party: operator.map_or_else(Party::default, |o| Party::Caller(o.clone())),
+            tool: deny.tools.as_str().into(),
+            status,
+            reason: Some(deny.reason.clone()),
+            emergency_deny: Some(Box::new(deny.clone())),
+            ..AuditEvent::default()
+        })
+    }
+}
+
+/// Setting, clearing and listing emergency denies needs the scope `toolgate:admin`; dev
+/// identity callers (loopback only) need nothing more.
+fn authorize(operator: &Caller) -> Result<(), DenyError> {
+    match operator.method == AuthMethod::Dev || operator.has_scope(ADMIN_SCOPE) {
+        true => Ok(()),
+        false => Err(DenyError::MissingScope),
+    }
+}

@@ -1,0 +1,354 @@
+//! Emergency denies (issue 31 A), through real servers and real clients: a deny set over the
+//! Controls service hides its tools from ListTools and refuses their calls
+//! (`DENIED`/`emergency_denied`, naming the deny), only for whom it names and never telling a
+//! caller of a tool hidden from it; it is audited when set, cleared and expired; with
+//! `cancel_running` the matching calls already running stop, their backends with them; and on
+//! one Redis, three sidecars refuse within a second of the answer on the first, a sidecar
+//! started later enforces it from its first call, and a clear on any lifts it everywhere.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tonic::transport::Channel;
+use toolgate::proto::{self, ToolStatus, controls_client::ControlsClient};
+
+use crate::{
+    process::Spawned,
+    redis_server::RedisServer,
+    shared_state::{connect, tools},
+    support::{TestServer, call, exec, http_get, metric, redis_state, visible, who},
+};
+
+const CATALOG: &str = r#"version: 1
+identity: { dev_identity: true }
+tenants:
+  acme: {}
+  globex: { deny: ["secret_*"] }
+tools:
+  - { name: send_email, description: Sends an e-mail., risk_level: read_only, executor: { builtin: echo_arguments }, input_schema: { type: object } }
+  - { name: search, description: Searches., risk_level: read_only, executor: { builtin: echo_arguments }, input_schema: { type: object } }
+  - { name: secret_report, description: Only for acme., risk_level: read_only, executor: { builtin: echo_arguments }, input_schema: { type: object } }
+  - name: slow_send
+    description: Sends, slowly.
+    risk_level: write_draft
+    timeout: 600s
+    input_schema: { type: object }
+    executor:
+      process:
+        command: /bin/sh
+        args: ["-c", "echo $$ > \"$PID_FILE\"; exec sleep 300"]
+        env: [PID_FILE]
+"#;
+
+fn deny(tools: &str, tenant: &str, reason: &str) -> proto::SetEmergencyDenyRequest {
+    proto::SetEmergencyDenyRequest {
+        tools: tools.into(),
+        tenant: tenant.into(),
+        reason: reason.into(),
+        ..Default::default()
+    }
+}
+
+/// An operator's request, by dev identity.
+fn operator<T>(body: T) -> tonic::Request<T> {
+    who("ops").subject("alice").request(body)
+}
+
+async fn controls(channel: Channel) -> ControlsClient<Channel> {
+    ControlsClient::new(channel)
+}
+
+async fn set(
+    client: &mut ControlsClient<Channel>,
+    ask: proto::SetEmergencyDenyRequest,
+) -> proto::EmergencyDeny {
+    client
+        .set_emergency_deny(operator(ask))
+        .await
+        .expect("set")
+        .into_inner()
+        .deny
+        .unwrap()
+}
+
+async fn events(server: &TestServer) -> Vec<Value> {
+    server.audit_events_of("emergency_deny").await
+}
+
+#[tokio::test]
+async fn a_deny_hides_and_refuses_what_it_names_tells_nobody_else_and_is_audited() {
+    let server = TestServer::start(CATALOG).await;
+    let mut controls = controls(server.channel().await).await;
+    let mut client = server.client().await;
+    let (acme, globex) = (who("acme"), who("globex"));
+    let before = client
+        .list_tools(acme.request(proto::ListToolsRequest {}))
+        .await
+        .unwrap()
+        .into_inner()
+        .catalog_revision;
+
+    let set = set(&mut controls, deny("send_*", "acme", "mail is leaking")).await;
+    assert!(set.deny_id.starts_with("emd_"), "{set:?}");
+    assert_eq!(set.set_by, "ops/alice");
+    // Hidden from acme, the revision changes; globex is not named and keeps it.
+    let listed = client
+        .list_tools(acme.request(proto::ListToolsRequest {}))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!listed.tools.iter().any(|t| t.name == "send_email"));
+    assert_ne!(listed.catalog_revision, before);
+    assert!(
+        visible(&mut client, &globex)
+            .await
+            .contains(&"send_email".to_owned())
+    );
+    let r = exec(&mut client, &acme, call("send_email", "{}")).await;
+    assert_eq!(
+        (r.status(), r.error_type.as_str()),
+        (ToolStatus::Denied, "emergency_denied"),
+        "{r:?}"
+    );
+    assert!(!r.retryable);
+    assert!(
+        r.error_message.contains(&set.deny_id) && r.error_message.contains("mail is leaking"),
+        "{}",
+        r.error_message
+    );
+    let r = exec(&mut client, &globex, call("send_email", "{}")).await;
+    assert_eq!(r.status(), ToolStatus::Ok, "{r:?}");
+
+    // A deny of everything tells globex nothing of the tool its own rules hide.
+    let all = self::set(&mut controls, deny("*", "", "stop everything")).await;
+    let r = exec(&mut client, &globex, call("secret_report", "{}")).await;
+    assert_eq!(r.error_type, "tool_not_found", "{r:?}");
+    let r = exec(&mut client, &globex, call("search", "{}")).await;
+    assert_eq!(r.error_type, "emergency_denied", "{r:?}");
+    let listed = controls
+        .list_emergency_denies(operator(proto::ListEmergencyDeniesRequest {}))
+        .await
+        .unwrap()
+        .into_inner()
+        .denies;
+    // Oldest first; these two were set in the same millisecond of the test's clock.
+    let mut ids: Vec<&String> = listed.iter().map(|d| &d.deny_id).collect();
+    ids.sort();
+    let mut expected = vec![&set.deny_id, &all.deny_id];
+    expected.sort();
+    assert_eq!(ids, expected);
+    let (_, text) = http_get(server.admin_addr(), "/metrics").await;
+    assert_eq!(metric(&text, "toolgate_emergency_denies", &[]), 2.0);
+
+    // Cleared: served again.
+    for id in [&set.deny_id, &all.deny_id] {
+        controls
+            .clear_emergency_deny(operator(proto::ClearEmergencyDenyRequest {
+                deny_id: id.clone(),
+            }))
+            .await
+            .expect("clear");
+    }
+    let r = exec(&mut client, &acme, call("send_email", "{}")).await;
+    assert_eq!(r.status(), ToolStatus::Ok, "{r:?}");
+    let gone = controls
+        .clear_emergency_deny(operator(proto::ClearEmergencyDenyRequest {
+            deny_id: set.deny_id.clone(),
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(gone.code(), tonic::Code::NotFound, "{gone:?}");
+    let blank = controls
+        .set_emergency_deny(operator(deny("send_*", "", " ")))
+        .await
+        .unwrap_err();
+    assert_eq!(blank.code(), tonic::Code::InvalidArgument, "{blank:?}");
+
+    // Audited: who set and cleared what, and why.
+    let events = events(&server).await;
+    let statuses: Vec<&str> = events
+        .iter()
+        .map(|e| e["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        statuses,
+        ["SET", "SET", "CLEARED", "CLEARED"],
+        "{events:#?}"
+    );
+    assert_eq!(events[0]["subject"], "alice");
+    assert_eq!(events[0]["tool"], "send_*");
+    assert_eq!(events[0]["reason"], "mail is leaking");
+    assert_eq!(events[0]["emergency_deny"]["id"], set.deny_id.as_str());
+    assert_eq!(events[0]["emergency_deny"]["tenant"], "acme");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_deny_that_expires_is_lifted_at_once_and_its_expiry_audited() {
+    let server = TestServer::start(CATALOG).await;
+    let mut controls = controls(server.channel().await).await;
+    let mut client = server.client().await;
+    let ask = proto::SetEmergencyDenyRequest {
+        ttl_seconds: 60,
+        ..deny("search", "", "a looping agent")
+    };
+    let set = set(&mut controls, ask).await;
+    assert!(set.expires_at_unix_ms > set.set_at_unix_ms);
+    let r = exec(&mut client, &who("acme"), call("search", "{}")).await;
+    assert_eq!(r.error_type, "emergency_denied", "{r:?}");
+    server.clock.advance(Duration::from_secs(60));
+    let r = exec(&mut client, &who("acme"), call("search", "{}")).await;
+    assert_eq!(r.status(), ToolStatus::Ok, "lifted at its expiry: {r:?}");
+    // Taken out and audited by the sidecar's upkeep (every second).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let events = events(&server).await;
+        if let Some(expired) = events.iter().find(|e| e["status"] == "EXPIRED") {
+            assert_eq!(expired["emergency_deny"]["id"], set.deny_id.as_str());
+            break;
+        }
+        assert!(Instant::now() < deadline, "no expiry event: {events:#?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_running_stops_the_matching_calls_and_their_backends() {
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pid");
+    let env = toolgate::settings::Env::default().with("PID_FILE", &pid_file.display().to_string());
+    let server = TestServer::start_with_env(CATALOG, &env).await;
+    let mut controls = controls(server.channel().await).await;
+    let mut client = server.client().await;
+    let running =
+        tokio::spawn(async move { exec(&mut client, &who("acme"), call("slow_send", "{}")).await });
+    // The backend is up once it wrote its pid.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let pid: i32 = loop {
+        if let Some(pid) = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+        {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "the backend did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // A deny without cancel_running leaves the call running; one with it stops the call.
+    set(&mut controls, deny("slow_*", "globex", "other tenant")).await;
+    let ask = proto::SetEmergencyDenyRequest {
+        cancel_running: true,
+        ..deny("slow_*", "acme", "sending to the wrong list")
+    };
+    let stop = set(&mut controls, ask).await;
+    let r = tokio::time::timeout(Duration::from_secs(60), running)
+        .await
+        .expect("the call ended well before its backend would have")
+        .unwrap();
+    assert_eq!(
+        (r.status(), r.error_type.as_str()),
+        (ToolStatus::Denied, "emergency_denied"),
+        "{r:?}"
+    );
+    assert!(
+        r.error_message.contains("stopped while it ran") && r.error_message.contains(&stop.deny_id),
+        "{}",
+        r.error_message
+    );
+    // Its backend was stopped.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while unsafe_free_alive(pid) {
+        assert!(Instant::now() < deadline, "backend {pid} still running");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.stop().await;
+}
+
+/// Whether a process is still there (not yet reaped counts as gone: it is a zombie).
+fn unsafe_free_alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| {
+            // The state follows the command's closing parenthesis.
+            !stat
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
+async fn refused_on(sidecar: &Spawned) -> bool {
+    let mut client = tools(sidecar).await;
+    exec(&mut client, &who("acme"), call("send_email", "{}"))
+        .await
+        .error_type
+        == "emergency_denied"
+}
+
+/// Polls `sidecar` until its answer is `refused`, for at most `within`; how long that took.
+async fn until_refused(sidecar: &Spawned, refused: bool, within: Duration) -> Duration {
+    let started = Instant::now();
+    while refused_on(sidecar).await != refused {
+        assert!(
+            started.elapsed() < within,
+            "sidecar {} not {} within {within:?}",
+            sidecar.addr,
+            if refused { "refusing" } else { "serving" }
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    started.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_sidecars_on_one_redis_share_a_deny_within_a_second_and_across_restarts() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = CATALOG.replacen(
+        "version: 1\n",
+        &format!(
+            "version: 1\n{}audit: {{ sink: none }}\n",
+            redis_state(&redis.url())
+        ),
+        1,
+    );
+    let path = dir.path().join("catalog.yaml");
+    std::fs::write(&path, &yaml).unwrap();
+    let path = path.display().to_string();
+    let spawn = || crate::process::spawn(&["--config", &path]);
+    let (a, b, c) = (spawn(), spawn(), spawn());
+    for sidecar in [&a, &b, &c] {
+        assert!(!refused_on(sidecar).await);
+    }
+    let mut on_a = controls(connect(&a.addr).await).await;
+    let set = set(&mut on_a, deny("send_*", "", "incident 42")).await;
+    // From the answer on A: pushed to C (the backstop re-reads only every 5 s).
+    let took = until_refused(&c, true, Duration::from_secs(1)).await;
+    eprintln!("the deny reached another sidecar in {took:?}");
+    assert!(refused_on(&b).await);
+    // Kept in Redis: a sidecar started now enforces it from its first call.
+    drop(b);
+    let d = spawn();
+    assert!(
+        refused_on(&d).await,
+        "a new sidecar enforces the deny at once"
+    );
+    let mut on_d = controls(connect(&d.addr).await).await;
+    let listed = on_d
+        .list_emergency_denies(operator(proto::ListEmergencyDeniesRequest {}))
+        .await
+        .unwrap()
+        .into_inner()
+        .denies;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].deny_id, set.deny_id);
+    // Cleared on C: lifted everywhere.
+    let mut on_c = controls(connect(&c.addr).await).await;
+    on_c.clear_emergency_deny(operator(proto::ClearEmergencyDenyRequest {
+        deny_id: set.deny_id.clone(),
+    }))
+    .await
+    .expect("clear");
+    until_refused(&a, false, Duration::from_secs(1)).await;
+    until_refused(&d, false, Duration::from_secs(1)).await;
+}
