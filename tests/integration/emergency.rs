@@ -352,3 +352,75 @@ async fn three_sidecars_on_one_redis_share_a_deny_within_a_second_and_across_res
     until_refused(&a, false, Duration::from_secs(1)).await;
     until_refused(&d, false, Duration::from_secs(1)).await;
 }
+
+#[tokio::test]
+async fn the_mcp_door_is_governed_by_the_same_denies() {
+    let server = TestServer::start(&CATALOG.replace(
+        "identity: { dev_identity: true }",
+        "server: { mcp: {} }\nidentity: { dev_identity: true }",
+    ))
+    .await;
+    let mut controls = controls(server.channel().await).await;
+    let set = set(&mut controls, deny("send_*", "acme", "mail is leaking")).await;
+    toolgate::tls::install_crypto_provider();
+    let http = reqwest::Client::new();
+    let url = format!("http://{}/mcp", server.mcp_addr().expect("the MCP door"));
+    let result = crate::doors::mcp_call(
+        &http,
+        &url,
+        &who("acme"),
+        "1",
+        "send_email",
+        serde_json::json!({}),
+        serde_json::json!({}),
+    )
+    .await;
+    assert_eq!(result["isError"], true, "{result}");
+    let text = result.to_string();
+    assert!(
+        text.contains("emergency_denied") && text.contains(&set.deny_id),
+        "{text}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_jwt_caller_needs_the_admin_scope() {
+    use jsonwebtoken::{EncodingKey, Header};
+    let secret = "an-operator-secret-0123456789abcdef";
+    let server = TestServer::start_with_env(
+        &CATALOG.replace(
+            "identity: { dev_identity: true }",
+            "identity: { jwt: { hs256_secret_env: OPERATOR_SECRET, audience: [toolgate] } }",
+        ),
+        &toolgate::settings::Env::default().with("OPERATOR_SECRET", secret),
+    )
+    .await;
+    let token = |scope: &str| {
+        let claims = serde_json::json!({
+            "tenant": "ops", "sub": "alice", "scope": scope, "aud": "toolgate",
+            "exp": crate::support::START_UNIX_MS / 1000 + 3600,
+        });
+        jsonwebtoken::encode(
+            &Header::default(),
+            &claims,
+            &EncodingKey::from_secret(secret.as_bytes()).unwrap(),
+        )
+        .unwrap()
+    };
+    let mut controls = controls(server.channel().await).await;
+    let ask = |scope: &str| {
+        crate::support::Who::token(&token(scope)).request(proto::ListEmergencyDeniesRequest {})
+    };
+    let refused = controls
+        .list_emergency_denies(ask("toolgate:approve"))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    assert!(refused.message().contains("toolgate:admin"), "{refused:?}");
+    controls
+        .list_emergency_denies(ask("toolgate:admin"))
+        .await
+        .expect("an operator with the scope");
+    server.stop().await;
+}
