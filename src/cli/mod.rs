@@ -146,6 +146,14 @@ enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Reject a pending approval (needs scope toolgate:approve).
+    Reject {
+        approval_id: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Stop the tools matching a glob at once, for every caller or one tenant and/or agent: an
     /// emergency deny (Controls service; needs scope toolgate:admin, or dev identity). With a
     /// shared state backend it reaches every sidecar sharing it.
@@ -179,14 +187,6 @@ enum Command {
     },
     /// List the emergency denies in force.
     Denies(ControlArgs),
-    /// Reject a pending approval (needs scope toolgate:approve).
-    Reject {
-        approval_id: String,
-        #[arg(long, default_value = "")]
-        reason: String,
-        #[command(flatten)]
-        client: ClientArgs,
-    },
     /// Serve a sidecar's tools to an MCP host over stdio, forwarding each request to its MCP door.
     ///
     /// For MCP hosts that only launch local servers. Every `tools/list` and `tools/call` goes to
