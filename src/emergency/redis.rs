@@ -50,8 +50,6 @@ return {deny}
     )
 });
 
-static READ: LazyLock<Script> = LazyLock::new(|| script("return redis.call('HGETALL', KEYS[1])"));
-
 fn key(redis: &Redis) -> String {
     redis.key("emergency", format_args!("denies"))
 }
@@ -100,13 +98,15 @@ pub(super) async fn clear(redis: &Redis, id: &str) -> Result<Option<EmergencyDen
         .map_err(|err| DenyError::Unavailable(StateError::Malformed(err.to_string())))
 }
 
-/// Every deny in the hash; one that cannot be read is logged and skipped.
+/// Every deny in the hash; one that cannot be read is logged and skipped. `HVALS`, a plain
+/// read: each deny holds its id.
 pub(super) async fn read_all(redis: &Redis) -> Result<Vec<EmergencyDeny>, StateError> {
-    let op = Op::new(&READ).key(key(redis));
-    let reply = Reply::new(redis.invoke(Concern::EmergencyDenies, &op).await?)?;
-    // Field, value, field, value, … and never more than the bound (the set script keeps it).
+    let mut command = redis::cmd("HVALS");
+    command.arg(key(redis));
+    let reply = Reply::new(redis.read(Concern::EmergencyDenies, command).await?)?;
+    // Never more than the bound: the set script keeps it.
     let mut denies = Vec::new();
-    for i in (1..reply.len()).step_by(2).take(MAX_DENIES) {
+    for i in (0..reply.len()).take(MAX_DENIES) {
         let json = reply.text(i)?;
         match serde_json::from_str::<EmergencyDeny>(&json) {
             Ok(deny) => denies.push(deny),

@@ -452,6 +452,29 @@ impl Redis {
         }
     }
 
+    /// Runs a command that only reads (no script, so no give-up guard: a read that runs late
+    /// changes nothing), within the timeout. For reads that are not part of a call, such as the
+    /// emergency denies' reconcile, so they never count as a call's scripts.
+    pub async fn read(&self, concern: Concern, command: redis::Cmd) -> Result<Value, StateError> {
+        let index = self.next.fetch_add(1, Ordering::Relaxed) % self.connections.len();
+        let link = self.connections[index].clone();
+        let outcome = tokio::time::timeout(self.timeout, async move {
+            match link {
+                Link::Node(mut c) => command.query_async::<Value>(&mut c).await,
+                Link::Cluster(mut c) => command.query_async::<Value>(&mut c).await,
+            }
+        })
+        .await;
+        match outcome {
+            Ok(Ok(value)) => {
+                self.answered();
+                Ok(value)
+            }
+            Ok(Err(err)) => Err(self.failed(concern, self.classify(&err))),
+            Err(_elapsed) => Err(self.failed(concern, StateError::Timeout(self.timeout))),
+        }
+    }
+
     /// Sends `op` again from a task of its own, a few times within `until`, until Redis answers
     /// it: for settling what an operation that timed out may have left (a claim, a used
     /// approval). `op` must be safe to repeat.
