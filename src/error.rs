@@ -108,6 +108,7 @@ pub enum Reason {
     TenantUnknown,
     DeniedByPolicy,
     EmergencyDenied,
+    FlowDenied,
     ConditionError,
     ScopeMissing,
     SchemaViolation,
@@ -169,6 +170,8 @@ impl Reason {
             DeniedByPolicy => ("denied_by_policy", S::Denied, false),
             // An operator stopped the tool; it may be lifted, but not by retrying.
             EmergencyDenied => ("emergency_denied", S::Denied, false),
+            // A flow rule: what the run (or caller) has seen forbids this tool now.
+            FlowDenied => ("flow_denied", S::Denied, false),
             // A condition that cannot be evaluated decides closed (docs/conditions.md).
             ConditionError => ("condition_error", S::Denied, false),
             ScopeMissing => ("scope_missing", S::Denied, false),
@@ -338,7 +341,7 @@ mod tests {
     /// from the shared state decodes to what was written, for every variant.
     #[test]
     fn every_reason_and_stage_reads_back_from_its_name() {
-        assert_eq!(Reason::ALL.len(), 44);
+        assert_eq!(Reason::ALL.len(), 45);
         for &reason in Reason::ALL {
             assert_eq!(Reason::from_code(reason.code()), Some(reason));
         }

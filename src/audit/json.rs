@@ -65,17 +65,10 @@ impl AuditEvent {
                 b"false"
             },
         );
-        if !self.bound_override_attempts.is_empty() {
-            let out = object.key(key!("bound_override_attempts"));
-            out.push(b'[');
-            for (i, path) in self.bound_override_attempts.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_string(path, out);
-            }
-            out.push(b']');
-        }
+        object.strings(
+            key!("bound_override_attempts"),
+            &self.bound_override_attempts,
+        );
         if !self.output_guard.is_empty() {
             let out = object.key(key!("output_guard"));
             out.push(b'[');
@@ -93,6 +86,7 @@ impl AuditEvent {
             }
             out.push(b']');
         }
+        object.strings(key!("flow_labels"), &self.flow_labels);
         object.number(key!("duration_ms"), self.duration_ms);
         if let Some(trace_id) = self.trace_id {
             object.hex(key!("trace_id"), &trace_id.to_bytes());
@@ -137,6 +131,22 @@ impl<'a> Object<'a> {
     fn start(out: &'a mut Vec<u8>) -> Self {
         out.push(b'{');
         Object { out, first: true }
+    }
+
+    /// An array of strings, left out when empty (as serde's `skip_serializing_if`).
+    fn strings(&mut self, key: &str, items: &[String]) {
+        if items.is_empty() {
+            return;
+        }
+        let out = self.key(key);
+        out.push(b'[');
+        for (i, item) in items.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            write_string(item, out);
+        }
+        out.push(b']');
     }
 
     /// Writes a member's `"name":` (from [`key!`]) and returns the buffer for its value.
@@ -252,6 +262,7 @@ mod tests {
                     action: crate::output_guard::Action::Block,
                 },
             ],
+            flow_labels: vec!["private_data".into(), tricky.into()],
             duration_ms: u64::MAX,
             trace_id: Some(TraceId::from_bytes([
                 0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e,

@@ -98,6 +98,9 @@ pub struct AuditEvent {
     /// matches and what it did — never what it matched.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub output_guard: Vec<Finding>,
+    /// The flow labels the call added to its flow scope, once it ran.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub flow_labels: Vec<String>,
     pub duration_ms: u64,
     /// The call's trace, when traced (lowercase hex).
     #[serde(skip_serializing_if = "Option::is_none", serialize_with = "as_display")]

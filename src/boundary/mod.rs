@@ -16,6 +16,7 @@
 //! | 5 | scopes | `scopes.rs` | — |
 //! | 6 | schema | `schema.rs` | — |
 //! | 7 | bind | `bind.rs` | — |
+//! | 7b | flow rules | `flow.rs` | `crate::flow` (memory, Redis) |
 //! | 8 | rate limit | `rate_limit.rs` | `crate::limits` (memory, Redis) |
 //! | 9 | approval | `approval.rs` | `crate::approvals` (memory, Redis) |
 //! | 10 | idempotency | `idempotency/` | its own (memory, Redis) |
@@ -33,6 +34,7 @@ pub mod access;
 mod approval;
 pub mod bind;
 mod execute;
+mod flow;
 pub mod idempotency;
 mod rate_limit;
 pub mod resolve;
@@ -109,6 +111,7 @@ pub struct Stores {
     pub approvals: Approvals,
     pub idempotency: Idempotency,
     pub emergency: Arc<EmergencyDenies>,
+    pub flow: crate::flow::FlowStore,
 }
 
 impl Stores {
@@ -123,6 +126,7 @@ impl Stores {
             approvals: Approvals::new(&backend, clock.clone(), approvals),
             idempotency: Idempotency::new(&backend, clock.clone(), idempotency),
             emergency: Arc::new(EmergencyDenies::on(&backend, clock.clone())),
+            flow: crate::flow::FlowStore::on(&backend, clock.clone()),
             backend,
         }
     }
@@ -187,6 +191,8 @@ pub struct Boundary {
     pins: pins::PinWatch,
     /// The operators' emergency denies in force.
     emergency: Arc<EmergencyDenies>,
+    /// What each flow scope has seen.
+    flow: crate::flow::FlowStore,
 }
 
 /// What a successful chain produced.
@@ -254,6 +260,7 @@ impl Boundary {
             arguments_budget,
             pins: pins::PinWatch::default(),
             emergency: stores.emergency,
+            flow: stores.flow,
         }
     }
 
@@ -552,7 +559,35 @@ impl Boundary {
         // 1-9 run in a future of their own, so what they hold is gone while the backend runs.
         let admitted = self.admit(&state, turn, call, call_id, trail).await?;
         // 10-12.
-        self.dispatch(turn, call, admitted, trail, span).await
+        let labelled = trail.tool.as_ref().and_then(|tool| {
+            flow::labelling(state.catalog.flow.as_ref(), tool).map(|policy| (policy, tool.clone()))
+        });
+        let Some((policy, tool)) = labelled else {
+            return self.dispatch(turn, call, admitted, trail, span).await;
+        };
+        // A tool with flow labels: once its backend was called (or its stored result replayed),
+        // its labels join the scope, whatever it answered. Boxed: only labelled tools pay for
+        // writing the scope.
+        Box::pin(async move {
+            let result = self.dispatch(turn, call, admitted, trail, span).await;
+            let reached = match &result {
+                Ok(_) => true,
+                Err(refusal) => matches!(refusal.stage, Stage::Execute | Stage::Result),
+            };
+            if reached {
+                trail.flow_labels = flow::record(
+                    &self.flow,
+                    policy,
+                    &tool,
+                    &turn.caller,
+                    &turn.run_id,
+                    call_id,
+                )
+                .await;
+            }
+            result
+        })
+        .await
     }
 
     /// Stages 1-9: everything decided before the backend is called.
@@ -616,12 +651,25 @@ impl Boundary {
             }
             false => None,
         };
+        // 7b. Flow rules: what this run (or caller) has seen may forbid this tool now, or
+        // make it need an approval.
+        // Boxed: only the tools a rule governs pay for reading the scope.
+        let flow_approval = match flow::governing(catalog.flow.as_ref(), tool) {
+            Some(policy) => {
+                Box::pin(flow::check(&self.flow, policy, tool, caller, &turn.run_id)).await?
+            }
+            None => None,
+        };
         // 8. Rate limits: both quotas, or neither; the tool's by the call's cost.
         rate_limit::check(state, &asker, tool, &arguments).await?;
         // 9. Approval for risky tools, bound to these exact arguments; used up only when the
         // call reaches its backend.
         // Boxed: only the tools that need approval pay for the stage's state.
-        let approval = match approval::needed(tool, &asker, &arguments).0 {
+        let needed = match (approval::needed(tool, &asker, &arguments).0, flow_approval) {
+            (Ok(why), _) | (Err(_), Some(why)) => Ok(why),
+            (Err(no), None) => Err(no),
+        };
+        let approval = match needed {
             Ok(why) => Some(
                 Box::pin(self.approval(turn, call, tool, &arguments, &arguments_sha256, &why))
                     .await?,

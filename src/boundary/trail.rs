@@ -33,6 +33,8 @@ pub(crate) struct CallTrail {
     pub idempotent_replay: bool,
     /// What the output guard found in the output (detectors and counts, never values).
     pub output_guard: Vec<Finding>,
+    /// The flow labels the call added to its scope.
+    pub flow_labels: Vec<String>,
 }
 
 impl CallTrail {
@@ -128,6 +130,7 @@ impl AuditGuard<'_> {
             idempotent_replay: trail.idempotent_replay,
             bound_override_attempts: trail.bound_override_attempts,
             output_guard: trail.output_guard,
+            flow_labels: trail.flow_labels,
             duration_ms: u64::try_from(duration.as_millis()).unwrap_or(u64::MAX),
             trace_id: self
                 .trace

@@ -37,7 +37,9 @@ impl CatalogInputs {
             env: &self.env,
         };
         let guard_section = raw.output_guard.as_ref();
+        let flow = raw.flow.as_ref().map(FlowPolicy::build).transpose()?;
         let shared = ToolShared {
+            flow: flow.as_ref(),
             approvals: &self.approvals,
             limits: &self.limits,
             tenants: &raw.tenants,
@@ -216,6 +218,7 @@ impl CatalogInputs {
         }
         let revision = revision_of(tools.values().flatten().map(|t| t.as_ref()));
         Ok(Catalog {
+            flow: flow.map(Arc::new),
             tools,
             unavailable,
             pinned,
@@ -259,6 +262,7 @@ fn mcp_raw_tool(name: &str, settings: &RawMcpTool, found: &DiscoveredTool) -> Ra
         redact: Vec::new(),
         labels: settings.labels.clone(),
         output_guard: settings.output_guard.clone(),
+        flow_labels: settings.flow_labels.clone(),
     }
 }
 
@@ -270,6 +274,8 @@ struct ToolShared<'a> {
     /// The catalog's output guard, compiled once for the tools without their own section.
     guard: Arc<Guard>,
     guard_section: Option<&'a RawOutputGuard>,
+    /// The catalog's flow rules, whose labels tools name.
+    flow: Option<&'a FlowPolicy>,
 }
 
 fn build_tool(
@@ -449,6 +455,20 @@ fn build_tool(
     if let (Some(when), Some(map)) = (&approval_when, definition.as_object_mut()) {
         map.insert("approval_when".to_owned(), json!(when.source()));
     }
+    let flow_labels = match (shared.flow, raw.flow_labels.is_empty()) {
+        (_, true) => LabelSet::default(),
+        (Some(flow), false) => flow.set_of(&raw.flow_labels, &format!("{path}.flow_labels"))?,
+        (None, false) => {
+            return Err(FieldError::new(
+                format!("{path}.flow_labels"),
+                "flow labels need a flow section declaring them (flow.labels)",
+            ));
+        }
+    };
+    // Only when set, so that the hashes of tools without them stay what they were.
+    if let (false, Some(map)) = (flow_labels.is_empty(), definition.as_object_mut()) {
+        map.insert("flow_labels".to_owned(), json!(raw.flow_labels));
+    }
     let definition_hash = canonical::sha256_hex(&definition);
     let output_guard = match &raw.output_guard {
         None => shared.guard.clone(),
@@ -494,6 +514,7 @@ fn build_tool(
         labels: raw.labels.clone(),
         definition_hash,
         output_guard,
+        flow_labels,
     })
 }
 

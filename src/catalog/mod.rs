@@ -4,6 +4,7 @@
 //! `boundary`, not here.
 
 mod access_lists;
+pub mod flow;
 mod load;
 pub mod pins;
 mod schema;
@@ -35,6 +36,7 @@ use crate::{
     },
 };
 pub use access_lists::{AccessList, Decision, Pattern, TenantPolicy, Verdict};
+pub use flow::{FlowPolicy, LabelSet};
 pub use load::CatalogInputs;
 pub use schema::{BindValue, Binding};
 
@@ -126,6 +128,8 @@ pub struct ToolVersion {
     /// The detectors screening its output (shared with the tools that have no section of
     /// their own).
     pub output_guard: Arc<Guard>,
+    /// The flow labels a call of it adds to its scope once it ran (`flow`).
+    pub flow_labels: LabelSet,
 }
 
 impl ToolVersion {
@@ -185,6 +189,8 @@ pub struct Catalog {
     unavailable: BTreeMap<String, Unavailable>,
     /// Pinned MCP tools their servers list now, by catalog name, whether the pin holds or not.
     pinned: BTreeMap<String, pins::PinnedTool>,
+    /// The run-level flow rules, if the catalog has any.
+    pub flow: Option<Arc<FlowPolicy>>,
     pub policy: AccessList,
     pub tenants: BTreeMap<String, TenantPolicy>,
     pub agents: AgentPolicies,

@@ -53,6 +53,10 @@ pub struct RawConfig {
     /// personal data, its own patterns) and what each does. Without it, every secret detector
     /// redacts. A tool's own `output_guard` overrides it.
     pub output_guard: Option<RawOutputGuard>,
+    /// Run-level information-flow rules: which labels the tools that ran in a run (or for a
+    /// caller, over a window) carried, and which tools may not run, or need approval, after
+    /// them (e.g. no `external_send` after `private_data` and `untrusted_content`).
+    pub flow: Option<RawFlow>,
     /// The tools, one entry per (name, version).
     #[serde(default)]
     pub tools: Vec<RawTool>,
@@ -193,6 +197,9 @@ pub struct RawMcpTool {
     pub labels: BTreeMap<String, String>,
     /// This tool's output guard, over the catalog's, as for other tools.
     pub output_guard: Option<RawOutputGuard>,
+    /// The flow labels this tool carries, as for other tools.
+    #[serde(default)]
+    pub flow_labels: Vec<String>,
     /// The definition reviewed: `sha256:` and the hex SHA-256 of the canonical form of the
     /// tool's name, description, input schema, output schema and annotations as the server lists
     /// them (`toolgate pin` prints it). A server that lists anything else is not trusted.
@@ -704,6 +711,55 @@ pub struct RawTool {
     /// This tool's output guard, over the catalog's: its `secrets` and each detector it names
     /// replace the catalog's, its custom detectors are added.
     pub output_guard: Option<RawOutputGuard>,
+    /// The flow labels (declared in `flow.labels`) a call of this tool adds to its flow scope
+    /// once it ran, and that `flow.rules` match.
+    #[serde(default)]
+    pub flow_labels: Vec<String>,
+}
+
+/// Run-level information-flow rules.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawFlow {
+    /// What the labels are remembered for: `run` (tenant, subject, agent and the client's run
+    /// id) or `caller` (tenant, subject and agent, over the window) (default run).
+    #[serde(default)]
+    pub scope: RawFlowScope,
+    /// How long a scope's labels are remembered after its last labelled call (default 1h).
+    pub window: Option<String>,
+    /// The label names tools may carry (at most 64).
+    pub labels: Vec<String>,
+    /// The rules, each checked for every call of a tool that carries a label it names.
+    #[serde(default)]
+    pub rules: Vec<RawFlowRule>,
+}
+
+/// Whose history flow rules read.
+#[derive(Debug, Clone, Copy, Default, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RawFlowScope {
+    /// One run of one agent for one subject: the client's `run_id` names it.
+    #[default]
+    Run,
+    /// One agent for one subject, whatever run ids the client sends, over the window.
+    Caller,
+}
+
+/// One flow rule: once every label of `after` is present in the scope, calls of tools carrying
+/// a label of `deny` are refused, or those of `require_approval` need an approval.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawFlowRule {
+    /// A name for refusals and audit events (default `flow.rules[i]`).
+    pub name: Option<String>,
+    /// The labels that must all be present.
+    pub after: Vec<String>,
+    /// Tools carrying any of these labels are refused (`flow_denied`).
+    #[serde(default)]
+    pub deny: Vec<String>,
+    /// Tools carrying any of these labels need an approval.
+    #[serde(default)]
+    pub require_approval: Vec<String>,
 }
 
 /// An output guard: which detectors screen a tool's output, and what each does.

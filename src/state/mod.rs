@@ -64,6 +64,7 @@ pub enum Concern {
     Approvals,
     Idempotency,
     EmergencyDenies,
+    Flow,
     Health,
 }
 
@@ -74,6 +75,7 @@ impl Concern {
             Concern::Approvals => "approvals",
             Concern::Idempotency => "idempotency",
             Concern::EmergencyDenies => "emergency_denies",
+            Concern::Flow => "flow",
             Concern::Health => "health",
         }
     }

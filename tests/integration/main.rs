@@ -30,6 +30,7 @@ mod executors;
 mod executors_dns;
 mod executors_more;
 mod explain;
+mod flow;
 mod hardening_audit;
 mod hardening_identity;
 mod hardening_policy;

@@ -1,0 +1,145 @@
+//! Stage 7b: run-level flow rules (`catalog::flow`), after bind and before the quotas. A tool a
+//! rule could refuse, or need an approval for, is checked against what its flow scope has seen
+//! (`crate::flow`): refused `flow_denied` (at access, as rules decided after bind are), or
+//! handed to the approval stage. The labels of a tool that ran are added to its scope once its
+//! backend was called. A store that cannot be read fails closed for the tools a rule governs.
+
+use std::sync::Arc;
+
+use crate::{
+    catalog::{FlowPolicy, LabelSet, ToolVersion, flow::FlowScope, flow::FlowVerdict},
+    error::{Reason, Refusal, Stage},
+    flow::{FlowStore, ScopeKey, Seen, Source},
+    identity::Caller,
+};
+
+/// The call's flow scope under `policy`.
+fn scope(policy: &FlowPolicy, caller: &Caller, run_id: &str) -> ScopeKey {
+    let run = match policy.scope {
+        FlowScope::Run => Some(run_id),
+        FlowScope::Caller => None,
+    };
+    ScopeKey::new(&caller.tenant, &caller.subject, &caller.agent, run)
+}
+
+/// What the scope has seen, as the policy's labels.
+fn present(policy: &FlowPolicy, seen: &Seen) -> LabelSet {
+    seen.keys()
+        .filter_map(|name| policy.label(name))
+        .fold(LabelSet::default(), LabelSet::union)
+}
+
+/// The policy, when one of its rules could refuse this tool or need an approval for it: only
+/// then is the scope read (and the check's future, boxed, paid for).
+pub(crate) fn governing<'p>(
+    policy: Option<&'p Arc<FlowPolicy>>,
+    tool: &ToolVersion,
+) -> Option<&'p FlowPolicy> {
+    policy
+        .map(Arc::as_ref)
+        .filter(|p| p.governs(tool.flow_labels))
+}
+
+/// The policy, when this tool carries labels to record once it ran.
+pub(crate) fn labelling<'p>(
+    policy: Option<&'p Arc<FlowPolicy>>,
+    tool: &ToolVersion,
+) -> Option<&'p FlowPolicy> {
+    policy
+        .map(Arc::as_ref)
+        .filter(|_| !tool.flow_labels.is_empty())
+}
+
+/// `Ok(Some(why))` when a rule needs an approval for this call (`why` is said after "needs
+/// approval"), `Ok(None)` when no rule stands in its way.
+pub(crate) async fn check(
+    store: &FlowStore,
+    policy: &FlowPolicy,
+    tool: &ToolVersion,
+    caller: &Caller,
+    run_id: &str,
+) -> Result<Option<String>, Refusal> {
+    let seen = store
+        .seen(&scope(policy, caller, run_id))
+        .await
+        .map_err(|err| {
+            let mut refusal = Refusal::new(
+                Stage::Access,
+                Reason::StateUnavailable,
+                format!(
+                    "{} is governed by flow rules and {}; the call was not run",
+                    tool.name,
+                    err.for_caller()
+                ),
+            );
+            refusal.retryable = true;
+            refusal
+        })?;
+    match policy.decide(tool.flow_labels, present(policy, &seen)) {
+        FlowVerdict::Allowed => Ok(None),
+        FlowVerdict::Denied(rule) => Err(Refusal::new(
+            Stage::Access,
+            Reason::FlowDenied,
+            format!(
+                "{} is refused by flow rule {}: this {} has seen {}",
+                tool.name,
+                rule.name,
+                scope_name(policy),
+                brought(policy, rule.after, &seen)
+            ),
+        )),
+        FlowVerdict::NeedsApproval(rule) => Ok(Some(format!(
+            " (flow rule {}: this {} has seen {})",
+            rule.name,
+            scope_name(policy),
+            brought(policy, rule.after, &seen)
+        ))),
+    }
+}
+
+fn scope_name(policy: &FlowPolicy) -> &'static str {
+    match policy.scope {
+        FlowScope::Run => "run",
+        FlowScope::Caller => "caller",
+    }
+}
+
+/// `private_data (call c1: rag_search) and untrusted_content (call c2: fetch_url)`.
+fn brought(policy: &FlowPolicy, labels: LabelSet, seen: &Seen) -> String {
+    policy
+        .names(labels)
+        .into_iter()
+        .map(|label| {
+            let calls: Vec<String> = seen
+                .get(label)
+                .into_iter()
+                .flatten()
+                .map(|s| format!("call {}: {}", s.call_id, s.tool))
+                .collect();
+            format!("{label} ({})", calls.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join(" and ")
+}
+
+/// Adds the labels of a tool whose backend was called to its scope; the names added, for the
+/// call's audit event. A store that cannot be written is logged: the call already ran.
+pub(crate) async fn record(
+    store: &FlowStore,
+    policy: &FlowPolicy,
+    tool: &ToolVersion,
+    caller: &Caller,
+    run_id: &str,
+    call_id: &str,
+) -> Vec<String> {
+    let labels = policy.names(tool.flow_labels);
+    let source = Source {
+        call_id: call_id.to_owned(),
+        tool: tool.name.clone(),
+    };
+    let key = scope(policy, caller, run_id);
+    if let Err(err) = store.record(&key, &labels, &source, policy.window).await {
+        tracing::error!(tool = %tool.name, call_id, error = %err, "the flow labels of a call that ran could not be recorded; flow rules will not see them");
+    }
+    labels.into_iter().map(str::to_owned).collect()
+}

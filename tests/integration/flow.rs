@@ -1,0 +1,194 @@
+//! Run-level flow rules (issue 31 B), through real servers: the send is allowed after one read
+//! and refused (`DENIED`/`flow_denied`, naming the rule, the labels and the calls that brought
+//! them) after both, only in the run that read; a `require_approval` rule sends it through the
+//! usual approval; a caller scope holds whatever run ids the client sends; audit events carry
+//! the labels a call added; and with Redis, a run that reads on one sidecar cannot send from
+//! another.
+
+use serde_json::Value;
+use toolgate::proto::{self, ToolStatus};
+
+use crate::support::{Backend, TestServer, call, exec, on_both_backends, who};
+
+const CATALOG: &str = r#"version: 1
+identity: { dev_identity: true }
+tenants: { acme: {} }
+flow:
+  labels: [private_data, untrusted_content, external_send]
+  rules:
+    - { name: no_exfiltration, after: [private_data, untrusted_content], deny: [external_send] }
+tools:
+  - { name: rag_search, description: Searches the customer database., risk_level: read_only, executor: { builtin: echo_arguments }, input_schema: { type: object }, flow_labels: [private_data] }
+  - { name: fetch_url, description: Fetches a web page., risk_level: read_only, executor: { builtin: echo_arguments }, input_schema: { type: object }, flow_labels: [untrusted_content] }
+  - { name: send_email, description: Sends an e-mail., risk_level: read_only, executor: { builtin: echo_arguments }, input_schema: { type: object }, flow_labels: [external_send] }
+  - { name: failing, description: Fails before it runs., risk_level: read_only, executor: { builtin: echo_arguments }, input_schema: { type: object, required: [x] }, flow_labels: [untrusted_content] }
+"#;
+
+/// A call of `tool` in `run`, with this call id.
+async fn run_call(server: &TestServer, run: &str, id: &str, tool: &str) -> proto::ToolResult {
+    let mut c = call(tool, "{}");
+    c.call_id = id.into();
+    in_run(server, run, c).await
+}
+
+/// `c`, by alice, in `run`.
+async fn in_run(server: &TestServer, run: &str, c: proto::ToolCall) -> proto::ToolResult {
+    let mut request = crate::support::execute_request(c);
+    request.run_id = run.into();
+    server
+        .client()
+        .await
+        .execute_tool(who("acme").subject("alice").request(request))
+        .await
+        .unwrap()
+        .into_inner()
+        .result
+        .unwrap()
+}
+
+async fn send_after_both_reads_is_refused_only_in_that_run(backend: Backend) {
+    let server = TestServer::start_on(backend, CATALOG).await;
+    // A call refused before its backend adds nothing.
+    let r = run_call(&server, "r1", "bad", "failing").await;
+    assert_eq!(r.status(), ToolStatus::InvalidArguments, "{r:?}");
+    assert_eq!(
+        run_call(&server, "r1", "c1", "rag_search").await.status(),
+        ToolStatus::Ok
+    );
+    let r = run_call(&server, "r1", "c2", "send_email").await;
+    assert_eq!(
+        r.status(),
+        ToolStatus::Ok,
+        "one read is not the attack: {r:?}"
+    );
+    assert_eq!(
+        run_call(&server, "r1", "c3", "fetch_url").await.status(),
+        ToolStatus::Ok
+    );
+    let r = run_call(&server, "r1", "c4", "send_email").await;
+    assert_eq!(
+        (r.status(), r.error_type.as_str()),
+        (ToolStatus::Denied, "flow_denied"),
+        "{r:?}"
+    );
+    for part in [
+        "no_exfiltration",
+        "private_data (call c1: rag_search)",
+        "untrusted_content (call c3: fetch_url)",
+    ] {
+        assert!(
+            r.error_message.contains(part),
+            "{part}: {}",
+            r.error_message
+        );
+    }
+    assert!(!r.error_message.contains("bad"), "{}", r.error_message);
+    // Another run of the same caller has seen nothing.
+    let r = run_call(&server, "r2", "c5", "send_email").await;
+    assert_eq!(r.status(), ToolStatus::Ok, "{r:?}");
+    // Audited: the labels each call added.
+    let events = server.audit_events_of("tool_call").await;
+    let labels = |id: &str| -> Value {
+        events
+            .iter()
+            .find(|e| e["call_id"] == id)
+            .map(|e| e.get("flow_labels").cloned().unwrap_or(Value::Null))
+            .unwrap()
+    };
+    assert_eq!(labels("c1"), serde_json::json!(["private_data"]));
+    assert_eq!(labels("c3"), serde_json::json!(["untrusted_content"]));
+    assert_eq!(labels("bad"), Value::Null);
+    assert_eq!(labels("c4"), Value::Null, "refused: it did not run");
+    server.stop().await;
+}
+
+on_both_backends!(send_after_both_reads_is_refused_only_in_that_run);
+
+#[tokio::test]
+async fn a_require_approval_rule_sends_the_call_through_the_approval_and_a_caller_scope_spans_runs()
+{
+    let yaml = CATALOG
+        .replace("  rules:\n", "  scope: caller\n  rules:\n")
+        .replace(
+            "    - { name: no_exfiltration, after: [private_data, untrusted_content], deny: [external_send] }",
+            "    - { name: review_sends, after: [untrusted_content], require_approval: [external_send] }",
+        );
+    let server = TestServer::start(&yaml).await;
+    assert_eq!(
+        run_call(&server, "r1", "c1", "fetch_url").await.status(),
+        ToolStatus::Ok
+    );
+    // Another run id: the caller scope still holds.
+    let r = run_call(&server, "r2", "c2", "send_email").await;
+    assert_eq!(r.status(), ToolStatus::ApprovalRequired, "{r:?}");
+    assert!(
+        r.error_message.contains("review_sends"),
+        "{}",
+        r.error_message
+    );
+    // Approved by another identity, the same call runs.
+    let mut approvals = server.approvals().await;
+    approvals
+        .decide_approval(
+            who("acme")
+                .subject("bob")
+                .scopes("toolgate:approve")
+                .request(proto::DecideApprovalRequest {
+                    approval_id: r.approval_id.clone(),
+                    decision: proto::ApprovalDecision::Approve.into(),
+                    reason: "checked".into(),
+                }),
+        )
+        .await
+        .expect("approve");
+    let mut again = call("send_email", "{}");
+    again.call_id = "c3".into();
+    again.approval_id = r.approval_id.clone();
+    // An approval is bound to the run that asked.
+    let r = in_run(&server, "r2", again).await;
+    assert_eq!(r.status(), ToolStatus::Ok, "{r:?}");
+    // Another caller is not in this scope.
+    let mut client = server.client().await;
+    let r = exec(
+        &mut client,
+        &who("acme").subject("carol"),
+        call("send_email", "{}"),
+    )
+    .await;
+    assert_eq!(r.status(), ToolStatus::Ok, "{r:?}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_that_reads_on_one_sidecar_cannot_send_from_another() {
+    let redis = crate::redis_server::RedisServer::start();
+    let yaml = CATALOG.replacen(
+        "version: 1\n",
+        &format!("version: 1\n{}", crate::support::redis_state(&redis.url())),
+        1,
+    );
+    let (a, b) = (
+        TestServer::start(&yaml).await,
+        TestServer::start(&yaml).await,
+    );
+    assert_eq!(
+        run_call(&a, "r1", "c1", "rag_search").await.status(),
+        ToolStatus::Ok
+    );
+    assert_eq!(
+        run_call(&b, "r1", "c2", "fetch_url").await.status(),
+        ToolStatus::Ok
+    );
+    for (sidecar, id) in [(&a, "c3"), (&b, "c4")] {
+        let r = run_call(sidecar, "r1", id, "send_email").await;
+        assert_eq!(r.error_type, "flow_denied", "{r:?}");
+        assert!(
+            r.error_message.contains("call c1: rag_search")
+                && r.error_message.contains("call c2: fetch_url"),
+            "{}",
+            r.error_message
+        );
+    }
+    a.stop().await;
+    b.stop().await;
+}
