@@ -192,3 +192,30 @@ async fn a_run_that_reads_on_one_sidecar_cannot_send_from_another() {
     a.stop().await;
     b.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_redis_the_tools_a_rule_governs_fail_closed_and_the_others_run() {
+    let mut server = TestServer::start_on(Backend::Redis, CATALOG).await;
+    assert_eq!(
+        run_call(&server, "r1", "c1", "rag_search").await.status(),
+        ToolStatus::Ok
+    );
+    server.redis.as_mut().expect("its redis").kill();
+    // send_email is governed: its scope cannot be read, so it does not run.
+    let r = run_call(&server, "r1", "c2", "send_email").await;
+    assert_eq!(
+        (r.status(), r.error_type.as_str()),
+        (ToolStatus::Unavailable, "state_unavailable"),
+        "{r:?}"
+    );
+    assert!(r.retryable, "{r:?}");
+    assert!(
+        r.error_message.contains("flow rules"),
+        "{}",
+        r.error_message
+    );
+    // rag_search is governed by no rule: it runs (its labels cannot be recorded; logged).
+    let r = run_call(&server, "r1", "c3", "rag_search").await;
+    assert_eq!(r.status(), ToolStatus::Ok, "{r:?}");
+    server.stop().await;
+}
