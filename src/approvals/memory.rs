@@ -54,6 +54,7 @@ impl ApprovalStore {
         binding: Binding,
         arguments_json: String,
         risk_level: RiskLevel,
+        needed_because: String,
     ) -> Result<Approval, RedeemError> {
         let now = self.clock.unix_ms();
         let approval = Approval {
@@ -67,6 +68,7 @@ impl ApprovalStore {
                 .saturating_add(i64::try_from(self.budget.ttl.as_millis()).unwrap_or(i64::MAX)),
             decided_by: String::new(),
             reason: String::new(),
+            needed_because: super::bounded_reason(needed_because),
         };
         let size = approval.bytes();
         let tenant = approval.binding.tenant.clone();
@@ -363,7 +365,12 @@ mod tests {
 
     fn create(store: &ApprovalStore, args: &str) -> Approval {
         store
-            .create(binding(args), "{}".into(), RiskLevel::WriteConfirmed)
+            .create(
+                binding(args),
+                "{}".into(),
+                RiskLevel::WriteConfirmed,
+                String::new(),
+            )
             .unwrap()
     }
 
@@ -456,7 +463,12 @@ mod tests {
             create(&store, "h");
         }
         let err = store
-            .create(binding("h"), "{}".into(), RiskLevel::Destructive)
+            .create(
+                binding("h"),
+                "{}".into(),
+                RiskLevel::Destructive,
+                String::new(),
+            )
             .unwrap_err();
         assert_eq!(err.0, Reason::Overloaded);
         clock.advance(Duration::from_secs(301));
@@ -464,7 +476,7 @@ mod tests {
         create(&store, "h");
         let huge = "x".repeat(2 << 20);
         let err = store
-            .create(binding("h"), huge, RiskLevel::Destructive)
+            .create(binding("h"), huge, RiskLevel::Destructive, String::new())
             .unwrap_err();
         assert_eq!(err.0, Reason::Overloaded);
         // Four small approvals, each with room for its decision: the huge one is not held.

@@ -78,6 +78,9 @@ pub struct Approval {
     pub expires_at_ms: i64,
     pub decided_by: String,
     pub reason: String,
+    /// Why the call needs an approval (the tool's risk level, its condition, a flow rule), for
+    /// the approver; at most [`MAX_REASON_BYTES`].
+    pub needed_because: String,
 }
 
 impl Approval {
@@ -93,6 +96,7 @@ impl Approval {
             + self.id.len()
             + self.binding.bytes()
             + self.arguments_json.len()
+            + self.needed_because.len()
             + (self.decided_by.len() + self.reason.len()).max(DECISION_RESERVE)
     }
 }
@@ -241,12 +245,15 @@ impl Approvals {
         binding: Binding,
         arguments_json: String,
         risk_level: RiskLevel,
+        needed_because: String,
     ) -> Result<Approval, RedeemError> {
         match self {
-            Approvals::Memory(store) => store.create(binding, arguments_json, risk_level),
+            Approvals::Memory(store) => {
+                store.create(binding, arguments_json, risk_level, needed_because)
+            }
             // Boxed here and below: only calls that go to Redis pay for its futures.
             Approvals::Shared(store) => {
-                Box::pin(store.create(binding, arguments_json, risk_level)).await
+                Box::pin(store.create(binding, arguments_json, risk_level, needed_because)).await
             }
         }
     }

@@ -66,6 +66,7 @@ impl RedisApprovals {
         binding: Binding,
         arguments_json: String,
         risk_level: RiskLevel,
+        needed_because: String,
     ) -> Result<Approval, RedeemError> {
         let mut approval = Approval {
             id: format!("apr_{}", uuid::Uuid::new_v4().simple()),
@@ -77,6 +78,7 @@ impl RedisApprovals {
             expires_at_ms: 0,
             decided_by: String::new(),
             reason: String::new(),
+            needed_because: super::bounded_reason(needed_because),
         };
         let size = approval.bytes();
         let tenant = approval.binding.tenant.clone();
@@ -124,6 +126,8 @@ impl RedisApprovals {
                 "",
                 "reason",
                 "",
+                "because",
+                &approval.needed_because,
             ]);
         let reply = match self.run(&op).await {
             Ok(reply) => reply,
@@ -435,6 +439,7 @@ fn parse(id: &str, reply: &Reply) -> Result<Approval, StateError> {
         expires_at_ms: number(take("expires"), "expires")?,
         decided_by: take("decided_by"),
         reason: bounded_reason(take("reason")),
+        needed_because: bounded_reason(take("because")),
     })
 }
 

@@ -97,7 +97,12 @@ impl Boundary {
             None => {
                 let approval = self
                     .approvals
-                    .create(binding, canonical::to_string(arguments), tool.risk_level)
+                    .create(
+                        binding,
+                        canonical::to_string(arguments),
+                        tool.risk_level,
+                        needed_because(tool, why),
+                    )
                     .await
                     .map_err(refuse)?;
                 Err(Refusal::new(
@@ -115,6 +120,15 @@ impl Boundary {
                 Err(err) => Err(refuse(err).with_approval_id(id)),
             },
         }
+    }
+}
+
+/// Why the call needs an approval, as its record says it to the approver: `why` (as the
+/// refusal says it, ` (…)`) without its parentheses, or the tool's risk level.
+fn needed_because(tool: &ToolVersion, why: &str) -> String {
+    match why.strip_prefix(" (").and_then(|w| w.strip_suffix(')')) {
+        Some(why) => why.to_owned(),
+        None => format!("its risk level is {}", tool.risk_level.as_str()),
     }
 }
 

@@ -7,6 +7,8 @@
 //! ([`super::idempotency::IdempotencyStore::peek`]). Nothing is audited, no approval is created,
 //! and no backend is called. The trail says, stage by stage, what passed or refused and why.
 
+use std::collections::BTreeMap;
+
 use serde_json::Value;
 
 use super::{
@@ -144,6 +146,25 @@ pub struct Explanation {
     pub override_attempts: Vec<String>,
     /// The revision of the whole catalog explained against.
     pub catalog_revision: String,
+    /// What the call's flow scope has seen and what the flow rules decide; `None` when the
+    /// catalog has no flow rules, the tool carries no flow label, or a stage up to bind
+    /// refused.
+    pub flow: Option<FlowTrail>,
+}
+
+/// What an explained call's flow scope has seen, and the flow rule that decides the call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FlowTrail {
+    /// `run` or `caller`.
+    pub scope: &'static str,
+    /// The declared labels the scope has seen, with the calls that brought them.
+    pub seen: crate::flow::Seen,
+    /// False when the scope could not be read.
+    pub readable: bool,
+    /// The labels the call adds once its backend is called.
+    pub adds: Vec<String>,
+    /// The rule that decides the call: name, location and `deny` or `require_approval`.
+    pub rule: Option<(String, String, &'static str)>,
 }
 
 impl Explanation {
@@ -219,8 +240,49 @@ impl Boundary {
             rate_limits: &state.rate_limits,
             check_revision: true,
             own: OwnEffects::default(),
+            history: None,
         };
         explainer.explain(turn, call, index).await
+    }
+
+    /// Like [`Self::explain`], with the call's flow scope taken to have seen what the tools of
+    /// `history` brought, in order (`toolgate test`'s `history`), instead of what it has. A
+    /// tool of the history that does not resolve for the caller's tenant is an error.
+    pub async fn explain_after(
+        &self,
+        turn: &Turn,
+        call: &CallRequest,
+        history: &[String],
+    ) -> Result<Explanation, String> {
+        let state = self.state.load_full();
+        let mut seen = crate::flow::Seen::new();
+        for (i, name) in history.iter().enumerate() {
+            let tool = state
+                .catalog
+                .resolve(name, None, &turn.caller.tenant)
+                .map_err(|_| {
+                    format!(
+                        "history[{i}]: {name} has no version tenant {} gets",
+                        turn.caller.tenant
+                    )
+                })?;
+            if let Some(policy) = state.catalog.flow.as_deref() {
+                let source = crate::flow::Source {
+                    call_id: format!("history[{i}]"),
+                    tool: name.clone(),
+                };
+                crate::flow::add(&mut seen, &policy.names(tool.flow_labels), &source);
+            }
+        }
+        let explainer = Explainer {
+            boundary: self,
+            catalog: &state.catalog,
+            rate_limits: &state.rate_limits,
+            check_revision: true,
+            own: OwnEffects::default(),
+            history: Some(&seen),
+        };
+        Ok(explainer.explain(turn, call, 0).await)
     }
 
     /// Explains `call` against another catalog (a shadow candidate), with the state of the one
@@ -241,6 +303,7 @@ impl Boundary {
             // The model was shown the served catalog's revisions, not the candidate's.
             check_revision: false,
             own,
+            history: None,
         };
         explainer.explain(turn, call, index).await
     }
@@ -308,7 +371,14 @@ struct Explainer<'a> {
     rate_limits: &'a Quotas,
     check_revision: bool,
     own: OwnEffects,
+    /// What the flow scope is taken to have seen instead of what it has (`toolgate test`'s
+    /// `history`).
+    history: Option<&'a crate::flow::Seen>,
 }
+
+/// What stage 7b decides: an approval reason a rule adds, or the refusal and the flow rule
+/// behind it.
+type FlowJudged = Result<Option<String>, (Refusal, Option<access::Rule>)>;
 
 /// How stages 8–10 ended.
 enum Ending {
@@ -360,6 +430,7 @@ impl Explainer<'_> {
         let tool = seen.tool;
         let version = tool.map(|t| t.version.to_string()).unwrap_or_default();
         let (mut arguments, mut arguments_sha256) = (None, None);
+        let mut flow = None;
         let ending = match decided {
             Err(refusal) => {
                 // Refused after bind (a condition on the arguments): what it was decided on.
@@ -370,7 +441,33 @@ impl Explainer<'_> {
                 }
                 Ending::Refused(refusal)
             }
-            Ok(decided) => {
+            Ok(decided) => 'decided: {
+                arguments = Some(redact(&decided.arguments, &decided.tool.redact));
+                arguments_sha256 = Some(decided.arguments_sha256.to_string());
+                // 7b. Flow rules, on what the scope has seen; a refusal is access's.
+                let flow_why = match self.flow(turn, decided.tool).await {
+                    None => None,
+                    Some((trail, judged)) => {
+                        flow = Some(trail);
+                        match judged {
+                            Ok(why) => why,
+                            Err((refusal, rule)) => {
+                                if let Some(access) =
+                                    stages.iter_mut().find(|s| s.stage == Stage::Access)
+                                {
+                                    access.result = StageResult::Refused;
+                                    access.detail = format!(
+                                        "{} (decided after bind, on what the {} has seen)",
+                                        refusal.message,
+                                        flow.as_ref().map_or("scope", |f| f.scope)
+                                    );
+                                    access.rules = rule.into_iter().collect();
+                                }
+                                break 'decided Ending::Refused(refusal);
+                            }
+                        }
+                    }
+                };
                 // The quota cost and the approval condition, if the tool has them (stages 8
                 // and 9 evaluate them the same).
                 let (cost, cost_condition) =
@@ -379,9 +476,8 @@ impl Explainer<'_> {
                 let (_, approval_condition) =
                     super::approval::needed(decided.tool, &asker, &decided.arguments);
                 seen.conditions.extend(approval_condition);
-                arguments = Some(redact(&decided.arguments, &decided.tool.redact));
-                arguments_sha256 = Some(decided.arguments_sha256.to_string());
-                self.stateful(turn, call, &decided, cost, &mut stages).await
+                self.stateful(turn, call, &decided, cost, flow_why, &mut stages)
+                    .await
             }
         };
         for &stage in STAGES {
@@ -455,7 +551,69 @@ impl Explainer<'_> {
             arguments_sha256,
             override_attempts: seen.override_attempts,
             catalog_revision: self.catalog.revision().to_owned(),
+            flow,
         }
+    }
+
+    /// Stage 7b, reading the scope (or the given history) and changing nothing: the trail, and
+    /// the approval reason a rule adds or the refusal with the rule that decided. `None` when
+    /// the catalog has no flow rules or the tool no label.
+    async fn flow(&self, turn: &Turn, tool: &ToolVersion) -> Option<(FlowTrail, FlowJudged)> {
+        // A tool without labels neither reads nor writes a scope: nothing to show.
+        let policy = self
+            .catalog
+            .flow
+            .as_deref()
+            .filter(|_| !tool.flow_labels.is_empty())?;
+        let seen = match self.history {
+            Some(history) => Ok(history.clone()),
+            None => {
+                super::flow::read(&self.boundary.flow, policy, &turn.caller, &turn.run_id).await
+            }
+        };
+        let readable = seen.is_ok();
+        let mut trail = FlowTrail {
+            scope: super::flow::scope_name(policy),
+            seen: BTreeMap::new(),
+            readable,
+            adds: policy
+                .names(tool.flow_labels)
+                .into_iter()
+                .map(str::to_owned)
+                .collect(),
+            rule: None,
+        };
+        let seen = match seen {
+            Ok(seen) => seen,
+            Err(err) if policy.governs(tool.flow_labels) => {
+                return Some((trail, Err((super::flow::unreadable(tool, &err), None))));
+            }
+            Err(_) => return Some((trail, Ok(None))),
+        };
+        trail.seen = seen
+            .into_iter()
+            .filter(|(label, _)| policy.label(label).is_some())
+            .collect();
+        let judged = match super::flow::judge(policy, tool, &trail.seen) {
+            super::flow::Judged::Allowed => Ok(None),
+            super::flow::Judged::Denied(rule, refusal) => {
+                trail.rule = Some((rule.name.clone(), rule.location.clone(), "deny"));
+                Err((
+                    refusal,
+                    Some(access::Rule {
+                        location: rule.location.clone(),
+                        pattern: Some(rule.name.clone()),
+                        effect: "deny",
+                        when: None,
+                    }),
+                ))
+            }
+            super::flow::Judged::NeedsApproval(rule, why) => {
+                trail.rule = Some((rule.name.clone(), rule.location.clone(), "require_approval"));
+                Ok(Some(why))
+            }
+        };
+        Some((trail, judged))
     }
 
     /// The trail of stages 1–7 from what [`policy::decide`] found.
@@ -610,6 +768,7 @@ impl Explainer<'_> {
         call: &CallRequest,
         decided: &Decided<'_>,
         cost: Result<Cost, Refusal>,
+        flow_why: Option<String>,
         stages: &mut Vec<StageTrail>,
     ) -> Ending {
         let caller = &turn.caller;
@@ -731,7 +890,7 @@ impl Explainer<'_> {
         rate_trail.quotas = quotas;
         stages.push(rate_trail);
         // 9. Approval: checked, never created.
-        let (trail, approval) = self.approval(turn, call, decided).await;
+        let (trail, approval) = self.approval(turn, call, decided, flow_why).await;
         stages.push(trail);
         let approval_id = match approval {
             Ok(id) => id,
@@ -823,6 +982,7 @@ impl Explainer<'_> {
         turn: &Turn,
         call: &CallRequest,
         decided: &Decided<'_>,
+        flow_why: Option<String>,
     ) -> (StageTrail, Result<Option<String>, Refusal>) {
         let tool = decided.tool;
         let asker = policy::Asker {
@@ -831,9 +991,13 @@ impl Explainer<'_> {
             now: self.boundary.clock.system_time(),
             trace: false,
         };
-        let why = match super::approval::needed(tool, &asker, &decided.arguments).0 {
-            Ok(why) => why,
-            Err(detail) => {
+        // As the chain decides: the tool's own reason first, else a flow rule's.
+        let why = match (
+            super::approval::needed(tool, &asker, &decided.arguments).0,
+            flow_why,
+        ) {
+            (Ok(why), _) | (Err(_), Some(why)) => why,
+            (Err(detail), None) => {
                 return (
                     StageTrail::new(Stage::Approval, StageResult::NotApplicable, detail),
                     Ok(None),

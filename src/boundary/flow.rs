@@ -7,7 +7,10 @@
 use std::sync::Arc;
 
 use crate::{
-    catalog::{FlowPolicy, LabelSet, ToolVersion, flow::FlowScope, flow::FlowVerdict},
+    catalog::{
+        FlowPolicy, LabelSet, ToolVersion,
+        flow::{FlowRule, FlowScope, FlowVerdict},
+    },
     error::{Reason, Refusal, Stage},
     flow::{FlowStore, ScopeKey, Seen, Source},
     identity::Caller,
@@ -59,45 +62,79 @@ pub(crate) async fn check(
     caller: &Caller,
     run_id: &str,
 ) -> Result<Option<String>, Refusal> {
-    let seen = store
-        .seen(&scope(policy, caller, run_id))
-        .await
-        .map_err(|err| {
-            let mut refusal = Refusal::new(
-                Stage::Access,
-                Reason::StateUnavailable,
-                format!(
-                    "{} is governed by flow rules and {}; the call was not run",
-                    tool.name,
-                    err.for_caller()
-                ),
-            );
-            refusal.retryable = true;
-            refusal
-        })?;
-    match policy.decide(tool.flow_labels, present(policy, &seen)) {
-        FlowVerdict::Allowed => Ok(None),
-        FlowVerdict::Denied(rule) => Err(Refusal::new(
-            Stage::Access,
-            Reason::FlowDenied,
-            format!(
-                "{} is refused by flow rule {}: this {} has seen {}",
-                tool.name,
-                rule.name,
-                scope_name(policy),
-                brought(policy, rule.after, &seen)
-            ),
-        )),
-        FlowVerdict::NeedsApproval(rule) => Ok(Some(format!(
-            " (flow rule {}: this {} has seen {})",
-            rule.name,
-            scope_name(policy),
-            brought(policy, rule.after, &seen)
-        ))),
+    let seen = read(store, policy, caller, run_id).await;
+    let seen = seen.map_err(|err| unreadable(tool, &err))?;
+    match judge(policy, tool, &seen) {
+        Judged::Allowed => Ok(None),
+        Judged::Denied(_, refusal) => Err(refusal),
+        Judged::NeedsApproval(_, why) => Ok(Some(why)),
     }
 }
 
-fn scope_name(policy: &FlowPolicy) -> &'static str {
+/// What the call's scope has seen.
+pub(crate) async fn read(
+    store: &FlowStore,
+    policy: &FlowPolicy,
+    caller: &Caller,
+    run_id: &str,
+) -> Result<Seen, crate::state::StateError> {
+    store.seen(&scope(policy, caller, run_id)).await
+}
+
+/// A governed tool whose scope cannot be read does not run (fail closed).
+pub(crate) fn unreadable(tool: &ToolVersion, err: &crate::state::StateError) -> Refusal {
+    let mut refusal = Refusal::new(
+        Stage::Access,
+        Reason::StateUnavailable,
+        format!(
+            "{} is governed by flow rules and {}; the call was not run",
+            tool.name,
+            err.for_caller()
+        ),
+    );
+    refusal.retryable = true;
+    refusal
+}
+
+/// What the rules decide for a call, with the rule that decided.
+pub(crate) enum Judged<'p> {
+    Allowed,
+    Denied(&'p FlowRule, Refusal),
+    /// `why` is said after "needs approval".
+    NeedsApproval(&'p FlowRule, String),
+}
+
+/// What the rules decide for `tool` once its scope has seen `seen`.
+pub(crate) fn judge<'p>(policy: &'p FlowPolicy, tool: &ToolVersion, seen: &Seen) -> Judged<'p> {
+    match policy.decide(tool.flow_labels, present(policy, seen)) {
+        FlowVerdict::Allowed => Judged::Allowed,
+        FlowVerdict::Denied(rule) => Judged::Denied(
+            rule,
+            Refusal::new(
+                Stage::Access,
+                Reason::FlowDenied,
+                format!(
+                    "{} is refused by flow rule {}: this {} has seen {}",
+                    tool.name,
+                    rule.name,
+                    scope_name(policy),
+                    brought(policy, rule.after, seen)
+                ),
+            ),
+        ),
+        FlowVerdict::NeedsApproval(rule) => Judged::NeedsApproval(
+            rule,
+            format!(
+                " (flow rule {}: this {} has seen {})",
+                rule.name,
+                scope_name(policy),
+                brought(policy, rule.after, seen)
+            ),
+        ),
+    }
+}
+
+pub(crate) fn scope_name(policy: &FlowPolicy) -> &'static str {
     match policy.scope {
         FlowScope::Run => "run",
         FlowScope::Caller => "caller",
@@ -138,7 +175,16 @@ pub(crate) async fn record(
         tool: tool.name.clone(),
     };
     let key = scope(policy, caller, run_id);
-    if let Err(err) = store.record(&key, &labels, &source, policy.window).await {
+    if let Err(err) = store
+        .record(
+            &key,
+            &labels,
+            &source,
+            policy.window,
+            policy.max_scopes_per_tenant,
+        )
+        .await
+    {
         tracing::error!(tool = %tool.name, call_id, error = %err, "the flow labels of a call that ran could not be recorded; flow rules will not see them");
     }
     labels.into_iter().map(str::to_owned).collect()

@@ -13,6 +13,10 @@ use crate::settings::{
 
 /// Most label names a catalog may declare.
 pub const MAX_LABELS: usize = 64;
+/// Scopes a tenant keeps unless the catalog says otherwise.
+pub const DEFAULT_MAX_SCOPES_PER_TENANT: usize = 10_000;
+/// The most a catalog may let a tenant keep.
+pub const MAX_SCOPES_PER_TENANT: usize = 1_000_000;
 
 /// A set of declared labels.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -52,6 +56,8 @@ pub enum FlowScope {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FlowRule {
     pub name: String,
+    /// Where the catalog defines it: `flow.rules[i]`.
+    pub location: String,
     pub after: LabelSet,
     pub deny: LabelSet,
     pub require_approval: LabelSet,
@@ -72,6 +78,8 @@ pub enum FlowVerdict<'a> {
 pub struct FlowPolicy {
     pub scope: FlowScope,
     pub window: Duration,
+    /// Most scopes one tenant keeps.
+    pub max_scopes_per_tenant: usize,
     labels: Vec<String>,
     pub rules: Vec<FlowRule>,
 }
@@ -110,7 +118,18 @@ impl FlowPolicy {
             Some(text) => parse_duration(text)
                 .map_err(|err| FieldError::new("flow.window", err.to_string()))?,
         };
+        let max_scopes_per_tenant = match raw.max_scopes_per_tenant {
+            None => DEFAULT_MAX_SCOPES_PER_TENANT,
+            Some(n @ 1..=MAX_SCOPES_PER_TENANT) => n,
+            Some(n) => {
+                return Err(FieldError::new(
+                    "flow.max_scopes_per_tenant",
+                    format!("{n} is out of range: 1 to {MAX_SCOPES_PER_TENANT}"),
+                ));
+            }
+        };
         let mut policy = FlowPolicy {
+            max_scopes_per_tenant,
             scope: match raw.scope {
                 RawFlowScope::Run => FlowScope::Run,
                 RawFlowScope::Caller => FlowScope::Caller,
@@ -140,6 +159,7 @@ impl FlowPolicy {
             let name = rule.name.clone().unwrap_or_else(|| path.clone());
             policy.rules.push(FlowRule {
                 name,
+                location: path,
                 after,
                 deny,
                 require_approval,
@@ -222,6 +242,7 @@ mod tests {
         let raw = RawFlow {
             scope: RawFlowScope::Run,
             window: None,
+            max_scopes_per_tenant: None,
             labels: vec![
                 "private_data".into(),
                 "untrusted_content".into(),
@@ -279,6 +300,7 @@ mod tests {
         let raw = RawFlow {
             scope: RawFlowScope::Caller,
             window: Some("10m".into()),
+            max_scopes_per_tenant: None,
             labels: vec!["a".into()],
             rules: vec![RawFlowRule {
                 name: None,

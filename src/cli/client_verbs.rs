@@ -149,8 +149,13 @@ pub(super) async fn list_approvals(client: ClientArgs) -> Result<(), Failure> {
         if client.json {
             print_json(&ApprovalJson::of(a))?;
         } else {
+            // One line per approval, for scripts; why it is needed at its end.
+            let because = match a.needed_because.as_str() {
+                "" => String::new(),
+                why => format!("  (needed: {why})"),
+            };
             println!(
-                "{}  {} v{}  by {} ({})  args {}{more}",
+                "{}  {} v{}  by {} ({})  args {}{more}{because}",
                 a.approval_id, a.tool, a.tool_version, a.subject, a.run_id, a.arguments_preview
             );
         }
@@ -302,6 +307,7 @@ struct ApprovalJson<'a> {
     arguments_truncated: bool,
     arguments_sha256: &'a str,
     expires_at_unix_ms: i64,
+    needed_because: &'a str,
 }
 
 impl<'a> ApprovalJson<'a> {
@@ -317,6 +323,7 @@ impl<'a> ApprovalJson<'a> {
             arguments_truncated: a.arguments_truncated,
             arguments_sha256: &a.arguments_sha256,
             expires_at_unix_ms: a.expires_at_unix_ms,
+            needed_because: &a.needed_because,
         }
     }
 }
@@ -394,6 +401,7 @@ mod tests {
             expires_at_unix_ms: -5,
             decided_by: String::new(),
             reason: String::new(),
+            needed_because: "its risk level is write_confirmed".into(),
             risk_level: 3,
             arguments_preview: "{\"amount_cents\":2500,\"order_id\":\"A-1001\"}".into(),
             arguments_truncated: true,
@@ -448,7 +456,7 @@ mod tests {
                 r#""tool_version":"1","subject":"alice","agent":"support-bot","run_id":"run \"7\"","#,
                 r#""arguments_preview":"{\"amount_cents\":2500,\"order_id\":\"A-1001\"}","arguments_truncated":true,"#,
                 r#""arguments_sha256":"21a174553cffdf2a4452d987320366c19eb5364f346a4f1d4f2b3c0e1f2a3b4c","#,
-                r#""expires_at_unix_ms":-5}"#,
+                r#""expires_at_unix_ms":-5,"needed_because":"its risk level is write_confirmed"}"#,
             )
         );
         let decided = DecidedJson {

@@ -157,6 +157,9 @@ pub fn render(response: &proto::ExplainToolResponse, name: &str) -> String {
             );
         }
     }
+    if let Some(flow) = &response.flow {
+        let _ = writeln!(out, "{}", render_flow(flow));
+    }
     for condition in &response.conditions {
         let value = match (condition.error.as_str(), condition.cost) {
             ("", Some(cells)) => format!("costs {cells}"),
@@ -194,6 +197,45 @@ pub fn render(response: &proto::ExplainToolResponse, name: &str) -> String {
     out
 }
 
+/// `flow (run): has seen private_data (call c1: rag_search); this call adds external_send;
+/// rule no_exfiltration (flow.rules[0]) would deny it`.
+fn render_flow(flow: &proto::FlowExplanation) -> String {
+    let seen = match (flow.readable, flow.seen.is_empty()) {
+        (false, _) => "cannot be read (the shared state is unreachable)".to_owned(),
+        (true, true) => "has seen no label".to_owned(),
+        (true, false) => {
+            let labels: Vec<String> = flow
+                .seen
+                .iter()
+                .map(|l| {
+                    let calls: Vec<String> = l
+                        .calls
+                        .iter()
+                        .map(|c| format!("call {}: {}", c.call_id, c.tool))
+                        .collect();
+                    format!("{} ({})", l.label, calls.join(", "))
+                })
+                .collect();
+            format!("has seen {}", labels.join(", "))
+        }
+    };
+    let mut line = format!("flow ({}): {seen}", flow.scope);
+    if !flow.adds.is_empty() {
+        let _ = write!(line, "; this call adds {}", flow.adds.join(", "));
+    }
+    match flow.rule_action.as_str() {
+        "" => line.push_str("; no flow rule applies"),
+        action => {
+            let does = match action {
+                "deny" => "would deny it",
+                _ => "would require an approval",
+            };
+            let _ = write!(line, "; rule {} ({}) {does}", flow.rule, flow.rule_location);
+        }
+    }
+    line
+}
+
 /// The explanation as `--json` prints it, with the same names as the proto fields.
 pub fn to_json(response: &proto::ExplainToolResponse) -> ExplanationJson<'_> {
     ExplanationJson {
@@ -205,6 +247,7 @@ pub fn to_json(response: &proto::ExplainToolResponse) -> ExplanationJson<'_> {
         bound_override_attempts: &response.bound_override_attempts,
         catalog_revision: &response.catalog_revision,
         conditions: response.conditions.iter().map(ConditionJson::of).collect(),
+        flow: response.flow.as_ref().map(FlowJson::of),
     }
 }
 
@@ -225,6 +268,47 @@ pub struct ExplanationJson<'a> {
     /// Every condition evaluated; left out when there were none.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     conditions: Vec<ConditionJson<'a>>,
+    /// What the flow scope has seen and the rule that decides; left out without flow rules.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    flow: Option<FlowJson<'a>>,
+}
+
+/// The call's flow scope and the flow rule that decides it.
+#[derive(Serialize)]
+struct FlowJson<'a> {
+    scope: &'a str,
+    readable: bool,
+    /// Label -> the calls that brought it, as `{call_id, tool}`.
+    seen: serde_json::Map<String, Value>,
+    adds: &'a [String],
+    rule: &'a str,
+    rule_location: &'a str,
+    rule_action: &'a str,
+}
+
+impl<'a> FlowJson<'a> {
+    fn of(flow: &'a proto::FlowExplanation) -> Self {
+        FlowJson {
+            scope: &flow.scope,
+            readable: flow.readable,
+            seen: flow
+                .seen
+                .iter()
+                .map(|l| {
+                    let calls = l
+                        .calls
+                        .iter()
+                        .map(|c| serde_json::json!({ "call_id": c.call_id, "tool": c.tool }))
+                        .collect();
+                    (l.label.clone(), Value::Array(calls))
+                })
+                .collect(),
+            adds: &flow.adds,
+            rule: &flow.rule,
+            rule_location: &flow.rule_location,
+            rule_action: &flow.rule_action,
+        }
+    }
 }
 
 /// One condition evaluated: its value, or the error it decided closed on.
@@ -532,7 +616,50 @@ mod tests {
             bound_override_attempts: vec!["filter.tenant".into()],
             catalog_revision: "e42c15ad0444703a595d78a7caa1198a".into(),
             conditions: Vec::new(),
+            flow: None,
         }
+    }
+
+    #[test]
+    fn the_flow_scope_and_its_rule_are_shown_in_text_and_json() {
+        let mut explanation = explanation();
+        explanation.flow = Some(proto::FlowExplanation {
+            scope: "run".into(),
+            seen: vec![proto::FlowLabel {
+                label: "private_data".into(),
+                calls: vec![proto::FlowCall {
+                    call_id: "c1".into(),
+                    tool: "rag_search".into(),
+                }],
+            }],
+            readable: true,
+            adds: vec!["external_send".into()],
+            rule: "no_exfiltration".into(),
+            rule_location: "flow.rules[0]".into(),
+            rule_action: "deny".into(),
+        });
+        let text = render(&explanation, "send_email");
+        assert!(
+            text.contains("\nflow (run): has seen private_data (call c1: rag_search); this call adds external_send; rule no_exfiltration (flow.rules[0]) would deny it\n"),
+            "{text}"
+        );
+        let json = serde_json::to_string(&to_json(&explanation)).unwrap();
+        assert!(
+            json.ends_with(concat!(
+                r#","flow":{"scope":"run","readable":true,"seen":{"private_data":[{"call_id":"c1","tool":"rag_search"}]},"#,
+                r#""adds":["external_send"],"rule":"no_exfiltration","rule_location":"flow.rules[0]","rule_action":"deny"}}"#
+            )),
+            "{json}"
+        );
+        explanation.flow = Some(proto::FlowExplanation {
+            scope: "caller".into(),
+            ..Default::default()
+        });
+        assert!(
+            render(&explanation, "send_email").contains(
+                "\nflow (caller): cannot be read (the shared state is unreachable); no flow rule applies\n"
+            )
+        );
     }
 
     fn listing() -> proto::ExplainListToolsResponse {

@@ -56,6 +56,10 @@ pub struct TestCase {
     pub identity: TestIdentity,
     /// The call to explain; leave it out for a case about the visible tools only.
     pub call: Option<TestCall>,
+    /// Tools taken to have run before the call in its flow scope, in order (e.g. `[rag_search,
+    /// fetch_url]`): the flow rules see their labels, brought by calls `history[0]`, … Without
+    /// it, the scope has seen nothing.
+    pub history: Option<Vec<String>>,
     /// What must come out.
     pub expect: Expectation,
 }
@@ -116,8 +120,11 @@ pub struct Expectation {
     pub error_type: Option<String>,
     /// The stage that refuses, e.g. `access`.
     pub refused_by: Option<String>,
-    /// Where the access rule that refuses is defined, e.g. `tenants.globex.deny[0]`.
+    /// Where the access rule that refuses is defined, e.g. `tenants.globex.deny[0]` (a flow
+    /// rule that refuses: `flow.rules[0]`).
     pub rule: Option<String>,
+    /// The name of the flow rule that decides the call (denies it or requires its approval).
+    pub flow_rule: Option<String>,
     /// The version the call resolves to.
     pub tool_version: Option<String>,
     /// Values the server binds, by dotted path, e.g. `{ filter.tenant: acme }`.
@@ -194,6 +201,7 @@ fn check_case(case: &TestCase, catalog: &Catalog) -> Result<(), String> {
         || expect.error_type.is_some()
         || expect.refused_by.is_some()
         || expect.rule.is_some()
+        || expect.flow_rule.is_some()
         || expect.tool_version.is_some()
         || expect.bound_arguments.is_some()
         || expect.arguments.is_some()
@@ -205,6 +213,14 @@ fn check_case(case: &TestCase, catalog: &Catalog) -> Result<(), String> {
             return Err("expects nothing: give expect.status, expect.tools, …".into());
         }
         _ => {}
+    }
+    if let Some(history) = &case.history {
+        if case.call.is_none() {
+            return Err("gives a history but no call to explain after it".into());
+        }
+        if let Some(name) = history.iter().find(|name| !catalog.contains(name)) {
+            return Err(format!("history: no tool {name:?} in the catalog"));
+        }
     }
     if let Some(call) = &case.call
         && call.arguments.is_some()
@@ -304,9 +320,18 @@ pub async fn run(config: Option<&Path>, tests: &Path, coverage: bool) -> Result<
         };
         let mut diff = String::new();
         if let Some(call) = &case.call {
-            let mut explained = boundary
-                .explain(&turn(&caller, call), &call_request(call), 0)
-                .await;
+            let (turn, request) = (turn(&caller, call), call_request(call));
+            let explained = match &case.history {
+                None => Ok(boundary.explain(&turn, &request, 0).await),
+                Some(history) => boundary.explain_after(&turn, &request, history).await,
+            };
+            let mut explained = match explained {
+                Ok(explained) => explained,
+                Err(message) => {
+                    report.fail(i, case, format!("  {message}\n"));
+                    continue;
+                }
+            };
             let findings = screen_output(&boundary, &caller, call, &mut explained);
             report.seen_call(&call.name, &explained);
             diff.push_str(&compare_call(&case.expect, &explained));
@@ -568,6 +593,16 @@ fn compare_call(expect: &Expectation, explained: &Explanation) -> String {
             .unwrap_or_default(),
     );
     check(
+        "flow_rule",
+        expect.flow_rule.clone(),
+        explained
+            .flow
+            .as_ref()
+            .and_then(|f| f.rule.as_ref())
+            .map(|(name, _, _)| name.clone())
+            .unwrap_or_default(),
+    );
+    check(
         "tool_version",
         expect.tool_version.clone(),
         outcome.tool_version.clone(),
@@ -678,6 +713,8 @@ struct Report {
     /// Conditions (by location) seen true, and seen false, in some case.
     conditions_held: BTreeSet<String>,
     conditions_not_held: BTreeSet<String>,
+    /// Flow rules (by location) that decided some case.
+    flow_rules_fired: BTreeSet<String>,
 }
 
 impl Report {
@@ -703,6 +740,9 @@ impl Report {
             && rule.effect == "deny"
         {
             self.deny_rules_matched.insert(rule.location.clone());
+        }
+        if let Some((_, location, _)) = explained.flow.as_ref().and_then(|f| f.rule.as_ref()) {
+            self.flow_rules_fired.insert(location.clone());
         }
     }
 
@@ -804,5 +844,23 @@ fn print_coverage(catalog: &Catalog, report: &Report) -> bool {
     for line in &half_covered {
         println!("{line}");
     }
-    uncovered.is_empty() && unmatched.is_empty() && half_covered.is_empty()
+    let flow_rules = catalog.flow.as_deref().map_or(&[][..], |f| &f.rules[..]);
+    let unfired: Vec<_> = flow_rules
+        .iter()
+        .filter(|r| !report.flow_rules_fired.contains(&r.location))
+        .collect();
+    if !flow_rules.is_empty() {
+        println!(
+            "flow rules: {}/{} decided a case",
+            flow_rules.len() - unfired.len(),
+            flow_rules.len()
+        );
+    }
+    for rule in &unfired {
+        println!(
+            "  flow rule {} ({}) decided no case: give a case a history",
+            rule.location, rule.name
+        );
+    }
+    uncovered.is_empty() && unmatched.is_empty() && half_covered.is_empty() && unfired.is_empty()
 }

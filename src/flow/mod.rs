@@ -3,15 +3,15 @@
 //! agent and the client's run id) or a caller (tenant, subject and agent); it is forgotten a
 //! window after its last labelled call.
 //!
-//! In memory, scopes are this sidecar's, at most [`MAX_SCOPES_PER_TENANT`] per tenant (a new one
-//! past that evicts the tenant's oldest). With `state: redis` they live in one hash per scope
+//! A tenant keeps at most `flow.max_scopes_per_tenant` scopes (a new one past that evicts the
+//! tenant's least recently labelled). In memory, scopes are this sidecar's. With `state: redis` they live in one hash per scope
 //! (`<prefix>{tenant}:flow:<scope>`, label -> the calls that brought it, expiring with the
 //! window), so a run that reads on one sidecar cannot send from another.
 
 mod redis;
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -20,13 +20,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::{clock::SharedClock, state::StateError};
 
-/// Most scopes one tenant keeps in a sidecar's memory.
-pub const MAX_SCOPES_PER_TENANT: usize = 10_000;
 /// Calls remembered per label of a scope: the first ones that brought it.
 pub const MAX_SOURCES_PER_LABEL: usize = 2;
 
 /// One flow scope: its tenant and a digest of who (and, for runs, which run).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ScopeKey {
     pub tenant: Arc<str>,
     pub id: String,
@@ -59,6 +57,16 @@ pub struct Source {
 /// What a scope has seen: each label's name and the calls that brought it.
 pub type Seen = BTreeMap<String, Vec<Source>>;
 
+/// Adds `labels`, brought by `source`, to what a scope has seen (the first calls of each).
+pub fn add(seen: &mut Seen, labels: &[&str], source: &Source) {
+    for label in labels {
+        let sources = seen.entry((*label).to_owned()).or_default();
+        if sources.len() < MAX_SOURCES_PER_LABEL {
+            sources.push(source.clone());
+        }
+    }
+}
+
 struct Entry {
     seen: Seen,
     expires_at_ms: i64,
@@ -69,7 +77,8 @@ struct Entry {
 #[derive(Default)]
 pub struct Memory {
     scopes: HashMap<ScopeKey, Entry>,
-    per_tenant: HashMap<Arc<str>, usize>,
+    /// Each tenant's scopes, least recently labelled first.
+    per_tenant: HashMap<Arc<str>, BTreeSet<(i64, ScopeKey)>>,
 }
 
 /// Where scopes are kept.
@@ -118,13 +127,15 @@ impl FlowStore {
         }
     }
 
-    /// Adds `labels`, brought by this call, to the scope, which is then kept for `window`.
+    /// Adds `labels`, brought by this call, to the scope, which is then kept for `window`; a
+    /// tenant keeps at most `max_scopes` (its least recently labelled go first).
     pub async fn record(
         &self,
         key: &ScopeKey,
         labels: &[&str],
         source: &Source,
         window: Duration,
+        max_scopes: usize,
     ) -> Result<(), StateError> {
         if labels.is_empty() {
             return Ok(());
@@ -135,10 +146,12 @@ impl FlowStore {
                 let expires_at_ms =
                     now.saturating_add(i64::try_from(window.as_millis()).unwrap_or(i64::MAX));
                 let mut memory = inner.lock().unwrap_or_else(|p| p.into_inner());
-                memory.record(key, labels, source, now, expires_at_ms);
+                memory.record(key, labels, source, now, expires_at_ms, max_scopes);
                 Ok(())
             }
-            FlowStore::Redis(redis) => redis::record(redis, key, labels, source, window).await,
+            FlowStore::Redis(redis) => {
+                redis::record(redis, key, labels, source, window, max_scopes).await
+            }
         }
     }
 }
@@ -151,60 +164,37 @@ impl Memory {
         source: &Source,
         now: i64,
         expires_at_ms: i64,
+        max_scopes: usize,
     ) {
-        let fresh = match self.scopes.get(key) {
-            Some(entry) => entry.expires_at_ms <= now,
-            None => true,
+        let order = self.per_tenant.entry(key.tenant.clone()).or_default();
+        let entry = match self.scopes.get_mut(key) {
+            Some(entry) => {
+                order.remove(&(entry.last_ms, key.clone()));
+                if entry.expires_at_ms <= now {
+                    entry.seen.clear();
+                }
+                entry
+            }
+            None => {
+                // Past the bound, the tenant's least recently labelled scopes go (an expired one
+                // is among them).
+                while order.len() >= max_scopes.max(1) {
+                    let Some((_, oldest)) = order.pop_first() else {
+                        break;
+                    };
+                    self.scopes.remove(&oldest);
+                }
+                self.scopes.entry(key.clone()).or_insert(Entry {
+                    seen: Seen::new(),
+                    expires_at_ms,
+                    last_ms: now,
+                })
+            }
         };
-        if fresh && !self.scopes.contains_key(key) {
-            let count = self.per_tenant.get(&key.tenant).copied().unwrap_or(0);
-            if count >= MAX_SCOPES_PER_TENANT {
-                self.evict_oldest(&key.tenant, now);
-            }
-            *self.per_tenant.entry(key.tenant.clone()).or_default() += 1;
-        }
-        let entry = self.scopes.entry(key.clone()).or_insert_with(|| Entry {
-            seen: Seen::new(),
-            expires_at_ms,
-            last_ms: now,
-        });
-        if fresh {
-            entry.seen.clear();
-        }
-        for label in labels {
-            let sources = entry.seen.entry((*label).to_owned()).or_default();
-            if sources.len() < MAX_SOURCES_PER_LABEL {
-                sources.push(source.clone());
-            }
-        }
+        add(&mut entry.seen, labels, source);
         entry.expires_at_ms = expires_at_ms;
         entry.last_ms = now;
-    }
-
-    /// Makes room for one more scope of `tenant`: its expired scopes go, else its oldest.
-    fn evict_oldest(&mut self, tenant: &Arc<str>, now: i64) {
-        let mine: Vec<(ScopeKey, i64, bool)> = self
-            .scopes
-            .iter()
-            .filter(|(k, _)| &k.tenant == tenant)
-            .map(|(k, e)| (k.clone(), e.last_ms, e.expires_at_ms <= now))
-            .collect();
-        let mut gone: Vec<ScopeKey> = mine
-            .iter()
-            .filter(|(_, _, expired)| *expired)
-            .map(|(k, _, _)| k.clone())
-            .collect();
-        if gone.is_empty()
-            && let Some((oldest, _, _)) = mine.iter().min_by_key(|(_, last, _)| *last)
-        {
-            gone.push(oldest.clone());
-        }
-        for key in gone {
-            self.scopes.remove(&key);
-            if let Some(count) = self.per_tenant.get_mut(tenant) {
-                *count = count.saturating_sub(1);
-            }
-        }
+        order.insert((now, key.clone()));
     }
 }
 
@@ -236,7 +226,13 @@ mod tests {
         let window = Duration::from_secs(60);
         for i in 0..3 {
             store
-                .record(&run, &["private_data"], &source(&format!("c{i}")), window)
+                .record(
+                    &run,
+                    &["private_data"],
+                    &source(&format!("c{i}")),
+                    window,
+                    100,
+                )
                 .await
                 .unwrap();
         }
@@ -245,7 +241,7 @@ mod tests {
         assert!(store.seen(&other_run).await.unwrap().is_empty());
         clock.advance(Duration::from_secs(59));
         store
-            .record(&run, &["untrusted_content"], &source("c9"), window)
+            .record(&run, &["untrusted_content"], &source("c9"), window, 100)
             .await
             .unwrap();
         clock.advance(Duration::from_secs(59));
@@ -259,32 +255,53 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_tenant_keeps_a_bounded_number_of_scopes() {
+    async fn a_tenant_keeps_a_bounded_number_of_scopes_the_least_recently_labelled_go_first() {
         let clock = ManualClock::new(0);
         let store = FlowStore::Memory {
             clock: SharedClock::new(clock.clone()),
             inner: Mutex::new(Memory::default()),
         };
-        let acme: Arc<str> = "acme".into();
+        let (acme, globex): (Arc<str>, Arc<str>) = ("acme".into(), "globex".into());
         let window = Duration::from_secs(3600);
-        for i in 0..MAX_SCOPES_PER_TENANT + 5 {
-            let key = ScopeKey::new(&acme, "alice", "bot", Some(&i.to_string()));
+        let run = |tenant: &Arc<str>, i: usize| {
+            ScopeKey::new(tenant, "alice", "bot", Some(&i.to_string()))
+        };
+        for i in 0..5 {
             store
-                .record(&key, &["a"], &source("c"), window)
+                .record(&run(&acme, i), &["a"], &source("c"), window, 3)
+                .await
+                .unwrap();
+            clock.advance(Duration::from_millis(1));
+            // Run 0 stays in use: it is never the least recently labelled.
+            store
+                .record(&run(&acme, 0), &["b"], &source("c"), window, 3)
                 .await
                 .unwrap();
             clock.advance(Duration::from_millis(1));
         }
+        store
+            .record(&run(&globex, 0), &["a"], &source("c"), window, 3)
+            .await
+            .unwrap();
         let FlowStore::Memory { inner, .. } = &store else {
             unreachable!()
         };
         {
             let memory = inner.lock().unwrap();
-            assert_eq!(memory.scopes.len(), MAX_SCOPES_PER_TENANT);
-            assert_eq!(memory.per_tenant[&acme], MAX_SCOPES_PER_TENANT);
+            assert_eq!(memory.scopes.len(), 4, "three of acme's, one of globex's");
+            assert_eq!(memory.per_tenant[&acme].len(), 3);
+            assert_eq!(memory.per_tenant[&globex].len(), 1);
         }
-        // The oldest went first.
-        let first = ScopeKey::new(&acme, "alice", "bot", Some("0"));
-        assert!(store.seen(&first).await.unwrap().is_empty());
+        let kept = |i| run(&acme, i);
+        assert_eq!(store.seen(&kept(0)).await.unwrap().len(), 2);
+        for gone in [1, 2] {
+            assert!(
+                store.seen(&kept(gone)).await.unwrap().is_empty(),
+                "run {gone}"
+            );
+        }
+        for i in [3, 4] {
+            assert_eq!(store.seen(&kept(i)).await.unwrap().len(), 1, "run {i}");
+        }
     }
 }

@@ -174,6 +174,7 @@ pub fn approval(a: Approval) -> proto::Approval {
         decided_by: a.decided_by,
         reason: a.reason,
         risk_level: risk_level(a.risk_level) as i32,
+        needed_because: a.needed_because,
     }
 }
 

@@ -5,7 +5,7 @@ use super::convert;
 use crate::{
     boundary::{
         access::Rule,
-        explain::{Explanation, StageResult, StageTrail, Visibility},
+        explain::{Explanation, FlowTrail, StageResult, StageTrail, Visibility},
     },
     conditions::{Evaluated, Found},
     proto,
@@ -25,6 +25,36 @@ pub fn explanation(explained: Explanation) -> proto::ExplainToolResponse {
         catalog_revision: explained.catalog_revision,
         conditions: explained.conditions.into_iter().map(condition).collect(),
         decision: Some(convert::tool_result(explained.outcome)),
+        flow: explained.flow.map(flow),
+    }
+}
+
+fn flow(trail: FlowTrail) -> proto::FlowExplanation {
+    let (rule, rule_location, rule_action) = trail
+        .rule
+        .map(|(name, location, action)| (name, location, action.to_owned()))
+        .unwrap_or_default();
+    proto::FlowExplanation {
+        scope: trail.scope.to_owned(),
+        seen: trail
+            .seen
+            .into_iter()
+            .map(|(label, calls)| proto::FlowLabel {
+                label,
+                calls: calls
+                    .into_iter()
+                    .map(|c| proto::FlowCall {
+                        call_id: c.call_id,
+                        tool: c.tool,
+                    })
+                    .collect(),
+            })
+            .collect(),
+        readable: trail.readable,
+        adds: trail.adds,
+        rule,
+        rule_location,
+        rule_action,
     }
 }
 

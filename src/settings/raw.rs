@@ -727,6 +727,9 @@ pub struct RawFlow {
     pub scope: RawFlowScope,
     /// How long a scope's labels are remembered after its last labelled call (default 1h).
     pub window: Option<String>,
+    /// Most scopes one tenant keeps; past it, a new scope evicts the tenant's least recently
+    /// labelled one (default 10000).
+    pub max_scopes_per_tenant: Option<usize>,
     /// The label names tools may carry (at most 64).
     pub labels: Vec<String>,
     /// The rules, each checked for every call of a tool that carries a label it names.

@@ -49,6 +49,10 @@ fn the_shipped_demo_cases_pass_and_cover_every_tool_and_deny_rule() {
         stdout.contains("coverage: 7/7 tools have a case; 2/2 deny rules decided a case"),
         "{stdout}"
     );
+    assert!(
+        stdout.contains("flow rules: 1/1 decided a case"),
+        "{stdout}"
+    );
     // Without --config, the embedded demo is the catalog.
     let (code, stdout, _) = toolgate_test(&["examples/demo.tests.yaml"], &[]);
     assert_eq!(code, Some(0), "{stdout}");
@@ -136,6 +140,89 @@ cases:
     assert!(
         stdout.contains(r#"  deny rule tenants.globex.deny[0] ("delete_ticket") decided no case"#),
         "{stdout}"
+    );
+}
+
+/// A case's `history` is what the flow rules see before the call; a wrong expectation shows
+/// the scope in the trail; a history naming no tool is refused; coverage wants every flow rule
+/// to decide a case.
+#[test]
+fn a_history_gives_the_flow_rules_what_ran_before_the_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let tests = write(
+        dir.path(),
+        "history.yaml",
+        r#"version: 1
+cases:
+  - name: a small refund after reading a ticket runs at once
+    identity: { tenant: acme, subject: alice, scopes: [tickets:read] }
+    history: [rag_search, query_ticket]
+    call: { name: refund_order, arguments: { order_id: A-1, amount_cents: 500 } }
+    expect: { status: OK, flow_rule: "" }
+  - name: without a ticket read, it runs at once
+    identity: { tenant: acme, subject: alice }
+    history: [rag_search]
+    call: { name: refund_order, arguments: { order_id: A-1, amount_cents: 500 } }
+    expect: { status: OK }
+"#,
+    );
+    let (code, stdout, stderr) = toolgate_test(
+        &["--config", "examples/demo.yaml", &tests, "--coverage"],
+        &[],
+    );
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    for line in [
+        "FAIL  a small refund after reading a ticket runs at once (cases[0])",
+        "  status: expected OK, got APPROVAL_REQUIRED",
+        "  flow_rule: expected , got refund_after_reading_a_ticket",
+        "flow (run): has seen untrusted_content (call history[1]: query_ticket); this call adds moves_money; rule refund_after_reading_a_ticket (flow.rules[0]) would require an approval",
+        "ok    without a ticket read, it runs at once",
+        ": 1 passed, 1 failed",
+        "flow rules: 1/1 decided a case",
+    ] {
+        assert!(stdout.contains(line), "no {line:?} in:\n{stdout}");
+    }
+    // Without a case whose history makes it fire, the rule is not covered.
+    let passing = write(
+        dir.path(),
+        "passing.yaml",
+        r#"version: 1
+cases:
+  - name: without a ticket read, it runs at once
+    identity: { tenant: acme, subject: alice }
+    history: [rag_search]
+    call: { name: refund_order, arguments: { order_id: A-1, amount_cents: 500 } }
+    expect: { status: OK }
+"#,
+    );
+    let (code, stdout, _) = toolgate_test(
+        &["--config", "examples/demo.yaml", &passing, "--coverage"],
+        &[],
+    );
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(
+        stdout.contains("flow rules: 0/1 decided a case\n  flow rule flow.rules[0] (refund_after_reading_a_ticket) decided no case: give a case a history"),
+        "{stdout}"
+    );
+    let unknown = write(
+        dir.path(),
+        "unknown.yaml",
+        r#"version: 1
+cases:
+  - name: after a made-up tool
+    identity: { tenant: acme }
+    history: [fetch_url]
+    call: { name: echo, arguments: { text: hi } }
+    expect: { status: OK }
+"#,
+    );
+    let (code, stdout, stderr) = toolgate_test(&["--config", "examples/demo.yaml", &unknown], &[]);
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    assert!(
+        stderr.contains(
+            r#"cases[0] (after a made-up tool): history: no tool "fetch_url" in the catalog"#
+        ),
+        "{stderr}"
     );
 }
 

@@ -126,8 +126,27 @@ async fn a_require_approval_rule_sends_the_call_through_the_approval_and_a_calle
         "{}",
         r.error_message
     );
-    // Approved by another identity, the same call runs.
+    // The approver reads why: the rule and the call that brought its label.
     let mut approvals = server.approvals().await;
+    let pending = approvals
+        .get_approval(
+            who("acme")
+                .subject("bob")
+                .scopes("toolgate:approve")
+                .request(proto::GetApprovalRequest {
+                    approval_id: r.approval_id.clone(),
+                }),
+        )
+        .await
+        .expect("get approval")
+        .into_inner()
+        .approval
+        .unwrap();
+    assert_eq!(
+        pending.needed_because,
+        "flow rule review_sends: this caller has seen untrusted_content (call c1: fetch_url)"
+    );
+    // Approved by another identity, the same call runs.
     approvals
         .decide_approval(
             who("acme")
@@ -214,8 +233,155 @@ async fn without_redis_the_tools_a_rule_governs_fail_closed_and_the_others_run()
         "{}",
         r.error_message
     );
+    // Explain says the same, and that the scope cannot be read.
+    let explained = explain_in_run(&server, "r1", "send_email").await;
+    assert_eq!(explained.decision.unwrap().error_type, "state_unavailable");
+    assert!(!explained.flow.unwrap().readable);
     // rag_search is governed by no rule: it runs (its labels cannot be recorded; logged).
     let r = run_call(&server, "r1", "c3", "rag_search").await;
     assert_eq!(r.status(), ToolStatus::Ok, "{r:?}");
     server.stop().await;
 }
+
+/// ExplainTool, in `run`, by alice: what send_email would get now.
+async fn explain_in_run(server: &TestServer, run: &str, tool: &str) -> proto::ExplainToolResponse {
+    let request = crate::support::execute_request(call(tool, "{}"));
+    server
+        .client()
+        .await
+        .explain_tool(
+            who("acme")
+                .subject("alice")
+                .request(proto::ExplainToolRequest {
+                    call: request.call,
+                    run_id: run.into(),
+                    step: 0,
+                    catalog_revision: String::new(),
+                }),
+        )
+        .await
+        .expect("ExplainTool answers")
+        .into_inner()
+}
+
+fn seen(explained: &proto::ExplainToolResponse) -> Vec<(String, Vec<String>)> {
+    let flow = explained.flow.as_ref().expect("a flow trail");
+    flow.seen
+        .iter()
+        .map(|l| {
+            let calls = l
+                .calls
+                .iter()
+                .map(|c| format!("{}: {}", c.call_id, c.tool))
+                .collect();
+            (l.label.clone(), calls)
+        })
+        .collect()
+}
+
+async fn explain_shows_the_scope_and_the_rule_that_would_fire(backend: Backend) {
+    let server = TestServer::start_on(backend, CATALOG).await;
+    assert_eq!(
+        run_call(&server, "r1", "c1", "rag_search").await.status(),
+        ToolStatus::Ok
+    );
+    let explained = explain_in_run(&server, "r1", "send_email").await;
+    assert!(explained.would_execute, "{explained:?}");
+    assert_eq!(
+        seen(&explained),
+        [("private_data".to_owned(), vec!["c1: rag_search".to_owned()])]
+    );
+    let flow = explained.flow.as_ref().unwrap();
+    assert_eq!(
+        (
+            flow.scope.as_str(),
+            flow.readable,
+            &flow.adds[..],
+            flow.rule.as_str()
+        ),
+        ("run", true, &["external_send".to_owned()][..], "")
+    );
+    // Explaining records nothing: a read explained in r1 adds no label.
+    let explained = explain_in_run(&server, "r1", "fetch_url").await;
+    assert_eq!(explained.flow.as_ref().unwrap().adds, ["untrusted_content"]);
+    assert_eq!(
+        explain_in_run(&server, "r1", "send_email")
+            .await
+            .flow
+            .unwrap()
+            .rule,
+        ""
+    );
+    assert_eq!(
+        run_call(&server, "r1", "c2", "fetch_url").await.status(),
+        ToolStatus::Ok
+    );
+    let explained = explain_in_run(&server, "r1", "send_email").await;
+    let decision = explained.decision.as_ref().unwrap();
+    assert_eq!(
+        (decision.error_type.as_str(), decision.refused_by.as_str()),
+        ("flow_denied", "access"),
+        "{explained:?}"
+    );
+    let flow = explained.flow.as_ref().unwrap();
+    assert_eq!(
+        (
+            flow.rule.as_str(),
+            flow.rule_location.as_str(),
+            flow.rule_action.as_str()
+        ),
+        ("no_exfiltration", "flow.rules[0]", "deny")
+    );
+    assert_eq!(seen(&explained).len(), 2, "{explained:?}");
+    let access = explained
+        .stages
+        .iter()
+        .find(|s| s.stage == "access")
+        .unwrap();
+    assert_eq!(access.result(), proto::StageResult::Refused);
+    assert_eq!(access.rules[0].location, "flow.rules[0]");
+    assert!(
+        access.detail.contains("call c2: fetch_url"),
+        "{}",
+        access.detail
+    );
+    // The stages after access are not reached; execute would refuse the same.
+    let quota = explained
+        .stages
+        .iter()
+        .find(|s| s.stage == "rate_limit")
+        .unwrap();
+    assert_eq!(quota.result(), proto::StageResult::NotReached);
+    let r = run_call(&server, "r1", "c3", "send_email").await;
+    assert_eq!(r.error_message, decision.error_message);
+    // Another run has seen nothing.
+    let explained = explain_in_run(&server, "r2", "send_email").await;
+    assert!(explained.would_execute && seen(&explained).is_empty());
+    server.stop().await;
+}
+
+on_both_backends!(explain_shows_the_scope_and_the_rule_that_would_fire);
+
+/// A tenant keeps at most `max_scopes_per_tenant` scopes; past it the least recently labelled
+/// goes, taking its labels with it: the documented price of bounded state.
+async fn a_tenant_keeps_a_bounded_number_of_scopes(backend: Backend) {
+    let yaml = CATALOG.replace("  rules:\n", "  max_scopes_per_tenant: 2\n  rules:\n");
+    let server = TestServer::start_on(backend, &yaml).await;
+    for run in ["r1", "r2", "r3"] {
+        for tool in ["rag_search", "fetch_url"] {
+            let r = run_call(&server, run, &format!("{run}-{tool}"), tool).await;
+            assert_eq!(r.status(), ToolStatus::Ok, "{r:?}");
+        }
+        // Which run was labelled last is told by the (test server's manual) clock.
+        server.clock.advance(std::time::Duration::from_millis(1));
+    }
+    for run in ["r2", "r3"] {
+        let r = run_call(&server, run, "send", "send_email").await;
+        assert_eq!(r.error_type, "flow_denied", "{run}: {r:?}");
+    }
+    let r = run_call(&server, "r1", "send", "send_email").await;
+    assert_eq!(r.status(), ToolStatus::Ok, "r1 was evicted: {r:?}");
+    server.stop().await;
+}
+
+on_both_backends!(a_tenant_keeps_a_bounded_number_of_scopes);

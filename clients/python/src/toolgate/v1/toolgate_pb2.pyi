@@ -282,7 +282,7 @@ class StageExplanation(_message.Message):
     def __init__(self, stage: _Optional[str] = ..., result: _Optional[_Union[StageResult, str]] = ..., detail: _Optional[str] = ..., rules: _Optional[_Iterable[_Union[CatalogRule, _Mapping]]] = ..., missing_scope: _Optional[str] = ..., schema_violations: _Optional[_Iterable[str]] = ..., bound_arguments: _Optional[_Iterable[_Union[BoundArgument, _Mapping]]] = ..., quotas: _Optional[_Iterable[_Union[QuotaExplanation, _Mapping]]] = ...) -> None: ...
 
 class ExplainToolResponse(_message.Message):
-    __slots__ = ("decision", "would_execute", "stages", "final_arguments_json", "arguments_sha256", "bound_override_attempts", "catalog_revision", "conditions")
+    __slots__ = ("decision", "would_execute", "stages", "final_arguments_json", "arguments_sha256", "bound_override_attempts", "catalog_revision", "conditions", "flow")
     DECISION_FIELD_NUMBER: _ClassVar[int]
     WOULD_EXECUTE_FIELD_NUMBER: _ClassVar[int]
     STAGES_FIELD_NUMBER: _ClassVar[int]
@@ -291,6 +291,7 @@ class ExplainToolResponse(_message.Message):
     BOUND_OVERRIDE_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     CATALOG_REVISION_FIELD_NUMBER: _ClassVar[int]
     CONDITIONS_FIELD_NUMBER: _ClassVar[int]
+    FLOW_FIELD_NUMBER: _ClassVar[int]
     decision: ToolResult
     would_execute: bool
     stages: _containers.RepeatedCompositeFieldContainer[StageExplanation]
@@ -299,7 +300,42 @@ class ExplainToolResponse(_message.Message):
     bound_override_attempts: _containers.RepeatedScalarFieldContainer[str]
     catalog_revision: str
     conditions: _containers.RepeatedCompositeFieldContainer[ConditionEvaluation]
-    def __init__(self, decision: _Optional[_Union[ToolResult, _Mapping]] = ..., would_execute: _Optional[bool] = ..., stages: _Optional[_Iterable[_Union[StageExplanation, _Mapping]]] = ..., final_arguments_json: _Optional[str] = ..., arguments_sha256: _Optional[str] = ..., bound_override_attempts: _Optional[_Iterable[str]] = ..., catalog_revision: _Optional[str] = ..., conditions: _Optional[_Iterable[_Union[ConditionEvaluation, _Mapping]]] = ...) -> None: ...
+    flow: FlowExplanation
+    def __init__(self, decision: _Optional[_Union[ToolResult, _Mapping]] = ..., would_execute: _Optional[bool] = ..., stages: _Optional[_Iterable[_Union[StageExplanation, _Mapping]]] = ..., final_arguments_json: _Optional[str] = ..., arguments_sha256: _Optional[str] = ..., bound_override_attempts: _Optional[_Iterable[str]] = ..., catalog_revision: _Optional[str] = ..., conditions: _Optional[_Iterable[_Union[ConditionEvaluation, _Mapping]]] = ..., flow: _Optional[_Union[FlowExplanation, _Mapping]] = ...) -> None: ...
+
+class FlowExplanation(_message.Message):
+    __slots__ = ("scope", "seen", "readable", "adds", "rule", "rule_location", "rule_action")
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    SEEN_FIELD_NUMBER: _ClassVar[int]
+    READABLE_FIELD_NUMBER: _ClassVar[int]
+    ADDS_FIELD_NUMBER: _ClassVar[int]
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    RULE_LOCATION_FIELD_NUMBER: _ClassVar[int]
+    RULE_ACTION_FIELD_NUMBER: _ClassVar[int]
+    scope: str
+    seen: _containers.RepeatedCompositeFieldContainer[FlowLabel]
+    readable: bool
+    adds: _containers.RepeatedScalarFieldContainer[str]
+    rule: str
+    rule_location: str
+    rule_action: str
+    def __init__(self, scope: _Optional[str] = ..., seen: _Optional[_Iterable[_Union[FlowLabel, _Mapping]]] = ..., readable: _Optional[bool] = ..., adds: _Optional[_Iterable[str]] = ..., rule: _Optional[str] = ..., rule_location: _Optional[str] = ..., rule_action: _Optional[str] = ...) -> None: ...
+
+class FlowLabel(_message.Message):
+    __slots__ = ("label", "calls")
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    label: str
+    calls: _containers.RepeatedCompositeFieldContainer[FlowCall]
+    def __init__(self, label: _Optional[str] = ..., calls: _Optional[_Iterable[_Union[FlowCall, _Mapping]]] = ...) -> None: ...
+
+class FlowCall(_message.Message):
+    __slots__ = ("call_id", "tool")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    call_id: str
+    tool: str
+    def __init__(self, call_id: _Optional[str] = ..., tool: _Optional[str] = ...) -> None: ...
 
 class ConditionEvaluation(_message.Message):
     __slots__ = ("location", "expression", "value", "error", "cost", "variables_json")
@@ -350,7 +386,7 @@ class ExplainListToolsResponse(_message.Message):
     def __init__(self, tools: _Optional[_Iterable[_Union[ToolVisibility, _Mapping]]] = ..., catalog_revision: _Optional[str] = ...) -> None: ...
 
 class Approval(_message.Message):
-    __slots__ = ("approval_id", "tenant", "subject", "agent", "run_id", "tool", "tool_version", "arguments_sha256", "arguments_json", "state", "created_at_unix_ms", "expires_at_unix_ms", "decided_by", "reason", "risk_level", "arguments_preview", "arguments_truncated")
+    __slots__ = ("approval_id", "tenant", "subject", "agent", "run_id", "tool", "tool_version", "arguments_sha256", "arguments_json", "state", "created_at_unix_ms", "expires_at_unix_ms", "decided_by", "reason", "risk_level", "arguments_preview", "arguments_truncated", "needed_because")
     APPROVAL_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     SUBJECT_FIELD_NUMBER: _ClassVar[int]
@@ -368,6 +404,7 @@ class Approval(_message.Message):
     RISK_LEVEL_FIELD_NUMBER: _ClassVar[int]
     ARGUMENTS_PREVIEW_FIELD_NUMBER: _ClassVar[int]
     ARGUMENTS_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    NEEDED_BECAUSE_FIELD_NUMBER: _ClassVar[int]
     approval_id: str
     tenant: str
     subject: str
@@ -385,7 +422,8 @@ class Approval(_message.Message):
     risk_level: RiskLevel
     arguments_preview: str
     arguments_truncated: bool
-    def __init__(self, approval_id: _Optional[str] = ..., tenant: _Optional[str] = ..., subject: _Optional[str] = ..., agent: _Optional[str] = ..., run_id: _Optional[str] = ..., tool: _Optional[str] = ..., tool_version: _Optional[str] = ..., arguments_sha256: _Optional[str] = ..., arguments_json: _Optional[str] = ..., state: _Optional[_Union[ApprovalState, str]] = ..., created_at_unix_ms: _Optional[int] = ..., expires_at_unix_ms: _Optional[int] = ..., decided_by: _Optional[str] = ..., reason: _Optional[str] = ..., risk_level: _Optional[_Union[RiskLevel, str]] = ..., arguments_preview: _Optional[str] = ..., arguments_truncated: _Optional[bool] = ...) -> None: ...
+    needed_because: str
+    def __init__(self, approval_id: _Optional[str] = ..., tenant: _Optional[str] = ..., subject: _Optional[str] = ..., agent: _Optional[str] = ..., run_id: _Optional[str] = ..., tool: _Optional[str] = ..., tool_version: _Optional[str] = ..., arguments_sha256: _Optional[str] = ..., arguments_json: _Optional[str] = ..., state: _Optional[_Union[ApprovalState, str]] = ..., created_at_unix_ms: _Optional[int] = ..., expires_at_unix_ms: _Optional[int] = ..., decided_by: _Optional[str] = ..., reason: _Optional[str] = ..., risk_level: _Optional[_Union[RiskLevel, str]] = ..., arguments_preview: _Optional[str] = ..., arguments_truncated: _Optional[bool] = ..., needed_because: _Optional[str] = ...) -> None: ...
 
 class ListApprovalsRequest(_message.Message):
     __slots__ = ("state", "page_size", "page_token")

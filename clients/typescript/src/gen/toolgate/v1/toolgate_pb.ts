@@ -19,7 +19,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file toolgate/v1/toolgate.proto.
  */
 export const file_toolgate_v1_toolgate: GenFile = /*@__PURE__*/
-  fileDesc("Chp0b29sZ2F0ZS92MS90b29sZ2F0ZS5wcm90bxILdG9vbGdhdGUudjEiuwIKDlRvb2xEZWZpbml0aW9uEgwKBG5hbWUYASABKAkSDwoHdmVyc2lvbhgCIAEoCRITCgtkZXNjcmlwdGlvbhgDIAEoCRIZChFpbnB1dF9zY2hlbWFfanNvbhgEIAEoCRIqCgpyaXNrX2xldmVsGAUgASgOMhYudG9vbGdhdGUudjEuUmlza0xldmVsEhcKD3JlcXVpcmVkX3Njb3BlcxgGIAMoCRISCgp0aW1lb3V0X21zGAcgASgNEjcKBmxhYmVscxgIIAMoCzInLnRvb2xnYXRlLnYxLlRvb2xEZWZpbml0aW9uLkxhYmVsc0VudHJ5EhkKEXJlcXVpcmVzX2FwcHJvdmFsGAkgASgIGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiEgoQTGlzdFRvb2xzUmVxdWVzdCJZChFMaXN0VG9vbHNSZXNwb25zZRIqCgV0b29scxgBIAMoCzIbLnRvb2xnYXRlLnYxLlRvb2xEZWZpbml0aW9uEhgKEGNhdGFsb2dfcmV2aXNpb24YAiABKAkigAEKCFRvb2xDYWxsEg8KB2NhbGxfaWQYASABKAkSDAoEbmFtZRgCIAEoCRIWCg5hcmd1bWVudHNfanNvbhgDIAEoCRIPCgd2ZXJzaW9uGAQgASgJEhcKD2lkZW1wb3RlbmN5X2tleRgFIAEoCRITCgthcHByb3ZhbF9pZBgGIAEoCSJxChJFeGVjdXRlVG9vbFJlcXVlc3QSIwoEY2FsbBgBIAEoCzIVLnRvb2xnYXRlLnYxLlRvb2xDYWxsEg4KBnJ1bl9pZBgCIAEoCRIMCgRzdGVwGAMgASgNEhgKEGNhdGFsb2dfcmV2aXNpb24YBCABKAkiPgoTRXhlY3V0ZVRvb2xSZXNwb25zZRInCgZyZXN1bHQYASABKAsyFy50b29sZ2F0ZS52MS5Ub29sUmVzdWx0IpsBChNFeGVjdXRlVG9vbHNSZXF1ZXN0EiQKBWNhbGxzGAEgAygLMhUudG9vbGdhdGUudjEuVG9vbENhbGwSDgoGcnVuX2lkGAIgASgJEgwKBHN0ZXAYAyABKA0SEAoIcGFyYWxsZWwYBCABKAgSFAoMbWF4X3BhcmFsbGVsGAUgASgNEhgKEGNhdGFsb2dfcmV2aXNpb24YBiABKAkiQAoURXhlY3V0ZVRvb2xzUmVzcG9uc2USKAoHcmVzdWx0cxgBIAMoCzIXLnRvb2xnYXRlLnYxLlRvb2xSZXN1bHQiyQIKClRvb2xSZXN1bHQSDwoHY2FsbF9pZBgBIAEoCRInCgZzdGF0dXMYAiABKA4yFy50b29sZ2F0ZS52MS5Ub29sU3RhdHVzEhIKBm91dHB1dBgDIAEoCUICGAESEgoKbW9kZWxfdGV4dBgEIAEoCRISCgplcnJvcl90eXBlGAUgASgJEhUKDWVycm9yX21lc3NhZ2UYBiABKAkSEQoJcmV0cnlhYmxlGAcgASgIEhQKDHVzZXJfdmlzaWJsZRgIIAEoCBIUCgx0b29sX3ZlcnNpb24YCSABKAkSEwoLYXBwcm92YWxfaWQYCiABKAkSFgoOcmV0cnlfYWZ0ZXJfbXMYCyABKAQSEwoLZHVyYXRpb25fbXMYDCABKAQSEgoKcmVmdXNlZF9ieRgNIAEoCRIZChFpZGVtcG90ZW50X3JlcGxheRgOIAEoCCJxChJFeHBsYWluVG9vbFJlcXVlc3QSIwoEY2FsbBgBIAEoCzIVLnRvb2xnYXRlLnYxLlRvb2xDYWxsEg4KBnJ1bl9pZBgCIAEoCRIMCgRzdGVwGAMgASgNEhgKEGNhdGFsb2dfcmV2aXNpb24YBCABKAkiQAoLQ2F0YWxvZ1J1bGUSEAoIbG9jYXRpb24YASABKAkSDwoHcGF0dGVybhgCIAEoCRIOCgZlZmZlY3QYAyABKAkiQQoNQm91bmRBcmd1bWVudBIMCgRwYXRoGAEgASgJEhIKCnZhbHVlX2pzb24YAiABKAkSDgoGc291cmNlGAMgASgJImIKEFF1b3RhRXhwbGFuYXRpb24SDQoFc2NvcGUYASABKAkSDAoEcmF0ZRgCIAEoCRINCgVidXJzdBgDIAEoDRIRCglyZW1haW5pbmcYBCABKAQSDwoHdHJhY2tlZBgFIAEoCCKaAgoQU3RhZ2VFeHBsYW5hdGlvbhINCgVzdGFnZRgBIAEoCRIoCgZyZXN1bHQYAiABKA4yGC50b29sZ2F0ZS52MS5TdGFnZVJlc3VsdBIOCgZkZXRhaWwYAyABKAkSJwoFcnVsZXMYBCADKAsyGC50b29sZ2F0ZS52MS5DYXRhbG9nUnVsZRIVCg1taXNzaW5nX3Njb3BlGAUgASgJEhkKEXNjaGVtYV92aW9sYXRpb25zGAYgAygJEjMKD2JvdW5kX2FyZ3VtZW50cxgHIAMoCzIaLnRvb2xnYXRlLnYxLkJvdW5kQXJndW1lbnQSLQoGcXVvdGFzGAggAygLMh0udG9vbGdhdGUudjEuUXVvdGFFeHBsYW5hdGlvbiKvAgoTRXhwbGFpblRvb2xSZXNwb25zZRIpCghkZWNpc2lvbhgBIAEoCzIXLnRvb2xnYXRlLnYxLlRvb2xSZXN1bHQSFQoNd291bGRfZXhlY3V0ZRgCIAEoCBItCgZzdGFnZXMYAyADKAsyHS50b29sZ2F0ZS52MS5TdGFnZUV4cGxhbmF0aW9uEhwKFGZpbmFsX2FyZ3VtZW50c19qc29uGAQgASgJEhgKEGFyZ3VtZW50c19zaGEyNTYYBSABKAkSHwoXYm91bmRfb3ZlcnJpZGVfYXR0ZW1wdHMYBiADKAkSGAoQY2F0YWxvZ19yZXZpc2lvbhgHIAEoCRI0Cgpjb25kaXRpb25zGAggAygLMiAudG9vbGdhdGUudjEuQ29uZGl0aW9uRXZhbHVhdGlvbiKNAQoTQ29uZGl0aW9uRXZhbHVhdGlvbhIQCghsb2NhdGlvbhgBIAEoCRISCgpleHByZXNzaW9uGAIgASgJEg0KBXZhbHVlGAMgASgIEg0KBWVycm9yGAQgASgJEhEKBGNvc3QYBSABKARIAIgBARIWCg52YXJpYWJsZXNfanNvbhgGIAEoCUIHCgVfY29zdCIZChdFeHBsYWluTGlzdFRvb2xzUmVxdWVzdCK2AQoOVG9vbFZpc2liaWxpdHkSDAoEbmFtZRgBIAEoCRIPCgd2ZXJzaW9uGAIgASgJEg8KB3Zpc2libGUYAyABKAgSEQoJaGlkZGVuX2J5GAQgASgJEhIKCmVycm9yX3R5cGUYBSABKAkSDgoGcmVhc29uGAYgASgJEiYKBHJ1bGUYByABKAsyGC50b29sZ2F0ZS52MS5DYXRhbG9nUnVsZRIVCg1taXNzaW5nX3Njb3BlGAggASgJImAKGEV4cGxhaW5MaXN0VG9vbHNSZXNwb25zZRIqCgV0b29scxgBIAMoCzIbLnRvb2xnYXRlLnYxLlRvb2xWaXNpYmlsaXR5EhgKEGNhdGFsb2dfcmV2aXNpb24YAiABKAkioAMKCEFwcHJvdmFsEhMKC2FwcHJvdmFsX2lkGAEgASgJEg4KBnRlbmFudBgCIAEoCRIPCgdzdWJqZWN0GAMgASgJEg0KBWFnZW50GAQgASgJEg4KBnJ1bl9pZBgFIAEoCRIMCgR0b29sGAYgASgJEhQKDHRvb2xfdmVyc2lvbhgHIAEoCRIYChBhcmd1bWVudHNfc2hhMjU2GAggASgJEhYKDmFyZ3VtZW50c19qc29uGAkgASgJEikKBXN0YXRlGAogASgOMhoudG9vbGdhdGUudjEuQXBwcm92YWxTdGF0ZRIaChJjcmVhdGVkX2F0X3VuaXhfbXMYCyABKAMSGgoSZXhwaXJlc19hdF91bml4X21zGAwgASgDEhIKCmRlY2lkZWRfYnkYDSABKAkSDgoGcmVhc29uGA4gASgJEioKCnJpc2tfbGV2ZWwYDyABKA4yFi50b29sZ2F0ZS52MS5SaXNrTGV2ZWwSGQoRYXJndW1lbnRzX3ByZXZpZXcYECABKAkSGwoTYXJndW1lbnRzX3RydW5jYXRlZBgRIAEoCCJoChRMaXN0QXBwcm92YWxzUmVxdWVzdBIpCgVzdGF0ZRgBIAEoDjIaLnRvb2xnYXRlLnYxLkFwcHJvdmFsU3RhdGUSEQoJcGFnZV9zaXplGAIgASgNEhIKCnBhZ2VfdG9rZW4YAyABKAkiWgoVTGlzdEFwcHJvdmFsc1Jlc3BvbnNlEigKCWFwcHJvdmFscxgBIAMoCzIVLnRvb2xnYXRlLnYxLkFwcHJvdmFsEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIpChJHZXRBcHByb3ZhbFJlcXVlc3QSEwoLYXBwcm92YWxfaWQYASABKAkiPgoTR2V0QXBwcm92YWxSZXNwb25zZRInCghhcHByb3ZhbBgBIAEoCzIVLnRvb2xnYXRlLnYxLkFwcHJvdmFsIm0KFURlY2lkZUFwcHJvdmFsUmVxdWVzdBITCgthcHByb3ZhbF9pZBgBIAEoCRIvCghkZWNpc2lvbhgCIAEoDjIdLnRvb2xnYXRlLnYxLkFwcHJvdmFsRGVjaXNpb24SDgoGcmVhc29uGAMgASgJIkEKFkRlY2lkZUFwcHJvdmFsUmVzcG9uc2USJwoIYXBwcm92YWwYASABKAsyFS50b29sZ2F0ZS52MS5BcHByb3ZhbCK6AQoNRW1lcmdlbmN5RGVueRIPCgdkZW55X2lkGAEgASgJEg0KBXRvb2xzGAIgASgJEg4KBnRlbmFudBgDIAEoCRINCgVhZ2VudBgEIAEoCRIOCgZyZWFzb24YBSABKAkSDgoGc2V0X2J5GAYgASgJEhYKDnNldF9hdF91bml4X21zGAcgASgDEhoKEmV4cGlyZXNfYXRfdW5peF9tcxgIIAEoAxIWCg5jYW5jZWxfcnVubmluZxgJIAEoCCKEAQoXU2V0RW1lcmdlbmN5RGVueVJlcXVlc3QSDQoFdG9vbHMYASABKAkSDgoGdGVuYW50GAIgASgJEg0KBWFnZW50GAMgASgJEg4KBnJlYXNvbhgEIAEoCRITCgt0dGxfc2Vjb25kcxgFIAEoDRIWCg5jYW5jZWxfcnVubmluZxgGIAEoCCJEChhTZXRFbWVyZ2VuY3lEZW55UmVzcG9uc2USKAoEZGVueRgBIAEoCzIaLnRvb2xnYXRlLnYxLkVtZXJnZW5jeURlbnkiLAoZQ2xlYXJFbWVyZ2VuY3lEZW55UmVxdWVzdBIPCgdkZW55X2lkGAEgASgJIkYKGkNsZWFyRW1lcmdlbmN5RGVueVJlc3BvbnNlEigKBGRlbnkYASABKAsyGi50b29sZ2F0ZS52MS5FbWVyZ2VuY3lEZW55IhwKGkxpc3RFbWVyZ2VuY3lEZW5pZXNSZXF1ZXN0IkkKG0xpc3RFbWVyZ2VuY3lEZW5pZXNSZXNwb25zZRIqCgZkZW5pZXMYASADKAsyGi50b29sZ2F0ZS52MS5FbWVyZ2VuY3lEZW55KpkBCglSaXNrTGV2ZWwSGgoWUklTS19MRVZFTF9VTlNQRUNJRklFRBAAEhgKFFJJU0tfTEVWRUxfUkVBRF9PTkxZEAESGgoWUklTS19MRVZFTF9XUklURV9EUkFGVBACEh4KGlJJU0tfTEVWRUxfV1JJVEVfQ09ORklSTUVEEAMSGgoWUklTS19MRVZFTF9ERVNUUlVDVElWRRAEKtsCCgpUb29sU3RhdHVzEhsKF1RPT0xfU1RBVFVTX1VOU1BFQ0lGSUVEEAASEgoOVE9PTF9TVEFUVVNfT0sQARIVChFUT09MX1NUQVRVU19FUlJPUhACEiEKHVRPT0xfU1RBVFVTX0lOVkFMSURfQVJHVU1FTlRTEAMSGQoVVE9PTF9TVEFUVVNfTk9UX0ZPVU5EEAQSFgoSVE9PTF9TVEFUVVNfREVOSUVEEAUSHAoYVE9PTF9TVEFUVVNfUkFURV9MSU1JVEVEEAYSIQodVE9PTF9TVEFUVVNfQVBQUk9WQUxfUkVRVUlSRUQQBxIXChNUT09MX1NUQVRVU19USU1FT1VUEAgSGQoVVE9PTF9TVEFUVVNfQ0FOQ0VMTEVEEAkSHQoZVE9PTF9TVEFUVVNfU1RBTEVfQ0FUQUxPRxAKEhsKF1RPT0xfU1RBVFVTX1VOQVZBSUxBQkxFEAsqnQEKC1N0YWdlUmVzdWx0EhwKGFNUQUdFX1JFU1VMVF9VTlNQRUNJRklFRBAAEhcKE1NUQUdFX1JFU1VMVF9QQVNTRUQQARIYChRTVEFHRV9SRVNVTFRfUkVGVVNFRBACEhwKGFNUQUdFX1JFU1VMVF9OT1RfUkVBQ0hFRBADEh8KG1NUQUdFX1JFU1VMVF9OT1RfQVBQTElDQUJMRRAEKtoBCg1BcHByb3ZhbFN0YXRlEh4KGkFQUFJPVkFMX1NUQVRFX1VOU1BFQ0lGSUVEEAASGgoWQVBQUk9WQUxfU1RBVEVfUEVORElORxABEhsKF0FQUFJPVkFMX1NUQVRFX0FQUFJPVkVEEAISGwoXQVBQUk9WQUxfU1RBVEVfUkVKRUNURUQQAxIXChNBUFBST1ZBTF9TVEFURV9VU0VEEAQSGgoWQVBQUk9WQUxfU1RBVEVfRVhQSVJFRBAFEh4KGkFQUFJPVkFMX1NUQVRFX0lOVkFMSURBVEVEEAYqcgoQQXBwcm92YWxEZWNpc2lvbhIhCh1BUFBST1ZBTF9ERUNJU0lPTl9VTlNQRUNJRklFRBAAEh0KGUFQUFJPVkFMX0RFQ0lTSU9OX0FQUFJPVkUQARIcChhBUFBST1ZBTF9ERUNJU0lPTl9SRUpFQ1QQAjKwAwoIVG9vbEdhdGUSSgoJTGlzdFRvb2xzEh0udG9vbGdhdGUudjEuTGlzdFRvb2xzUmVxdWVzdBoeLnRvb2xnYXRlLnYxLkxpc3RUb29sc1Jlc3BvbnNlElAKC0V4ZWN1dGVUb29sEh8udG9vbGdhdGUudjEuRXhlY3V0ZVRvb2xSZXF1ZXN0GiAudG9vbGdhdGUudjEuRXhlY3V0ZVRvb2xSZXNwb25zZRJTCgxFeGVjdXRlVG9vbHMSIC50b29sZ2F0ZS52MS5FeGVjdXRlVG9vbHNSZXF1ZXN0GiEudG9vbGdhdGUudjEuRXhlY3V0ZVRvb2xzUmVzcG9uc2USUAoLRXhwbGFpblRvb2wSHy50b29sZ2F0ZS52MS5FeHBsYWluVG9vbFJlcXVlc3QaIC50b29sZ2F0ZS52MS5FeHBsYWluVG9vbFJlc3BvbnNlEl8KEEV4cGxhaW5MaXN0VG9vbHMSJC50b29sZ2F0ZS52MS5FeHBsYWluTGlzdFRvb2xzUmVxdWVzdBolLnRvb2xnYXRlLnYxLkV4cGxhaW5MaXN0VG9vbHNSZXNwb25zZTKQAgoJQXBwcm92YWxzElYKDUxpc3RBcHByb3ZhbHMSIS50b29sZ2F0ZS52MS5MaXN0QXBwcm92YWxzUmVxdWVzdBoiLnRvb2xnYXRlLnYxLkxpc3RBcHByb3ZhbHNSZXNwb25zZRJQCgtHZXRBcHByb3ZhbBIfLnRvb2xnYXRlLnYxLkdldEFwcHJvdmFsUmVxdWVzdBogLnRvb2xnYXRlLnYxLkdldEFwcHJvdmFsUmVzcG9uc2USWQoORGVjaWRlQXBwcm92YWwSIi50b29sZ2F0ZS52MS5EZWNpZGVBcHByb3ZhbFJlcXVlc3QaIy50b29sZ2F0ZS52MS5EZWNpZGVBcHByb3ZhbFJlc3BvbnNlMrwCCghDb250cm9scxJfChBTZXRFbWVyZ2VuY3lEZW55EiQudG9vbGdhdGUudjEuU2V0RW1lcmdlbmN5RGVueVJlcXVlc3QaJS50b29sZ2F0ZS52MS5TZXRFbWVyZ2VuY3lEZW55UmVzcG9uc2USZQoSQ2xlYXJFbWVyZ2VuY3lEZW55EiYudG9vbGdhdGUudjEuQ2xlYXJFbWVyZ2VuY3lEZW55UmVxdWVzdBonLnRvb2xnYXRlLnYxLkNsZWFyRW1lcmdlbmN5RGVueVJlc3BvbnNlEmgKE0xpc3RFbWVyZ2VuY3lEZW5pZXMSJy50b29sZ2F0ZS52MS5MaXN0RW1lcmdlbmN5RGVuaWVzUmVxdWVzdBooLnRvb2xnYXRlLnYxLkxpc3RFbWVyZ2VuY3lEZW5pZXNSZXNwb25zZUJeCg9kZXYudG9vbGdhdGUudjFCDVRvb2xnYXRlUHJvdG9QAVo6Z2l0aHViLmNvbS90b29sZ2F0ZS90b29sZ2F0ZS9nZW4vZ28vdG9vbGdhdGUvdjE7dG9vbGdhdGV2MWIGcHJvdG8z");
+  fileDesc("Chp0b29sZ2F0ZS92MS90b29sZ2F0ZS5wcm90bxILdG9vbGdhdGUudjEiuwIKDlRvb2xEZWZpbml0aW9uEgwKBG5hbWUYASABKAkSDwoHdmVyc2lvbhgCIAEoCRITCgtkZXNjcmlwdGlvbhgDIAEoCRIZChFpbnB1dF9zY2hlbWFfanNvbhgEIAEoCRIqCgpyaXNrX2xldmVsGAUgASgOMhYudG9vbGdhdGUudjEuUmlza0xldmVsEhcKD3JlcXVpcmVkX3Njb3BlcxgGIAMoCRISCgp0aW1lb3V0X21zGAcgASgNEjcKBmxhYmVscxgIIAMoCzInLnRvb2xnYXRlLnYxLlRvb2xEZWZpbml0aW9uLkxhYmVsc0VudHJ5EhkKEXJlcXVpcmVzX2FwcHJvdmFsGAkgASgIGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiEgoQTGlzdFRvb2xzUmVxdWVzdCJZChFMaXN0VG9vbHNSZXNwb25zZRIqCgV0b29scxgBIAMoCzIbLnRvb2xnYXRlLnYxLlRvb2xEZWZpbml0aW9uEhgKEGNhdGFsb2dfcmV2aXNpb24YAiABKAkigAEKCFRvb2xDYWxsEg8KB2NhbGxfaWQYASABKAkSDAoEbmFtZRgCIAEoCRIWCg5hcmd1bWVudHNfanNvbhgDIAEoCRIPCgd2ZXJzaW9uGAQgASgJEhcKD2lkZW1wb3RlbmN5X2tleRgFIAEoCRITCgthcHByb3ZhbF9pZBgGIAEoCSJxChJFeGVjdXRlVG9vbFJlcXVlc3QSIwoEY2FsbBgBIAEoCzIVLnRvb2xnYXRlLnYxLlRvb2xDYWxsEg4KBnJ1bl9pZBgCIAEoCRIMCgRzdGVwGAMgASgNEhgKEGNhdGFsb2dfcmV2aXNpb24YBCABKAkiPgoTRXhlY3V0ZVRvb2xSZXNwb25zZRInCgZyZXN1bHQYASABKAsyFy50b29sZ2F0ZS52MS5Ub29sUmVzdWx0IpsBChNFeGVjdXRlVG9vbHNSZXF1ZXN0EiQKBWNhbGxzGAEgAygLMhUudG9vbGdhdGUudjEuVG9vbENhbGwSDgoGcnVuX2lkGAIgASgJEgwKBHN0ZXAYAyABKA0SEAoIcGFyYWxsZWwYBCABKAgSFAoMbWF4X3BhcmFsbGVsGAUgASgNEhgKEGNhdGFsb2dfcmV2aXNpb24YBiABKAkiQAoURXhlY3V0ZVRvb2xzUmVzcG9uc2USKAoHcmVzdWx0cxgBIAMoCzIXLnRvb2xnYXRlLnYxLlRvb2xSZXN1bHQiyQIKClRvb2xSZXN1bHQSDwoHY2FsbF9pZBgBIAEoCRInCgZzdGF0dXMYAiABKA4yFy50b29sZ2F0ZS52MS5Ub29sU3RhdHVzEhIKBm91dHB1dBgDIAEoCUICGAESEgoKbW9kZWxfdGV4dBgEIAEoCRISCgplcnJvcl90eXBlGAUgASgJEhUKDWVycm9yX21lc3NhZ2UYBiABKAkSEQoJcmV0cnlhYmxlGAcgASgIEhQKDHVzZXJfdmlzaWJsZRgIIAEoCBIUCgx0b29sX3ZlcnNpb24YCSABKAkSEwoLYXBwcm92YWxfaWQYCiABKAkSFgoOcmV0cnlfYWZ0ZXJfbXMYCyABKAQSEwoLZHVyYXRpb25fbXMYDCABKAQSEgoKcmVmdXNlZF9ieRgNIAEoCRIZChFpZGVtcG90ZW50X3JlcGxheRgOIAEoCCJxChJFeHBsYWluVG9vbFJlcXVlc3QSIwoEY2FsbBgBIAEoCzIVLnRvb2xnYXRlLnYxLlRvb2xDYWxsEg4KBnJ1bl9pZBgCIAEoCRIMCgRzdGVwGAMgASgNEhgKEGNhdGFsb2dfcmV2aXNpb24YBCABKAkiQAoLQ2F0YWxvZ1J1bGUSEAoIbG9jYXRpb24YASABKAkSDwoHcGF0dGVybhgCIAEoCRIOCgZlZmZlY3QYAyABKAkiQQoNQm91bmRBcmd1bWVudBIMCgRwYXRoGAEgASgJEhIKCnZhbHVlX2pzb24YAiABKAkSDgoGc291cmNlGAMgASgJImIKEFF1b3RhRXhwbGFuYXRpb24SDQoFc2NvcGUYASABKAkSDAoEcmF0ZRgCIAEoCRINCgVidXJzdBgDIAEoDRIRCglyZW1haW5pbmcYBCABKAQSDwoHdHJhY2tlZBgFIAEoCCKaAgoQU3RhZ2VFeHBsYW5hdGlvbhINCgVzdGFnZRgBIAEoCRIoCgZyZXN1bHQYAiABKA4yGC50b29sZ2F0ZS52MS5TdGFnZVJlc3VsdBIOCgZkZXRhaWwYAyABKAkSJwoFcnVsZXMYBCADKAsyGC50b29sZ2F0ZS52MS5DYXRhbG9nUnVsZRIVCg1taXNzaW5nX3Njb3BlGAUgASgJEhkKEXNjaGVtYV92aW9sYXRpb25zGAYgAygJEjMKD2JvdW5kX2FyZ3VtZW50cxgHIAMoCzIaLnRvb2xnYXRlLnYxLkJvdW5kQXJndW1lbnQSLQoGcXVvdGFzGAggAygLMh0udG9vbGdhdGUudjEuUXVvdGFFeHBsYW5hdGlvbiLbAgoTRXhwbGFpblRvb2xSZXNwb25zZRIpCghkZWNpc2lvbhgBIAEoCzIXLnRvb2xnYXRlLnYxLlRvb2xSZXN1bHQSFQoNd291bGRfZXhlY3V0ZRgCIAEoCBItCgZzdGFnZXMYAyADKAsyHS50b29sZ2F0ZS52MS5TdGFnZUV4cGxhbmF0aW9uEhwKFGZpbmFsX2FyZ3VtZW50c19qc29uGAQgASgJEhgKEGFyZ3VtZW50c19zaGEyNTYYBSABKAkSHwoXYm91bmRfb3ZlcnJpZGVfYXR0ZW1wdHMYBiADKAkSGAoQY2F0YWxvZ19yZXZpc2lvbhgHIAEoCRI0Cgpjb25kaXRpb25zGAggAygLMiAudG9vbGdhdGUudjEuQ29uZGl0aW9uRXZhbHVhdGlvbhIqCgRmbG93GAkgASgLMhwudG9vbGdhdGUudjEuRmxvd0V4cGxhbmF0aW9uIqABCg9GbG93RXhwbGFuYXRpb24SDQoFc2NvcGUYASABKAkSJAoEc2VlbhgCIAMoCzIWLnRvb2xnYXRlLnYxLkZsb3dMYWJlbBIQCghyZWFkYWJsZRgDIAEoCBIMCgRhZGRzGAQgAygJEgwKBHJ1bGUYBSABKAkSFQoNcnVsZV9sb2NhdGlvbhgGIAEoCRITCgtydWxlX2FjdGlvbhgHIAEoCSJACglGbG93TGFiZWwSDQoFbGFiZWwYASABKAkSJAoFY2FsbHMYAiADKAsyFS50b29sZ2F0ZS52MS5GbG93Q2FsbCIpCghGbG93Q2FsbBIPCgdjYWxsX2lkGAEgASgJEgwKBHRvb2wYAiABKAkijQEKE0NvbmRpdGlvbkV2YWx1YXRpb24SEAoIbG9jYXRpb24YASABKAkSEgoKZXhwcmVzc2lvbhgCIAEoCRINCgV2YWx1ZRgDIAEoCBINCgVlcnJvchgEIAEoCRIRCgRjb3N0GAUgASgESACIAQESFgoOdmFyaWFibGVzX2pzb24YBiABKAlCBwoFX2Nvc3QiGQoXRXhwbGFpbkxpc3RUb29sc1JlcXVlc3QitgEKDlRvb2xWaXNpYmlsaXR5EgwKBG5hbWUYASABKAkSDwoHdmVyc2lvbhgCIAEoCRIPCgd2aXNpYmxlGAMgASgIEhEKCWhpZGRlbl9ieRgEIAEoCRISCgplcnJvcl90eXBlGAUgASgJEg4KBnJlYXNvbhgGIAEoCRImCgRydWxlGAcgASgLMhgudG9vbGdhdGUudjEuQ2F0YWxvZ1J1bGUSFQoNbWlzc2luZ19zY29wZRgIIAEoCSJgChhFeHBsYWluTGlzdFRvb2xzUmVzcG9uc2USKgoFdG9vbHMYASADKAsyGy50b29sZ2F0ZS52MS5Ub29sVmlzaWJpbGl0eRIYChBjYXRhbG9nX3JldmlzaW9uGAIgASgJIrgDCghBcHByb3ZhbBITCgthcHByb3ZhbF9pZBgBIAEoCRIOCgZ0ZW5hbnQYAiABKAkSDwoHc3ViamVjdBgDIAEoCRINCgVhZ2VudBgEIAEoCRIOCgZydW5faWQYBSABKAkSDAoEdG9vbBgGIAEoCRIUCgx0b29sX3ZlcnNpb24YByABKAkSGAoQYXJndW1lbnRzX3NoYTI1NhgIIAEoCRIWCg5hcmd1bWVudHNfanNvbhgJIAEoCRIpCgVzdGF0ZRgKIAEoDjIaLnRvb2xnYXRlLnYxLkFwcHJvdmFsU3RhdGUSGgoSY3JlYXRlZF9hdF91bml4X21zGAsgASgDEhoKEmV4cGlyZXNfYXRfdW5peF9tcxgMIAEoAxISCgpkZWNpZGVkX2J5GA0gASgJEg4KBnJlYXNvbhgOIAEoCRIqCgpyaXNrX2xldmVsGA8gASgOMhYudG9vbGdhdGUudjEuUmlza0xldmVsEhkKEWFyZ3VtZW50c19wcmV2aWV3GBAgASgJEhsKE2FyZ3VtZW50c190cnVuY2F0ZWQYESABKAgSFgoObmVlZGVkX2JlY2F1c2UYEiABKAkiaAoUTGlzdEFwcHJvdmFsc1JlcXVlc3QSKQoFc3RhdGUYASABKA4yGi50b29sZ2F0ZS52MS5BcHByb3ZhbFN0YXRlEhEKCXBhZ2Vfc2l6ZRgCIAEoDRISCgpwYWdlX3Rva2VuGAMgASgJIloKFUxpc3RBcHByb3ZhbHNSZXNwb25zZRIoCglhcHByb3ZhbHMYASADKAsyFS50b29sZ2F0ZS52MS5BcHByb3ZhbBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiKQoSR2V0QXBwcm92YWxSZXF1ZXN0EhMKC2FwcHJvdmFsX2lkGAEgASgJIj4KE0dldEFwcHJvdmFsUmVzcG9uc2USJwoIYXBwcm92YWwYASABKAsyFS50b29sZ2F0ZS52MS5BcHByb3ZhbCJtChVEZWNpZGVBcHByb3ZhbFJlcXVlc3QSEwoLYXBwcm92YWxfaWQYASABKAkSLwoIZGVjaXNpb24YAiABKA4yHS50b29sZ2F0ZS52MS5BcHByb3ZhbERlY2lzaW9uEg4KBnJlYXNvbhgDIAEoCSJBChZEZWNpZGVBcHByb3ZhbFJlc3BvbnNlEicKCGFwcHJvdmFsGAEgASgLMhUudG9vbGdhdGUudjEuQXBwcm92YWwiugEKDUVtZXJnZW5jeURlbnkSDwoHZGVueV9pZBgBIAEoCRINCgV0b29scxgCIAEoCRIOCgZ0ZW5hbnQYAyABKAkSDQoFYWdlbnQYBCABKAkSDgoGcmVhc29uGAUgASgJEg4KBnNldF9ieRgGIAEoCRIWCg5zZXRfYXRfdW5peF9tcxgHIAEoAxIaChJleHBpcmVzX2F0X3VuaXhfbXMYCCABKAMSFgoOY2FuY2VsX3J1bm5pbmcYCSABKAgihAEKF1NldEVtZXJnZW5jeURlbnlSZXF1ZXN0Eg0KBXRvb2xzGAEgASgJEg4KBnRlbmFudBgCIAEoCRINCgVhZ2VudBgDIAEoCRIOCgZyZWFzb24YBCABKAkSEwoLdHRsX3NlY29uZHMYBSABKA0SFgoOY2FuY2VsX3J1bm5pbmcYBiABKAgiRAoYU2V0RW1lcmdlbmN5RGVueVJlc3BvbnNlEigKBGRlbnkYASABKAsyGi50b29sZ2F0ZS52MS5FbWVyZ2VuY3lEZW55IiwKGUNsZWFyRW1lcmdlbmN5RGVueVJlcXVlc3QSDwoHZGVueV9pZBgBIAEoCSJGChpDbGVhckVtZXJnZW5jeURlbnlSZXNwb25zZRIoCgRkZW55GAEgASgLMhoudG9vbGdhdGUudjEuRW1lcmdlbmN5RGVueSIcChpMaXN0RW1lcmdlbmN5RGVuaWVzUmVxdWVzdCJJChtMaXN0RW1lcmdlbmN5RGVuaWVzUmVzcG9uc2USKgoGZGVuaWVzGAEgAygLMhoudG9vbGdhdGUudjEuRW1lcmdlbmN5RGVueSqZAQoJUmlza0xldmVsEhoKFlJJU0tfTEVWRUxfVU5TUEVDSUZJRUQQABIYChRSSVNLX0xFVkVMX1JFQURfT05MWRABEhoKFlJJU0tfTEVWRUxfV1JJVEVfRFJBRlQQAhIeChpSSVNLX0xFVkVMX1dSSVRFX0NPTkZJUk1FRBADEhoKFlJJU0tfTEVWRUxfREVTVFJVQ1RJVkUQBCrbAgoKVG9vbFN0YXR1cxIbChdUT09MX1NUQVRVU19VTlNQRUNJRklFRBAAEhIKDlRPT0xfU1RBVFVTX09LEAESFQoRVE9PTF9TVEFUVVNfRVJST1IQAhIhCh1UT09MX1NUQVRVU19JTlZBTElEX0FSR1VNRU5UUxADEhkKFVRPT0xfU1RBVFVTX05PVF9GT1VORBAEEhYKElRPT0xfU1RBVFVTX0RFTklFRBAFEhwKGFRPT0xfU1RBVFVTX1JBVEVfTElNSVRFRBAGEiEKHVRPT0xfU1RBVFVTX0FQUFJPVkFMX1JFUVVJUkVEEAcSFwoTVE9PTF9TVEFUVVNfVElNRU9VVBAIEhkKFVRPT0xfU1RBVFVTX0NBTkNFTExFRBAJEh0KGVRPT0xfU1RBVFVTX1NUQUxFX0NBVEFMT0cQChIbChdUT09MX1NUQVRVU19VTkFWQUlMQUJMRRALKp0BCgtTdGFnZVJlc3VsdBIcChhTVEFHRV9SRVNVTFRfVU5TUEVDSUZJRUQQABIXChNTVEFHRV9SRVNVTFRfUEFTU0VEEAESGAoUU1RBR0VfUkVTVUxUX1JFRlVTRUQQAhIcChhTVEFHRV9SRVNVTFRfTk9UX1JFQUNIRUQQAxIfChtTVEFHRV9SRVNVTFRfTk9UX0FQUExJQ0FCTEUQBCraAQoNQXBwcm92YWxTdGF0ZRIeChpBUFBST1ZBTF9TVEFURV9VTlNQRUNJRklFRBAAEhoKFkFQUFJPVkFMX1NUQVRFX1BFTkRJTkcQARIbChdBUFBST1ZBTF9TVEFURV9BUFBST1ZFRBACEhsKF0FQUFJPVkFMX1NUQVRFX1JFSkVDVEVEEAMSFwoTQVBQUk9WQUxfU1RBVEVfVVNFRBAEEhoKFkFQUFJPVkFMX1NUQVRFX0VYUElSRUQQBRIeChpBUFBST1ZBTF9TVEFURV9JTlZBTElEQVRFRBAGKnIKEEFwcHJvdmFsRGVjaXNpb24SIQodQVBQUk9WQUxfREVDSVNJT05fVU5TUEVDSUZJRUQQABIdChlBUFBST1ZBTF9ERUNJU0lPTl9BUFBST1ZFEAESHAoYQVBQUk9WQUxfREVDSVNJT05fUkVKRUNUEAIysAMKCFRvb2xHYXRlEkoKCUxpc3RUb29scxIdLnRvb2xnYXRlLnYxLkxpc3RUb29sc1JlcXVlc3QaHi50b29sZ2F0ZS52MS5MaXN0VG9vbHNSZXNwb25zZRJQCgtFeGVjdXRlVG9vbBIfLnRvb2xnYXRlLnYxLkV4ZWN1dGVUb29sUmVxdWVzdBogLnRvb2xnYXRlLnYxLkV4ZWN1dGVUb29sUmVzcG9uc2USUwoMRXhlY3V0ZVRvb2xzEiAudG9vbGdhdGUudjEuRXhlY3V0ZVRvb2xzUmVxdWVzdBohLnRvb2xnYXRlLnYxLkV4ZWN1dGVUb29sc1Jlc3BvbnNlElAKC0V4cGxhaW5Ub29sEh8udG9vbGdhdGUudjEuRXhwbGFpblRvb2xSZXF1ZXN0GiAudG9vbGdhdGUudjEuRXhwbGFpblRvb2xSZXNwb25zZRJfChBFeHBsYWluTGlzdFRvb2xzEiQudG9vbGdhdGUudjEuRXhwbGFpbkxpc3RUb29sc1JlcXVlc3QaJS50b29sZ2F0ZS52MS5FeHBsYWluTGlzdFRvb2xzUmVzcG9uc2UykAIKCUFwcHJvdmFscxJWCg1MaXN0QXBwcm92YWxzEiEudG9vbGdhdGUudjEuTGlzdEFwcHJvdmFsc1JlcXVlc3QaIi50b29sZ2F0ZS52MS5MaXN0QXBwcm92YWxzUmVzcG9uc2USUAoLR2V0QXBwcm92YWwSHy50b29sZ2F0ZS52MS5HZXRBcHByb3ZhbFJlcXVlc3QaIC50b29sZ2F0ZS52MS5HZXRBcHByb3ZhbFJlc3BvbnNlElkKDkRlY2lkZUFwcHJvdmFsEiIudG9vbGdhdGUudjEuRGVjaWRlQXBwcm92YWxSZXF1ZXN0GiMudG9vbGdhdGUudjEuRGVjaWRlQXBwcm92YWxSZXNwb25zZTK8AgoIQ29udHJvbHMSXwoQU2V0RW1lcmdlbmN5RGVueRIkLnRvb2xnYXRlLnYxLlNldEVtZXJnZW5jeURlbnlSZXF1ZXN0GiUudG9vbGdhdGUudjEuU2V0RW1lcmdlbmN5RGVueVJlc3BvbnNlEmUKEkNsZWFyRW1lcmdlbmN5RGVueRImLnRvb2xnYXRlLnYxLkNsZWFyRW1lcmdlbmN5RGVueVJlcXVlc3QaJy50b29sZ2F0ZS52MS5DbGVhckVtZXJnZW5jeURlbnlSZXNwb25zZRJoChNMaXN0RW1lcmdlbmN5RGVuaWVzEicudG9vbGdhdGUudjEuTGlzdEVtZXJnZW5jeURlbmllc1JlcXVlc3QaKC50b29sZ2F0ZS52MS5MaXN0RW1lcmdlbmN5RGVuaWVzUmVzcG9uc2VCXgoPZGV2LnRvb2xnYXRlLnYxQg1Ub29sZ2F0ZVByb3RvUAFaOmdpdGh1Yi5jb20vdG9vbGdhdGUvdG9vbGdhdGUvZ2VuL2dvL3Rvb2xnYXRlL3YxO3Rvb2xnYXRldjFiBnByb3RvMw");
 
 /**
  * ToolDefinition is one tool as this caller's model should see it.
@@ -752,6 +752,15 @@ export type ExplainToolResponse = Message<"toolgate.v1.ExplainToolResponse"> & {
    * @generated from field: repeated toolgate.v1.ConditionEvaluation conditions = 8;
    */
   conditions: ConditionEvaluation[];
+
+  /**
+   * What the call's flow scope has seen and what the flow rules decide (docs/flow.md); unset
+   * when the catalog has no flow rules, the tool carries no flow label, or a stage up to `bind`
+   * refuses.
+   *
+   * @generated from field: toolgate.v1.FlowExplanation flow = 9;
+   */
+  flow?: FlowExplanation | undefined;
 };
 
 /**
@@ -760,6 +769,127 @@ export type ExplainToolResponse = Message<"toolgate.v1.ExplainToolResponse"> & {
  */
 export const ExplainToolResponseSchema: GenMessage<ExplainToolResponse> = /*@__PURE__*/
   messageDesc(file_toolgate_v1_toolgate, 14);
+
+/**
+ * FlowExplanation is what an explained call's flow scope has seen, and the flow rule that would
+ * decide the call, if one would.
+ *
+ * @generated from message toolgate.v1.FlowExplanation
+ */
+export type FlowExplanation = Message<"toolgate.v1.FlowExplanation"> & {
+  /**
+   * The scope the catalog's flow rules read: `run` or `caller`.
+   *
+   * @generated from field: string scope = 1;
+   */
+  scope: string;
+
+  /**
+   * The labels the scope has seen, sorted by name, each with the calls that brought it.
+   *
+   * @generated from field: repeated toolgate.v1.FlowLabel seen = 2;
+   */
+  seen: FlowLabel[];
+
+  /**
+   * False when the scope could not be read (the shared state is unreachable): `seen` is then
+   * empty, and a tool a rule governs would be refused.
+   *
+   * @generated from field: bool readable = 3;
+   */
+  readable: boolean;
+
+  /**
+   * The labels this call adds to the scope once its backend is called.
+   *
+   * @generated from field: repeated string adds = 4;
+   */
+  adds: string[];
+
+  /**
+   * The flow rule that decides this call, when one does: its name.
+   *
+   * @generated from field: string rule = 5;
+   */
+  rule: string;
+
+  /**
+   * Where the catalog defines that rule, e.g. `flow.rules[0]`.
+   *
+   * @generated from field: string rule_location = 6;
+   */
+  ruleLocation: string;
+
+  /**
+   * What that rule does to this call: `deny` or `require_approval`.
+   *
+   * @generated from field: string rule_action = 7;
+   */
+  ruleAction: string;
+};
+
+/**
+ * Describes the message toolgate.v1.FlowExplanation.
+ * Use `create(FlowExplanationSchema)` to create a new message.
+ */
+export const FlowExplanationSchema: GenMessage<FlowExplanation> = /*@__PURE__*/
+  messageDesc(file_toolgate_v1_toolgate, 15);
+
+/**
+ * FlowLabel is one label a flow scope has seen.
+ *
+ * @generated from message toolgate.v1.FlowLabel
+ */
+export type FlowLabel = Message<"toolgate.v1.FlowLabel"> & {
+  /**
+   * The label's name.
+   *
+   * @generated from field: string label = 1;
+   */
+  label: string;
+
+  /**
+   * The first calls that brought it (at most two).
+   *
+   * @generated from field: repeated toolgate.v1.FlowCall calls = 2;
+   */
+  calls: FlowCall[];
+};
+
+/**
+ * Describes the message toolgate.v1.FlowLabel.
+ * Use `create(FlowLabelSchema)` to create a new message.
+ */
+export const FlowLabelSchema: GenMessage<FlowLabel> = /*@__PURE__*/
+  messageDesc(file_toolgate_v1_toolgate, 16);
+
+/**
+ * FlowCall is a call that brought a label to a flow scope.
+ *
+ * @generated from message toolgate.v1.FlowCall
+ */
+export type FlowCall = Message<"toolgate.v1.FlowCall"> & {
+  /**
+   * The call's id.
+   *
+   * @generated from field: string call_id = 1;
+   */
+  callId: string;
+
+  /**
+   * The tool it called.
+   *
+   * @generated from field: string tool = 2;
+   */
+  tool: string;
+};
+
+/**
+ * Describes the message toolgate.v1.FlowCall.
+ * Use `create(FlowCallSchema)` to create a new message.
+ */
+export const FlowCallSchema: GenMessage<FlowCall> = /*@__PURE__*/
+  messageDesc(file_toolgate_v1_toolgate, 17);
 
 /**
  * ConditionEvaluation is one condition evaluated while explaining a call (docs/conditions.md).
@@ -816,7 +946,7 @@ export type ConditionEvaluation = Message<"toolgate.v1.ConditionEvaluation"> & {
  * Use `create(ConditionEvaluationSchema)` to create a new message.
  */
 export const ConditionEvaluationSchema: GenMessage<ConditionEvaluation> = /*@__PURE__*/
-  messageDesc(file_toolgate_v1_toolgate, 15);
+  messageDesc(file_toolgate_v1_toolgate, 18);
 
 /**
  * ExplainListToolsRequest asks which tools this caller sees, and why the others are hidden.
@@ -831,7 +961,7 @@ export type ExplainListToolsRequest = Message<"toolgate.v1.ExplainListToolsReque
  * Use `create(ExplainListToolsRequestSchema)` to create a new message.
  */
 export const ExplainListToolsRequestSchema: GenMessage<ExplainListToolsRequest> = /*@__PURE__*/
-  messageDesc(file_toolgate_v1_toolgate, 16);
+  messageDesc(file_toolgate_v1_toolgate, 19);
 
 /**
  * ToolVisibility is one tool of the catalog as one caller's ListTools treats it.
@@ -901,7 +1031,7 @@ export type ToolVisibility = Message<"toolgate.v1.ToolVisibility"> & {
  * Use `create(ToolVisibilitySchema)` to create a new message.
  */
 export const ToolVisibilitySchema: GenMessage<ToolVisibility> = /*@__PURE__*/
-  messageDesc(file_toolgate_v1_toolgate, 17);
+  messageDesc(file_toolgate_v1_toolgate, 20);
 
 /**
  * ExplainListToolsResponse holds every tool of the catalog, visible to the caller or not.
@@ -929,7 +1059,7 @@ export type ExplainListToolsResponse = Message<"toolgate.v1.ExplainListToolsResp
  * Use `create(ExplainListToolsResponseSchema)` to create a new message.
  */
 export const ExplainListToolsResponseSchema: GenMessage<ExplainListToolsResponse> = /*@__PURE__*/
-  messageDesc(file_toolgate_v1_toolgate, 18);
+  messageDesc(file_toolgate_v1_toolgate, 21);
 
 /**
  * Approval is one request to run a risky call, bound to its exact arguments and caller.
@@ -1057,6 +1187,14 @@ export type Approval = Message<"toolgate.v1.Approval"> & {
    * @generated from field: bool arguments_truncated = 17;
    */
   argumentsTruncated: boolean;
+
+  /**
+   * Why the call needs an approval: its risk level, its approval condition, or a flow rule with
+   * the calls of the run that made it fire.
+   *
+   * @generated from field: string needed_because = 18;
+   */
+  neededBecause: string;
 };
 
 /**
@@ -1064,7 +1202,7 @@ export type Approval = Message<"toolgate.v1.Approval"> & {
  * Use `create(ApprovalSchema)` to create a new message.
  */
 export const ApprovalSchema: GenMessage<Approval> = /*@__PURE__*/
-  messageDesc(file_toolgate_v1_toolgate, 19);
+  messageDesc(file_toolgate_v1_toolgate, 22);
 
 /**
  * ListApprovalsRequest lists the approvals of the caller's tenant, a page at a time.
@@ -1099,7 +1237,7 @@ export type ListApprovalsRequest = Message<"toolgate.v1.ListApprovalsRequest"> &
  * Use `create(ListApprovalsRequestSchema)` to create a new message.
  */
 export const ListApprovalsRequestSchema: GenMessage<ListApprovalsRequest> = /*@__PURE__*/
-  messageDesc(file_toolgate_v1_toolgate, 20);
+  messageDesc(file_toolgate_v1_toolgate, 23);
 
 /**
  * ListApprovalsResponse holds one page of the caller's tenant's approvals, oldest first.
@@ -1127,7 +1265,7 @@ export type ListApprovalsResponse = Message<"toolgate.v1.ListApprovalsResponse">
  * Use `create(ListApprovalsResponseSchema)` to create a new message.
  */
 export const ListApprovalsResponseSchema: GenMessage<ListApprovalsResponse> = /*@__PURE__*/
-  messageDesc(file_toolgate_v1_toolgate, 21);
+  messageDesc(file_toolgate_v1_toolgate, 24);
 
 /**
  * GetApprovalRequest names one approval of the caller's tenant.
@@ -1148,7 +1286,7 @@ export type GetApprovalRequest = Message<"toolgate.v1.GetApprovalRequest"> & {
  * Use `create(GetApprovalRequestSchema)` to create a new message.
  */
 export const GetApprovalRequestSchema: GenMessage<GetApprovalRequest> = /*@__PURE__*/
-  messageDesc(file_toolgate_v1_toolgate, 22);
+  messageDesc(file_toolgate_v1_toolgate, 25);
 
 /**
  * GetApprovalResponse returns one approval with its full arguments.
@@ -1169,7 +1307,7 @@ export type GetApprovalResponse = Message<"toolgate.v1.GetApprovalResponse"> & {
  * Use `create(GetApprovalResponseSchema)` to create a new message.
  */
 export const GetApprovalResponseSchema: GenMessage<GetApprovalResponse> = /*@__PURE__*/
-  messageDesc(file_toolgate_v1_toolgate, 23);
+  messageDesc(file_toolgate_v1_toolgate, 26);
 
 /**
  * DecideApprovalRequest approves or rejects one pending approval.
@@ -1204,7 +1342,7 @@ export type DecideApprovalRequest = Message<"toolgate.v1.DecideApprovalRequest">
  * Use `create(DecideApprovalRequestSchema)` to create a new message.
  */
 export const DecideApprovalRequestSchema: GenMessage<DecideApprovalRequest> = /*@__PURE__*/
-  messageDesc(file_toolgate_v1_toolgate, 24);
+  messageDesc(file_toolgate_v1_toolgate, 27);
 
 /**
  * DecideApprovalResponse returns the approval as decided.
@@ -1225,7 +1363,7 @@ export type DecideApprovalResponse = Message<"toolgate.v1.DecideApprovalResponse
  * Use `create(DecideApprovalResponseSchema)` to create a new message.
  */
 export const DecideApprovalResponseSchema: GenMessage<DecideApprovalResponse> = /*@__PURE__*/
-  messageDesc(file_toolgate_v1_toolgate, 25);
+  messageDesc(file_toolgate_v1_toolgate, 28);
 
 /**
  * EmergencyDeny is one emergency deny in force.
@@ -1302,7 +1440,7 @@ export type EmergencyDeny = Message<"toolgate.v1.EmergencyDeny"> & {
  * Use `create(EmergencyDenySchema)` to create a new message.
  */
 export const EmergencyDenySchema: GenMessage<EmergencyDeny> = /*@__PURE__*/
-  messageDesc(file_toolgate_v1_toolgate, 26);
+  messageDesc(file_toolgate_v1_toolgate, 29);
 
 /**
  * SetEmergencyDenyRequest says which tools to stop, for whom, why and for how long.
@@ -1358,7 +1496,7 @@ export type SetEmergencyDenyRequest = Message<"toolgate.v1.SetEmergencyDenyReque
  * Use `create(SetEmergencyDenyRequestSchema)` to create a new message.
  */
 export const SetEmergencyDenyRequestSchema: GenMessage<SetEmergencyDenyRequest> = /*@__PURE__*/
-  messageDesc(file_toolgate_v1_toolgate, 27);
+  messageDesc(file_toolgate_v1_toolgate, 30);
 
 /**
  * SetEmergencyDenyResponse returns the deny as set, in force once this answer is sent.
@@ -1379,7 +1517,7 @@ export type SetEmergencyDenyResponse = Message<"toolgate.v1.SetEmergencyDenyResp
  * Use `create(SetEmergencyDenyResponseSchema)` to create a new message.
  */
 export const SetEmergencyDenyResponseSchema: GenMessage<SetEmergencyDenyResponse> = /*@__PURE__*/
-  messageDesc(file_toolgate_v1_toolgate, 28);
+  messageDesc(file_toolgate_v1_toolgate, 31);
 
 /**
  * ClearEmergencyDenyRequest names the deny to lift.
@@ -1400,7 +1538,7 @@ export type ClearEmergencyDenyRequest = Message<"toolgate.v1.ClearEmergencyDenyR
  * Use `create(ClearEmergencyDenyRequestSchema)` to create a new message.
  */
 export const ClearEmergencyDenyRequestSchema: GenMessage<ClearEmergencyDenyRequest> = /*@__PURE__*/
-  messageDesc(file_toolgate_v1_toolgate, 29);
+  messageDesc(file_toolgate_v1_toolgate, 32);
 
 /**
  * ClearEmergencyDenyResponse returns the deny as it was.
@@ -1421,7 +1559,7 @@ export type ClearEmergencyDenyResponse = Message<"toolgate.v1.ClearEmergencyDeny
  * Use `create(ClearEmergencyDenyResponseSchema)` to create a new message.
  */
 export const ClearEmergencyDenyResponseSchema: GenMessage<ClearEmergencyDenyResponse> = /*@__PURE__*/
-  messageDesc(file_toolgate_v1_toolgate, 30);
+  messageDesc(file_toolgate_v1_toolgate, 33);
 
 /**
  * ListEmergencyDeniesRequest asks for the denies in force.
@@ -1436,7 +1574,7 @@ export type ListEmergencyDeniesRequest = Message<"toolgate.v1.ListEmergencyDenie
  * Use `create(ListEmergencyDeniesRequestSchema)` to create a new message.
  */
 export const ListEmergencyDeniesRequestSchema: GenMessage<ListEmergencyDeniesRequest> = /*@__PURE__*/
-  messageDesc(file_toolgate_v1_toolgate, 31);
+  messageDesc(file_toolgate_v1_toolgate, 34);
 
 /**
  * ListEmergencyDeniesResponse holds the denies in force, oldest first.
@@ -1457,7 +1595,7 @@ export type ListEmergencyDeniesResponse = Message<"toolgate.v1.ListEmergencyDeni
  * Use `create(ListEmergencyDeniesResponseSchema)` to create a new message.
  */
 export const ListEmergencyDeniesResponseSchema: GenMessage<ListEmergencyDeniesResponse> = /*@__PURE__*/
-  messageDesc(file_toolgate_v1_toolgate, 32);
+  messageDesc(file_toolgate_v1_toolgate, 35);
 
 /**
  * RiskLevel says what a tool can change; the catalog decides which levels need approval.
