@@ -10,6 +10,7 @@ use std::{
 };
 
 use clap::Args;
+use tokio::runtime::Runtime;
 
 use crate::{
     catalog::catalog,
@@ -79,58 +80,82 @@ pub fn print_each_round(what: &str, rows: &[Row], rounds: &[(usize, Range<usize>
     }
 }
 
-/// Interleaved A/B (`ab`): two toolgate executables, started once each with the same catalog
-/// (audit to a file, JWT, spans to the collector) and measured in turn within each round, A then B
-/// in even rounds and B then A in odd ones, so a slow stretch of the machine lands on both and
-/// neither always goes first. Prints each round, then each binary's median (min–max) over the
-/// rounds and the ratios B / A taken per round.
-pub fn ab(options: &Options, other: &Path) -> anyhow::Result<bool> {
-    let (collector_listener, otlp_endpoint) = reserve_collector()?;
-    let load_at_start = load_average();
-    let dir = tempfile::tempdir()?;
-    let collector_rt = runtime("bench-otlp", 1)?;
-    let client_rt = runtime("bench-client", 2)?;
-    let collector = collector_rt.block_on(otlp_collector::start_on(collector_listener, 10_000));
-    let call = EchoCall::new(options.payload)?;
-    let endpoint = [("OTEL_EXPORTER_OTLP_ENDPOINT", otlp_endpoint.as_str())];
-    let start = |name: &str, exe: &Path, service: &str| -> anyhow::Result<Binary> {
-        let config = dir.path().join(format!("{service}.yaml"));
-        std::fs::write(
-            &config,
-            catalog(&dir.path().join(format!("audit-{service}.jsonl"))),
-        )?;
-        let binary = Spawned::spawn(exe, &config, dir.path(), service, &endpoint)?
-            .wait_serving(&client_rt)?
+/// One side of an interleaved comparison: the name of its rows, its executable, its catalog
+/// and the service name its spans carry.
+pub struct Side<'a> {
+    pub name: &'static str,
+    pub exe: &'a Path,
+    pub catalog: String,
+    pub service: &'static str,
+}
+
+/// What an interleaved comparison measured: its rows, each round's, and whether every call was
+/// answered.
+pub struct Interleaved {
+    pub rows: Vec<Row>,
+    pub rounds: Vec<(usize, Range<usize>)>,
+    pub ok: bool,
+}
+
+/// Starts both sides, each its own process (catalog and audit in `dir`, spans to `endpoint`),
+/// and measures them in turn within each round, the first then the second in even rounds and
+/// the other way in odd ones, so a slow stretch of the machine lands on both and neither always
+/// goes first; then stops them.
+pub fn interleave(
+    options: &Options,
+    client_rt: &Runtime,
+    dir: &Path,
+    endpoint: &[(&str, &str)],
+    call: &EchoCall,
+    sides: [Side<'_>; 2],
+) -> anyhow::Result<Interleaved> {
+    let start = |side: &Side<'_>| -> anyhow::Result<Binary> {
+        let config = dir.join(format!("{}.yaml", side.service));
+        std::fs::write(&config, &side.catalog)?;
+        let binary = Spawned::spawn(side.exe, &config, dir, side.service, endpoint)?
+            .wait_serving(client_rt)?
             .0;
-        println!("{name}: {} (pid {})", exe.display(), binary.pid());
+        println!(
+            "{}: {} (pid {})",
+            side.name,
+            side.exe.display(),
+            binary.pid()
+        );
         Ok(binary)
     };
-    let mut a = start(AB_A, &options.binary, "toolgate-bench-a")?;
-    let mut b = start(AB_B, other, "toolgate-bench-b")?;
-    println!("load average at start: {load_at_start}");
-    let mut rows = Vec::new();
-    let mut rounds: Vec<(usize, Range<usize>)> = Vec::new();
-    let mut ok = true;
-    for round in 0..options.rounds {
-        let (first, second) = ((AB_A, &a), (AB_B, &b));
-        let order = if round % 2 == 0 {
-            [first, second]
-        } else {
-            [second, first]
-        };
-        for (name, binary) in order {
-            let target = Target::binary(name, binary, &call);
-            let from = rows.len();
-            ok &= measure(options, &client_rt, &target, &mut rows)?.ok;
-            rounds.push((round, from..rows.len()));
+    let [first, second] = sides;
+    let mut a = start(&first)?;
+    let mut b = start(&second)?;
+    let mut measured = Interleaved {
+        rows: Vec::new(),
+        rounds: Vec::new(),
+        ok: true,
+    };
+    let result = (|| -> anyhow::Result<()> {
+        for round in 0..options.rounds {
+            let order = if round % 2 == 0 {
+                [(first.name, &a), (second.name, &b)]
+            } else {
+                [(second.name, &b), (first.name, &a)]
+            };
+            for (name, binary) in order {
+                let target = Target::binary(name, binary, call);
+                let from = measured.rows.len();
+                measured.ok &= measure(options, client_rt, &target, &mut measured.rows)?.ok;
+                measured.rounds.push((round, from..measured.rows.len()));
+            }
         }
-    }
-    let received = collector_rt
-        .block_on(collector.wait_until_quiet(options.span_quiet, Duration::from_secs(60)));
+        Ok(())
+    })();
     a.stop()?;
     b.stop()?;
-    print_each_round("binary", &rows, &rounds);
-    // Rows of one binary in one mode, in round order.
+    result.map(|()| measured)
+}
+
+/// The medians (min–max) over the rounds of the rows named `a` and `b`, mode by mode, with
+/// `b / a` taken per round (`ratio` names it).
+pub fn print_medians(options: &Options, rows: &[Row], a: &str, b: &str, ratio: &str) {
+    // Rows of one side in one mode, in round order.
     let of = |name: &str, mode: &str| -> Vec<&Row> {
         rows.iter()
             .filter(|r| r.target == name && r.mode == mode)
@@ -138,7 +163,7 @@ pub fn ab(options: &Options, other: &Path) -> anyhow::Result<bool> {
     };
     let modes: Vec<String> = rows
         .iter()
-        .filter(|r| r.target == AB_A)
+        .filter(|r| r.target == a)
         .map(|r| r.mode.clone())
         .fold(Vec::new(), |mut modes, mode| {
             if !modes.contains(&mode) {
@@ -150,13 +175,13 @@ pub fn ab(options: &Options, other: &Path) -> anyhow::Result<bool> {
         Spread::of(values).map_or("—".into(), |s| s.show(digits))
     };
     println!(
-        "\nMedian (min–max) over {} rounds; B / A per round:\n",
+        "\nMedian (min–max) over {} rounds; {ratio} per round:\n",
         options.rounds
     );
-    println!("| mode | what | A | B | B / A |");
+    println!("| mode | what | {a} | {b} | {ratio} |");
     println!("|---|---|---:|---:|---:|");
     for mode in &modes {
-        let (a, b) = (of(AB_A, mode), of(AB_B, mode));
+        let (a, b) = (of(a, mode), of(b, mode));
         let pairs = || a.iter().zip(b.iter());
         let metrics: [(&str, RowValue, usize); 3] = [
             ("throughput (calls/s)", |r| Some(r.throughput), 0),
@@ -177,12 +202,49 @@ pub fn ab(options: &Options, other: &Path) -> anyhow::Result<bool> {
             );
         }
     }
-    let calls: u64 = rows.iter().map(|r| r.stats.ok).sum();
+}
+
+/// Interleaved A/B (`ab`): two toolgate executables, started once each with the same catalog
+/// (audit to a file, JWT, spans to the collector) and measured in turn within each round
+/// ([`interleave`]). Prints each round, then each binary's median (min–max) over the rounds and
+/// the ratios B / A taken per round.
+pub fn ab(options: &Options, other: &Path) -> anyhow::Result<bool> {
+    let (collector_listener, otlp_endpoint) = reserve_collector()?;
+    let load_at_start = load_average();
+    let dir = tempfile::tempdir()?;
+    let collector_rt = runtime("bench-otlp", 1)?;
+    let client_rt = runtime("bench-client", 2)?;
+    let collector = collector_rt.block_on(otlp_collector::start_on(collector_listener, 10_000));
+    let call = EchoCall::new(options.payload)?;
+    let endpoint = [("OTEL_EXPORTER_OTLP_ENDPOINT", otlp_endpoint.as_str())];
+    let side = |name, exe, service: &'static str| Side {
+        name,
+        exe,
+        catalog: catalog(&dir.path().join(format!("audit-{service}.jsonl"))),
+        service,
+    };
+    println!("load average at start: {load_at_start}");
+    let measured = interleave(
+        options,
+        &client_rt,
+        dir.path(),
+        &endpoint,
+        &call,
+        [
+            side(AB_A, &options.binary, "toolgate-bench-a"),
+            side(AB_B, other, "toolgate-bench-b"),
+        ],
+    )?;
+    let received = collector_rt
+        .block_on(collector.wait_until_quiet(options.span_quiet, Duration::from_secs(60)));
+    print_each_round("binary", &measured.rows, &measured.rounds);
+    print_medians(options, &measured.rows, AB_A, AB_B, "B / A");
+    let calls: u64 = measured.rows.iter().map(|r| r.stats.ok).sum();
     println!(
         "\nOTLP spans received: {received} (from A: {}, from B: {}); calls answered in the measured phases: {calls}",
         collector.received_from("toolgate-bench-a"),
         collector.received_from("toolgate-bench-b"),
     );
     println!("load average at end: {}", load_average());
-    Ok(ok)
+    Ok(measured.ok)
 }

@@ -135,6 +135,40 @@ pub fn catalog_with_mcp(audit: &Path) -> String {
     )
 }
 
+/// `yaml` (the bench catalog or a variant) with run-level flow rules that govern echo without
+/// ever refusing it: echo carries the label `reads`, and the one rule denies `reads` after a
+/// label no tool carries. So every call reads its run's scope and records its label.
+pub fn catalog_with_flow(yaml: &str) -> String {
+    let echo = "    executor: { builtin: echo }\n";
+    assert!(yaml.contains(echo) && yaml.contains("\ntools:\n"));
+    yaml.replacen(echo, &format!("{echo}    flow_labels: [reads]\n"), 1)
+        .replacen(
+            "\ntools:\n",
+            "\nflow:\n  labels: [reads, never_seen]\n  rules:\n    - { name: bench, after: [never_seen], deny: [reads] }\ntools:\n",
+            1,
+        )
+}
+
+/// `yaml` with ten deny entries for echo in tenant acme, each with a CEL condition on the
+/// arguments that never holds for the bench's calls.
+pub fn catalog_with_conditions(yaml: &str) -> String {
+    let acme = "  acme:\n    rate_limit: 100000000/s\n";
+    assert!(yaml.contains(acme));
+    let entries: String = (0..10)
+        .map(|i| format!("      - {{ tools: [echo], when: \"args.text == 'blocked-{i}'\" }}\n"))
+        .collect();
+    yaml.replacen(acme, &format!("{acme}    deny:\n{entries}"), 1)
+}
+
+/// `yaml` with the output guard's secret detectors off.
+pub fn catalog_without_output_guard(yaml: &str) -> String {
+    yaml.replacen(
+        "version: 1\n",
+        "version: 1\noutput_guard: { secrets: off }\n",
+        1,
+    )
+}
+
 /// The bench catalog with audit switched off (`sink: none`), for the CPU split.
 pub fn catalog_without_audit() -> String {
     let audit = "audit:\n  sink: file\n  path: AUDIT_PATH\n";
@@ -146,9 +180,14 @@ pub fn catalog_without_audit() -> String {
 /// valid for a day. With `jti`, a token no other call used (so the sidecar has never verified
 /// it).
 fn token(audience: &str, jti: Option<u64>) -> anyhow::Result<String> {
+    token_with_scope(audience, jti, "tools:read")
+}
+
+/// [`token`] with another scope.
+fn token_with_scope(audience: &str, jti: Option<u64>, scope: &str) -> anyhow::Result<String> {
     let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
     let mut claims = serde_json::json!({
-        "sub": "bench", "tenant": "acme", "agent": "support-bot", "scope": "tools:read",
+        "sub": "bench", "tenant": "acme", "agent": "support-bot", "scope": scope,
         "iss": "https://issuer.bench", "aud": audience, "exp": now + 86_400,
     });
     if let Some(jti) = jti {
@@ -167,6 +206,17 @@ pub fn bearer(jti: Option<u64>) -> anyhow::Result<MetadataValue<Ascii>> {
     format!("Bearer {}", token("toolgate", jti)?)
         .parse()
         .context("a token is not metadata")
+}
+
+/// The `authorization` value of an operator's JWT for the gRPC door: the scope
+/// `toolgate:admin`, which the emergency deny RPCs need.
+pub fn admin_bearer() -> anyhow::Result<MetadataValue<Ascii>> {
+    format!(
+        "Bearer {}",
+        token_with_scope("toolgate", None, "toolgate:admin")?
+    )
+    .parse()
+    .context("a token is not metadata")
 }
 
 /// The `authorization` value of the same caller's JWT for the MCP door: the same claims, but

@@ -5,6 +5,8 @@
 //! cargo bench --bench load -- [--duration 10s] [--connections N] [--concurrency M] [--rate RPS] [--quick]
 //! cargo bench --bench load -- ab PATH_B [--binary PATH_A] [--rounds N]   # interleaved A/B
 //! cargo bench --bench load -- doors [--rounds N]                          # MCP door vs gRPC door
+//! cargo bench --bench load -- features [--rounds N]                       # each new capability's cost
+//! cargo bench --bench load -- emergency [--rounds N]                      # deny propagation time
 //! cargo bench --bench load -- --help                                      # every option and helper
 //! ```
 //!
@@ -38,7 +40,7 @@
 //! name), [`processes`] (starting the servers, reading what `/proc` says of them), [`bare_echo`],
 //! [`load`] (the client: closed and open loops, slow calls), [`measure`] (one round against one
 //! target), [`mcp`] (a `tools/call` over Streamable HTTP), [`report`] (tables and verdicts), and
-//! the programs [`run`], [`ab`], [`doors`] and [`helpers`] (send-only, the collector, the catalog
+//! the programs [`run`], [`ab`], [`doors`], [`features`], [`emergency`] and [`helpers`] (send-only, the collector, the catalog
 //! writer).
 
 #![allow(
@@ -60,6 +62,8 @@ mod ab;
 mod bare_echo;
 mod catalog;
 mod doors;
+mod emergency;
+mod features;
 mod helpers;
 mod load;
 mod mcp;
@@ -110,6 +114,19 @@ enum Program {
     /// only), measured in turn every round (the order rotated each round). Prints each round,
     /// then the doors' table (MCP / gRPC per round) and the CPU checks.
     Doors,
+    /// What each capability added this round costs: the same binary with and without it
+    ///
+    /// Flow rules (state in memory, then in Redis), ten conditional rules, and the output guard
+    /// on 4 KiB outputs, each as two binaries (--binary) whose catalogs differ only by it,
+    /// measured in turn every round (the order swapped each round). Prints each round, then the
+    /// medians and with / without.
+    Features,
+    /// How fast an emergency deny reaches another sidecar sharing Redis
+    ///
+    /// Three binaries (--binary) with their state in one redis-server; each round sets a deny
+    /// through the first and calls the third until it refuses, then clears it and calls until
+    /// it runs again. Prints each round's times and their medians.
+    Emergency,
     /// Profiling helper: send calls to a server started by hand (e.g. under valgrind), then exit
     #[command(long_flag_alias = "send-only")]
     SendOnly(helpers::SendArgs),
@@ -155,6 +172,8 @@ fn main() -> ExitCode {
         None => harness(options, run::run),
         Some(Program::Ab(args)) => harness(options, |o| ab::ab(o, &args.binary_b)),
         Some(Program::Doors) => harness(options, doors::doors),
+        Some(Program::Features) => harness(options, features::features),
+        Some(Program::Emergency) => harness(options, emergency::emergency),
         Some(Program::SendOnly(args)) => harness(options, |o| helpers::send_only(o, &args)),
         // The servers and the catalog writer take none of the harness's options.
         Some(Program::ServeBareEcho(at)) => helper("bare echo", bare_echo::serve_process(at.addr)),

@@ -99,7 +99,7 @@ impl Options {
             rates: if quick {
                 vec![200, 500]
             } else {
-                vec![500, 3000]
+                vec![500, 1000, 3000]
             },
             payload: 256,
             slow_calls: pick(200, 10_000) as usize,

@@ -21,13 +21,13 @@ use crate::{
 /// The targets the numbers are judged against (docs/performance.md).
 const GOAL_THROUGHPUT_RATIO: f64 = 0.85;
 const GOAL_ADDED_P99_MS: f64 = 0.25;
-/// Server CPU per call, toolgate over bare, at saturation and at the highest fixed rate.
+/// Server CPU per call, toolgate over bare, at saturation and at every fixed rate.
 const GOAL_CPU_RATIO_MAX_RATE: f64 = 1.25;
 const GOAL_CPU_RATIO_FIXED_RATE: f64 = 1.3;
 const GOAL_IDLE_RSS_MIB: f64 = 10.0;
-const GOAL_SLOW_RSS_MIB: f64 = 64.0;
-/// What each slow call in flight adds to RSS beyond what the bare echo holds for one.
-const GOAL_SLOW_RSS_OVER_BARE_KIB: f64 = 2.0;
+/// What each slow call in flight adds to RSS beyond what the bare echo holds for one (issue 33;
+/// the absolute bound at 10,000 in flight is retired: the bare stack alone holds 75 MiB there).
+const GOAL_SLOW_RSS_OVER_BARE_KIB: f64 = 1.5;
 const GOAL_START_MS: f64 = 100.0;
 /// Server CPU per call, the MCP door's over the gRPC door's (same catalog, same call).
 const GOAL_MCP_CPU_RATIO: f64 = 1.5;
@@ -433,10 +433,12 @@ pub fn print_report(r: &Report) {
                 }),
         )
     };
-    for (rate, goal) in [
-        (None, GOAL_CPU_RATIO_MAX_RATE),
-        (o.rates.last().copied(), GOAL_CPU_RATIO_FIXED_RATE),
-    ] {
+    // At max rate, and at every fixed rate: where pods live is the low rates.
+    let at_fixed_rates = o
+        .rates
+        .iter()
+        .map(|&rate| (Some(rate), GOAL_CPU_RATIO_FIXED_RATE));
+    for (rate, goal) in std::iter::once((None, GOAL_CPU_RATIO_MAX_RATE)).chain(at_fixed_rates) {
         if let Some(ratio) = cpu_ratio(rate) {
             checks.push((
                 format!(
@@ -656,11 +658,8 @@ fn memory_checks(r: &Report) -> Vec<Check> {
     checks.push((
         format!("RSS with {calls} slow_task calls in flight (peak)"),
         format!("{}; {notes}", describe((rss, anon, file))),
-        format!("≤ {GOAL_SLOW_RSS_MIB} MiB"),
-        verdict(
-            o.quick,
-            overlapped && rss.is_some_and(|s| s.median <= GOAL_SLOW_RSS_MIB),
-        ),
+        "— (retired: judged per call, over the bare echo)".into(),
+        "—",
     ));
     checks.push((
         "idle RSS of the bare echo process (diagnostic)".into(),
