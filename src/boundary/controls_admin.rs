@@ -50,6 +50,11 @@ impl Boundary {
         Ok(self.emergency.list())
     }
 
+    /// Whether denies set here hold on every sidecar sharing the state (Redis), not this one only.
+    pub fn emergency_denies_are_shared(&self) -> bool {
+        self.emergency.is_shared()
+    }
+
     /// Takes out the denies that expired and records each (with Redis, on one sidecar).
     pub async fn expire_emergency_denies(&self) {
         for deny in self.emergency.expire().await {

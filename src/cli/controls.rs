@@ -45,48 +45,64 @@ pub(super) async fn deny(
 ) -> Result<(), Failure> {
     let client = control.client()?;
     let mut grpc = ControlsClient::new(channel(&client).await?);
-    let deny = grpc
+    let answer = grpc
         .set_emergency_deny(request(&client, ask)?)
         .await
         .map_err(status_error)?
-        .into_inner()
-        .deny
-        .unwrap_or_default();
-    print(&client, &[deny], "set")
+        .into_inner();
+    print(&client, &[answer.deny.unwrap_or_default()], "set")?;
+    say_reach(&client, answer.shared);
+    Ok(())
+}
+
+/// Where the denies hold: every sidecar sharing the Redis, or only the one asked. Not part of
+/// `--json`'s list, so on stderr there.
+fn say_reach(client: &ClientArgs, shared: bool) {
+    let reach = match shared {
+        true => "emergency denies set here hold on every sidecar sharing this one's Redis",
+        false => {
+            "emergency denies set here hold on this sidecar only: its state is in memory (with `state: redis`, on every sidecar sharing the Redis)"
+        }
+    };
+    match client.json {
+        true => eprintln!("{reach}"),
+        false => println!("{reach}"),
+    }
 }
 
 /// `toolgate undeny`.
 pub(super) async fn undeny(control: ControlArgs, deny_id: String) -> Result<(), Failure> {
     let client = control.client()?;
     let mut grpc = ControlsClient::new(channel(&client).await?);
-    let deny = grpc
+    let answer = grpc
         .clear_emergency_deny(request(
             &client,
             proto::ClearEmergencyDenyRequest { deny_id },
         )?)
         .await
         .map_err(status_error)?
-        .into_inner()
-        .deny
-        .unwrap_or_default();
-    print(&client, &[deny], "cleared")
+        .into_inner();
+    print(&client, &[answer.deny.unwrap_or_default()], "cleared")?;
+    say_reach(&client, answer.shared);
+    Ok(())
 }
 
 /// `toolgate denies`.
 pub(super) async fn denies(control: ControlArgs) -> Result<(), Failure> {
     let client = control.client()?;
     let mut grpc = ControlsClient::new(channel(&client).await?);
-    let denies = grpc
+    let answer = grpc
         .list_emergency_denies(request(&client, proto::ListEmergencyDeniesRequest {})?)
         .await
         .map_err(status_error)?
-        .into_inner()
-        .denies;
-    if denies.is_empty() && !client.json {
+        .into_inner();
+    if answer.denies.is_empty() && !client.json {
         println!("no emergency denies in force");
-        return Ok(());
+    } else {
+        print(&client, &answer.denies, "in force")?;
     }
-    print(&client, &denies, "in force")
+    say_reach(&client, answer.shared);
+    Ok(())
 }
 
 fn print(client: &ClientArgs, denies: &[proto::EmergencyDeny], what: &str) -> Result<(), Failure> {

@@ -158,6 +158,11 @@ impl EmergencyDenies {
         }
     }
 
+    /// Whether the denies are shared with every sidecar on the same Redis (else this one's only).
+    pub fn is_shared(&self) -> bool {
+        matches!(self.store, Store::Redis(_))
+    }
+
     fn with_store(clock: SharedClock, store: Store) -> Self {
         EmergencyDenies {
             clock,

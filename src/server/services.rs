@@ -362,6 +362,7 @@ impl Controls for ControlsService {
             .map_err(|e| convert::deny_status(&e))?;
         Ok(Response::new(proto::SetEmergencyDenyResponse {
             deny: Some(convert::emergency_deny(deny)),
+            shared: self.gate.boundary.emergency_denies_are_shared(),
         }))
     }
 
@@ -378,6 +379,7 @@ impl Controls for ControlsService {
             .map_err(|e| convert::deny_status(&e))?;
         Ok(Response::new(proto::ClearEmergencyDenyResponse {
             deny: Some(convert::emergency_deny(deny)),
+            shared: self.gate.boundary.emergency_denies_are_shared(),
         }))
     }
 
@@ -393,6 +395,7 @@ impl Controls for ControlsService {
             .map_err(|e| convert::deny_status(&e))?;
         Ok(Response::new(proto::ListEmergencyDeniesResponse {
             denies: denies.into_iter().map(convert::emergency_deny).collect(),
+            shared: self.gate.boundary.emergency_denies_are_shared(),
         }))
     }
 }

@@ -424,3 +424,56 @@ async fn a_jwt_caller_needs_the_admin_scope() {
         .expect("an operator with the scope");
     server.stop().await;
 }
+
+/// The CLI verbs against a real sidecar: set, list, clear, each saying how far the denies reach
+/// (this sidecar only with memory state, every sidecar on the Redis with `state: redis`).
+#[test]
+fn the_cli_verbs_set_list_and_clear_a_deny_and_say_how_far_it_reaches() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("catalog.yaml");
+    std::fs::write(
+        &path,
+        CATALOG.replacen(
+            "version: 1\n",
+            &format!("version: 1\n{}", redis_state(&redis.url())),
+            1,
+        ),
+    )
+    .unwrap();
+    let path = path.display().to_string();
+    for (sidecar, reach) in [
+        (
+            crate::process::spawn(&["--config", &path]),
+            "hold on every sidecar sharing this one's Redis",
+        ),
+        (
+            crate::process::spawn(&[]),
+            "hold on this sidecar only: its state is in memory",
+        ),
+    ] {
+        let sh = |command: &str| crate::cli::run_shell(command, &sidecar.addr);
+        let (code, out, err) =
+            sh("toolgate deny --tool 'refund_*' --tenant acme --reason 'incident 7' --for 1h");
+        assert_eq!(code, Some(0), "{out}{err}");
+        assert!(
+            out.contains(" set: refund_* for tenant acme, until ") && out.contains(reach),
+            "{out}"
+        );
+        let id = out.split_whitespace().next().unwrap().to_owned();
+        assert!(id.starts_with("emd_"), "{out}");
+        let (code, out, _) = sh("toolgate denies");
+        assert_eq!(code, Some(0));
+        assert!(out.contains(&id) && out.contains(reach), "{out}");
+        let (_, out, err) = sh("toolgate denies --json");
+        let listed: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(listed[0]["deny_id"], id.as_str(), "{out}");
+        assert!(err.contains(reach), "--json says it on stderr: {err}");
+        let (code, out, _) = sh(&format!("toolgate undeny {id}"));
+        assert_eq!(code, Some(0), "{out}");
+        assert!(out.contains(&format!("{id} cleared: ")), "{out}");
+        let (_, out, _) = sh("toolgate denies");
+        assert!(out.starts_with("no emergency denies in force\n"), "{out}");
+        crate::process::stop_blocking(sidecar);
+    }
+}

@@ -510,10 +510,12 @@ class SetEmergencyDenyRequest(_message.Message):
     def __init__(self, tools: _Optional[str] = ..., tenant: _Optional[str] = ..., agent: _Optional[str] = ..., reason: _Optional[str] = ..., ttl_seconds: _Optional[int] = ..., cancel_running: _Optional[bool] = ...) -> None: ...
 
 class SetEmergencyDenyResponse(_message.Message):
-    __slots__ = ("deny",)
+    __slots__ = ("deny", "shared")
     DENY_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
     deny: EmergencyDeny
-    def __init__(self, deny: _Optional[_Union[EmergencyDeny, _Mapping]] = ...) -> None: ...
+    shared: bool
+    def __init__(self, deny: _Optional[_Union[EmergencyDeny, _Mapping]] = ..., shared: _Optional[bool] = ...) -> None: ...
 
 class ClearEmergencyDenyRequest(_message.Message):
     __slots__ = ("deny_id",)
@@ -522,17 +524,21 @@ class ClearEmergencyDenyRequest(_message.Message):
     def __init__(self, deny_id: _Optional[str] = ...) -> None: ...
 
 class ClearEmergencyDenyResponse(_message.Message):
-    __slots__ = ("deny",)
+    __slots__ = ("deny", "shared")
     DENY_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
     deny: EmergencyDeny
-    def __init__(self, deny: _Optional[_Union[EmergencyDeny, _Mapping]] = ...) -> None: ...
+    shared: bool
+    def __init__(self, deny: _Optional[_Union[EmergencyDeny, _Mapping]] = ..., shared: _Optional[bool] = ...) -> None: ...
 
 class ListEmergencyDeniesRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class ListEmergencyDeniesResponse(_message.Message):
-    __slots__ = ("denies",)
+    __slots__ = ("denies", "shared")
     DENIES_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
     denies: _containers.RepeatedCompositeFieldContainer[EmergencyDeny]
-    def __init__(self, denies: _Optional[_Iterable[_Union[EmergencyDeny, _Mapping]]] = ...) -> None: ...
+    shared: bool
+    def __init__(self, denies: _Optional[_Iterable[_Union[EmergencyDeny, _Mapping]]] = ..., shared: _Optional[bool] = ...) -> None: ...
