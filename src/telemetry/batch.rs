@@ -90,6 +90,11 @@ struct State {
     shutdown: bool,
     /// Set by the thread when it has exported everything and stopped.
     stopped: bool,
+    /// The export thread sleeps until a span arrives (a batch delay passed with none waiting):
+    /// the first span wakes it.
+    exporter_parked: bool,
+    /// How often the export thread has woken up (the tests count them).
+    exporter_wakeups: u64,
 }
 
 impl BatchExport {
@@ -196,10 +201,14 @@ impl SpanProcessor for BatchExport {
             return;
         }
         state.pending.push(span);
-        // Only the span that makes an early export due or completes a batch wakes the exporter;
-        // the rest wait for it or for the batch delay.
+        // Only the first span after a quiet spell (the exporter sleeps untimed), or the span that
+        // makes an early export due or completes a batch, wakes the exporter; the rest wait for
+        // it or for the batch delay.
         let waiting = state.pending.len();
-        if waiting == EARLY_EXPORT_SPANS || waiting == self.shared.settings.max_export_batch_size {
+        if std::mem::take(&mut state.exporter_parked)
+            || waiting == EARLY_EXPORT_SPANS
+            || waiting == self.shared.settings.max_export_batch_size
+        {
             self.shared.wake_exporter.notify_one();
         }
     }
@@ -260,6 +269,20 @@ fn export_loop<E: SpanExporter>(shared: &Shared, exporter: E) {
                 break;
             }
             if now >= next_export {
+                if state.pending.is_empty() {
+                    // A batch delay passed with nothing to send: sleep until a span comes (or a
+                    // flush, or shutdown) instead of waking every delay, which an idle sidecar
+                    // would pay forever; the span's batch then gathers for one delay.
+                    state.exporter_parked = true;
+                    state = shared
+                        .wake_exporter
+                        .wait(state)
+                        .unwrap_or_else(PoisonError::into_inner);
+                    state.exporter_parked = false;
+                    state.exporter_wakeups += 1;
+                    next_export = Instant::now() + settings.delay;
+                    continue;
+                }
                 next_export = now + settings.delay;
             }
             let wake_at = early_at.map_or(next_export, |at| at.min(next_export));
@@ -269,6 +292,7 @@ fn export_loop<E: SpanExporter>(shared: &Shared, exporter: E) {
                 .wait_timeout(state, wait)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
+            state.exporter_wakeups += 1;
         }
         let batch = std::mem::take(&mut state.pending);
         let flush = state.flush_requested;
@@ -458,6 +482,33 @@ mod tests {
         assert_eq!(recorder.exported(), 10);
         // Requests are capped at the batch size even when more was waiting.
         assert!(recorder.batches.lock().unwrap().iter().all(|&n| n <= 2));
+        batch
+            .shutdown_with_timeout(Duration::from_secs(10))
+            .unwrap();
+    }
+
+    /// Regression: the thread woke every batch delay with nothing to send (10 times a second in
+    /// every idle sidecar).
+    #[test]
+    fn an_idle_exporter_sleeps_until_a_span_comes_and_sends_it_after_one_delay() {
+        let recorder = Recorder::default();
+        let delay = Duration::from_millis(5);
+        let settings = BatchSettings {
+            delay,
+            ..settings(100, 50)
+        };
+        let batch = BatchExport::start(recorder.clone(), settings).unwrap();
+        // Forty batch delays without a span: the first passes, then the thread sleeps.
+        std::thread::sleep(delay * 40);
+        let woken = batch.shared.lock().exporter_wakeups;
+        assert!(
+            woken <= 2,
+            "{woken} wake-ups in 40 batch delays without a span"
+        );
+        // The first span wakes it, and goes out once its delay has passed: no flush needed.
+        batch.on_end(span(true));
+        recorder.wait_entered();
+        assert_eq!(recorder.exported(), 1);
         batch
             .shutdown_with_timeout(Duration::from_secs(10))
             .unwrap();
