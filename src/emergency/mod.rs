@@ -198,6 +198,14 @@ impl EmergencyDenies {
             .collect()
     }
 
+    /// Whether a deny in force has an expiry (only then is there anything to take out).
+    pub fn any_expiring(&self) -> bool {
+        self.current
+            .load()
+            .iter()
+            .any(|a| a.deny.expires_at_ms.is_some())
+    }
+
     /// Changes each time the denies in force change.
     pub fn watch(&self) -> watch::Receiver<u64> {
         self.changes.subscribe()

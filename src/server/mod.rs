@@ -611,8 +611,10 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         let mut expiry = tokio::time::interval(EMERGENCY_EXPIRY_CHECK);
         expiry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            // The timer runs only while a deny can expire: an idle sidecar is not woken for nothing.
+            let expiring = upkeep_boundary.emergency_denies().any_expiring();
             tokio::select! {
-                _ = expiry.tick() => upkeep_boundary.expire_emergency_denies().await,
+                _ = expiry.tick(), if expiring => upkeep_boundary.expire_emergency_denies().await,
                 changed = changes.changed() => match changed {
                     Ok(()) => upkeep_boundary.emergency_denies_changed(),
                     Err(_) => return,
