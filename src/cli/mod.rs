@@ -4,7 +4,8 @@
 //! operator client verbs that talk to a running sidecar: `tools`, `call`, `approvals`, `approve`,
 //! `reject` (`client_verbs.rs`) and `explain` (`explain.rs`), reaching it through `client.rs`; and
 //! `mcp-stdio` (`mcp_stdio.rs`), a stdio MCP server forwarding to a sidecar's MCP door. The signal
-//! dispositions set at start-up are in `signals.rs`.
+//! dispositions set at start-up are in `signals.rs`; once `serve` serves, `start_up_pages.rs`
+//! lets go of the executable's pages only start-up read.
 //!
 //! Exit codes: 0 success; 1 failure (bad config, cannot start, transport error); 2 usage error;
 //! 4 the tool call returned (or, for `explain`, would return) a status other than OK. Every verb
@@ -26,6 +27,7 @@ pub mod shadow_report;
     reason = "libc::signal: the dispositions of SIGPIPE and SIGXFSZ have no safe setter in std"
 )]
 mod signals;
+mod start_up_pages;
 pub mod test_runner;
 
 use std::{path::PathBuf, process::ExitCode};

@@ -1,7 +1,7 @@
 //! `toolgate serve` (also what `toolgate` with no verb does): load the catalog, start telemetry,
 //! run the server until SIGTERM or SIGINT, flush pending spans.
 
-use super::{Failure, ServeArgs, check::host_problems, load, signals};
+use super::{Failure, ServeArgs, check::host_problems, load, signals, start_up_pages};
 use crate::{
     server::{StartOptions, run},
     tasks::Tasks,
@@ -36,7 +36,13 @@ pub(super) async fn serve(args: ServeArgs) -> Result<(), Failure> {
         tracer: telemetry.tracer(),
         mcp_listen: args.mcp_listen,
     };
-    let result = run(config, options, shutdown_signal()).await;
+    let signal = shutdown_signal();
+    let serving = async move {
+        // `run` polls this only once the server is SERVING: start-up is over.
+        start_up_pages::release();
+        signal.await
+    };
+    let result = run(config, options, serving).await;
     reaper.stop(std::time::Duration::from_secs(1)).await;
     // Pending spans are flushed before the process exits.
     telemetry.shutdown();
