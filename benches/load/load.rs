@@ -185,6 +185,28 @@ async fn execute_once(
     Ok(result.model_text)
 }
 
+/// `calls` ExecuteTool calls of `request`, one after another over one connection: traffic before
+/// a sidecar goes idle again. `Err` at the first call that is not answered OK.
+pub async fn calls_in_turn(
+    addr: SocketAddr,
+    request: &proto::ExecuteToolRequest,
+    auth: &MetadataValue<Ascii>,
+    calls: usize,
+) -> anyhow::Result<()> {
+    let mut client = ToolGateClient::new(connect(addr).await?);
+    for i in 0..calls {
+        let mut call = Request::new(request.clone());
+        call.metadata_mut().insert("authorization", auth.clone());
+        call.set_timeout(Duration::from_secs(10));
+        let result = client.execute_tool(call).await?.into_inner().result;
+        match result {
+            Some(r) if r.status() == proto::ToolStatus::Ok => {}
+            other => anyhow::bail!("call {i} of {calls} was not answered OK: {other:?}"),
+        }
+    }
+    Ok(())
+}
+
 /// Latencies and outcomes of one measurement.
 pub struct Stats {
     pub hist: Histogram<u64>,

@@ -415,6 +415,26 @@ pub fn load_average() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
+/// How often each of `pid`'s threads woke up while nothing was asked of it, per second, over
+/// `window`: voluntary context switches by thread name (`switches_by_thread`). A thread that
+/// wakes on a timer with nothing to do costs every pod CPU for as long as it runs.
+pub fn idle_wakeups(pid: u32, window: Duration) -> Option<BTreeMap<String, f64>> {
+    let before = switches_by_thread(pid)?;
+    let started = Instant::now();
+    std::thread::sleep(window);
+    let after = switches_by_thread(pid)?;
+    let seconds = started.elapsed().as_secs_f64();
+    Some(
+        after
+            .into_iter()
+            .map(|(name, (voluntary, _))| {
+                let was = before.get(&name).map_or(0, |(v, _)| *v);
+                (name, voluntary.saturating_sub(was) as f64 / seconds)
+            })
+            .collect(),
+    )
+}
+
 /// Context switches (voluntary, involuntary) of every thread of a process so far, from
 /// `/proc/PID/task/*/status`, summed per thread name (`Name:`; tokio's workers share one): each
 /// voluntary one is a thread going to sleep to wait (for work, a lock, I/O), so per call they

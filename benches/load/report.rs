@@ -4,7 +4,7 @@
 //! split by part. It prints what was measured and measures nothing; [`Spread`] is shared with the
 //! A/B mode's tables, the doors' table and checks with the `doors` program.
 
-use std::{path::Path, time::Duration};
+use std::{collections::BTreeMap, path::Path, time::Duration};
 
 use crate::{
     load::Slow,
@@ -42,12 +42,23 @@ pub struct Report<'a> {
     /// (target, spans received from it, calls sent to it).
     pub spans: &'a [(&'static str, u64, u64)],
     pub startups: &'a [Startup],
-    /// Per round: idle memory, then the slow-call test.
+    /// Per round: idle memory after some calls, then the slow-call test.
     pub memory: &'a [(Memory, Slow)],
     pub bare_memory: &'a [(Memory, Slow)],
+    /// Per round: the binary idle before its first call.
+    pub idle: &'a [Idle],
     pub load_at_start: String,
     pub load_at_end: String,
     pub otlp_endpoint: &'a str,
+}
+
+/// The toolgate binary idle before its first call: its memory, and how often each of its
+/// threads woke up meanwhile, per second.
+pub struct Idle {
+    pub fresh: Memory,
+    pub wakeups: BTreeMap<String, f64>,
+    /// Calls served after these were read, before the idle memory of [`Report::memory`].
+    pub traffic_calls: usize,
 }
 
 fn mib(kib: u64) -> f64 {
@@ -616,12 +627,48 @@ fn memory_checks(r: &Report) -> Vec<Check> {
         ),
         _ => "—".into(),
     };
+    // Judged idle after calls, as a pod is between bursts: what serving touched is resident.
+    let traffic_calls = r.idle.first().map_or(0, |i| i.traffic_calls);
     let (rss, anon, file) = idle(r.memory);
     checks.push((
-        "idle RSS of the toolgate binary".into(),
+        format!("idle RSS of the toolgate binary, after {traffic_calls} calls"),
         describe((rss, anon, file)),
         format!("≤ {GOAL_IDLE_RSS_MIB} MiB"),
         verdict(o.quick, rss.is_some_and(|s| s.median <= GOAL_IDLE_RSS_MIB)),
+    ));
+    let fresh = |of: fn(&Memory) -> u64| Spread::of(r.idle.iter().map(|i| mib(of(&i.fresh))));
+    checks.push((
+        "idle RSS of the toolgate binary before its first call (diagnostic)".into(),
+        describe((
+            fresh(|m| m.rss_kib),
+            fresh(|m| m.anon_kib),
+            fresh(|m| m.file_kib),
+        )),
+        "—".into(),
+        "—",
+    ));
+    let names: std::collections::BTreeSet<&String> =
+        r.idle.iter().flat_map(|i| i.wakeups.keys()).collect();
+    let woken: Vec<String> = names
+        .into_iter()
+        .filter_map(|name| {
+            let per_s = Spread::of(
+                r.idle
+                    .iter()
+                    .map(|i| i.wakeups.get(name).copied().unwrap_or(0.0)),
+            )?;
+            (per_s.max > 0.0).then(|| format!("`{name}` {}", per_s.show(1)))
+        })
+        .collect();
+    checks.push((
+        "wake-ups per second of the idle toolgate binary, by thread (voluntary context switches)"
+            .into(),
+        match woken.is_empty() {
+            true => "none".into(),
+            false => woken.join(", "),
+        },
+        "—".into(),
+        "—",
     ));
     let peak = |rounds: &[(Memory, Slow)]| {
         (
@@ -662,7 +709,7 @@ fn memory_checks(r: &Report) -> Vec<Check> {
         "—",
     ));
     checks.push((
-        "idle RSS of the bare echo process (diagnostic)".into(),
+        format!("idle RSS of the bare echo process, after {traffic_calls} calls (diagnostic)"),
         describe(idle(r.bare_memory)),
         "—".into(),
         "—",
@@ -702,7 +749,7 @@ fn memory_checks(r: &Report) -> Vec<Check> {
             }),
     );
     checks.push((
-        "memory each slow call in flight adds over what it adds to the bare echo (anonymous RSS, (peak − idle) − the bare echo's (peak − idle), per call; same round)"
+        "memory each slow call in flight adds over what it adds to the bare echo (anonymous RSS, (peak − idle after calls) − the bare echo's (peak − idle after calls), per call; same round)"
             .into(),
         match (&over_bare, &peak_ratio) {
             (Some(kib), Some(ratio)) => {

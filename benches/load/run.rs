@@ -11,15 +11,15 @@ use toolgate::{StartOptions, config::Config, settings::Env, telemetry::LogFormat
 use crate::{
     bare_echo,
     catalog::{SECRET, SECRET_ENV, catalog},
-    load::{runtime, slow_calls},
+    load::{Slow, calls_in_turn, execute_request, runtime, slow_calls},
     measure::measure,
     options::Options,
     otlp_collector,
     processes::{
-        Spawned, load_average, memory, reserve_collector, shadow_counts, spawn_bare, start_redis,
-        wait_shadow_loaded,
+        Memory, Spawned, idle_wakeups, load_average, memory, reserve_collector, shadow_counts,
+        spawn_bare, start_redis, wait_shadow_loaded,
     },
-    report::{Report, print_report},
+    report::{Idle, Report, print_report},
     targets::{self, Binaries, EXPORTING, EchoCall, SERVICE_IN_PROCESS},
 };
 
@@ -150,34 +150,62 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
     } else {
         Duration::from_secs(1)
     };
+    // How long an idle sidecar is watched for wake-ups, and the calls it serves before it is
+    // idle again (then its memory is what a pod between bursts of calls holds).
+    let (idle_window, traffic_calls) = match options.quick {
+        true => (Duration::from_millis(300), 100),
+        false => (Duration::from_secs(5), 2_000),
+    };
     let mut memory_rounds = Vec::new();
     let mut bare_memory_rounds = Vec::new();
+    let mut idle_rounds = Vec::new();
     for _ in 0..options.rounds {
         let spawned = Spawned::spawn(exe, config_path, dir.path(), "toolgate-bench-rss", &[])?;
         let (mut binary, _) = spawned.wait_serving(&client_rt)?;
-        std::thread::sleep(settle);
-        let idle = memory(binary.pid()).context("reading the binary's /proc status")?;
-        let slow = client_rt.block_on(slow_calls(options, binary.addr, &call.auth, binary.pid()));
+        let pid = binary.pid();
+        let measured = (|| -> anyhow::Result<(Idle, Memory, Slow)> {
+            std::thread::sleep(settle);
+            let fresh = memory(pid).context("reading the binary's /proc status")?;
+            let wakeups = idle_wakeups(pid, idle_window).context("reading the binary's threads")?;
+            client_rt.block_on(calls_in_turn(
+                binary.addr,
+                &call.request,
+                &call.auth,
+                traffic_calls,
+            ))?;
+            std::thread::sleep(settle);
+            let served = memory(pid).context("reading the binary's /proc status")?;
+            let slow = client_rt.block_on(slow_calls(options, binary.addr, &call.auth, pid))?;
+            let idle = Idle {
+                fresh,
+                wakeups,
+                traffic_calls,
+            };
+            Ok((idle, served, slow))
+        })();
         binary.stop()?;
-        let slow = slow?;
+        let (idle, served, slow) = measured?;
         all_ok &= slow.failed == 0;
-        memory_rounds.push((idle, slow));
+        memory_rounds.push((served, slow));
+        idle_rounds.push(idle);
 
         // The same against the bare echo process: the gRPC stack's own share (diagnostic).
         let mut bare_process = spawn_bare(&dir.path().join("bare-rss.log"))?;
         let bare_pid = bare_process.pid();
-        std::thread::sleep(settle);
-        let bare_slow = memory(bare_pid)
-            .context("reading the bare echo's /proc status")
-            .and_then(|idle| {
-                let slow = client_rt.block_on(slow_calls(
-                    options,
-                    bare_process.addr,
-                    &call.auth,
-                    bare_pid,
-                ))?;
-                Ok((idle, slow))
-            });
+        let bare_slow = (|| -> anyhow::Result<(Memory, Slow)> {
+            let bare_call = execute_request("echo", call.arguments_json.clone(), "run-bench");
+            client_rt.block_on(calls_in_turn(
+                bare_process.addr,
+                &bare_call,
+                &call.auth,
+                traffic_calls,
+            ))?;
+            std::thread::sleep(settle);
+            let served = memory(bare_pid).context("reading the bare echo's /proc status")?;
+            let slow =
+                client_rt.block_on(slow_calls(options, bare_process.addr, &call.auth, bare_pid))?;
+            Ok((served, slow))
+        })();
         bare_process.stop()?;
         let bare_slow = bare_slow?;
         all_ok &= bare_slow.1.failed == 0;
@@ -197,6 +225,7 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
         startups: &startups,
         memory: &memory_rounds,
         bare_memory: &bare_memory_rounds,
+        idle: &idle_rounds,
         load_at_start,
         load_at_end,
         otlp_endpoint: &otlp_endpoint,
