@@ -28,6 +28,7 @@ use crate::{
     clock::SharedClock,
     conditions::Found,
     config::Config,
+    emergency::NewDeny,
     error::{Reason, Stage, Status},
     executor::Executors,
     identity::{AuthMethod, Caller, split_scopes},
@@ -60,8 +61,25 @@ pub struct TestCase {
     /// fetch_url]`): the flow rules see their labels, brought by calls `history[0]`, … Without
     /// it, the scope has seen nothing.
     pub history: Option<Vec<String>>,
+    /// Emergency denies in force for this case only, as `toolgate deny` would set them: to check
+    /// what a deny stops (and what it leaves alone) before setting it in an incident.
+    pub emergency_denies: Option<Vec<TestDeny>>,
     /// What must come out.
     pub expect: Expectation,
+}
+
+/// An emergency deny, as `toolgate deny` takes it.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TestDeny {
+    /// A glob over catalog tool names, e.g. `send_*`.
+    pub tools: String,
+    /// Only this tenant's calls.
+    pub tenant: Option<String>,
+    /// Only this agent's calls.
+    pub agent: Option<String>,
+    /// Why, as refused calls are told (default `toolgate test`).
+    pub reason: Option<String>,
 }
 
 /// A caller: tenant, subject, agent and scopes as dev identity gives them, or the claims of a
@@ -318,6 +336,13 @@ pub async fn run(config: Option<&Path>, tests: &Path, coverage: bool) -> Result<
                 continue;
             }
         };
+        let denies = match set_denies(&boundary, &caller, case).await {
+            Ok(denies) => denies,
+            Err(message) => {
+                report.fail(i, case, format!("  {message}\n"));
+                continue;
+            }
+        };
         let mut diff = String::new();
         if let Some(call) = &case.call {
             let (turn, request) = (turn(&caller, call), call_request(call));
@@ -359,6 +384,10 @@ pub async fn run(config: Option<&Path>, tests: &Path, coverage: bool) -> Result<
             report.seen_listing(&listing);
             diff.push_str(&compare_tools(tools, &listing, &caller));
         }
+        for id in denies {
+            // Each case starts with none in force.
+            let _ = boundary.emergency_denies().clear(&id).await;
+        }
         if diff.is_empty() {
             println!("ok    {}", case.name);
             report.passed += 1;
@@ -382,6 +411,40 @@ pub async fn run(config: Option<&Path>, tests: &Path, coverage: bool) -> Result<
         true => Ok(()),
         false => Err(Failure::Reported),
     }
+}
+
+/// Sets the case's emergency denies (in the explaining boundary's memory); their ids, to clear
+/// once the case is done. On an invalid one, those set so far are cleared and the case fails.
+async fn set_denies(
+    boundary: &Boundary,
+    caller: &Caller,
+    case: &TestCase,
+) -> Result<Vec<String>, String> {
+    let denies = boundary.emergency_denies();
+    let mut ids = Vec::new();
+    for (i, deny) in case.emergency_denies.iter().flatten().enumerate() {
+        let new = NewDeny {
+            tools: deny.tools.clone(),
+            tenant: deny.tenant.clone(),
+            agent: deny.agent.clone(),
+            reason: deny
+                .reason
+                .clone()
+                .unwrap_or_else(|| "toolgate test".into()),
+            ttl: None,
+            cancel_running: false,
+        };
+        match denies.set(new, caller).await {
+            Ok(set) => ids.push(set.id),
+            Err(err) => {
+                for id in ids {
+                    let _ = denies.clear(&id).await;
+                }
+                return Err(format!("emergency_denies[{i}]: {err}"));
+            }
+        }
+    }
+    Ok(ids)
 }
 
 /// A boundary on the catalog with fresh, empty state, whose backends are never called (cases

@@ -226,6 +226,59 @@ cases:
     );
 }
 
+/// A case's emergency denies stop what they name, for that case only; a wrong expectation shows
+/// the deny in the trail, and an invalid deny fails its case by name.
+#[test]
+fn emergency_denies_in_a_case_stop_what_they_name_for_that_case_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let tests = write(
+        dir.path(),
+        "denies.yaml",
+        r#"version: 1
+cases:
+  - name: refunds stopped for acme run anyway
+    identity: { tenant: acme, subject: alice, agent: billing-bot }
+    emergency_denies: [{ tools: "refund_*", tenant: acme, reason: refunds looping }]
+    call: { name: refund_order, arguments: { order_id: A-1, amount_cents: 500 } }
+    expect: { status: OK }
+  - name: the next case has no deny in force
+    identity: { tenant: acme, subject: alice }
+    call: { name: refund_order, arguments: { order_id: A-1, amount_cents: 500 } }
+    expect: { status: OK, tools: { visible: [refund_order] } }
+  - name: a deny for another agent leaves this one alone
+    identity: { tenant: acme, subject: alice, agent: billing-bot }
+    emergency_denies: [{ tools: "refund_*", agent: support-bot }]
+    call: { name: refund_order, arguments: { order_id: A-1, amount_cents: 500 } }
+    expect: { status: OK }
+  - name: a glob that does not parse
+    identity: { tenant: acme }
+    emergency_denies: [{ tools: "echo" }, { tools: "refund_[" }]
+    call: { name: echo, arguments: { text: hi } }
+    expect: { status: OK }
+  - name: and the valid deny of the failed case was lifted with it
+    identity: { tenant: acme }
+    call: { name: echo, arguments: { text: hi } }
+    expect: { status: OK }
+"#,
+    );
+    let (code, stdout, stderr) = toolgate_test(&["--config", "examples/demo.yaml", &tests], &[]);
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    for line in [
+        "FAIL  refunds stopped for acme run anyway (cases[0])",
+        "  status: expected OK, got DENIED",
+        "emergency deny emd_",
+        "refunds looping",
+        "ok    the next case has no deny in force",
+        "ok    a deny for another agent leaves this one alone",
+        "FAIL  a glob that does not parse (cases[3])",
+        "  emergency_denies[1]: invalid tools glob \"refund_[\"",
+        "ok    and the valid deny of the failed case was lifted with it",
+        ": 3 passed, 2 failed",
+    ] {
+        assert!(stdout.contains(line), "no {line:?} in:\n{stdout}");
+    }
+}
+
 /// Every condition must hold in one case and be false in another; an error counts as neither.
 #[test]
 fn coverage_needs_each_condition_both_ways() {
