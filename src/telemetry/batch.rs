@@ -501,8 +501,9 @@ mod tests {
         // Forty batch delays without a span: the first passes, then the thread sleeps.
         std::thread::sleep(delay * 40);
         let woken = batch.shared.lock().exporter_wakeups;
+        // One for the first delay; the rest is slack for a spurious wake-up (each costs two).
         assert!(
-            woken <= 2,
+            woken <= 4,
             "{woken} wake-ups in 40 batch delays without a span"
         );
         // The first span wakes it, and goes out once its delay has passed: no flush needed.
