@@ -8,6 +8,9 @@ use crate::{
     telemetry,
 };
 
+/// How long after SERVING start-up's pages are let go (`start_up_pages`).
+const START_UP_TAIL: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Serves until a shutdown signal; exit 1 when the catalog does not load or the server fails.
 pub(super) async fn serve(args: ServeArgs) -> Result<(), Failure> {
     // The config says where traces go, so it is read before logging starts; errors go to stderr.
@@ -38,8 +41,14 @@ pub(super) async fn serve(args: ServeArgs) -> Result<(), Failure> {
     };
     let signal = shutdown_signal();
     let serving = async move {
-        // `run` polls this only once the server is SERVING: start-up is over.
-        start_up_pages::release();
+        // `run` polls this only once the server is SERVING; the tasks start-up spawned take their
+        // first steps meanwhile (threads, first timers, the first catalog poll), so start-up's
+        // pages are let go a little later, unless a shutdown comes first.
+        tokio::pin!(signal);
+        tokio::select! {
+            () = &mut signal => return,
+            () = tokio::time::sleep(START_UP_TAIL) => start_up_pages::release(),
+        }
         signal.await
     };
     let result = run(config, options, serving).await;

@@ -1,4 +1,5 @@
-//! Once the sidecar serves, the pages of its executable that only start-up read are let go.
+//! Once the sidecar serves (and the tasks start-up spawned have taken their first steps), the
+//! pages of its executable that only start-up read are let go.
 //!
 //! Start-up runs code from nearly every part of the binary once — the config parser, the
 //! schema compiler, the TLS and HTTP clients' construction, the exporter — and the kernel maps
