@@ -165,8 +165,9 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
         let pid = binary.pid();
         let measured = (|| -> anyhow::Result<(Idle, Memory, Slow)> {
             std::thread::sleep(settle);
-            let fresh = memory(pid).context("reading the binary's /proc status")?;
             let wakeups = idle_wakeups(pid, idle_window).context("reading the binary's threads")?;
+            // After the window: the binary lets go of start-up's pages a second after SERVING.
+            let fresh = memory(pid).context("reading the binary's /proc status")?;
             client_rt.block_on(calls_in_turn(
                 binary.addr,
                 &call.request,
