@@ -11,7 +11,7 @@ use toolgate::{StartOptions, config::Config, settings::Env, telemetry::LogFormat
 use crate::{
     bare_echo,
     catalog::{SECRET, SECRET_ENV, catalog},
-    load::{Slow, calls_in_turn, execute_request, runtime, slow_calls},
+    load::{Slow, calls_in_turn, runtime, slow_calls},
     measure::measure,
     options::Options,
     otlp_collector,
@@ -194,10 +194,9 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
         let mut bare_process = spawn_bare(&dir.path().join("bare-rss.log"))?;
         let bare_pid = bare_process.pid();
         let bare_slow = (|| -> anyhow::Result<(Memory, Slow)> {
-            let bare_call = execute_request("echo", call.arguments_json.clone(), "run-bench");
             client_rt.block_on(calls_in_turn(
                 bare_process.addr,
-                &bare_call,
+                &call.request,
                 &call.auth,
                 traffic_calls,
             ))?;
