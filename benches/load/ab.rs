@@ -18,9 +18,9 @@ use crate::{
     measure::{Row, measure},
     options::{Options, executable},
     otlp_collector,
-    processes::{Binary, Spawned, load_average, reserve_collector},
-    report::Spread,
-    targets::{EchoCall, Target},
+    processes::{Binary, Spawned, load_average, reserve_collector, spawn_bare},
+    report::{Spread, print_fixed_rate_costs, print_wakeups},
+    targets::{BARE_PROCESS, BINARY, EchoCall, Target},
 };
 
 /// The A/B mode's own argument; A is `--binary`.
@@ -98,9 +98,7 @@ pub struct Interleaved {
 }
 
 /// Starts both sides, each its own process (catalog and audit in `dir`, spans to `endpoint`),
-/// and measures them in turn within each round, the first then the second in even rounds and
-/// the other way in odd ones, so a slow stretch of the machine lands on both and neither always
-/// goes first; then stops them.
+/// measures them [`in_turn`], then stops them.
 pub fn interleave(
     options: &Options,
     client_rt: &Runtime,
@@ -126,30 +124,46 @@ pub fn interleave(
     let [first, second] = sides;
     let mut a = start(&first)?;
     let mut b = start(&second)?;
+    let measured = in_turn(
+        options,
+        client_rt,
+        [
+            Target::binary(first.name, &a, call),
+            Target::binary(second.name, &b, call),
+        ],
+    );
+    a.stop()?;
+    b.stop()?;
+    measured
+}
+
+/// Measures two running targets in turn within each round, the first then the second in even
+/// rounds and the other way in odd ones, so a slow stretch of the machine lands on both and
+/// neither always goes first.
+pub fn in_turn(
+    options: &Options,
+    client_rt: &Runtime,
+    targets: [Target; 2],
+) -> anyhow::Result<Interleaved> {
     let mut measured = Interleaved {
         rows: Vec::new(),
         rounds: Vec::new(),
         ok: true,
     };
-    let result = (|| -> anyhow::Result<()> {
-        for round in 0..options.rounds {
-            let order = if round % 2 == 0 {
-                [(first.name, &a), (second.name, &b)]
-            } else {
-                [(second.name, &b), (first.name, &a)]
-            };
-            for (name, binary) in order {
-                let target = Target::binary(name, binary, call);
-                let from = measured.rows.len();
-                measured.ok &= measure(options, client_rt, &target, &mut measured.rows)?.ok;
-                measured.rounds.push((round, from..measured.rows.len()));
-            }
+    for round in 0..options.rounds {
+        let [first, second] = &targets;
+        let order = if round % 2 == 0 {
+            [first, second]
+        } else {
+            [second, first]
+        };
+        for target in order {
+            let from = measured.rows.len();
+            measured.ok &= measure(options, client_rt, target, &mut measured.rows)?.ok;
+            measured.rounds.push((round, from..measured.rows.len()));
         }
-        Ok(())
-    })();
-    a.stop()?;
-    b.stop()?;
-    result.map(|()| measured)
+    }
+    Ok(measured)
 }
 
 /// The medians (min–max) over the rounds of the rows named `a` and `b`, mode by mode, with
@@ -204,47 +218,145 @@ pub fn print_medians(options: &Options, rows: &[Row], a: &str, b: &str, ratio: &
     }
 }
 
+/// What an interleaved program runs with: the collector the servers export spans to (on its
+/// own runtime), the client's runtime, a directory for catalogs and audit files, and the call.
+struct Bench {
+    collector_rt: Runtime,
+    collector: otlp_collector::Collector,
+    client_rt: Runtime,
+    dir: tempfile::TempDir,
+    call: EchoCall,
+    otlp_endpoint: String,
+}
+
+impl Bench {
+    fn start(options: &Options) -> anyhow::Result<Self> {
+        let (collector_listener, otlp_endpoint) = reserve_collector()?;
+        println!("load average at start: {}", load_average());
+        let collector_rt = runtime("bench-otlp", 1)?;
+        let collector = collector_rt.block_on(otlp_collector::start_on(collector_listener, 10_000));
+        Ok(Bench {
+            collector_rt,
+            collector,
+            client_rt: runtime("bench-client", 2)?,
+            dir: tempfile::tempdir()?,
+            call: EchoCall::new(options.payload)?,
+            otlp_endpoint,
+        })
+    }
+
+    fn endpoint(&self) -> [(&'static str, &str); 1] {
+        [("OTEL_EXPORTER_OTLP_ENDPOINT", self.otlp_endpoint.as_str())]
+    }
+
+    /// A toolgate side named `name` with the bench catalog, its audit file in the directory.
+    fn side<'a>(&self, name: &'static str, exe: &'a Path, service: &'static str) -> Side<'a> {
+        Side {
+            name,
+            exe,
+            catalog: catalog(&self.dir.path().join(format!("audit-{service}.jsonl"))),
+            service,
+        }
+    }
+
+    /// Waits until the servers' spans stop coming, then prints how many came from each of
+    /// `services` next to the calls answered, and the load average.
+    fn finish(&self, options: &Options, measured: &Interleaved, services: [&str; 2]) {
+        let received = self.collector_rt.block_on(
+            self.collector
+                .wait_until_quiet(options.span_quiet, Duration::from_secs(60)),
+        );
+        let calls: u64 = measured.rows.iter().map(|r| r.stats.ok).sum();
+        let [a, b] = services;
+        println!(
+            "\nOTLP spans received: {received} (from {a}: {}, from {b}: {}); calls answered in the measured phases: {calls}",
+            self.collector.received_from(a),
+            self.collector.received_from(b),
+        );
+        println!("load average at end: {}", load_average());
+    }
+}
+
 /// Interleaved A/B (`ab`): two toolgate executables, started once each with the same catalog
 /// (audit to a file, JWT, spans to the collector) and measured in turn within each round
 /// ([`interleave`]). Prints each round, then each binary's median (min–max) over the rounds and
 /// the ratios B / A taken per round.
 pub fn ab(options: &Options, other: &Path) -> anyhow::Result<bool> {
-    let (collector_listener, otlp_endpoint) = reserve_collector()?;
-    let load_at_start = load_average();
-    let dir = tempfile::tempdir()?;
-    let collector_rt = runtime("bench-otlp", 1)?;
-    let client_rt = runtime("bench-client", 2)?;
-    let collector = collector_rt.block_on(otlp_collector::start_on(collector_listener, 10_000));
-    let call = EchoCall::new(options.payload)?;
-    let endpoint = [("OTEL_EXPORTER_OTLP_ENDPOINT", otlp_endpoint.as_str())];
-    let side = |name, exe, service: &'static str| Side {
-        name,
-        exe,
-        catalog: catalog(&dir.path().join(format!("audit-{service}.jsonl"))),
-        service,
-    };
-    println!("load average at start: {load_at_start}");
+    let bench = Bench::start(options)?;
+    let (service_a, service_b) = ("toolgate-bench-a", "toolgate-bench-b");
     let measured = interleave(
         options,
-        &client_rt,
-        dir.path(),
-        &endpoint,
-        &call,
+        &bench.client_rt,
+        bench.dir.path(),
+        &bench.endpoint(),
+        &bench.call,
         [
-            side(AB_A, &options.binary, "toolgate-bench-a"),
-            side(AB_B, other, "toolgate-bench-b"),
+            bench.side(AB_A, &options.binary, service_a),
+            bench.side(AB_B, other, service_b),
         ],
     )?;
-    let received = collector_rt
-        .block_on(collector.wait_until_quiet(options.span_quiet, Duration::from_secs(60)));
     print_each_round("binary", &measured.rows, &measured.rounds);
     print_medians(options, &measured.rows, AB_A, AB_B, "B / A");
-    let calls: u64 = measured.rows.iter().map(|r| r.stats.ok).sum();
+    bench.finish(options, &measured, [service_a, service_b]);
+    Ok(measured.ok)
+}
+
+/// The toolgate binary against the bare stack, alone (`vs-bare`): the bare echo and the binary
+/// (--binary, with the bench catalog: audit to a file, JWT, spans to the collector), each its
+/// own process, measured in turn within each round ([`in_turn`]) at max rate and the fixed
+/// rates. Prints each round, then the full run's table of CPU and context switches per call with
+/// toolgate / bare taken per round, and the threads each call wakes.
+pub fn vs_bare(options: &Options) -> anyhow::Result<bool> {
+    let bench = Bench::start(options)?;
+    let service = "toolgate-bench-binary";
+    let side = bench.side(BINARY, &options.binary, service);
+    let config = bench.dir.path().join(format!("{service}.yaml"));
+    std::fs::write(&config, &side.catalog)?;
+    let mut bare = spawn_bare(&bench.dir.path().join("bare.log"))?;
+    let mut binary = Spawned::spawn(
+        side.exe,
+        &config,
+        bench.dir.path(),
+        service,
+        &bench.endpoint(),
+    )?
+    .wait_serving(&bench.client_rt)?
+    .0;
     println!(
-        "\nOTLP spans received: {received} (from A: {}, from B: {}); calls answered in the measured phases: {calls}",
-        collector.received_from("toolgate-bench-a"),
-        collector.received_from("toolgate-bench-b"),
+        "bare echo (pid {}); toolgate: {} (pid {})",
+        bare.pid(),
+        side.exe.display(),
+        binary.pid()
     );
-    println!("load average at end: {}", load_average());
+    let measured = in_turn(
+        options,
+        &bench.client_rt,
+        [
+            Target::bare_process(&bare, &bench.call),
+            Target::binary(BINARY, &binary, &bench.call),
+        ],
+    );
+    bare.stop()?;
+    binary.stop()?;
+    let measured = measured?;
+    print_each_round("server", &measured.rows, &measured.rounds);
+    println!();
+    print_fixed_rate_costs(options, &measured.rows);
+    let keys: Vec<(&str, String)> = [BARE_PROCESS, BINARY]
+        .into_iter()
+        .flat_map(|target| {
+            options
+                .rates
+                .iter()
+                .map(move |r| (target, format!("{r} rps")))
+        })
+        .collect();
+    let keys: Vec<(&str, &str)> = keys.iter().map(|(t, m)| (*t, m.as_str())).collect();
+    print_wakeups(&keys, &measured.rows);
+    bench.finish(
+        options,
+        &measured,
+        [service, "(none: the bare echo exports nothing)"],
+    );
     Ok(measured.ok)
 }

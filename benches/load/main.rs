@@ -4,6 +4,7 @@
 //! ```sh
 //! cargo bench --bench load -- [--duration 10s] [--connections N] [--concurrency M] [--rate RPS] [--quick]
 //! cargo bench --bench load -- ab PATH_B [--binary PATH_A] [--rounds N]   # interleaved A/B
+//! cargo bench --bench load -- vs-bare [--rounds N]                        # toolgate vs bare, alone
 //! cargo bench --bench load -- doors [--rounds N]                          # MCP door vs gRPC door
 //! cargo bench --bench load -- features [--rounds N]                       # each new capability's cost
 //! cargo bench --bench load -- emergency [--rounds N]                      # deny propagation time
@@ -107,6 +108,14 @@ enum Program {
     /// at max rate and the fixed rates. Prints a table per round, then the medians and B / A.
     #[command(long_flag_alias = "ab")]
     Ab(ab::AbArgs),
+    /// The toolgate binary against the bare stack, alone: the full run's own-process rows
+    ///
+    /// The bare echo and the binary (--binary, with the bench catalog: audit to a file, JWT,
+    /// spans to the harness's collector), each its own process, measured in turn every round
+    /// (the order swapped each round) at max rate and the fixed rates. Prints each round, then
+    /// CPU and context switches per call with toolgate / bare per round, and the threads a call
+    /// wakes.
+    VsBare,
     /// The MCP door against the gRPC door, alone: the full run's door rows and checks
     ///
     /// Three binaries (--binary) with the bench catalog and the MCP door on, one called with
@@ -171,6 +180,7 @@ fn main() -> ExitCode {
     match cli.program {
         None => harness(options, run::run),
         Some(Program::Ab(args)) => harness(options, |o| ab::ab(o, &args.binary_b)),
+        Some(Program::VsBare) => harness(options, ab::vs_bare),
         Some(Program::Doors) => harness(options, doors::doors),
         Some(Program::Features) => harness(options, features::features),
         Some(Program::Emergency) => harness(options, emergency::emergency),

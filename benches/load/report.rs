@@ -131,7 +131,7 @@ fn rows_of<'r>(rows: &'r [Row], target: &str, rate: Option<u64>) -> Vec<&'r Row>
 /// What a call costs the server process at each fixed rate, next to the bare echo's, per round:
 /// CPU and context switches per call, and their ratios. At moderate rates the difference is
 /// mostly wake-ups and hand-offs between threads, which saturation hides by batching.
-fn print_fixed_rate_costs(o: &Options, rows: &[Row]) {
+pub fn print_fixed_rate_costs(o: &Options, rows: &[Row]) {
     let per_mode = |target: &str, rate: Option<u64>| rows_of(rows, target, rate);
     println!("### Cost per call of the server process (own processes)");
     println!();
@@ -797,7 +797,7 @@ fn memory_checks(r: &Report) -> Vec<Check> {
 
 /// Thread hops: for each fixed-rate row, the threads a call wakes and how often (voluntary
 /// context switches per call, median over the rounds).
-fn print_wakeups(keys: &[(&str, &str)], rows: &[Row]) {
+pub fn print_wakeups(keys: &[(&str, &str)], rows: &[Row]) {
     let mut printed_header = false;
     for (target, mode) in keys {
         let rounds: Vec<&Row> = rows

@@ -176,6 +176,14 @@ impl Target {
         Target::new(name, addr, &call.request, &call.auth, &call.arguments_json)
     }
 
+    /// The bare echo as its own process, with its CPU time measured.
+    pub fn bare_process(bare: &BareProcess, call: &EchoCall) -> Self {
+        Target {
+            server_pid: Some(bare.pid()),
+            ..Target::bare(BARE_PROCESS, bare.addr, call)
+        }
+    }
+
     /// A toolgate binary's MCP door, sent `call` as a `tools/call` under `revision`, with its
     /// process's CPU time measured.
     pub fn mcp(
@@ -289,10 +297,7 @@ pub fn of_run(
     let mut targets = vec![
         Target::bare(BARE, bare, call),
         Target::toolgate(TOOLGATE, toolgate, call),
-        Target {
-            server_pid: Some(bare_process.pid()),
-            ..Target::bare(BARE_PROCESS, bare_process.addr, call)
-        },
+        Target::bare_process(bare_process, call),
         binary(BINARY, &binaries.plain),
         Target {
             fresh_tokens: true,
