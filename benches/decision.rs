@@ -641,6 +641,16 @@ fn output_guard_64k(bencher: Bencher, secrets: usize) {
     bencher.bench_local(|| guard.screen(black_box(&output)).text.len());
 }
 
+/// The default output guard over a short output with nothing to redact (the load harness's
+/// echo: 256 bytes of text in JSON), what most calls return: the fixed cost per output.
+#[divan::bench]
+fn output_guard_short(bencher: Bencher) {
+    let guard = toolgate::output_guard::Guard::compile(None, None).expect("the default guard");
+    let output = serde_json::json!({ "text": "x".repeat(256) }).to_string();
+    assert!(guard.screen(&output).findings.is_empty());
+    bencher.bench_local(|| guard.screen(black_box(&output)).text.len());
+}
+
 /// The same 64 KiB with every detector on, the personal-data ones too (opt-in: their patterns
 /// have no literal to look for first, so they cost more).
 #[divan::bench]
