@@ -31,6 +31,17 @@ fn write(dir: &Path, name: &str, text: &str) -> String {
     path.display().to_string()
 }
 
+/// Asserts that a `toolgate test` run failed (exit 1) and printed each of `lines`; returns what
+/// it printed.
+fn assert_fails_printing(run: (Option<i32>, String, String), lines: &[&str]) -> String {
+    let (code, stdout, stderr) = run;
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    for line in lines {
+        assert!(stdout.contains(line), "no {line:?} in:\n{stdout}");
+    }
+    stdout
+}
+
 #[test]
 fn the_shipped_demo_cases_pass_and_cover_every_tool_and_deny_rule() {
     let (code, stdout, stderr) = toolgate_test(
@@ -83,23 +94,22 @@ cases:
     expect: { tools: { visible: [refund_order, echo] } }
 "#,
     );
-    let (code, stdout, stderr) = toolgate_test(&["--config", "examples/demo.yaml", &tests], &[]);
-    assert_eq!(code, Some(1), "{stdout}{stderr}");
-    for line in [
-        "FAIL  globex may delete tickets (cases[0])",
-        "  status: expected APPROVAL_REQUIRED, got NOT_FOUND",
-        "  refused_by: expected approval, got resolve",
-        r#"  call: delete_ticket {"ticket_id":"T-1"} as tenant "globex", subject "bob", agent "", scopes [tickets:write]"#,
-        "rule tenants.globex.deny[0] (deny \"delete_ticket\")",
-        "ok    echo runs",
-        "FAIL  rag_search is bound to globex (cases[2])",
-        r#"  bound_arguments.filter.tenant: expected "globex", got "acme""#,
-        "FAIL  support-bot sees refund_order (cases[3])",
-        "  tools: expected refund_order visible, got hidden by access [denied_by_policy]: refund_order is not in agent support-bot's allow list",
-        ": 1 passed, 3 failed",
-    ] {
-        assert!(stdout.contains(line), "no {line:?} in:\n{stdout}");
-    }
+    let stdout = assert_fails_printing(
+        toolgate_test(&["--config", "examples/demo.yaml", &tests], &[]),
+        &[
+            "FAIL  globex may delete tickets (cases[0])",
+            "  status: expected APPROVAL_REQUIRED, got NOT_FOUND",
+            "  refused_by: expected approval, got resolve",
+            r#"  call: delete_ticket {"ticket_id":"T-1"} as tenant "globex", subject "bob", agent "", scopes [tickets:write]"#,
+            "rule tenants.globex.deny[0] (deny \"delete_ticket\")",
+            "ok    echo runs",
+            "FAIL  rag_search is bound to globex (cases[2])",
+            r#"  bound_arguments.filter.tenant: expected "globex", got "acme""#,
+            "FAIL  support-bot sees refund_order (cases[3])",
+            "  tools: expected refund_order visible, got hidden by access [denied_by_policy]: refund_order is not in agent support-bot's allow list",
+            ": 1 passed, 3 failed",
+        ],
+    );
     // A field that matches is not reported.
     assert!(
         !stdout.contains("expected refund_order visible, got visible"),
@@ -166,22 +176,21 @@ cases:
     expect: { status: OK }
 "#,
     );
-    let (code, stdout, stderr) = toolgate_test(
-        &["--config", "examples/demo.yaml", &tests, "--coverage"],
-        &[],
+    assert_fails_printing(
+        toolgate_test(
+            &["--config", "examples/demo.yaml", &tests, "--coverage"],
+            &[],
+        ),
+        &[
+            "FAIL  a small refund after reading a ticket runs at once (cases[0])",
+            "  status: expected OK, got APPROVAL_REQUIRED",
+            "  flow_rule: expected , got refund_after_reading_a_ticket",
+            "flow (run): has seen untrusted_content (call history[1]: query_ticket); this call adds moves_money; rule refund_after_reading_a_ticket (flow.rules[0]) would require an approval",
+            "ok    without a ticket read, it runs at once",
+            ": 1 passed, 1 failed",
+            "flow rules: 1/1 decided a case",
+        ],
     );
-    assert_eq!(code, Some(1), "{stdout}{stderr}");
-    for line in [
-        "FAIL  a small refund after reading a ticket runs at once (cases[0])",
-        "  status: expected OK, got APPROVAL_REQUIRED",
-        "  flow_rule: expected , got refund_after_reading_a_ticket",
-        "flow (run): has seen untrusted_content (call history[1]: query_ticket); this call adds moves_money; rule refund_after_reading_a_ticket (flow.rules[0]) would require an approval",
-        "ok    without a ticket read, it runs at once",
-        ": 1 passed, 1 failed",
-        "flow rules: 1/1 decided a case",
-    ] {
-        assert!(stdout.contains(line), "no {line:?} in:\n{stdout}");
-    }
     // Without a case whose history makes it fire, the rule is not covered.
     let passing = write(
         dir.path(),
@@ -261,22 +270,21 @@ cases:
     expect: { status: OK }
 "#,
     );
-    let (code, stdout, stderr) = toolgate_test(&["--config", "examples/demo.yaml", &tests], &[]);
-    assert_eq!(code, Some(1), "{stdout}{stderr}");
-    for line in [
-        "FAIL  refunds stopped for acme run anyway (cases[0])",
-        "  status: expected OK, got DENIED",
-        "emergency deny emd_",
-        "refunds looping",
-        "ok    the next case has no deny in force",
-        "ok    a deny for another agent leaves this one alone",
-        "FAIL  a glob that does not parse (cases[3])",
-        "  emergency_denies[1]: invalid tools glob \"refund_[\"",
-        "ok    and the valid deny of the failed case was lifted with it",
-        ": 3 passed, 2 failed",
-    ] {
-        assert!(stdout.contains(line), "no {line:?} in:\n{stdout}");
-    }
+    assert_fails_printing(
+        toolgate_test(&["--config", "examples/demo.yaml", &tests], &[]),
+        &[
+            "FAIL  refunds stopped for acme run anyway (cases[0])",
+            "  status: expected OK, got DENIED",
+            "emergency deny emd_",
+            "refunds looping",
+            "ok    the next case has no deny in force",
+            "ok    a deny for another agent leaves this one alone",
+            "FAIL  a glob that does not parse (cases[3])",
+            "  emergency_denies[1]: invalid tools glob \"refund_[\"",
+            "ok    and the valid deny of the failed case was lifted with it",
+            ": 3 passed, 2 failed",
+        ],
+    );
 }
 
 /// Every condition must hold in one case and be false in another; an error counts as neither.
