@@ -19,8 +19,8 @@ use crate::{
     options::{Options, executable},
     otlp_collector,
     processes::{Binary, Spawned, load_average, reserve_collector, spawn_bare},
-    report::{Spread, print_fixed_rate_costs, print_wakeups},
-    targets::{BARE_PROCESS, BINARY, EchoCall, Target},
+    report::{Spread, measured_keys, print_fixed_rate_costs, print_wakeups},
+    targets::{BINARY, EchoCall, Target},
 };
 
 /// The A/B mode's own argument; A is `--binary`.
@@ -89,6 +89,30 @@ pub struct Side<'a> {
     pub service: &'static str,
 }
 
+impl Side<'_> {
+    /// Starts this side's executable with its catalog (written to `dir`), spans to `endpoint`;
+    /// returns once health says SERVING.
+    fn start(
+        &self,
+        client_rt: &Runtime,
+        dir: &Path,
+        endpoint: &[(&str, &str)],
+    ) -> anyhow::Result<Binary> {
+        let config = dir.join(format!("{}.yaml", self.service));
+        std::fs::write(&config, &self.catalog)?;
+        let binary = Spawned::spawn(self.exe, &config, dir, self.service, endpoint)?
+            .wait_serving(client_rt)?
+            .0;
+        println!(
+            "{}: {} (pid {})",
+            self.name,
+            self.exe.display(),
+            binary.pid()
+        );
+        Ok(binary)
+    }
+}
+
 /// What an interleaved comparison measured: its rows, each round's, and whether every call was
 /// answered.
 pub struct Interleaved {
@@ -107,20 +131,7 @@ pub fn interleave(
     call: &EchoCall,
     sides: [Side<'_>; 2],
 ) -> anyhow::Result<Interleaved> {
-    let start = |side: &Side<'_>| -> anyhow::Result<Binary> {
-        let config = dir.join(format!("{}.yaml", side.service));
-        std::fs::write(&config, &side.catalog)?;
-        let binary = Spawned::spawn(side.exe, &config, dir, side.service, endpoint)?
-            .wait_serving(client_rt)?
-            .0;
-        println!(
-            "{}: {} (pid {})",
-            side.name,
-            side.exe.display(),
-            binary.pid()
-        );
-        Ok(binary)
-    };
+    let start = |side: &Side<'_>| side.start(client_rt, dir, endpoint);
     let [first, second] = sides;
     let mut a = start(&first)?;
     let mut b = start(&second)?;
@@ -309,25 +320,13 @@ pub fn ab(options: &Options, other: &Path) -> anyhow::Result<bool> {
 pub fn vs_bare(options: &Options) -> anyhow::Result<bool> {
     let bench = Bench::start(options)?;
     let service = "toolgate-bench-binary";
-    let side = bench.side(BINARY, &options.binary, service);
-    let config = bench.dir.path().join(format!("{service}.yaml"));
-    std::fs::write(&config, &side.catalog)?;
     let mut bare = spawn_bare(&bench.dir.path().join("bare.log"))?;
-    let mut binary = Spawned::spawn(
-        side.exe,
-        &config,
+    println!("bare echo (pid {})", bare.pid());
+    let mut binary = bench.side(BINARY, &options.binary, service).start(
+        &bench.client_rt,
         bench.dir.path(),
-        service,
         &bench.endpoint(),
-    )?
-    .wait_serving(&bench.client_rt)?
-    .0;
-    println!(
-        "bare echo (pid {}); toolgate: {} (pid {})",
-        bare.pid(),
-        side.exe.display(),
-        binary.pid()
-    );
+    )?;
     let measured = in_turn(
         options,
         &bench.client_rt,
@@ -342,17 +341,7 @@ pub fn vs_bare(options: &Options) -> anyhow::Result<bool> {
     print_each_round("server", &measured.rows, &measured.rounds);
     println!();
     print_fixed_rate_costs(options, &measured.rows);
-    let keys: Vec<(&str, String)> = [BARE_PROCESS, BINARY]
-        .into_iter()
-        .flat_map(|target| {
-            options
-                .rates
-                .iter()
-                .map(move |r| (target, format!("{r} rps")))
-        })
-        .collect();
-    let keys: Vec<(&str, &str)> = keys.iter().map(|(t, m)| (*t, m.as_str())).collect();
-    print_wakeups(&keys, &measured.rows);
+    print_wakeups(&measured_keys(&measured.rows), &measured.rows);
     bench.finish(
         options,
         &measured,

@@ -114,6 +114,17 @@ impl Spread {
     }
 }
 
+/// The (target, mode) pairs of `rows`, in the order first measured.
+pub fn measured_keys(rows: &[Row]) -> Vec<(&str, &str)> {
+    let mut keys: Vec<(&str, &str)> = Vec::new();
+    for row in rows {
+        if !keys.contains(&(row.target, row.mode.as_str())) {
+            keys.push((row.target, row.mode.as_str()));
+        }
+    }
+    keys
+}
+
 /// One target's rows in one mode, a row per round: a fixed rate's, or (`None`) the max-rate ones.
 fn rows_of<'r>(rows: &'r [Row], target: &str, rate: Option<u64>) -> Vec<&'r Row> {
     let mode = rate.map(|r| format!("{r} rps"));
@@ -255,13 +266,7 @@ pub fn print_report(r: &Report) {
         "| target | mode | throughput (calls/s) | p50 ms | p99 ms | p99.9 ms | max ms | ok | failed | server CPU µs/call | notes |"
     );
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|");
-    // (target, mode) in the order first measured.
-    let mut keys: Vec<(&str, &str)> = Vec::new();
-    for row in r.rows {
-        if !keys.contains(&(row.target, row.mode.as_str())) {
-            keys.push((row.target, row.mode.as_str()));
-        }
-    }
+    let keys = measured_keys(r.rows);
     let rounds_of = |target: &str, mode: &str| -> Vec<&Row> {
         r.rows
             .iter()
