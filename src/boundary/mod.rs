@@ -292,27 +292,35 @@ impl Boundary {
     /// Resolves when a running call must stop: the sidecar's hard stop at the end of the
     /// shutdown grace period, or an emergency deny with `cancel_running` that matches it. One
     /// wait serves both (the epoch is a child of the calls' stop signal).
-    async fn interrupted(
-        &self,
+    ///
+    /// Not an `async fn`, for the reason `execute` gives: every call in flight holds this wait.
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn holds its arguments twice"
+    )]
+    fn interrupted<'a>(
+        &'a self,
         mut epoch: Arc<tokio_util::sync::CancellationToken>,
-        tool: &str,
-        caller: &Caller,
-    ) -> Refusal {
-        loop {
-            epoch.cancelled().await;
-            if self.calls.is_cancelled() {
-                return Refusal::new(
-                    Stage::Execute,
-                    Reason::Cancelled,
-                    "the sidecar is shutting down",
-                );
+        tool: &'a str,
+        caller: &'a Caller,
+    ) -> impl Future<Output = Refusal> + Send + 'a {
+        async move {
+            loop {
+                epoch.cancelled().await;
+                if self.calls.is_cancelled() {
+                    return Refusal::new(
+                        Stage::Execute,
+                        Reason::Cancelled,
+                        "the sidecar is shutting down",
+                    );
+                }
+                // The next epoch first, so a deny seen while this one looks is not missed.
+                let next = self.emergency.epoch();
+                if let Some(active) = self.emergency.stopping(tool, caller) {
+                    return emergency::refused(tool, &active.deny, true);
+                }
+                epoch = next;
             }
-            // The next epoch first, so a deny seen while this one looks is not missed.
-            let next = self.emergency.epoch();
-            if let Some(active) = self.emergency.stopping(tool, caller) {
-                return emergency::refused(tool, &active.deny, true);
-            }
-            epoch = next;
         }
     }
 
@@ -546,48 +554,58 @@ impl Boundary {
     }
 
     /// The ordered chain. Each line is one stage; the first refusal returns.
-    async fn chain(
-        &self,
-        turn: &Turn,
-        call: &CallRequest,
-        call_id: &Arc<str>,
-        trail: &mut CallTrail,
-        span: &spans::ToolgateSpan,
-    ) -> Result<Success, Refusal> {
-        // The catalog is pinned for the rest of this call, even if a reload happens meanwhile.
-        let state = self.state.load_full();
-        // 1-9 run in a future of their own, so what they hold is gone while the backend runs.
-        let admitted = self.admit(&state, turn, call, call_id, trail).await?;
-        // 10-12.
-        let labelled = trail.tool.as_ref().and_then(|tool| {
-            flow::labelling(state.catalog.flow.as_ref(), tool).map(|policy| (policy, tool.clone()))
-        });
-        let Some((policy, tool)) = labelled else {
-            return self.dispatch(turn, call, admitted, trail, span).await;
-        };
-        // A tool with flow labels: once its backend was called (or its stored result replayed),
-        // its labels join the scope, whatever it answered. Boxed: only labelled tools pay for
-        // writing the scope.
-        Box::pin(async move {
-            let result = self.dispatch(turn, call, admitted, trail, span).await;
-            let reached = match &result {
-                Ok(_) => true,
-                Err(refusal) => matches!(refusal.stage, Stage::Execute | Stage::Result),
+    ///
+    /// Not an `async fn`, for the reason `execute` gives: a copy of each argument would sit
+    /// beside the stages' state, and the call's future is sized by it.
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn holds its arguments twice"
+    )]
+    fn chain<'a>(
+        &'a self,
+        turn: &'a Turn,
+        call: &'a CallRequest,
+        call_id: &'a Arc<str>,
+        trail: &'a mut CallTrail,
+        span: &'a spans::ToolgateSpan,
+    ) -> impl Future<Output = Result<Success, Refusal>> + Send + 'a {
+        async move {
+            // The catalog is pinned for the rest of this call, even if a reload happens meanwhile.
+            let state = self.state.load_full();
+            // 1-9 run in a future of their own, so what they hold is gone while the backend runs.
+            let admitted = self.admit(&state, turn, call, call_id, trail).await?;
+            // 10-12.
+            let labelled = trail.tool.as_ref().and_then(|tool| {
+                flow::labelling(state.catalog.flow.as_ref(), tool)
+                    .map(|policy| (policy, tool.clone()))
+            });
+            let Some((policy, tool)) = labelled else {
+                return self.dispatch(turn, call, admitted, trail, span).await;
             };
-            if reached {
-                trail.flow_labels = flow::record(
-                    &self.flow,
-                    policy,
-                    &tool,
-                    &turn.caller,
-                    &turn.run_id,
-                    call_id,
-                )
-                .await;
-            }
-            result
-        })
-        .await
+            // A tool with flow labels: once its backend was called (or its stored result replayed),
+            // its labels join the scope, whatever it answered. Boxed: only labelled tools pay for
+            // writing the scope.
+            Box::pin(async move {
+                let result = self.dispatch(turn, call, admitted, trail, span).await;
+                let reached = match &result {
+                    Ok(_) => true,
+                    Err(refusal) => matches!(refusal.stage, Stage::Execute | Stage::Result),
+                };
+                if reached {
+                    trail.flow_labels = flow::record(
+                        &self.flow,
+                        policy,
+                        &tool,
+                        &turn.caller,
+                        &turn.run_id,
+                        call_id,
+                    )
+                    .await;
+                }
+                result
+            })
+            .await
+        }
     }
 
     /// Stages 1-9: everything decided before the backend is called.
