@@ -12,6 +12,12 @@
 //! cannot use the patterns' literals. Outputs are bounded by the tool's `max_output_bytes`, and
 //! the engine's time is linear in the text, so screening is too.
 //!
+//! The detectors whose every match starts with one of a few case-sensitive literals are also
+//! joined into one gate: a regex that matches wherever any of them does. Most outputs have none
+//! of those secrets, and one search of the gate instead of one per detector spares what each
+//! search costs whatever the text's length (~480 instructions; 256-byte outputs are common).
+//! Only when the gate matches do its detectors search one by one, to count and redact.
+//!
 //! What a screen reports names detectors and counts, never what they matched: it is what the
 //! audit log, the metrics and the refusal carry.
 
@@ -56,6 +62,9 @@ struct Builtin {
     /// A secret (on by default) or personal data (opt-in).
     secret: bool,
     pattern: &'static str,
+    /// Whether every match starts with one of a few case-sensitive literals, so the detector
+    /// can be searched for through the guard's gate (see the module's documentation).
+    gated: bool,
     check: Check,
 }
 
@@ -66,24 +75,28 @@ const BUILTINS: &[Builtin] = &[
         name: "aws_access_key",
         secret: true,
         pattern: r"(?-u:\b)(?:AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16}(?-u:\b)",
+        gated: true,
         check: Check::None,
     },
     Builtin {
         name: "github_token",
         secret: true,
         pattern: r"(?-u:\b)(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,})(?-u:\b)",
+        gated: true,
         check: Check::None,
     },
     Builtin {
         name: "gitlab_token",
         secret: true,
         pattern: r"(?-u:\b)glpat-[A-Za-z0-9_-]{20,}",
+        gated: true,
         check: Check::None,
     },
     Builtin {
         name: "slack_token",
         secret: true,
         pattern: r"(?-u:\b)xox[abposr]-[A-Za-z0-9-]{10,}",
+        gated: true,
         check: Check::None,
     },
     Builtin {
@@ -91,12 +104,14 @@ const BUILTINS: &[Builtin] = &[
         secret: true,
         // The whole block when its end is there; the header alone otherwise (a cut output).
         pattern: r"-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY( BLOCK)?-----(?:[A-Za-z0-9+/=\s\\:,.-]*?-----END [A-Z0-9 ]{0,40}PRIVATE KEY( BLOCK)?-----)?",
+        gated: true,
         check: Check::None,
     },
     Builtin {
         name: "jwt",
         secret: true,
         pattern: r"(?-u:\b)eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",
+        gated: true,
         check: Check::None,
     },
     Builtin {
@@ -104,6 +119,7 @@ const BUILTINS: &[Builtin] = &[
         secret: true,
         // The credential of an `Authorization: Bearer …` / `Basic …` value, however quoted.
         pattern: r"(?i)(?-u:\b)(?:bearer|basic)\s+[A-Za-z0-9._~+/-]{16,}=*",
+        gated: false,
         check: Check::None,
     },
     Builtin {
@@ -111,24 +127,28 @@ const BUILTINS: &[Builtin] = &[
         secret: true,
         // scheme://user:password@host — only the userinfo is redacted, the rest stays readable.
         pattern: r"(?-u:\b)[a-zA-Z][a-zA-Z0-9+.-]{1,30}://(?P<secret>[^\s:/@?#'`\x22]+:[^\s/@'`\x22]+)@",
+        gated: false,
         check: Check::None,
     },
     Builtin {
         name: "email",
         secret: false,
         pattern: r"(?-u:\b)[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(?:\.[A-Za-z0-9-]{1,63})*\.[A-Za-z]{2,24}(?-u:\b)",
+        gated: false,
         check: Check::None,
     },
     Builtin {
         name: "payment_card",
         secret: false,
         pattern: r"(?-u:\b)[0-9](?:[ -]?[0-9]){12,18}(?-u:\b)",
+        gated: false,
         check: Check::Luhn,
     },
     Builtin {
         name: "iban",
         secret: false,
         pattern: r"(?-u:\b)[A-Z]{2}[0-9]{2}(?: ?[A-Z0-9]){11,30}(?-u:\b)",
+        gated: false,
         check: Check::Iban,
     },
     Builtin {
@@ -136,6 +156,7 @@ const BUILTINS: &[Builtin] = &[
         secret: false,
         // International form: + country code, then 7 to 14 more digits in groups.
         pattern: r"\+[0-9]{1,3}(?:[ .-]?\(?[0-9]{1,4}\)?){2,5}(?-u:\b)",
+        gated: false,
         check: Check::None,
     },
 ];
@@ -177,6 +198,8 @@ struct Detector {
     /// Whether the pattern names a group `secret`: then only that part of a match is what
     /// the detector finds (and redacts), the rest of the match is context.
     secret_group: bool,
+    /// Whether the guard's gate searches for it first.
+    gated: bool,
 }
 
 /// The group a pattern may name to say which part of its match is the secret.
@@ -186,6 +209,9 @@ const SECRET_GROUP: &str = "secret";
 #[derive(Debug)]
 pub struct Guard {
     detectors: Vec<Detector>,
+    /// Matches wherever one of the gated detectors does; `None` when fewer than two are in
+    /// force (a gate would only add a search).
+    gate: Option<Regex>,
 }
 
 /// What a detector found in one output.
@@ -278,6 +304,7 @@ impl Guard {
                     regex(builtin.pattern, builtin.name)?,
                     action,
                     builtin.check,
+                    builtin.gated,
                 ));
             }
         }
@@ -301,10 +328,31 @@ impl Guard {
                     regex(pattern, &path)?,
                     action,
                     Check::None,
+                    false,
                 ));
             }
         }
-        Ok(Guard { detectors })
+        let gated: Vec<&str> = BUILTINS
+            .iter()
+            .filter(|b| b.gated && detectors.iter().any(|d| d.gated && *d.name == *b.name))
+            .map(|b| b.pattern)
+            .collect();
+        let gate = match gated.len() {
+            0 | 1 => None,
+            _ => {
+                let either = gated
+                    .iter()
+                    .map(|pattern| format!("(?:{pattern})"))
+                    .collect::<Vec<_>>()
+                    .join("|");
+                Some(regex(&either, "the gate of the built-in secret detectors")?)
+            }
+        };
+        if gate.is_none() {
+            // Without a gate each detector searches on its own.
+            detectors.iter_mut().for_each(|d| d.gated = false);
+        }
+        Ok(Guard { detectors, gate })
     }
 
     /// Whether no detector is in force (the output is returned as it is).
@@ -329,7 +377,12 @@ impl Guard {
                 blocked,
             };
         }
+        // The gated detectors cannot find anything where their gate does not match.
+        let gate_closed = self.gate.as_ref().is_some_and(|gate| !gate.is_match(text));
         for (index, detector) in self.detectors.iter().enumerate() {
+            if gate_closed && detector.gated {
+                continue;
+            }
             let mut matches = 0;
             detector.each_match(text, |found| {
                 if found.is_empty() || !passes(detector.check, found.as_str()) {
@@ -402,7 +455,7 @@ impl Guard {
 }
 
 impl Detector {
-    fn new(name: &str, regex: Regex, action: Action, check: Check) -> Self {
+    fn new(name: &str, regex: Regex, action: Action, check: Check, gated: bool) -> Self {
         let secret_group = regex.capture_names().any(|n| n == Some(SECRET_GROUP));
         Detector {
             name: name.into(),
@@ -410,6 +463,7 @@ impl Detector {
             action,
             check,
             secret_group,
+            gated,
         }
     }
 
@@ -602,6 +656,61 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The gate spares searches, never findings: the gated detectors find what they find
+    /// alone, together, and beside the detectors that search on their own.
+    #[test]
+    fn the_gate_changes_what_is_searched_not_what_is_found() {
+        let default = Guard::compile(None, None).unwrap();
+        let gated: Vec<&str> = default
+            .detectors
+            .iter()
+            .filter(|d| d.gated)
+            .map(|d| &*d.name)
+            .collect();
+        assert_eq!(
+            gated,
+            [
+                "aws_access_key",
+                "github_token",
+                "gitlab_token",
+                "slack_token",
+                "private_key",
+                "jwt"
+            ]
+        );
+        let gate = default.gate.as_ref().expect("the default guard has a gate");
+        assert!(!gate.is_match(r#"{"text": "nothing to find", "bearer": "ok"}"#));
+
+        // Two gated secrets and two that search alone, in one output.
+        let screened = default.screen(
+            "AKIAIOSFODNN7EXAMPLE, xoxb-1234567890-abcdefghij, Bearer abcdefghijklmnop0123, \
+             postgres://app:s3cr3t@db, AKIAIOSFODNN7EXAMPLF",
+        );
+        let found: Vec<(&str, usize)> = screened
+            .findings
+            .iter()
+            .map(|f| (&*f.detector, f.matches))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                ("aws_access_key", 2),
+                ("slack_token", 1),
+                ("authorization_header", 1),
+                ("connection_string_password", 1)
+            ]
+        );
+        // The gate closed, the others still search.
+        let screened = default.screen("Bearer abcdefghijklmnop0123 and mysql://u:pw@h");
+        assert_eq!(screened.findings.len(), 2, "{:?}", screened.findings);
+
+        // One gated detector in force: no gate, and it searches alone.
+        let one = guard("{ secrets: off, detectors: { jwt: block } }");
+        assert!(one.gate.is_none());
+        let screened = one.screen("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhbGljZSJ9.c2lnbmF0dXJlMTIzNDU");
+        assert!(screened.blocked);
     }
 
     #[test]
