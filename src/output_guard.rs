@@ -292,6 +292,8 @@ impl Guard {
             }
         }
         let mut detectors = Vec::new();
+        // The patterns of the gated detectors in force, joined into the gate below.
+        let mut gated = Vec::new();
         for builtin in BUILTINS {
             let action = match actions.get(builtin.name) {
                 Some(action) => *action,
@@ -306,6 +308,9 @@ impl Guard {
                     builtin.check,
                     builtin.gated,
                 ));
+                if builtin.gated {
+                    gated.push(format!("(?:{})", builtin.pattern));
+                }
             }
         }
         for (name, (pattern, action, path)) in custom {
@@ -332,21 +337,12 @@ impl Guard {
                 ));
             }
         }
-        let gated: Vec<&str> = BUILTINS
-            .iter()
-            .filter(|b| b.gated && detectors.iter().any(|d| d.gated && *d.name == *b.name))
-            .map(|b| b.pattern)
-            .collect();
         let gate = match gated.len() {
             0 | 1 => None,
-            _ => {
-                let either = gated
-                    .iter()
-                    .map(|pattern| format!("(?:{pattern})"))
-                    .collect::<Vec<_>>()
-                    .join("|");
-                Some(regex(&either, "the gate of the built-in secret detectors")?)
-            }
+            _ => Some(regex(
+                &gated.join("|"),
+                "the gate of the built-in secret detectors",
+            )?),
         };
         if gate.is_none() {
             // Without a gate each detector searches on its own.
