@@ -11,10 +11,10 @@ pub mod spans;
 use std::{sync::Arc, time::Duration};
 
 use http::{HeaderMap, HeaderName, HeaderValue};
-use opentelemetry::{KeyValue, trace::TracerProvider as _};
+use opentelemetry::KeyValue;
 use opentelemetry_sdk::{
     Resource,
-    trace::{Sampler, SdkTracerProvider, SpanExporter},
+    trace::{Sampler, SpanExporter, SpanProcessor as _},
 };
 use tracing_subscriber::{EnvFilter, Layer, fmt, prelude::*};
 
@@ -329,41 +329,59 @@ pub enum TelemetryError {
     ExportThread(#[source] std::io::Error),
 }
 
-/// Keeps the exporter alive; [`TelemetryGuard::shutdown`] flushes pending spans.
+/// The span export, when on: the tracer that makes spans and the queue it sends them to.
+/// [`TelemetryGuard::shutdown`] (or dropping it) exports what is queued and stops the export
+/// thread.
 #[derive(Default)]
 pub struct TelemetryGuard {
-    provider: Option<SdkTracerProvider>,
-    /// Spans the exporter lost, for the metrics.
-    losses: Arc<batch::SpanLosses>,
+    queue: Option<Arc<batch::BatchExport>>,
+    tracer: spans::Tracer,
 }
 
 impl TelemetryGuard {
-    /// Flushes and stops the exporter. Call from a plain thread (not an async task): the
-    /// exporter's own runtime is dropped here.
-    pub fn shutdown(self) {
-        if let Some(provider) = self.provider {
-            let _ = std::thread::spawn(move || {
-                if let Err(err) = provider.shutdown() {
-                    eprintln!("telemetry shutdown: {err}");
-                }
-            })
-            .join();
+    /// Starts exporting spans as `telemetry` says: an exporter and its thread when it names an
+    /// endpoint, nothing otherwise. Logs are [`init`]'s.
+    pub fn start_export(telemetry: &TelemetryConfig) -> Result<Self, TelemetryError> {
+        let Some(queue) = export_queue(telemetry)? else {
+            return Ok(TelemetryGuard::default());
+        };
+        let queue = Arc::new(queue);
+        Ok(TelemetryGuard {
+            tracer: spans::Tracer::new(telemetry.sampler(), queue.clone()),
+            queue: Some(queue),
+        })
+    }
+
+    /// Flushes and stops the exporter, waiting up to 5 seconds. From a plain thread: it blocks.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        if let Some(queue) = self.queue.take()
+            && let Err(err) = queue.shutdown_with_timeout(Duration::from_secs(5))
+        {
+            eprintln!("telemetry shutdown: {err}");
         }
     }
 
     /// What makes toolgate's spans: sends them to this exporter, or makes none when export is off.
     pub fn tracer(&self) -> spans::Tracer {
-        match &self.provider {
-            Some(provider) => spans::Tracer::new(provider.tracer("toolgate"), self.losses.clone()),
-            None => spans::Tracer::off(),
-        }
+        self.tracer.clone()
     }
 
-    /// Exports everything finished so far (tests, and before exiting).
+    /// Exports everything finished so far (tests, and before exiting). Blocks.
     pub fn force_flush(&self) {
-        if let Some(provider) = &self.provider {
-            let _ = provider.force_flush();
+        if let Some(queue) = &self.queue {
+            let _ = queue.force_flush();
         }
+    }
+}
+
+impl Drop for TelemetryGuard {
+    /// Nothing queued is lost when the guard goes without [`TelemetryGuard::shutdown`].
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
@@ -400,20 +418,17 @@ pub fn init(
         metadata.is_event()
     }))
     .with_filter(filter);
-    let (provider, losses) = match tracer_provider(telemetry)? {
-        Some((provider, losses)) => (Some(provider), losses),
-        None => (None, Arc::default()),
-    };
+    let guard = TelemetryGuard::start_export(telemetry)?;
     // Already installed (e.g. by a test harness): keep the existing one.
     let _ = tracing_subscriber::registry().with(logs).try_init();
     // Logged once the subscriber exists, or it would go nowhere.
-    if let (Some(compression), Some(_)) = (&telemetry.unsupported_compression, &provider) {
+    if let (Some(compression), Some(_)) = (&telemetry.unsupported_compression, &guard.queue) {
         tracing::warn!(
             compression = %compression,
             "OTLP compression is not supported; spans are sent uncompressed"
         );
     }
-    Ok(TelemetryGuard { provider, losses })
+    Ok(guard)
 }
 
 /// Human log fields with every control character escaped (`\n`, `\u{1b}`, …): field values
@@ -515,10 +530,8 @@ impl<W: std::io::Write> std::io::Write for EscapingWriter<W> {
     }
 }
 
-/// The tracer provider for the configured exporter, if export is on, and what its exporter loses.
-pub fn tracer_provider(
-    telemetry: &TelemetryConfig,
-) -> Result<Option<(SdkTracerProvider, Arc<batch::SpanLosses>)>, TelemetryError> {
+/// The queue and thread exporting spans to the configured endpoint, if export is on.
+fn export_queue(telemetry: &TelemetryConfig) -> Result<Option<batch::BatchExport>, TelemetryError> {
     let Some(endpoint) = &telemetry.endpoint else {
         return Ok(None);
     };
@@ -539,9 +552,9 @@ pub fn tracer_provider(
         .with_service_name(telemetry.service_name.clone())
         .with_attributes(attributes)
         .build();
-    // Set here: the exporter moves to the export thread before the provider would set it.
+    // Set here: the exporter moves to the export thread.
     exporter.set_resource(&resource);
-    let processor = batch::BatchExport::start(
+    let queue = batch::BatchExport::start(
         exporter,
         batch::BatchSettings {
             delay: telemetry.batch_delay,
@@ -550,13 +563,7 @@ pub fn tracer_provider(
         },
     )
     .map_err(TelemetryError::ExportThread)?;
-    let losses = processor.losses();
-    let provider = SdkTracerProvider::builder()
-        .with_span_processor(processor)
-        .with_sampler(telemetry.sampler())
-        .with_resource(resource)
-        .build();
-    Ok(Some((provider, losses)))
+    Ok(Some(queue))
 }
 
 #[cfg(test)]

@@ -11,13 +11,19 @@ use std::task::{Context as TaskContext, Poll};
 use std::{borrow::Cow, sync::Arc};
 
 use opentelemetry::{
-    Context, KeyValue, Value,
+    Context, InstrumentationScope, KeyValue, Value,
     propagation::{Extractor, TextMapPropagator},
-    trace::{Span as _, SpanBuilder, SpanContext, SpanKind, Status as OtelStatus, TraceContextExt},
+    trace::{SpanContext, SpanId, SpanKind, Status as OtelStatus, TraceContextExt, TraceFlags},
 };
-use opentelemetry_sdk::{propagation::TraceContextPropagator, trace::SdkTracer};
+use opentelemetry_sdk::{
+    propagation::TraceContextPropagator,
+    trace::{
+        IdGenerator, RandomIdGenerator, Sampler, SamplingDecision, ShouldSample, SpanData,
+        SpanEvents, SpanLinks, SpanProcessor as _,
+    },
+};
 
-use super::batch::SpanLosses;
+use super::batch::{BatchExport, SpanLosses};
 use crate::{
     catalog::ToolVersion,
     error::Status,
@@ -105,23 +111,41 @@ where
     }
 }
 
-/// Makes toolgate's spans, through the OpenTelemetry SDK directly: each span is built with every
-/// attribute known when it starts, and the rest are pushed onto it as the call learns them. (The
-/// `tracing-opentelemetry` bridge cost ~20k instructions per call on the workers: every field
-/// recorded went through the subscriber and its extensions, and every poll of the call entered
-/// and left the span.) Off — no span exists, nothing is paid — when traces are not exported.
+/// Makes toolgate's spans: samples them as the configured sampler says, gives them ids, and
+/// hands each, when it ends, to the export queue. Not through the SDK's `Tracer`: an SDK span
+/// is ~300 bytes, kept by every call in flight for as long as it waits, and making one costs a
+/// `SpanBuilder`, the provider's checks and a `SpanData` filled as it starts. A span here holds
+/// only what the call has learnt until it ends (its ids, parent, start time and name), and its
+/// `SpanData` is made once, when it is sent. (The `tracing-opentelemetry` bridge before it cost
+/// ~20k instructions per call on the workers.) Off — no span exists, nothing is paid — when
+/// traces are not exported.
 #[derive(Clone, Debug, Default)]
 pub struct Tracer {
-    tracer: Option<SdkTracer>,
-    /// What the exporter behind `tracer` lost, for the metrics.
+    export: Option<Arc<Export>>,
+    /// What the export queue lost, for the metrics.
     losses: Arc<SpanLosses>,
 }
 
+/// Where spans go and how they are chosen, shared by every span of one tracer.
+#[derive(Debug)]
+struct Export {
+    sampler: Sampler,
+    ids: RandomIdGenerator,
+    scope: InstrumentationScope,
+    queue: Arc<BatchExport>,
+}
+
 impl Tracer {
-    pub fn new(tracer: SdkTracer, losses: Arc<SpanLosses>) -> Self {
+    /// Spans sampled by `sampler`, sent to `queue` as they end.
+    pub fn new(sampler: Sampler, queue: Arc<BatchExport>) -> Self {
         Tracer {
-            tracer: Some(tracer),
-            losses,
+            losses: queue.losses(),
+            export: Some(Arc::new(Export {
+                sampler,
+                ids: RandomIdGenerator::default(),
+                scope: InstrumentationScope::builder("toolgate").build(),
+                queue,
+            })),
         }
     }
 
@@ -135,46 +159,163 @@ impl Tracer {
         &self.losses
     }
 
-    /// A span named and described by `describe`, which runs only when spans are made.
+    /// A span named and described by `describe`, which runs only when spans are made; the child
+    /// of `parent`'s span when it has a valid one. Sampled as the SDK's
+    /// tracer samples: the sampler sees the parent, the trace id, the kind and the attributes;
+    /// a span it drops still has ids (a backend is sent its `traceparent`) but records nothing.
     fn start(
         &self,
         kind: SpanKind,
         parent: &Context,
-        describe: impl FnOnce() -> (Cow<'static, str>, Vec<KeyValue>),
+        describe: impl FnOnce() -> (SpanName, Vec<KeyValue>),
     ) -> ToolgateSpan {
-        ToolgateSpan(self.tracer.as_ref().map(|tracer| {
-            let (name, attributes) = describe();
-            Box::new(
-                SpanBuilder::from_name(name)
-                    .with_kind(kind)
-                    .with_attributes(attributes)
-                    .start_with_context(tracer, parent),
-            )
-        }))
+        let Some(export) = &self.export else {
+            return ToolgateSpan::default();
+        };
+        let parent_span = parent.span();
+        let parent_context = Some(parent_span.span_context()).filter(|c| c.is_valid());
+        let trace_id = match parent_context {
+            Some(parent) => parent.trace_id(),
+            None => export.ids.new_trace_id(),
+        };
+        let (name, mut attributes) = describe();
+        let sampling = export.sampler.should_sample(
+            Some(parent),
+            trace_id,
+            name.for_sampler(),
+            &kind,
+            &attributes,
+            &[],
+        );
+        let parent_flags = parent_context.map_or(TraceFlags::default(), |c| c.trace_flags());
+        let (flags, recording) = match sampling.decision {
+            SamplingDecision::RecordAndSample => (parent_flags.with_sampled(true), true),
+            SamplingDecision::RecordOnly => (parent_flags.with_sampled(false), true),
+            SamplingDecision::Drop => (TraceFlags::default(), false),
+        };
+        let span_id = export.ids.new_span_id();
+        let context = SpanContext::new(trace_id, span_id, flags, false, sampling.trace_state);
+        attributes.extend(sampling.attributes);
+        ToolgateSpan(Some(Box::new(OpenSpan {
+            context,
+            parent_span_id: parent_context.map_or(SpanId::INVALID, |c| c.span_id()),
+            parent_is_remote: parent_context.is_some_and(|c| c.is_remote()),
+            kind,
+            recording,
+            name,
+            start_time: opentelemetry::time::now(),
+            attributes,
+            status: OtelStatus::Unset,
+            export: export.clone(),
+        })))
+    }
+}
+
+/// A span's name. The tool call's is formatted when the span is sent, so a call waiting on its
+/// backend holds the tool's name (shared) rather than a string of its own.
+#[derive(Debug)]
+enum SpanName {
+    Fixed(Cow<'static, str>),
+    /// `execute_tool {tool}`.
+    ExecuteTool(Arc<str>),
+}
+
+impl SpanName {
+    /// What the sampler is shown as the name. The tool call's prefix alone: the samplers
+    /// toolgate configures (always, ratio, parent-based) do not read names.
+    fn for_sampler(&self) -> &str {
+        match self {
+            SpanName::Fixed(name) => name,
+            SpanName::ExecuteTool(_) => "execute_tool",
+        }
+    }
+
+    fn into_cow(self) -> Cow<'static, str> {
+        match self {
+            SpanName::Fixed(name) => name,
+            SpanName::ExecuteTool(tool) => {
+                // Joined rather than `format!`ted: this runs once per call.
+                const PREFIX: &str = "execute_tool ";
+                let mut name = String::with_capacity(PREFIX.len() + tool.len());
+                name.push_str(PREFIX);
+                name.push_str(&tool);
+                name.into()
+            }
+        }
+    }
+}
+
+/// A span that has started and not ended.
+#[derive(Debug)]
+struct OpenSpan {
+    context: SpanContext,
+    parent_span_id: SpanId,
+    parent_is_remote: bool,
+    kind: SpanKind,
+    /// Whether it keeps attributes and goes to the export queue (the sampler said so).
+    recording: bool,
+    name: SpanName,
+    start_time: std::time::SystemTime,
+    /// The fixed set this file sets, so under any span limit.
+    attributes: Vec<KeyValue>,
+    status: OtelStatus,
+    export: Arc<Export>,
+}
+
+impl OpenSpan {
+    /// Ends it now and queues it for export (the queue keeps only sampled spans).
+    fn end(self) {
+        if !self.recording {
+            return;
+        }
+        let export = self.export;
+        export.queue.on_end(SpanData {
+            span_context: self.context,
+            parent_span_id: self.parent_span_id,
+            parent_span_is_remote: self.parent_is_remote,
+            span_kind: self.kind,
+            name: self.name.into_cow(),
+            start_time: self.start_time,
+            end_time: opentelemetry::time::now(),
+            attributes: self.attributes,
+            dropped_attributes_count: 0,
+            events: SpanEvents::default(),
+            links: SpanLinks::default(),
+            status: self.status,
+            instrumentation_scope: export.scope.clone(),
+        });
     }
 }
 
 /// One of toolgate's spans. It ends, and goes to the exporter, when dropped. Boxed: a call's
-/// future holds its spans across awaits, and an SDK span is ~300 bytes, paid by every call in
-/// flight even when traces are off.
+/// future holds its spans across awaits, and every call in flight would pay for the span's
+/// ~170 bytes even when traces are off.
 #[derive(Debug, Default)]
-pub struct ToolgateSpan(Option<Box<opentelemetry_sdk::trace::Span>>);
+pub struct ToolgateSpan(Option<Box<OpenSpan>>);
+
+impl Drop for ToolgateSpan {
+    fn drop(&mut self) {
+        if let Some(span) = self.0.take() {
+            span.end();
+        }
+    }
+}
 
 impl ToolgateSpan {
     /// Whether attributes set on it are kept (it exists and was sampled).
     fn is_recording(&self) -> bool {
-        self.0.as_ref().is_some_and(|span| span.is_recording())
+        self.0.as_ref().is_some_and(|span| span.recording)
     }
 
     fn set(&mut self, key: &'static str, value: impl Into<Value>) {
-        if let Some(span) = &mut self.0 {
-            span.set_attribute(KeyValue::new(key, value));
+        if let Some(span) = self.0.as_mut().filter(|span| span.recording) {
+            span.attributes.push(KeyValue::new(key, value));
         }
     }
 
     fn set_status(&mut self, status: OtelStatus) {
-        if let Some(span) = &mut self.0 {
-            span.set_status(status);
+        if let Some(span) = self.0.as_mut().filter(|span| span.recording) {
+            span.status = status;
         }
     }
 
@@ -182,7 +323,7 @@ impl ToolgateSpan {
     fn traced_context(&self) -> Option<&SpanContext> {
         self.0
             .as_ref()
-            .map(|span| span.span_context())
+            .map(|span| &span.context)
             .filter(|c| c.is_valid())
     }
 
@@ -199,9 +340,9 @@ impl ToolgateSpan {
 /// `execute_tool {name}`, kind INTERNAL: one per tool call. It starts with no attributes:
 /// [`record_call`] sets them all when the call ends, so a call waiting on its backend holds no
 /// attribute list (11 × 56 bytes) and no copies of its names.
-pub fn execute_tool(tracer: &Tracer, tool: &str, parent: &Context) -> ToolgateSpan {
+pub fn execute_tool(tracer: &Tracer, tool: &Arc<str>, parent: &Context) -> ToolgateSpan {
     tracer.start(SpanKind::Internal, parent, || {
-        (format!("execute_tool {tool}").into(), Vec::new())
+        (SpanName::ExecuteTool(tool.clone()), Vec::new())
     })
 }
 
@@ -289,7 +430,7 @@ pub fn backend_call(
     }
     tracer.start(SpanKind::Client, &call.context(parent), || {
         (
-            format!("{} {}", tool.executor.kind(), tool.name).into(),
+            SpanName::Fixed(format!("{} {}", tool.executor.kind(), tool.name).into()),
             vec![
                 KeyValue::new("toolgate.executor", tool.executor.kind()),
                 KeyValue::new("gen_ai.tool.name", tool.name.clone()),
@@ -302,7 +443,7 @@ pub fn backend_call(
 pub fn list_tools(tracer: &Tracer, tenant: &str, parent: &Context) -> ToolgateSpan {
     tracer.start(SpanKind::Server, parent, || {
         (
-            "list_tools".into(),
+            SpanName::Fixed("list_tools".into()),
             vec![KeyValue::new("toolgate.tenant", tenant.to_owned())],
         )
     })
@@ -327,7 +468,7 @@ pub fn execute_tools(
 ) -> ToolgateSpan {
     tracer.start(SpanKind::Server, parent, || {
         (
-            "execute_tools".into(),
+            SpanName::Fixed("execute_tools".into()),
             vec![
                 KeyValue::new("toolgate.tenant", tenant.to_owned()),
                 KeyValue::new("toolgate.calls", i64::try_from(calls).unwrap_or(i64::MAX)),
@@ -369,7 +510,6 @@ pub fn outbound_traceparent(
     traceparent(span)
         .or_else(|| caller_traceparent(parent))
         .or_else(|| {
-            use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator};
             let ids = RandomIdGenerator::default();
             // Sampled: no sampler upstream of the sidecar decided otherwise.
             Some(format!(
@@ -394,4 +534,179 @@ fn format_traceparent(c: &opentelemetry::trace::SpanContext) -> String {
 pub fn ids(span: &ToolgateSpan) -> Option<([u8; 16], [u8; 8])> {
     span.traced_context()
         .map(|c| (c.trace_id().to_bytes(), c.span_id().to_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use opentelemetry::trace::{Span as _, SpanBuilder, TraceId, TraceState, TracerProvider as _};
+    use opentelemetry_sdk::{
+        error::OTelSdkResult,
+        trace::{SdkTracerProvider, SpanExporter},
+    };
+
+    use super::*;
+    use crate::telemetry::batch::BatchSettings;
+
+    /// Keeps what it is sent.
+    #[derive(Debug, Default, Clone)]
+    struct Kept(Arc<Mutex<Vec<SpanData>>>);
+
+    impl SpanExporter for Kept {
+        fn export(
+            &self,
+            batch: Vec<SpanData>,
+        ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
+            self.0.lock().unwrap().extend(batch);
+            std::future::ready(Ok(()))
+        }
+    }
+
+    fn tracer(sampler: Sampler) -> (Tracer, Arc<BatchExport>, Kept) {
+        let kept = Kept::default();
+        let queue = BatchExport::start(
+            kept.clone(),
+            BatchSettings {
+                delay: std::time::Duration::from_secs(3600),
+                max_queue_size: 64,
+                max_export_batch_size: 64,
+            },
+        )
+        .unwrap();
+        let queue = Arc::new(queue);
+        (Tracer::new(sampler, queue.clone()), queue, kept)
+    }
+
+    fn remote_parent(sampled: bool) -> Context {
+        let flags = match sampled {
+            true => TraceFlags::SAMPLED,
+            false => TraceFlags::default(),
+        };
+        let state = TraceState::from_key_value([("vendor", "v1")]).unwrap();
+        Context::new().with_remote_span_context(SpanContext::new(
+            TraceId::from(0x0af7651916cd43dd8448eb211c80319c_u128),
+            SpanId::from(0xb7ad6b7169203331_u64),
+            flags,
+            true,
+            state,
+        ))
+    }
+
+    #[test]
+    fn spans_are_sampled_and_parented_as_the_sdk_tracer_would_make_them() {
+        let ratio = |r| Sampler::TraceIdRatioBased(r);
+        let parent_based = |s| Sampler::ParentBased(Box::new(s));
+        // With whether a root span's sampling depends on its (random) trace id.
+        let samplers = [
+            (Sampler::AlwaysOn, false),
+            (Sampler::AlwaysOff, false),
+            (ratio(0.0), false),
+            (ratio(0.5), true),
+            (ratio(1.0), false),
+            (parent_based(Sampler::AlwaysOn), false),
+            (parent_based(Sampler::AlwaysOff), false),
+            (parent_based(ratio(0.5)), true),
+        ];
+        let parents = [
+            ("no parent", Context::new()),
+            ("sampled parent", remote_parent(true)),
+            ("unsampled parent", remote_parent(false)),
+        ];
+        for (sampler, random_at_root) in samplers {
+            let sdk = SdkTracerProvider::builder()
+                .with_sampler(sampler.clone())
+                .build()
+                .tracer("toolgate");
+            let (ours, queue, _) = tracer(sampler.clone());
+            for (which, parent) in &parents {
+                let theirs =
+                    SpanBuilder::from_name("execute_tool echo").start_with_context(&sdk, parent);
+                let mine = execute_tool(&ours, &Arc::from("echo"), parent);
+                let (expected, got) = (theirs.span_context(), mine.traced_context().unwrap());
+                let case = format!("{sampler:?} with {which}");
+                assert!(got.is_valid() && !got.is_remote(), "{case}");
+                assert_eq!(got.trace_state(), expected.trace_state(), "{case}");
+                if parent.has_active_span() {
+                    assert_eq!(got.trace_id(), expected.trace_id(), "{case}");
+                } else if random_at_root {
+                    continue;
+                }
+                assert_eq!(mine.is_recording(), theirs.is_recording(), "{case}");
+                assert_eq!(got.trace_flags(), expected.trace_flags(), "{case}");
+            }
+            queue
+                .shutdown_with_timeout(std::time::Duration::from_secs(5))
+                .unwrap();
+        }
+    }
+
+    #[test]
+    fn an_ended_span_is_exported_with_its_parent_name_attributes_and_status() {
+        let (tracer, queue, kept) = tracer(Sampler::ParentBased(Box::new(Sampler::AlwaysOn)));
+        let parent = remote_parent(true);
+        let before = opentelemetry::time::now();
+        let mut call = execute_tool(&tracer, &Arc::from("echo"), &parent);
+        call.set("toolgate.tenant", "acme");
+        call.set_status(OtelStatus::Ok);
+        let call_context = call.traced_context().unwrap().clone();
+        let backend_parent = call.context(&parent);
+        let child = tracer.start(SpanKind::Client, &backend_parent, || {
+            (
+                SpanName::Fixed("http echo".into()),
+                vec![KeyValue::new("k", 1)],
+            )
+        });
+        let child_context = child.traced_context().unwrap().clone();
+        drop(child);
+        drop(call);
+        queue.force_flush().unwrap();
+        let spans = kept.0.lock().unwrap();
+        let [child, call] = &spans[..] else {
+            panic!("two spans, child first: {spans:#?}")
+        };
+        assert_eq!(call.name, "execute_tool echo");
+        assert_eq!(call.span_kind, SpanKind::Internal);
+        assert_eq!(call.span_context, call_context);
+        assert_eq!(call.parent_span_id, SpanId::from(0xb7ad6b7169203331_u64));
+        assert!(call.parent_span_is_remote);
+        assert_eq!(
+            call.attributes,
+            vec![KeyValue::new("toolgate.tenant", "acme")]
+        );
+        assert_eq!(call.status, OtelStatus::Ok);
+        assert!(before <= call.start_time && call.start_time <= call.end_time);
+        assert_eq!(call.instrumentation_scope.name(), "toolgate");
+        assert_eq!(child.name, "http echo");
+        assert_eq!(child.span_context, child_context);
+        assert_eq!(child.span_context.trace_id(), call_context.trace_id());
+        assert_eq!(child.parent_span_id, call_context.span_id());
+        assert_eq!(child.attributes, vec![KeyValue::new("k", 1)]);
+        assert_eq!(child.status, OtelStatus::Unset);
+    }
+
+    #[test]
+    fn a_span_the_sampler_drops_has_ids_but_records_and_exports_nothing() {
+        let (tracer, queue, kept) = tracer(Sampler::AlwaysOff);
+        let mut span = execute_tool(&tracer, &Arc::from("echo"), &Context::new());
+        span.set("toolgate.tenant", "acme");
+        assert!(!span.is_recording());
+        let context = span.traced_context().unwrap();
+        assert!(context.is_valid() && !context.is_sampled());
+        assert!(traceparent(&span).unwrap().ends_with("-00"));
+        drop(span);
+        queue.force_flush().unwrap();
+        assert!(kept.0.lock().unwrap().is_empty());
+    }
+
+    /// What a call waiting on its backend holds for its span, besides the box's pointer (the
+    /// SDK's span was ~300 bytes, and its name a string of its own).
+    #[test]
+    fn a_waiting_calls_span_holds_under_200_bytes() {
+        assert!(
+            std::mem::size_of::<OpenSpan>() <= 192,
+            "{}",
+            std::mem::size_of::<OpenSpan>()
+        );
+    }
 }

@@ -129,7 +129,7 @@ pub struct TestServer {
     /// The `state:` section every catalog it serves carries (a change would need a restart).
     state_section: Option<String>,
     /// The span exporter, when the catalog's telemetry (or its env) names an OTLP endpoint.
-    traces: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
+    traces: toolgate::telemetry::TelemetryGuard,
     _dir: TempDir,
 }
 
@@ -232,15 +232,9 @@ impl TestServer {
 
     async fn start_config(config: Config, dir: TempDir, audit_path: PathBuf) -> Self {
         let clock = ManualClock::new(START_UNIX_MS);
-        let traces = toolgate::telemetry::tracer_provider(&config.telemetry)
+        let traces = toolgate::telemetry::TelemetryGuard::start_export(&config.telemetry)
             .unwrap_or_else(|e| panic!("span exporter: {e}"));
-        let tracer = match &traces {
-            Some((provider, losses)) => toolgate::telemetry::spans::Tracer::new(
-                opentelemetry::trace::TracerProvider::tracer(provider, "toolgate"),
-                losses.clone(),
-            ),
-            None => toolgate::telemetry::spans::Tracer::off(),
-        };
+        let tracer = traces.tracer();
         let options = StartOptions {
             tracer,
             listen: Some("127.0.0.1:0".parse().unwrap()),
@@ -261,7 +255,7 @@ impl TestServer {
             clock,
             redis: None,
             state_section: None,
-            traces: traces.map(|(provider, _)| provider),
+            traces,
             _dir: dir,
         }
     }
@@ -269,9 +263,7 @@ impl TestServer {
     /// Exports the spans finished so far (blocks: call outside the runtime, or in
     /// `spawn_blocking`).
     pub fn flush_spans(&self) {
-        if let Some(provider) = &self.traces {
-            let _ = provider.force_flush();
-        }
+        self.traces.force_flush();
     }
 
     /// The MCP door's address, when the catalog configures `server.mcp`.
