@@ -22,30 +22,52 @@ pub fn condition_location(tool: &ToolVersion) -> String {
     format!("{}@{}.approval.when", tool.name, tool.version)
 }
 
+/// Why a call needs no approval; said only by explanations, so words are made only for them.
+#[derive(Debug)]
+pub(super) enum NotNeeded<'a> {
+    /// The tool's risk level needs none.
+    ByRiskLevel(&'a ToolVersion),
+    /// The approval condition, whose source this is, does not hold for the arguments.
+    ConditionDoesNotHold(&'a str),
+}
+
+impl std::fmt::Display for NotNeeded<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotNeeded::ByRiskLevel(tool) => write!(
+                f,
+                "no approval needed (risk level {})",
+                tool.risk_level.as_str()
+            ),
+            NotNeeded::ConditionDoesNotHold(source) => write!(
+                f,
+                "no approval needed: the approval condition {source:?} does not hold for these arguments"
+            ),
+        }
+    }
+}
+
 /// Whether this call of `tool` needs approval: `Ok` with why it does (appended to the
 /// refusal's message; empty when every call of the tool does), `Err` with why not; and the
 /// condition evaluated, when the asker traces.
-pub(super) fn needed(
-    tool: &ToolVersion,
+pub(super) fn needed<'t>(
+    tool: &'t ToolVersion,
     asker: &policy::Asker<'_>,
     arguments: &Value,
-) -> (Result<String, String>, Vec<Evaluated>) {
+) -> (Result<String, NotNeeded<'t>>, Vec<Evaluated>) {
     let mut trace = Vec::new();
     let needed = needed_traced(tool, asker, arguments, &mut trace);
     (needed, trace)
 }
 
-fn needed_traced(
-    tool: &ToolVersion,
+fn needed_traced<'t>(
+    tool: &'t ToolVersion,
     asker: &policy::Asker<'_>,
     arguments: &Value,
     trace: &mut Vec<Evaluated>,
-) -> Result<String, String> {
+) -> Result<String, NotNeeded<'t>> {
     if !tool.requires_approval {
-        return Err(format!(
-            "no approval needed (risk level {})",
-            tool.risk_level.as_str()
-        ));
+        return Err(NotNeeded::ByRiskLevel(tool));
     }
     let Some(when) = &tool.approval_when else {
         return Ok(String::new());
@@ -58,10 +80,7 @@ fn needed_traced(
             " (its approval condition {:?} holds)",
             when.source()
         )),
-        Evaluation::Holds(false) => Err(format!(
-            "no approval needed: the approval condition {:?} does not hold for these arguments",
-            when.source()
-        )),
+        Evaluation::Holds(false) => Err(NotNeeded::ConditionDoesNotHold(when.source())),
         Evaluation::Failed(error) => Ok(format!(
             " (its approval condition {:?} could not be evaluated: {error}; so it needs one)",
             when.source()

@@ -997,9 +997,13 @@ impl Explainer<'_> {
             flow_why,
         ) {
             (Ok(why), _) | (Err(_), Some(why)) => why,
-            (Err(detail), None) => {
+            (Err(not_needed), None) => {
                 return (
-                    StageTrail::new(Stage::Approval, StageResult::NotApplicable, detail),
+                    StageTrail::new(
+                        Stage::Approval,
+                        StageResult::NotApplicable,
+                        not_needed.to_string(),
+                    ),
                     Ok(None),
                 );
             }
