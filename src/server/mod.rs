@@ -524,40 +524,8 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         }
         None => None,
     };
-    let local_addr = tcp.as_ref().map(|(_, bound)| *bound);
-    if let Some((listener, bound)) = tcp {
-        let admission = connections::Admission::new(Listener::Tcp, &limits, refusals.clone());
-        let server = builder(&limits, &in_flight)
-            .add_routes(routes.clone())
-            .serve_with_incoming_shutdown(
-                // Serving an incoming stream bypasses the builder's tcp_nodelay; without it every
-                // small response waits for a delayed ACK (~40 ms).
-                admission.each(
-                    JoinedWrites::each(
-                        tonic::transport::server::TcpIncoming::from(listener)
-                            .with_nodelay(Some(true)),
-                    ),
-                    |io| io.get_ref().peer_addr().ok(),
-                ),
-                signal(),
-            );
-        tasks.listeners.spawn("grpc-tcp", log_end(server));
-        tracing::info!(addr = %bound, "serving gRPC over TCP");
-    }
-    if let (Some(listener), Some(path)) = (unix, &unix_socket) {
-        let admission = connections::Admission::new(Listener::Unix, &limits, refusals.clone());
-        let server = builder(&limits, &in_flight)
-            .add_routes(routes)
-            .serve_with_incoming_shutdown(
-                admission.each(
-                    JoinedWrites::each(UnixListenerStream::new(listener)),
-                    |_| None,
-                ),
-                signal(),
-            );
-        tasks.listeners.spawn("grpc-unix", log_end(server));
-        tracing::info!(path = %path.display(), "serving gRPC over a Unix socket");
-    }
+    // The MCP door and the admin listener first: gRPC health (on the TCP listener) says SERVING
+    // as soon as that listener serves, and by then every other listener serves and said so.
     let mcp_addr = match (&config.server.mcp, mcp_door) {
         (Some(door), Some(bound)) => {
             let addr = bound.addr;
@@ -596,6 +564,40 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         &tasks.upkeep,
     )
     .await?;
+    let local_addr = tcp.as_ref().map(|(_, bound)| *bound);
+    if let Some((listener, bound)) = tcp {
+        let admission = connections::Admission::new(Listener::Tcp, &limits, refusals.clone());
+        let server = builder(&limits, &in_flight)
+            .add_routes(routes.clone())
+            .serve_with_incoming_shutdown(
+                // Serving an incoming stream bypasses the builder's tcp_nodelay; without it every
+                // small response waits for a delayed ACK (~40 ms).
+                admission.each(
+                    JoinedWrites::each(
+                        tonic::transport::server::TcpIncoming::from(listener)
+                            .with_nodelay(Some(true)),
+                    ),
+                    |io| io.get_ref().peer_addr().ok(),
+                ),
+                signal(),
+            );
+        tasks.listeners.spawn("grpc-tcp", log_end(server));
+        tracing::info!(addr = %bound, "serving gRPC over TCP");
+    }
+    if let (Some(listener), Some(path)) = (unix, &unix_socket) {
+        let admission = connections::Admission::new(Listener::Unix, &limits, refusals.clone());
+        let server = builder(&limits, &in_flight)
+            .add_routes(routes)
+            .serve_with_incoming_shutdown(
+                admission.each(
+                    JoinedWrites::each(UnixListenerStream::new(listener)),
+                    |_| None,
+                ),
+                signal(),
+            );
+        tasks.listeners.spawn("grpc-unix", log_end(server));
+        tracing::info!(path = %path.display(), "serving gRPC over a Unix socket");
+    }
     // Emergency denies: the shared ones read before serving (a restarted sidecar enforces them
     // from its first call, Redis answering), then followed; expiries taken out and audited, and
     // each change announced (what callers see changed) and counted.
