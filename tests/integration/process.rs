@@ -393,3 +393,19 @@ fn human_logs_to_a_pipe_have_no_escape_codes() {
     assert!(!logs.contains('\u{1b}'), "escape codes in {logs:?}");
     assert!(logs.contains(" INFO "), "{logs:?}");
 }
+
+/// gRPC health says SERVING as soon as the TCP listener serves, so every other listener must
+/// serve, and have said so, before it: a client (the load harness, a readiness probe) that waits
+/// for SERVING and then reads the log finds the MCP door's and the admin endpoint's addresses.
+#[tokio::test]
+async fn the_other_listeners_serve_before_the_grpc_listener_does() {
+    let spawned = spawn(&[]);
+    let logs = stop(spawned).await;
+    let at = |message: &str| {
+        logs.find(message)
+            .unwrap_or_else(|| panic!("no {message:?} in the log:\n{logs}"))
+    };
+    let grpc = at("serving gRPC over TCP");
+    assert!(at("serving MCP over Streamable HTTP") < grpc, "{logs}");
+    assert!(at("serving /metrics, /healthz and /readyz") < grpc, "{logs}");
+}
