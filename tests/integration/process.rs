@@ -407,5 +407,8 @@ async fn the_other_listeners_serve_before_the_grpc_listener_does() {
     };
     let grpc = at("serving gRPC over TCP");
     assert!(at("serving MCP over Streamable HTTP") < grpc, "{logs}");
-    assert!(at("serving /metrics, /healthz and /readyz") < grpc, "{logs}");
+    assert!(
+        at("serving /metrics, /healthz and /readyz") < grpc,
+        "{logs}"
+    );
 }
