@@ -524,6 +524,12 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         }
         None => None,
     };
+    // The shared emergency denies are read before any listener serves: a restarted sidecar
+    // enforces them from its first call. A Redis that does not answer delays this by at most its
+    // timeout; the denies read last (none, at start) are enforced then, and the follower reads
+    // them again as soon as Redis answers.
+    boundary.emergency_denies().reconcile().await;
+    boundary.emergency_denies_changed();
     // The MCP door and the admin listener first: gRPC health (on the TCP listener) says SERVING
     // as soon as that listener serves, and by then every other listener serves and said so.
     let mcp_addr = match (&config.server.mcp, mcp_door) {
@@ -598,12 +604,10 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         tasks.listeners.spawn("grpc-unix", log_end(server));
         tracing::info!(path = %path.display(), "serving gRPC over a Unix socket");
     }
-    // Emergency denies: the shared ones read before serving (a restarted sidecar enforces them
-    // from its first call, Redis answering), then followed; expiries taken out and audited, and
-    // each change announced (what callers see changed) and counted.
+    // Emergency denies: the shared ones were read before any listener served; now followed,
+    // expiries taken out and audited, and each change announced (what callers see changed) and
+    // counted.
     let denies = boundary.emergency_denies().clone();
-    denies.reconcile().await;
-    boundary.emergency_denies_changed();
     tasks
         .upkeep
         .spawn_until_stopped("emergency-deny-follower", move |stop| denies.follow(stop));

@@ -477,3 +477,141 @@ fn the_cli_verbs_set_list_and_clear_a_deny_and_say_how_far_it_reaches() {
         crate::process::stop_blocking(sidecar);
     }
 }
+
+/// A loopback TCP proxy to a Redis that holds back each `HVALS` (how a sidecar reads the shared
+/// denies) until released: a Redis slow to give them.
+struct HoldingProxy {
+    addr: std::net::SocketAddr,
+    held: tokio::sync::watch::Receiver<bool>,
+    release: tokio::sync::watch::Sender<bool>,
+}
+
+impl HoldingProxy {
+    async fn start(upstream: u16) -> HoldingProxy {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (held_tx, held) = tokio::sync::watch::channel(false);
+        let (release, released) = tokio::sync::watch::channel(false);
+        let held_tx = std::sync::Arc::new(held_tx);
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
+                else {
+                    return;
+                };
+                let (mut from_client, mut to_client) = client.into_split();
+                let (mut from_server, mut to_server) = server.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut from_server, &mut to_client).await;
+                });
+                let (held_tx, mut released) = (held_tx.clone(), released.clone());
+                tokio::spawn(async move {
+                    let mut buffer = vec![0u8; 64 * 1024];
+                    loop {
+                        let n = match from_client.read(&mut buffer).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        if buffer[..n].windows(5).any(|w| w == b"HVALS") {
+                            held_tx.send_replace(true);
+                            if released.wait_for(|r| *r).await.is_err() {
+                                return;
+                            }
+                        }
+                        if to_server.write_all(&buffer[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        HoldingProxy {
+            addr,
+            held,
+            release,
+        }
+    }
+}
+
+/// The binary on a port chosen here (its log says nothing of it until it serves), killed when
+/// dropped.
+struct Starting(std::process::Child);
+
+impl Drop for Starting {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_sidecar_reads_the_shared_denies_before_it_serves_any_call() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let write_config = |name: &str, url: &str| {
+        let yaml = CATALOG.replacen(
+            "version: 1\n",
+            &format!("version: 1\n{}audit: {{ sink: none }}\n", redis_state(url)),
+            1,
+        );
+        let path = dir.path().join(name);
+        std::fs::write(&path, yaml).unwrap();
+        path.display().to_string()
+    };
+    // A deny kept in Redis, set on a sidecar that is gone.
+    let direct = write_config("direct.yaml", &redis.url());
+    let first = crate::process::spawn(&["--config", &direct]);
+    let set = set(
+        &mut controls(connect(&first.addr).await).await,
+        deny("send_*", "", "incident 43"),
+    )
+    .await;
+    drop(first);
+
+    // A new sidecar whose Redis is slow to give the denies.
+    let proxy = HoldingProxy::start(redis.port()).await;
+    let slow = write_config("slow.yaml", &format!("redis://{}", proxy.addr));
+    let port = crate::redis_server::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let _sidecar = Starting(
+        std::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
+            .args(["serve", "--listen", &addr, "--config", &slow])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn toolgate"),
+    );
+    let mut held = proxy.held.clone();
+    tokio::time::timeout(Duration::from_secs(30), held.wait_for(|h| *h))
+        .await
+        .expect("the sidecar reads the shared denies within 30s of its start")
+        .unwrap();
+    // While they are held, a call must not be answered as if there were none. Waiting a
+    // second only gives a sidecar that serves too early the chance to show it; one that waits
+    // answers once they are read, whenever that is.
+    let mut first_call = tokio::spawn({
+        let addr = addr.clone();
+        async move {
+            let mut client = toolgate::proto::tool_gate_client::ToolGateClient::new(
+                tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+                    .unwrap()
+                    .connect_lazy(),
+            );
+            exec(&mut client, &who("acme"), call("send_email", "{}")).await
+        }
+    });
+    let early = tokio::time::timeout(Duration::from_secs(1), &mut first_call).await;
+    proxy.release.send_replace(true);
+    let answered_early = early.is_ok();
+    let answer = match early {
+        Ok(answer) => answer.unwrap(),
+        Err(_) => first_call.await.unwrap(),
+    };
+    assert_eq!(
+        (answer.status(), answer.error_type.as_str()),
+        (ToolStatus::Denied, "emergency_denied"),
+        "the first call (answered before the denies were read: {answered_early}): {answer:?}"
+    );
+    assert!(answer.error_message.contains(&set.deny_id), "{answer:?}");
+}
