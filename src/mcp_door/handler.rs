@@ -8,10 +8,10 @@ use std::{borrow::Cow, sync::Arc, time::Duration};
 use rmcp::{
     ErrorData as McpError, RoleServer, ServerHandler,
     model::{
-        CacheScope, CallToolRequestParams, CallToolResponse, ElicitRequest, ElicitRequestParams,
-        Implementation, InputRequest, InputRequests, InputRequiredResult, JsonObject,
-        ListToolsResult, MetaObject, PaginatedRequestParams, ProtocolVersion, ServerCapabilities,
-        ServerConfig, SubscriptionFilter,
+        CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ElicitRequest,
+        ElicitRequestParams, Implementation, InputRequest, InputRequests, InputRequiredResult,
+        JsonObject, ListToolsResult, MetaObject, NumberOrString, PaginatedRequestParams,
+        ProtocolVersion, RequestMetaObject, ServerCapabilities, ServerConfig, SubscriptionFilter,
     },
     service::{RequestContext, SubscriptionContext},
 };
@@ -57,11 +57,24 @@ pub struct Handler {
     pub cancels: Arc<Cancels>,
 }
 
+/// What one `tools/call` asks, wherever it was read (by rmcp, or by the plain-call path).
+pub(super) struct Asked<'a> {
+    pub caller: &'a Arc<Caller>,
+    pub params: &'a CallToolRequestParams,
+    /// The request's `_meta`, taken out of its params.
+    pub meta: &'a RequestMetaObject,
+    pub parts: Option<&'a http::request::Parts>,
+    pub id: &'a NumberOrString,
+}
+
+/// The HTTP request's parts rmcp keeps with a request.
+fn http_parts(context: &RequestContext<RoleServer>) -> Option<&http::request::Parts> {
+    context.extensions.get::<http::request::Parts>()
+}
+
 /// The caller the door's admission identified.
-fn caller(context: &RequestContext<RoleServer>) -> Result<Arc<Caller>, McpError> {
-    context
-        .extensions
-        .get::<http::request::Parts>()
+pub(super) fn caller(parts: Option<&http::request::Parts>) -> Result<Arc<Caller>, McpError> {
+    parts
         .and_then(|parts| parts.extensions.get::<Identified>())
         .map(|identified| identified.0.clone())
         // Only a door built without its admission gets here: refuse, never guess.
@@ -70,15 +83,13 @@ fn caller(context: &RequestContext<RoleServer>) -> Result<Arc<Caller>, McpError>
 
 /// The caller's trace context: `_meta.traceparent` first (SEP-414), then the HTTP headers'.
 fn trace_parent(
-    context: &RequestContext<RoleServer>,
+    parts: Option<&http::request::Parts>,
     meta: Option<&MetaObject>,
 ) -> opentelemetry::Context {
     if let Some(traceparent) = meta.and_then(|m| m.get_traceparent()) {
         return spans::extract_from_meta(traceparent, meta.and_then(|m| m.get_tracestate()));
     }
-    context
-        .extensions
-        .get::<http::request::Parts>()
+    parts
         .and_then(|parts| parts.extensions.get::<spans::RemoteContext>())
         .map(|remote| remote.0.clone())
         .unwrap_or_default()
@@ -123,6 +134,67 @@ impl Handler {
             deadline: Some(Instant::now() + self.request_timeout),
             trace_parent,
         })
+    }
+
+    /// Runs one `tools/call` through the boundary: the outcome, and the approval a 2026-07-28
+    /// host's `requestState` redeemed. The host cancelling (dropping the HTTP request, `cancelled`
+    /// or a notice naming it) drops the call: the boundary audits it CANCELLED and stops its
+    /// backend, as for a gRPC cancel.
+    pub(super) async fn execute(
+        &self,
+        asked: Asked<'_>,
+        cancelled: impl std::future::Future<Output = ()>,
+    ) -> Result<(CallOutcome, Option<String>), McpError> {
+        let Asked {
+            caller,
+            params,
+            meta,
+            parts,
+            id,
+        } = asked;
+        // rmcp moves a request's `_meta` out of its params; `params.meta` is the fallback.
+        let meta = match (meta.0.is_empty(), params.meta.as_ref()) {
+            (true, Some(params_meta)) => Some(&params_meta.0),
+            _ => Some(&meta.0),
+        };
+        let fields = meta.map(|m| &m.0);
+        let trace_parent = trace_parent(parts, meta);
+        let turn = self.turn(caller.clone(), fields, trace_parent)?;
+        // A 2026-07-28 host's retry echoes the state the approval was asked for with.
+        let redeemed = match &params.request_state {
+            Some(state) => Some(
+                self.states
+                    .open(state, caller, &params.name)
+                    .map_err(|err| McpError::invalid_params(err.to_string(), None))?,
+            ),
+            None => None,
+        };
+        let call_id = convert::call_id(id);
+        let notice = self.cancels.register(caller, call_id.clone());
+        let call = convert::call_request(
+            call_id,
+            &params.name,
+            params.arguments.as_ref(),
+            fields,
+            redeemed.clone(),
+        );
+        let budget = ResponseBudget::new(self.limits.max_message_bytes, 1);
+        let outcome = tokio::select! {
+            outcome = self.boundary.execute(&turn, call, 0, &budget) => outcome,
+            () = cancelled => {
+                return Err(McpError::invalid_request("the request was cancelled", None));
+            }
+            () = notice.token.cancelled() => {
+                return Err(McpError::invalid_request("the request was cancelled by notifications/cancelled", None));
+            }
+        };
+        Ok((outcome, redeemed))
+    }
+
+    /// The outcome as the tool result a host reads.
+    pub(super) fn tool_result(&self, outcome: CallOutcome, caller: &Caller) -> CallToolResult {
+        let declared = self.declares_output_schema(&outcome, &caller.tenant);
+        convert::tool_result(outcome, declared)
     }
 
     /// For a 2026-07-28 host that can open a URL: the approval to get, as an input request, and
@@ -223,7 +295,7 @@ impl ServerHandler for Handler {
     /// Announces a catalog change only when it changes what this caller sees (its revision);
     /// ends when the host goes, or when shutdown begins.
     async fn listen(&self, subscription: SubscriptionContext) -> Result<(), McpError> {
-        let caller = caller(subscription.request_context())?;
+        let caller = caller(http_parts(subscription.request_context()))?;
         let mut changes = self.boundary.watch_catalog();
         let (_, mut seen) = self.boundary.list_tools(&caller);
         loop {
@@ -257,10 +329,10 @@ impl ServerHandler for Handler {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        let caller = caller(&context)?;
+        let parts = http_parts(&context);
+        let caller = caller(parts)?;
         let meta: Option<&MetaObject> = Some(&context.meta.0);
-        let mut span =
-            spans::list_tools(&self.tracer, &caller.tenant, &trace_parent(&context, meta));
+        let mut span = spans::list_tools(&self.tracer, &caller.tenant, &trace_parent(parts, meta));
         let (tools, catalog_revision) = self.boundary.list_tools(&caller);
         spans::record_listed(&mut span, tools.len(), &catalog_revision);
         let mut result =
@@ -282,46 +354,16 @@ impl ServerHandler for Handler {
         params: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        let caller = caller(&context)?;
-        // rmcp moves a request's `_meta` into the context; `params.meta` is the fallback.
-        let meta = match (context.meta.0.is_empty(), params.meta.as_ref()) {
-            (true, Some(params_meta)) => Some(&params_meta.0),
-            _ => Some(&context.meta.0),
+        let parts = http_parts(&context);
+        let caller = caller(parts)?;
+        let asked = Asked {
+            caller: &caller,
+            params: &params,
+            meta: &context.meta,
+            parts,
+            id: &context.id,
         };
-        let fields = meta.map(|m| &m.0);
-        let trace_parent = trace_parent(&context, meta);
-        let turn = self.turn(caller.clone(), fields, trace_parent)?;
-        // A 2026-07-28 host's retry echoes the state the approval was asked for with.
-        let redeemed = match &params.request_state {
-            Some(state) => Some(
-                self.states
-                    .open(state, &caller, &params.name)
-                    .map_err(|err| McpError::invalid_params(err.to_string(), None))?,
-            ),
-            None => None,
-        };
-        let call_id = convert::call_id(&context.id);
-        let notice = self.cancels.register(&caller, call_id.clone());
-        let call = convert::call_request(
-            call_id,
-            &params.name,
-            params.arguments.as_ref(),
-            fields,
-            redeemed.clone(),
-        );
-        let budget = ResponseBudget::new(self.limits.max_message_bytes, 1);
-        // The host cancelling (dropping the HTTP request, or a notice naming it) drops the call:
-        // the boundary audits it CANCELLED and stops its backend, as for a gRPC cancel.
-        let outcome = tokio::select! {
-            outcome = self.boundary.execute(&turn, call, 0, &budget) => outcome,
-            () = context.ct.cancelled() => {
-                return Err(McpError::invalid_request("the request was cancelled", None));
-            }
-            () = notice.token.cancelled() => {
-                return Err(McpError::invalid_request("the request was cancelled by notifications/cancelled", None));
-            }
-        };
-        drop(notice);
+        let (outcome, redeemed) = self.execute(asked, context.ct.cancelled()).await?;
         if modern(&context) {
             let pending = outcome
                 .refusal
@@ -339,7 +381,6 @@ impl ServerHandler for Handler {
                 return Ok(input.into());
             }
         }
-        let declared = self.declares_output_schema(&outcome, &caller.tenant);
-        Ok(convert::tool_result(outcome, declared).into())
+        Ok(self.tool_result(outcome, &caller).into())
     }
 }

@@ -5,6 +5,9 @@
 //! `Boundary::execute`. What the transport requires of a server — one POST endpoint, `Host` and
 //! `Origin` checked, notifications answered 202, JSON or SSE answers, `server/discover`, the
 //! `Mcp-Method`/`Mcp-Name` headers checked against the body (-32020), bodies bounded — is rmcp's.
+//! One exception, for cost: a 2025-11-25 `tools/call` in its plain shape, which all of those
+//! checks let through unchanged, is answered by `plain_calls` without rmcp's per-request service,
+//! by the same handler code and in the same JSON.
 
 mod approval_state;
 mod cancels;
@@ -12,6 +15,7 @@ pub mod convert;
 mod handler;
 mod listener;
 mod oauth;
+mod plain_calls;
 
 pub use handler::SERVED_REVISIONS;
 
@@ -101,6 +105,11 @@ pub fn start(
     if config.allowed_origins.is_empty() {
         transport = transport.enforce_origin_validation();
     }
+    let plain = Arc::new(plain_calls::PlainCalls {
+        handler: handler.clone(),
+        allowed_hosts: transport.allowed_hosts.clone(),
+        max_body_bytes: parts.limits.max_message_bytes,
+    });
     let service = StreamableHttpService::new(
         move || Ok(handler.clone()),
         Arc::new(NeverSessionManager::default()),
@@ -110,6 +119,10 @@ pub fn start(
     let metadata_path = oauth::metadata_path(&config.path);
     let mut router = Router::new()
         .route_service(&config.path, service)
+        .route_layer(axum::middleware::from_fn_with_state(
+            plain,
+            plain_calls::answer,
+        ))
         .route_layer(axum::middleware::from_fn_with_state(
             cancels,
             cancels::notices,

@@ -19,6 +19,8 @@ pub(crate) struct Spawned {
     pub(crate) addr: String,
     /// The admin endpoint's address (/metrics, /healthz, /readyz).
     pub(crate) admin_addr: String,
+    /// The MCP door's address.
+    pub(crate) mcp_addr: String,
     messages: std::sync::mpsc::Receiver<String>,
     reader: Option<std::thread::JoinHandle<Vec<String>>>,
 }
@@ -145,6 +147,12 @@ fn spawn_full(
                             json["fields"]["addr"].as_str().unwrap_or_default()
                         ));
                     }
+                    if json["fields"]["message"] == "serving MCP over Streamable HTTP" {
+                        let _ = tx.send(format!(
+                            "mcp {}",
+                            json["fields"]["addr"].as_str().unwrap_or_default()
+                        ));
+                    }
                     if json["fields"]["message"] == "serving /metrics, /healthz and /readyz" {
                         let _ = tx.send(format!(
                             "admin {}",
@@ -174,6 +182,7 @@ fn spawn_full(
     });
     let mut addr = String::new();
     let mut admin_addr = String::new();
+    let mut mcp_addr = String::new();
     loop {
         let message = messages
             .recv_timeout(Duration::from_secs(30))
@@ -184,6 +193,9 @@ fn spawn_full(
         if let Some(a) = message.strip_prefix("admin ") {
             admin_addr = a.to_owned();
         }
+        if let Some(a) = message.strip_prefix("mcp ") {
+            mcp_addr = a.to_owned();
+        }
         if message.contains("catalog loaded; SERVING") {
             break;
         }
@@ -192,6 +204,7 @@ fn spawn_full(
         child,
         addr,
         admin_addr,
+        mcp_addr,
         messages,
         reader: Some(reader),
     }
