@@ -8,7 +8,7 @@ use std::{borrow::Cow, sync::Arc, time::Duration};
 use rmcp::{
     ErrorData as McpError, RoleServer, ServerHandler,
     model::{
-        CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ElicitRequest,
+        CacheScope, CallToolRequestParams, CallToolResponse, ClientCapabilities, ElicitRequest,
         ElicitRequestParams, Implementation, InputRequest, InputRequests, InputRequiredResult,
         JsonObject, ListToolsResult, MetaObject, NumberOrString, PaginatedRequestParams,
         ProtocolVersion, RequestMetaObject, ServerCapabilities, ServerConfig, SubscriptionFilter,
@@ -95,10 +95,30 @@ fn trace_parent(
         .unwrap_or_default()
 }
 
-fn modern(context: &RequestContext<RoleServer>) -> bool {
-    context
-        .protocol_version()
-        .is_some_and(|v| v.as_str() >= ProtocolVersion::V_2026_07_28.as_str())
+/// What a host's revision changes in a call's answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Revision {
+    /// Before 2026-07-28: the result, always.
+    Legacy,
+    /// 2026-07-28 or later: an approval to get is asked as an input request of a host that can
+    /// open URLs.
+    Modern,
+}
+
+impl Revision {
+    pub(super) fn of(version: Option<&ProtocolVersion>) -> Revision {
+        match version.is_some_and(|v| v.as_str() >= ProtocolVersion::V_2026_07_28.as_str()) {
+            false => Revision::Legacy,
+            true => Revision::Modern,
+        }
+    }
+}
+
+/// Whether a host with these capabilities opens a URL it is asked to (URL elicitation).
+pub(super) fn opens_urls(capabilities: Option<ClientCapabilities>) -> bool {
+    capabilities
+        .and_then(|caps| caps.elicitation)
+        .is_some_and(|elicitation| elicitation.url.is_some())
 }
 
 impl Handler {
@@ -191,29 +211,48 @@ impl Handler {
         Ok((outcome, redeemed))
     }
 
-    /// The outcome as the tool result a host reads.
-    pub(super) fn tool_result(&self, outcome: CallOutcome, caller: &Caller) -> CallToolResult {
+    /// The answer a host reads: the tool result or, for a 2026-07-28 host that can open URLs
+    /// (asked only when there is an approval to get), the approval as an input request.
+    pub(super) fn respond(
+        &self,
+        outcome: CallOutcome,
+        redeemed: Option<String>,
+        caller: &Caller,
+        params: &CallToolRequestParams,
+        revision: Revision,
+        opens_urls: impl FnOnce() -> bool,
+    ) -> CallToolResponse {
+        if revision == Revision::Modern {
+            let pending = outcome
+                .refusal
+                .as_ref()
+                .is_some_and(|r| r.reason == Reason::ApprovalPending);
+            let ask = match outcome.status {
+                Status::ApprovalRequired => outcome.approval_id.clone(),
+                // Still pending on the retry: ask again, unless the host said no.
+                _ if pending && !Self::declined(params) => redeemed,
+                _ => None,
+            };
+            if let Some(approval_id) = ask
+                && opens_urls()
+                && let Some(input) = self.approval_input(caller, &outcome, &approval_id)
+            {
+                return input.into();
+            }
+        }
         let declared = self.declares_output_schema(&outcome, &caller.tenant);
-        convert::tool_result(outcome, declared)
+        convert::tool_result(outcome, declared).into()
     }
 
     /// For a 2026-07-28 host that can open a URL: the approval to get, as an input request, and
-    /// the sealed state its retry echoes.
+    /// the sealed state its retry echoes; none when no approvals URL is configured.
     fn approval_input(
         &self,
-        context: &RequestContext<RoleServer>,
         caller: &Caller,
         outcome: &CallOutcome,
         approval_id: &str,
     ) -> Option<InputRequiredResult> {
         let url = self.approvals_url.as_ref()?;
-        let opens_urls = context
-            .client_capabilities()
-            .and_then(|caps| caps.elicitation)
-            .is_some_and(|elicitation| elicitation.url.is_some());
-        if !opens_urls {
-            return None;
-        }
         let url = url.replace("{approval_id}", approval_id);
         let message = format!(
             "{} needs an approval ({approval_id}) before it runs with these arguments. Someone other than you decides it at {url}; continue once it is approved.",
@@ -364,23 +403,11 @@ impl ServerHandler for Handler {
             id: &context.id,
         };
         let (outcome, redeemed) = self.execute(asked, context.ct.cancelled()).await?;
-        if modern(&context) {
-            let pending = outcome
-                .refusal
-                .as_ref()
-                .is_some_and(|r| r.reason == Reason::ApprovalPending);
-            let ask = match outcome.status {
-                Status::ApprovalRequired => outcome.approval_id.clone(),
-                // Still pending on the retry: ask again, unless the host said no.
-                _ if pending && !Self::declined(&params) => redeemed,
-                _ => None,
-            };
-            if let Some(approval_id) = ask
-                && let Some(input) = self.approval_input(&context, &caller, &outcome, &approval_id)
-            {
-                return Ok(input.into());
-            }
-        }
-        Ok(self.tool_result(outcome, &caller).into())
+        let revision = Revision::of(context.protocol_version().as_ref());
+        Ok(
+            self.respond(outcome, redeemed, &caller, &params, revision, || {
+                opens_urls(context.client_capabilities())
+            }),
+        )
     }
 }

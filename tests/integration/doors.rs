@@ -340,24 +340,34 @@ fn both_doors_decide_every_generated_call_alike() {
     rt.block_on(server.stop());
 }
 
-/// A plain 2025-11-25 `tools/call` is answered by the door itself, not by a per-request rmcp
-/// service, and in the very JSON rmcp writes: the same call with a `Content-Type` parameter (which
-/// rmcp accepts and the plain path leaves to it) gets the same answer, for a result, a refusal and
-/// a protocol error. rmcp logs every request it serves ("received request", at debug).
+/// A plain `tools/call` (2025-11-25, or 2026-07-28 with its `_meta` and standard headers) is
+/// answered by the door itself, not by a per-request rmcp service, and with the very status and
+/// JSON rmcp gives: the same call with a `Content-Type` parameter (which rmcp accepts and the
+/// plain path leaves to it) gets the same answer, for a result, a refusal and a protocol error.
+/// rmcp logs every request it serves ("received request", at debug).
 #[tokio::test]
-async fn a_plain_tools_call_is_answered_without_rmcp_in_the_json_rmcp_writes() {
+async fn a_plain_tools_call_is_answered_without_rmcp_as_rmcp_answers_it() {
     let spawned = crate::process::spawn_with_env(&[], &[("RUST_LOG", "info,rmcp=debug")]);
     toolgate::tls::install_crypto_provider();
     let http = reqwest::Client::new();
     let url = format!("http://{}/mcp", spawned.mcp_addr);
-    let post = |content_type: &'static str, body: Value| {
-        let request = http
+    let post = |content_type: &'static str, body: &Value| {
+        let modern = body["params"]["_meta"]
+            .get("io.modelcontextprotocol/protocolVersion")
+            .is_some();
+        let mut request = http
             .post(&url)
             .header("content-type", content_type)
             .header("accept", "application/json, text/event-stream")
-            .header("mcp-protocol-version", "2025-11-25")
             .header("x-toolgate-tenant", "acme")
             .body(body.to_string());
+        request = match modern {
+            false => request.header("mcp-protocol-version", "2025-11-25"),
+            true => request
+                .header("mcp-protocol-version", "2026-07-28")
+                .header("mcp-method", "tools/call")
+                .header("mcp-name", body["params"]["name"].as_str().unwrap()),
+        };
         async move {
             let response = request.send().await.expect("the door answers");
             let status = response.status();
@@ -366,41 +376,58 @@ async fn a_plain_tools_call_is_answered_without_rmcp_in_the_json_rmcp_writes() {
             (status, content_type, answer)
         }
     };
-    let call = |id: u64, name: &str, arguments: Value, meta: Value| {
+    let call = |id: u64, name: &str, arguments: Value, mut meta: Value, modern: bool| {
+        if modern {
+            meta["io.modelcontextprotocol/protocolVersion"] = json!("2026-07-28");
+            meta["io.modelcontextprotocol/clientCapabilities"] = json!({});
+            meta["io.modelcontextprotocol/clientInfo"] = json!({"name": "t", "version": "1"});
+        }
         json!({
             "jsonrpc": "2.0", "id": id, "method": "tools/call",
             "params": {"name": name, "arguments": arguments, "_meta": meta},
         })
     };
-    let cases = [
-        call(
-            1,
-            "rag_search",
-            json!({"query": "refund policy"}),
-            json!({}),
-        ),
-        call(2, "no_such_tool", json!({}), json!({})),
-        call(
-            3,
-            "rag_search",
-            json!({"query": "x"}),
-            json!({"toolgate/step": "a"}),
-        ),
-    ];
+    let mut cases = Vec::new();
+    for modern in [false, true] {
+        cases.extend([
+            call(
+                1,
+                "rag_search",
+                json!({"query": "refund policy"}),
+                json!({}),
+                modern,
+            ),
+            call(2, "no_such_tool", json!({}), json!({}), modern),
+            call(
+                3,
+                "rag_search",
+                json!({"query": "x"}),
+                json!({"toolgate/step": "a"}),
+                modern,
+            ),
+        ]);
+    }
     let mut plain = Vec::new();
     for case in &cases {
-        plain.push(post("application/json", case.clone()).await);
+        plain.push(post("application/json", case).await);
     }
     for (case, plain) in cases.iter().zip(&plain) {
-        let by_rmcp = post("application/json; charset=utf-8", case.clone()).await;
+        let by_rmcp = post("application/json; charset=utf-8", case).await;
         assert_eq!(plain, &by_rmcp, "{case}");
     }
-    assert_eq!(plain[0].2["result"]["_meta"]["toolgate/status"], "OK");
-    assert_eq!(
-        plain[1].2["result"]["_meta"]["toolgate/error_type"],
-        "tool_not_found"
-    );
-    assert_eq!(plain[2].2["error"]["code"], -32602, "{}", plain[2].2);
+    for at in [0, 3] {
+        assert_eq!(plain[at].2["result"]["_meta"]["toolgate/status"], "OK");
+        assert_eq!(
+            plain[at + 1].2["result"]["_meta"]["toolgate/error_type"],
+            "tool_not_found"
+        );
+        assert_eq!(
+            plain[at + 2].2["error"]["code"],
+            -32602,
+            "{}",
+            plain[at + 2].2
+        );
+    }
     let logs = crate::process::stop(spawned).await;
     assert_eq!(
         logs.matches(r#""message":"received request""#).count(),
