@@ -75,7 +75,15 @@ impl ArgumentsBudget {
 pub fn normalize_call_id(call_id: &str, step: u32, index: usize) -> Cow<'_, str> {
     let trimmed = call_id.trim();
     if trimmed.is_empty() {
-        Cow::Owned(format!("tool_step_{step}_{index}"))
+        // Without `format!`: clients that send no ids pay this on every call.
+        let (mut step_digits, mut index_digits) = (itoa::Buffer::new(), itoa::Buffer::new());
+        let (step, index) = (step_digits.format(step), index_digits.format(index));
+        let mut generated = String::with_capacity(11 + step.len() + index.len());
+        generated.push_str("tool_step_");
+        generated.push_str(step);
+        generated.push('_');
+        generated.push_str(index);
+        Cow::Owned(generated)
     } else {
         Cow::Borrowed(trimmed)
     }
@@ -360,6 +368,10 @@ mod tests {
     #[test]
     fn blank_call_ids_are_numbered_by_step_and_index() {
         assert_eq!(normalize_call_id("  ", 4, 2), "tool_step_4_2");
+        assert_eq!(
+            normalize_call_id("", u32::MAX, 1_234_567),
+            "tool_step_4294967295_1234567"
+        );
         assert_eq!(normalize_call_id("call-7", 4, 2), "call-7");
     }
 
