@@ -17,9 +17,9 @@ use axum::{
     body::Body,
     extract::{Request, State},
     middleware::Next,
-    response::{IntoResponse, Response},
+    response::Response,
 };
-use http::{StatusCode, header};
+use http::header;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
@@ -167,15 +167,9 @@ pub async fn notices(
         return next.run(request).await;
     };
     let (parts, body) = request.into_parts();
-    let body = match axum::body::to_bytes(body, MAX_NOTICE_BYTES).await {
+    let body = match super::read_body(body, MAX_NOTICE_BYTES).await {
         Ok(body) => body,
-        Err(err) => {
-            return (
-                StatusCode::BAD_REQUEST,
-                format!("the request body could not be read: {err}"),
-            )
-                .into_response();
-        }
+        Err(refused) => return refused,
     };
     if let Some(request_id) = cancelled_request_id(&body) {
         match cancels.cancel(&caller, request_id.clone()) {

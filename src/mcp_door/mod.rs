@@ -156,6 +156,21 @@ pub fn start(
     tracing::info!(addr = %bound, path = %config.path, "serving MCP over Streamable HTTP");
 }
 
+/// A request body read whole, up to `limit` bytes; a 400 when it cannot be.
+async fn read_body(
+    body: axum::body::Body,
+    limit: usize,
+) -> Result<axum::body::Bytes, axum::response::Response> {
+    use axum::response::IntoResponse;
+    axum::body::to_bytes(body, limit).await.map_err(|err| {
+        (
+            http::StatusCode::BAD_REQUEST,
+            format!("the request body could not be read: {err}"),
+        )
+            .into_response()
+    })
+}
+
 /// The configured hosts, each also with the port actually bound (rmcp compares `host:port`
 /// entries exactly, bare hosts on any port).
 fn allowed_hosts(configured: &[String], bound: SocketAddr) -> Vec<String> {

@@ -133,16 +133,14 @@ pub async fn answer(
         return next.run(request).await;
     };
     let (parts, body) = request.into_parts();
-    let body = match axum::body::to_bytes(body, plain.max_body_bytes).await {
+    let body = match super::read_body(body, plain.max_body_bytes).await {
         Ok(body) => body,
-        Err(err) => {
-            return (
-                StatusCode::BAD_REQUEST,
-                format!("the request body could not be read: {err}"),
-            )
-                .into_response();
-        }
+        Err(refused) => return refused,
     };
+    // Most other requests (initialize, tools/list) are not parsed twice.
+    if memchr::memmem::find(&body, b"tools/call").is_none() {
+        return next.run(Request::from_parts(parts, Body::from(body))).await;
+    }
     let Ok(ClientJsonRpcMessage::Request(request)) =
         serde_json::from_slice::<ClientJsonRpcMessage>(&body)
     else {
