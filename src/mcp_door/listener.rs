@@ -2,12 +2,24 @@
 //! (`limits.max_connections_per_listener`), the handshake and idle timeouts, the connection
 //! counted in `toolgate_connections_*{listener="mcp"}`. Each request carries its [`Connection`],
 //! so admission counts it as the connection's activity.
+//!
+//! Its connections are served here rather than by `axum::serve` so that each connection's task
+//! can be polled through [`RepollOnSelfWake`]: hyper's HTTP/1 connection wakes its own task for
+//! every request with a body, which would wake a second worker per call.
 
 use std::net::SocketAddr;
 
-use axum::{extract::connect_info::Connected, serve::IncomingStream};
+use axum::{Extension, Router, extract::ConnectInfo};
+use hyper_util::{
+    rt::{TokioExecutor, TokioIo},
+    server::{conn::auto, graceful::GracefulShutdown},
+    service::TowerToHyperService,
+};
 use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tower::Layer;
 
+use super::self_wake::RepollOnSelfWake;
 use crate::admission::connections::{Admission, Connection, Watched};
 
 pub struct WatchedListener {
@@ -15,11 +27,9 @@ pub struct WatchedListener {
     pub admission: Admission,
 }
 
-impl axum::serve::Listener for WatchedListener {
-    type Io = Watched<TcpStream>;
-    type Addr = Connection;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+impl WatchedListener {
+    /// The next connection admitted, with what the requests on it carry.
+    async fn accept(&mut self) -> (Watched<TcpStream>, Connection) {
         loop {
             let stream = match self.inner.accept().await {
                 Ok((stream, _)) => stream,
@@ -39,19 +49,35 @@ impl axum::serve::Listener for WatchedListener {
             }
         }
     }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        // axum asks only to log it; the connection of a listener has no peer.
-        Err(std::io::Error::other("a listener has no connection"))
-    }
 }
 
 fn peer(stream: &TcpStream) -> Option<SocketAddr> {
     stream.peer_addr().ok()
 }
 
-impl Connected<IncomingStream<'_, WatchedListener>> for Connection {
-    fn connect_info(stream: IncomingStream<'_, WatchedListener>) -> Self {
-        stream.remote_addr().clone()
+/// Serves `router` on every connection `listener` admits (HTTP/1.1, and HTTP/2 with prior
+/// knowledge, as `axum::serve` does) until `close` is cancelled; then accepts no more, asks each
+/// connection to finish the requests it has and close, and returns once they all have.
+pub async fn serve(mut listener: WatchedListener, router: Router, close: CancellationToken) {
+    let connections = GracefulShutdown::new();
+    let builder = auto::Builder::new(TokioExecutor::new());
+    loop {
+        let (io, connection) = tokio::select! {
+            biased;
+            () = close.cancelled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        let service = Extension(ConnectInfo(connection)).layer(router.clone());
+        let served = builder
+            .serve_connection(TokioIo::new(io), TowerToHyperService::new(service))
+            .into_owned();
+        let served = connections.watch(served);
+        tokio::spawn(RepollOnSelfWake::new(async move {
+            if let Err(err) = served.await {
+                tracing::trace!(error = %err, "MCP connection ended with an error");
+            }
+        }));
     }
+    drop(listener);
+    connections.shutdown().await;
 }

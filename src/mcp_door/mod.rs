@@ -16,6 +16,7 @@ mod handler;
 mod listener;
 mod oauth;
 mod plain_calls;
+mod self_wake;
 
 pub use handler::SERVED_REVISIONS;
 
@@ -143,16 +144,7 @@ pub fn start(
         inner: listener,
         admission: parts.connections,
     };
-    let serve = axum::serve(
-        listener,
-        router.into_make_service_with_connect_info::<connections::Connection>(),
-    )
-    .with_graceful_shutdown(close.cancelled_owned());
-    listeners.spawn("mcp-http", async move {
-        if let Err(err) = serve.await {
-            tracing::error!(error = %err, "MCP listener ended with an error");
-        }
-    });
+    listeners.spawn("mcp-http", listener::serve(listener, router, close));
     tracing::info!(addr = %bound, path = %config.path, "serving MCP over Streamable HTTP");
 }
 
