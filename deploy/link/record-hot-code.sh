@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Records the functions a serving sidecar runs, hottest first, into deploy/link/hot-code.txt, the
 # list deploy/link/hot-first.sh lays out first in optimized builds. Run it again when the call
-# path changes much (the load harness's "idle RSS after calls" row creeping up says so):
+# path changes much (the load harness's "idle RSS after calls" row creeping up says so), and with
+# --fresh when toolgate's own dependencies change: that renames every generic instance, the old
+# names are then matched loosely, and every instance of each is placed (the build's
+# target/release/deps/toolgate-*.hot-order then holds several times the ~2,000 lines it should):
 #
 #   deploy/link/record-hot-code.sh [--fresh]
 #
