@@ -7,8 +7,9 @@
 //! `version`, `risk_level`), `args` (the arguments after schema validation and bind, so their
 //! types and bound values can be trusted), `now` (a timestamp, from the boundary's clock) and
 //! `run` (`id`). Nothing else: an unknown variable, a function outside the standard library's
-//! documented set, a struct literal, comprehensions nested deeper than [`MAX_NESTED_LOOPS`] or an
-//! expression longer than [`MAX_EXPRESSION_BYTES`] is a load error naming where it is. What an
+//! documented set, a struct literal, comprehensions nested deeper than [`MAX_NESTED_LOOPS`], an
+//! expression longer than [`MAX_EXPRESSION_BYTES`], nested deeper than [`MAX_NESTING`] or
+//! deeper than [`MAX_DEPTH`] is a load error naming where it is. What an
 //! evaluation costs is then bounded by the expression's size and the arguments' (which
 //! `limits.max_argument_bytes` bounds): at most the arguments' length to the power of the
 //! nesting.
@@ -42,6 +43,14 @@ mod direct;
 
 /// Longest expression accepted, in bytes.
 pub const MAX_EXPRESSION_BYTES: usize = 1024;
+/// Deepest nesting of parentheses, calls, lists, maps, indexing and `?:`: twice what the CEL
+/// spec asks every implementation to support (12), and its 24 ternaries in a row. The parser
+/// recurses once per level.
+pub const MAX_NESTING: usize = 24;
+/// Deepest expression tree, in nodes from the root to the deepest leaf: what a chain of
+/// operators builds without nesting (`a + b + c` is two deep in `_+_`). The load-time walks and
+/// both evaluators recurse once per level.
+pub const MAX_DEPTH: usize = 48;
 /// Deepest nesting of comprehensions (`all`, `exists`, `exists_one`, `map`, `filter`).
 pub const MAX_NESTED_LOOPS: usize = 2;
 
@@ -98,6 +107,8 @@ pub enum CompileError {
     Empty,
     #[error("{0}")]
     Syntax(String),
+    #[error("the CEL parser could not parse it: {0}")]
+    Parser(String),
     #[error(
         "unknown variable {name:?} at {position}: an expression may read caller, tool, args, now and run"
     )]
@@ -108,6 +119,14 @@ pub enum CompileError {
     Struct { name: String, position: String },
     #[error("comprehensions nested deeper than {MAX_NESTED_LOOPS} at {position}")]
     TooDeep { position: String },
+    #[error(
+        "the expression is nested deeper than {MAX_NESTING} (parentheses, calls, lists, maps, indexing and ?: each count a level)"
+    )]
+    TooNested,
+    #[error(
+        "the expression is deeper than {MAX_DEPTH} operations at {position}: split it, or write a long chain of operators as a comprehension"
+    )]
+    TreeTooDeep { position: String },
 }
 
 /// A compiled condition, with its text and what it reads.
@@ -384,9 +403,7 @@ impl Condition {
         if source.trim().is_empty() {
             return Err(CompileError::Empty);
         }
-        let program = env()
-            .compile(source)
-            .map_err(|errors| CompileError::Syntax(syntax_message(&errors)))?;
+        let program = parse(source)?;
         let mut check = Check {
             program: &program,
             bound: Vec::new(),
@@ -609,6 +626,149 @@ fn json_scalar(value: &serde_json::Value) -> Box<dyn Val> {
     }
 }
 
+/// The stack a deep expression is parsed on. The parser recurses several rule functions deep
+/// per nesting level: ~200 KiB a level in an unoptimised build (the fuzz targets, the tests),
+/// ~8 KiB in an optimised one, so [`MAX_NESTING`] needs ~6 MiB at worst, more than the 2 MiB
+/// of the Tokio blocking thread a reload compiles on. Pages it does not touch are never
+/// resident.
+const PARSE_STACK_BYTES: usize = 16 << 20;
+
+/// Each nesting level opens with one of these, so an expression with `n` of them nests at
+/// most `n + 1` deep.
+const OPENERS: &[u8] = b"([{?";
+
+/// Below this many openers an expression is parsed on the calling thread: at most 4 levels,
+/// ~1.3 MiB unoptimised. A thread of its own made a parse 0.42 ms instead of 0.20 (unoptimised),
+/// which nearly every real condition does without.
+const SHALLOW_OPENERS: usize = 4;
+
+/// Parses `source`, refusing nesting beyond [`MAX_NESTING`] and trees deeper than
+/// [`MAX_DEPTH`] before anything else walks them; an expression that may be deep, on a thread
+/// of its own (see [`PARSE_STACK_BYTES`]). A tree too deep is dropped there too: dropping
+/// recurses as deep as the tree.
+fn parse(source: &str) -> Result<Program, CompileError> {
+    let openers = source.bytes().filter(|b| OPENERS.contains(b)).count();
+    if openers < SHALLOW_OPENERS {
+        return parse_here(source, openers);
+    }
+    std::thread::scope(|scope| {
+        let parser = std::thread::Builder::new()
+            .name("toolgate-cel-parse".to_owned())
+            .stack_size(PARSE_STACK_BYTES)
+            .spawn_scoped(scope, || parse_here(source, openers))
+            .map_err(|err| CompileError::Parser(format!("cannot start its thread: {err}")))?;
+        // The parser is third-party code fed the catalog: a panic in it refuses the expression.
+        parser
+            .join()
+            .unwrap_or_else(|_| Err(CompileError::Parser("it failed".to_owned())))
+    })
+}
+
+fn parse_here(source: &str, openers: usize) -> Result<Program, CompileError> {
+    // The parser's own recursion limit counts `expr` rules entered beyond the limit given
+    // plus one: the whole expression is one, each level of nesting one more. Parsing once
+    // with it bounds the recursion of the parse that builds the program (`Env::compile`
+    // takes no limit); an expression with fewer openers cannot be too deep.
+    if openers >= MAX_NESTING
+        && let Err(errors) = env()
+            .parser()
+            .max_recursion_depth(MAX_NESTING as u16)
+            .parse(source)
+    {
+        let nested = errors
+            .errors
+            .iter()
+            .any(|error| error.msg.contains("Recursion limit"));
+        return Err(if nested {
+            CompileError::TooNested
+        } else {
+            CompileError::Syntax(syntax_message(&errors))
+        });
+    }
+    let program = env()
+        .compile(source)
+        .map_err(|errors| CompileError::Syntax(syntax_message(&errors)))?;
+    if let Some(too_deep) = deeper_than(program.expression(), MAX_DEPTH) {
+        return Err(CompileError::TreeTooDeep {
+            position: position(&program, too_deep),
+        });
+    }
+    Ok(program)
+}
+
+/// The first node found below `limit` levels, if any: measured with a stack of its own, not
+/// by recursion, since the tree is not yet known to be shallow.
+fn deeper_than(root: &IdedExpr, limit: usize) -> Option<&IdedExpr> {
+    let mut pending = vec![(root, 1)];
+    while let Some((expr, depth)) = pending.pop() {
+        if depth > limit {
+            return Some(expr);
+        }
+        let below = depth + 1;
+        match &expr.expr {
+            Expr::Unspecified | Expr::Literal(_) | Expr::Ident(_) => {}
+            Expr::Select(select) => pending.push((&select.operand, below)),
+            Expr::Call(call) => {
+                pending.extend(call.target.iter().map(|target| (&**target, below)));
+                pending.extend(call.args.iter().map(|arg| (arg, below)));
+            }
+            Expr::List(list) => pending.extend(list.elements.iter().map(|e| (e, below))),
+            Expr::Map(map) => {
+                for entry in &map.entries {
+                    match &entry.expr {
+                        EntryExpr::MapEntry(entry) => {
+                            pending.extend([(&entry.key, below), (&entry.value, below)])
+                        }
+                        EntryExpr::StructField(field) => pending.push((&field.value, below)),
+                    }
+                }
+            }
+            Expr::Struct(message) => {
+                for entry in &message.entries {
+                    match &entry.expr {
+                        EntryExpr::MapEntry(entry) => {
+                            pending.extend([(&entry.key, below), (&entry.value, below)])
+                        }
+                        EntryExpr::StructField(field) => pending.push((&field.value, below)),
+                    }
+                }
+            }
+            Expr::Comprehension(loop_) => pending.extend(
+                [
+                    &loop_.iter_range,
+                    &loop_.accu_init,
+                    &loop_.loop_cond,
+                    &loop_.loop_step,
+                    &loop_.result,
+                ]
+                .map(|e| (e, below)),
+            ),
+        }
+    }
+    None
+}
+
+/// Where `expr` is written in the program's source, as a line and a column in characters,
+/// both from 1 (the parser records the byte offsets where each node starts and stops).
+fn position(program: &Program, expr: &IdedExpr) -> String {
+    let info = program.source_info();
+    let before = info
+        .offset_for(expr.id)
+        .and_then(|(start, _)| info.source.get(..start as usize));
+    let Some(before) = before else {
+        return "an unknown position".to_owned();
+    };
+    let (mut line, mut column) = (1, 1);
+    for c in before.chars() {
+        if c == '\n' {
+            (line, column) = (line + 1, 1);
+        } else {
+            column += 1;
+        }
+    }
+    format!("line {line}, column {column}")
+}
+
 /// The first syntax error, with its line and column.
 fn syntax_message(errors: &cel::ParseErrors) -> String {
     match errors.errors.first() {
@@ -633,10 +793,7 @@ struct Check<'p> {
 
 impl Check<'_> {
     fn position(&self, expr: &IdedExpr) -> String {
-        match self.program.source_info().offset_for(expr.id) {
-            Some((line, column)) => format!("line {line}, column {column}"),
-            None => "an unknown position".to_owned(),
-        }
+        position(self.program, expr)
     }
 
     fn walk(&mut self, expr: &IdedExpr, loops: usize) -> Result<(), CompileError> {
@@ -821,6 +978,17 @@ mod tests {
     fn load_errors_name_what_and_where() {
         let error = |source: &str| Condition::compile(source).unwrap_err().to_string();
         assert!(error("secrets.key == 1").contains("unknown variable \"secrets\""));
+        // Positions are a line and a column, both from 1, in characters.
+        let on_line_2 = error("caller.tenant == 'acme' &&\n  secrets.key == 1");
+        assert!(
+            on_line_2.contains("\"secrets\" at line 2, column 3"),
+            "{on_line_2}"
+        );
+        let after_accent = error("'é' == x");
+        assert!(
+            after_accent.contains("\"x\" at line 1, column 8"),
+            "{after_accent}"
+        );
         assert!(error("args.a ==").contains("syntax error"));
         assert!(error("myFn(args.a)").contains("function \"myFn\""));
         assert!(error("").contains("empty"));
@@ -830,6 +998,81 @@ mod tests {
         );
         assert!(error("args.a.all(x, x > 0) && x > 0").contains("unknown variable \"x\""));
         assert!(error("{'a': args.a}.?a == 1").contains("syntax error"));
+    }
+
+    fn parens(levels: usize) -> String {
+        format!("{}args.n > 1{}", "(".repeat(levels), ")".repeat(levels))
+    }
+
+    fn lists(levels: usize) -> String {
+        format!("{}args.n{} != []", "[".repeat(levels), "]".repeat(levels))
+    }
+
+    /// `args.n + args.n + … > 0`: nested nowhere, but its tree is `_>_`, then one `_+_` per
+    /// term after the first, then `args.n` (a select on an ident): `terms + 2` deep.
+    fn chain(terms: usize) -> String {
+        format!("{} > 0", vec!["args.n"; terms].join(" + "))
+    }
+
+    /// The parser recurses once per nesting level, and the walks and evaluators once per
+    /// level of the tree: both are bounded at load, by errors naming the limit.
+    #[test]
+    fn nesting_and_depth_beyond_the_limits_are_load_errors() {
+        for deepest in [parens(MAX_NESTING), lists(MAX_NESTING)] {
+            assert!(Condition::compile(&deepest).is_ok(), "{deepest}");
+        }
+        for too_deep in [parens(MAX_NESTING + 1), lists(MAX_NESTING + 1)] {
+            let error = Condition::compile(&too_deep).unwrap_err();
+            assert!(matches!(error, CompileError::TooNested), "{error}");
+            assert!(
+                error.to_string().contains("nested deeper than 24"),
+                "{error}"
+            );
+        }
+        assert!(Condition::compile(&chain(MAX_DEPTH - 2)).is_ok());
+        let error = Condition::compile(&chain(MAX_DEPTH - 1)).unwrap_err();
+        assert!(matches!(error, CompileError::TreeTooDeep { .. }), "{error}");
+        assert!(error.to_string().contains("deeper than 48"), "{error}");
+        // The longest chain that fits the length limit, far deeper than the limit.
+        let error = Condition::compile(&format!("{}1 > 0", "1+".repeat(500))).unwrap_err();
+        assert!(matches!(error, CompileError::TreeTooDeep { .. }), "{error}");
+    }
+
+    /// The deepest expressions accepted compile and evaluate on a thread with the stack of
+    /// Tokio's threads (2 MiB: its workers evaluate, its blocking threads reload catalogs), in
+    /// this unoptimised build too, where the parser takes ~200 KiB per nesting level (an
+    /// optimised build ~8 KiB).
+    #[test]
+    fn the_deepest_expressions_accepted_fit_a_tokio_threads_stack() {
+        let on_tokio_stack = std::thread::Builder::new().stack_size(2 << 20).spawn(|| {
+            let args = json!({"n": 2});
+            // The deepest parsed on the calling thread, and the deepest of all.
+            let shallow = parens(SHALLOW_OPENERS - 1);
+            for source in [
+                shallow,
+                parens(MAX_NESTING),
+                lists(MAX_NESTING),
+                chain(MAX_DEPTH - 2),
+            ] {
+                let with_call = evaluate(&source, Some(args.clone()));
+                assert!(
+                    matches!(with_call, Evaluation::Holds(_)),
+                    "{source}: {with_call:?}"
+                );
+                assert_eq!(evaluate(&source, None), Evaluation::Unknown, "{source}");
+            }
+            // Arguments as deep as stage 2 lets through, compared whole.
+            let mut deep = json!(1);
+            for _ in 1..crate::settings::MAX_ARGUMENTS_DEPTH_CAP {
+                deep = json!([deep]);
+            }
+            let source = "args.d == args.d && size(args.d) == 1";
+            assert_eq!(
+                evaluate(source, Some(json!({ "d": deep }))),
+                Evaluation::Holds(true)
+            );
+        });
+        on_tokio_stack.unwrap().join().unwrap();
     }
 
     /// The in-place path answers as the interpreter does, on expressions made from the shapes

@@ -5,6 +5,10 @@ use std::time::Duration;
 
 use super::*;
 
+/// The deepest `limits.max_arguments_depth` can be set: serde_json refuses deeper input on its
+/// own (at 128), and stage 2's check should be the one that speaks.
+pub const MAX_ARGUMENTS_DEPTH_CAP: usize = 120;
+
 /// Request size limits, concurrency caps and the memory budgets of what is kept between calls.
 /// The defaults fit a 256 MiB pod: the budgets add up to well under half of it.
 #[derive(Debug, Clone)]
@@ -134,8 +138,7 @@ pub(super) fn build_limits(raw: &raw::RawLimits) -> Result<LimitsConfig, FieldEr
             "limits.max_arguments_depth",
             d.max_arguments_depth,
         )?
-        // serde_json refuses deeper input on its own; keep our check the one that speaks.
-        .min(120),
+        .min(MAX_ARGUMENTS_DEPTH_CAP),
         max_arguments_values: positive(
             raw.max_arguments_values,
             "limits.max_arguments_values",

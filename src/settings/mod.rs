@@ -14,8 +14,8 @@ pub mod yaml_bounds;
 
 use limits::build_limits;
 pub use limits::{
-    IdempotencyBudget, LimitsConfig, PARSED_VALUE_BYTES, RESPONSE_MARGIN_BYTES,
-    RESULT_RESERVE_BYTES, parsed_arguments_bytes,
+    IdempotencyBudget, LimitsConfig, MAX_ARGUMENTS_DEPTH_CAP, PARSED_VALUE_BYTES,
+    RESPONSE_MARGIN_BYTES, RESULT_RESERVE_BYTES, parsed_arguments_bytes,
 };
 
 use std::{
