@@ -27,7 +27,7 @@ use std::{
 use cel::{
     Context, Env, Program, Value,
     common::{
-        ast::{EntryExpr, Expr, IdedExpr},
+        ast::{EntryExpr, Expr, IdedExpr, MapExpr, StructExpr},
         types::{
             CelBool, CelDouble, CelInt, CelList, CelMap, CelMapKey, CelNull, CelString,
             CelTimestamp, CelUInt,
@@ -713,18 +713,8 @@ fn deeper_than(root: &IdedExpr, limit: usize) -> Option<&IdedExpr> {
                 pending.extend(call.args.iter().map(|arg| (arg, below)));
             }
             Expr::List(list) => pending.extend(list.elements.iter().map(|e| (e, below))),
-            Expr::Map(map) => {
-                for entry in &map.entries {
-                    match &entry.expr {
-                        EntryExpr::MapEntry(entry) => {
-                            pending.extend([(&entry.key, below), (&entry.value, below)])
-                        }
-                        EntryExpr::StructField(field) => pending.push((&field.value, below)),
-                    }
-                }
-            }
-            Expr::Struct(message) => {
-                for entry in &message.entries {
+            Expr::Map(MapExpr { entries }) | Expr::Struct(StructExpr { entries, .. }) => {
+                for entry in entries {
                     match &entry.expr {
                         EntryExpr::MapEntry(entry) => {
                             pending.extend([(&entry.key, below), (&entry.value, below)])
