@@ -1025,8 +1025,13 @@ mod tests {
         assert!(matches!(error, CompileError::TreeTooDeep { .. }), "{error}");
         assert!(error.to_string().contains("deeper than 48"), "{error}");
         // The longest chain that fits the length limit, far deeper than the limit.
-        let error = Condition::compile(&format!("{}1 > 0", "1+".repeat(500))).unwrap_err();
-        assert!(matches!(error, CompileError::TreeTooDeep { .. }), "{error}");
+        for longest in [
+            format!("{}1 > 0", "1+".repeat(500)),
+            format!("args{} > 0", ".a".repeat(500)),
+        ] {
+            let error = Condition::compile(&longest).unwrap_err();
+            assert!(matches!(error, CompileError::TreeTooDeep { .. }), "{error}");
+        }
     }
 
     /// The deepest expressions accepted compile and evaluate on a thread with the stack of
