@@ -1,6 +1,8 @@
 //! What the Controls service asks of the boundary: set, clear and list emergency denies
-//! (`crate::emergency`), each needing the scope `toolgate:admin` (dev identity, served only on
-//! loopback, needs none). Every set, clear and expiry is an audit event (`emergency_deny`),
+//! (`crate::emergency`), each needing the scope `toolgate:admin`. A tenant's admin acts on its
+//! own tenant's denies only; the platform's operators — admins of a tenant the catalog names in
+//! `identity.platform_tenants`, or dev identity, served only on loopback — on every tenant's and
+//! on denies for every tenant. Every set, clear and expiry is an audit event (`emergency_deny`),
 //! its slot taken before the change is made, so a change made always has its event.
 
 use std::sync::Arc;
@@ -8,7 +10,7 @@ use std::sync::Arc;
 use super::Boundary;
 use crate::{
     audit::{AuditEvent, EventKind, EventTime, Party},
-    emergency::{ADMIN_SCOPE, DenyError, EmergencyDenies, EmergencyDeny, NewDeny},
+    emergency::{ADMIN_SCOPE, Authority, DenyError, EmergencyDenies, EmergencyDeny, NewDeny},
     identity::{AuthMethod, Caller},
 };
 
@@ -19,9 +21,9 @@ impl Boundary {
         operator: &Arc<Caller>,
         new: NewDeny,
     ) -> Result<EmergencyDeny, DenyError> {
-        authorize(operator)?;
+        let authority = self.authorize(operator)?;
         let slot = self.audit_slot().await?;
-        let deny = self.emergency.set(new, operator).await?;
+        let deny = self.emergency.set(new, operator, &authority).await?;
         tracing::warn!(deny = %deny.id, tools = %deny.tools, tenant = ?deny.tenant, agent = ?deny.agent, reason = %deny.reason, set_by = %deny.set_by, "emergency deny set");
         slot.send(self.deny_event(&deny, "SET", Some(operator)));
         Ok(deny)
@@ -33,21 +35,40 @@ impl Boundary {
         operator: &Arc<Caller>,
         id: &str,
     ) -> Result<EmergencyDeny, DenyError> {
-        authorize(operator)?;
+        let authority = self.authorize(operator)?;
         let slot = self.audit_slot().await?;
-        let deny = self.emergency.clear(id).await?;
-        tracing::warn!(deny = %deny.id, tools = %deny.tools, cleared_by = %format!("{}/{}", operator.tenant, operator.subject), "emergency deny cleared");
+        let deny = self.emergency.clear(id, &authority).await?;
+        tracing::warn!(deny = %deny.id, tools = %deny.tools, tenant = ?deny.tenant, cleared_by = %format!("{}/{}", operator.tenant, operator.subject), "emergency deny cleared");
         slot.send(self.deny_event(&deny, "CLEARED", Some(operator)));
         Ok(deny)
     }
 
-    /// The emergency denies in force.
+    /// The emergency denies in force that `operator` may see: a tenant's admin those on its
+    /// tenant, the platform's operators all.
     pub fn list_emergency_denies(
         &self,
         operator: &Caller,
     ) -> Result<Vec<EmergencyDeny>, DenyError> {
-        authorize(operator)?;
-        Ok(self.emergency.list())
+        let authority = self.authorize(operator)?;
+        Ok(self.emergency.list_for(&authority))
+    }
+
+    /// Whose denies `operator` may act on: none without the scope `toolgate:admin`; every
+    /// tenant's for the platform's operators (a tenant the catalog names in
+    /// `identity.platform_tenants`, or dev identity, which trusts whatever tenant a loopback
+    /// caller claims anyway); its own tenant's otherwise.
+    fn authorize(&self, operator: &Caller) -> Result<Authority, DenyError> {
+        if operator.method == AuthMethod::Dev {
+            return Ok(Authority::Platform);
+        }
+        if !operator.has_scope(ADMIN_SCOPE) {
+            return Err(DenyError::MissingScope);
+        }
+        let state = self.state.load();
+        Ok(match state.catalog.is_platform_tenant(&operator.tenant) {
+            true => Authority::Platform,
+            false => Authority::Tenant(operator.tenant.clone()),
+        })
     }
 
     /// Whether denies set here hold on every sidecar sharing the state (Redis), not this one only.
@@ -103,14 +124,5 @@ impl Boundary {
             emergency_deny: Some(Box::new(deny.clone())),
             ..AuditEvent::default()
         })
-    }
-}
-
-/// Setting, clearing and listing emergency denies needs the scope `toolgate:admin`; dev
-/// identity callers (loopback only) need nothing more.
-fn authorize(operator: &Caller) -> Result<(), DenyError> {
-    match operator.method == AuthMethod::Dev || operator.has_scope(ADMIN_SCOPE) {
-        true => Ok(()),
-        false => Err(DenyError::MissingScope),
     }
 }

@@ -216,8 +216,19 @@ impl CatalogInputs {
                 agents.named.insert(agent.clone(), access);
             }
         }
+        let mut platform_tenants = BTreeSet::new();
+        for (index, tenant) in raw.identity.platform_tenants.iter().enumerate() {
+            if tenant.trim().is_empty() || tenant.trim() != tenant {
+                return Err(FieldError::new(
+                    format!("identity.platform_tenants[{index}]"),
+                    format!("invalid tenant name {tenant:?}: tenant names are matched exactly"),
+                ));
+            }
+            platform_tenants.insert(tenant.clone());
+        }
         let revision = revision_of(tools.values().flatten().map(|t| t.as_ref()));
         Ok(Catalog {
+            platform_tenants,
             flow: flow.map(Arc::new),
             tools,
             unavailable,

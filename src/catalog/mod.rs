@@ -194,6 +194,9 @@ pub struct Catalog {
     pub policy: AccessList,
     pub tenants: BTreeMap<String, TenantPolicy>,
     pub agents: AgentPolicies,
+    /// `identity.platform_tenants`: the tenants whose admins act on every tenant's emergency
+    /// denies.
+    platform_tenants: BTreeSet<String>,
     revision: String,
 }
 
@@ -237,6 +240,11 @@ impl AgentPolicies {
 }
 
 impl Catalog {
+    /// Whether `tenant` is one of the platform's (`identity.platform_tenants`).
+    pub fn is_platform_tenant(&self, tenant: &str) -> bool {
+        self.platform_tenants.contains(tenant)
+    }
+
     /// Whether the catalog configures a tool of this name (available now or not).
     pub fn contains(&self, name: &str) -> bool {
         self.tools.contains_key(name) || self.unavailable.contains_key(name)

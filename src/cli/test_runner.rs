@@ -28,7 +28,7 @@ use crate::{
     clock::SharedClock,
     conditions::Found,
     config::Config,
-    emergency::NewDeny,
+    emergency::{Authority, NewDeny},
     error::{Reason, Stage, Status},
     executor::Executors,
     identity::{AuthMethod, Caller, split_scopes},
@@ -386,7 +386,10 @@ pub async fn run(config: Option<&Path>, tests: &Path, coverage: bool) -> Result<
         }
         for id in denies {
             // Each case starts with none in force.
-            let _ = boundary.emergency_denies().clear(&id).await;
+            let _ = boundary
+                .emergency_denies()
+                .clear(&id, &Authority::Platform)
+                .await;
         }
         if diff.is_empty() {
             println!("ok    {}", case.name);
@@ -434,11 +437,11 @@ async fn set_denies(
             ttl: None,
             cancel_running: false,
         };
-        match denies.set(new, caller).await {
+        match denies.set(new, caller, &Authority::Platform).await {
             Ok(set) => ids.push(set.id),
             Err(err) => {
                 for id in ids {
-                    let _ = denies.clear(&id).await;
+                    let _ = denies.clear(&id, &Authority::Platform).await;
                 }
                 return Err(format!("emergency_denies[{i}]: {err}"));
             }

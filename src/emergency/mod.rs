@@ -24,6 +24,11 @@ use crate::{clock::SharedClock, identity::Caller, state::StateError};
 
 /// Most denies in force at once: each call looks at all of them.
 pub const MAX_DENIES: usize = 256;
+/// Most denies one tenant's admins may have in force at once.
+pub const MAX_DENIES_PER_TENANT: usize = 16;
+/// Places kept for the platform's operators: tenants' denies together leave at least these free,
+/// so no tenant (nor all of them) can keep the platform from stopping a tool.
+pub const RESERVED_FOR_PLATFORM: usize = 32;
 /// Longest reason, in bytes.
 pub const MAX_REASON_BYTES: usize = 1024;
 /// Longest tools glob, tenant or agent, in bytes.
@@ -45,9 +50,48 @@ pub struct EmergencyDeny {
     pub set_at_ms: i64,
     pub expires_at_ms: Option<i64>,
     pub cancel_running: bool,
+    /// Set by the platform's operators (then only they may clear it), not by a tenant's admin.
+    /// A deny stored before tenants' admins could set any was the platform's.
+    #[serde(default = "by_platform")]
+    pub set_by_platform: bool,
 }
 
-/// A deny as asked for.
+fn by_platform() -> bool {
+    true
+}
+
+/// Whose denies an operator may set, list and clear, as the Controls service authorized them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Authority {
+    /// The platform's operators: every tenant's denies, and those for every tenant.
+    Platform,
+    /// A tenant's admin: the denies on that tenant that its admins set, and no others.
+    Tenant(Arc<str>),
+}
+
+impl Authority {
+    /// Whether `deny` is one this authority may see in a listing: the platform every deny, a
+    /// tenant those on it (whoever set them: they stop its calls, which are told why anyway).
+    pub fn sees(&self, deny: &EmergencyDeny) -> bool {
+        match self {
+            Authority::Platform => true,
+            Authority::Tenant(tenant) => deny.tenant.as_deref() == Some(&**tenant),
+        }
+    }
+
+    /// Whether this authority may lift `deny`: a tenant's admin only its own tenant's, and not
+    /// one the platform set.
+    fn may_clear(&self, deny: &EmergencyDeny) -> Result<(), DenyError> {
+        match self {
+            Authority::Platform => Ok(()),
+            Authority::Tenant(_) if !self.sees(deny) => Err(DenyError::NotFound(deny.id.clone())),
+            Authority::Tenant(_) if deny.set_by_platform => {
+                Err(DenyError::SetByPlatform(deny.id.clone()))
+            }
+            Authority::Tenant(_) => Ok(()),
+        }
+    }
+}
 #[derive(Debug, Clone, Default)]
 pub struct NewDeny {
     pub tools: String,
@@ -63,6 +107,18 @@ pub struct NewDeny {
 pub enum DenyError {
     #[error("emergency denies need the scope {ADMIN_SCOPE:?}")]
     MissingScope,
+    #[error(
+        "a tenant's admin sets emergency denies for its own tenant ({own}) only, not for {asked}; denies on other tenants and on every tenant are the platform's operators' (identity.platform_tenants)"
+    )]
+    OtherTenant { own: Arc<str>, asked: String },
+    #[error(
+        "emergency deny {0:?} was set by the platform's operators; only they can clear it"
+    )]
+    SetByPlatform(String),
+    #[error(
+        "this tenant has {MAX_DENIES_PER_TENANT} emergency denies in force already; clear one first"
+    )]
+    TooManyForTenant,
     #[error("invalid tools glob {0:?}: {1}")]
     InvalidTools(String, String),
     #[error("a reason is required: calls it refuses are told why")]
@@ -189,11 +245,16 @@ impl EmergencyDenies {
 
     /// The denies in force now, oldest first.
     pub fn list(&self) -> Vec<EmergencyDeny> {
+        self.list_for(&Authority::Platform)
+    }
+
+    /// The denies in force now that `authority` may see, oldest first.
+    pub fn list_for(&self, authority: &Authority) -> Vec<EmergencyDeny> {
         let now = self.clock.unix_ms();
         self.current
             .load()
             .iter()
-            .filter(|a| a.deny.expires_at_ms.is_none_or(|at| now < at))
+            .filter(|a| a.deny.expires_at_ms.is_none_or(|at| now < at) && authority.sees(&a.deny))
             .map(|a| a.deny.clone())
             .collect()
     }
@@ -248,22 +309,31 @@ impl EmergencyDenies {
 
     /// Sets a deny; in force here when this returns, and with Redis on every sidecar as soon
     /// as it hears.
-    pub async fn set(&self, new: NewDeny, by: &Caller) -> Result<EmergencyDeny, DenyError> {
+    /// A tenant's admin sets a deny on its own tenant only: one that names no tenant is made
+    /// its tenant's, one naming another is refused.
+    pub async fn set(
+        &self,
+        new: NewDeny,
+        by: &Caller,
+        authority: &Authority,
+    ) -> Result<EmergencyDeny, DenyError> {
         let now = self.clock.unix_ms();
-        let deny = validate(new, by, now)?;
+        let deny = validate(new, by, authority, now)?;
         let active = Arc::new(Active::new(deny.clone())?);
         match &self.store {
             Store::Memory(lock) => {
                 let _one_at_a_time = lock.lock().await;
                 let mut list: Vec<Arc<Active>> = self.live(now);
-                if list.len() >= MAX_DENIES {
-                    return Err(DenyError::TooMany);
-                }
+                room(
+                    list.iter().map(|a| &a.deny),
+                    deny.tenant.as_deref(),
+                    authority,
+                )?;
                 list.push(active);
                 self.apply(list);
             }
             Store::Redis(redis) => {
-                redis::set(redis, &deny).await?;
+                redis::set(redis, &deny, authority).await?;
                 self.reconcile().await;
                 // Read back or not, this sidecar enforces what it just set.
                 if !self.current.load().iter().any(|a| a.deny.id == deny.id) {
@@ -276,8 +346,9 @@ impl EmergencyDenies {
         Ok(deny)
     }
 
-    /// Lifts a deny; the deny as it was.
-    pub async fn clear(&self, id: &str) -> Result<EmergencyDeny, DenyError> {
+    /// Lifts a deny, if `authority` may (a tenant's admin: see [`Authority`]); the deny as it
+    /// was. A deny the authority may not see is not found.
+    pub async fn clear(&self, id: &str, authority: &Authority) -> Result<EmergencyDeny, DenyError> {
         let now = self.clock.unix_ms();
         match &self.store {
             Store::Memory(lock) => {
@@ -287,12 +358,13 @@ impl EmergencyDenies {
                     .iter()
                     .position(|a| a.deny.id == id)
                     .ok_or_else(|| DenyError::NotFound(id.to_owned()))?;
+                authority.may_clear(&list[at].deny)?;
                 let cleared = list.remove(at).deny.clone();
                 self.apply(list);
                 Ok(cleared)
             }
             Store::Redis(redis) => {
-                let cleared = redis::clear(redis, id)
+                let cleared = redis::clear(redis, id, authority)
                     .await?
                     .filter(|d| d.expires_at_ms.is_none_or(|at| now < at))
                     .ok_or_else(|| DenyError::NotFound(id.to_owned()))?;
@@ -330,7 +402,7 @@ impl EmergencyDenies {
                 let mut mine = Vec::new();
                 for deny in expired {
                     // Another sidecar took it out, or Redis is away (tried again next time).
-                    if let Ok(Some(_)) = redis::clear(redis, &deny.id).await {
+                    if let Ok(Some(_)) = redis::clear(redis, &deny.id, &Authority::Platform).await {
                         mine.push(deny);
                     }
                 }
@@ -417,8 +489,44 @@ impl EmergencyDenies {
     }
 }
 
-/// Checks what was asked and makes the deny.
-fn validate(new: NewDeny, by: &Caller, now_ms: i64) -> Result<EmergencyDeny, DenyError> {
+/// Whether a deny on `tenant` set with `authority` fits beside `in_force`: at most
+/// [`MAX_DENIES`] in all, [`MAX_DENIES_PER_TENANT`] set by one tenant's admins, and the tenants'
+/// together leaving [`RESERVED_FOR_PLATFORM`] places. (The Redis script checks the same.)
+fn room<'d>(
+    in_force: impl Iterator<Item = &'d EmergencyDeny>,
+    tenant: Option<&str>,
+    authority: &Authority,
+) -> Result<(), DenyError> {
+    let (mut all, mut tenants, mut this_tenant) = (0, 0, 0);
+    for deny in in_force {
+        all += 1;
+        if !deny.set_by_platform {
+            tenants += 1;
+            this_tenant += usize::from(deny.tenant.as_deref() == tenant);
+        }
+    }
+    if all >= MAX_DENIES {
+        return Err(DenyError::TooMany);
+    }
+    match authority {
+        Authority::Platform => Ok(()),
+        Authority::Tenant(_) if this_tenant >= MAX_DENIES_PER_TENANT => {
+            Err(DenyError::TooManyForTenant)
+        }
+        Authority::Tenant(_) if tenants >= MAX_DENIES - RESERVED_FOR_PLATFORM => {
+            Err(DenyError::TooMany)
+        }
+        Authority::Tenant(_) => Ok(()),
+    }
+}
+
+/// Checks what was asked and makes the deny: a tenant's admin's always on its own tenant.
+fn validate(
+    new: NewDeny,
+    by: &Caller,
+    authority: &Authority,
+    now_ms: i64,
+) -> Result<EmergencyDeny, DenyError> {
     let tools = new.tools.trim().to_owned();
     if tools.is_empty() {
         return Err(DenyError::InvalidTools(tools, "blank".into()));
@@ -449,6 +557,17 @@ fn validate(new: NewDeny, by: &Caller, now_ms: i64) -> Result<EmergencyDeny, Den
             return Err(DenyError::Blank(field));
         }
     }
+    let tenant = match (authority, new.tenant) {
+        (Authority::Platform, tenant) => tenant,
+        (Authority::Tenant(own), None) => Some(own.to_string()),
+        (Authority::Tenant(own), Some(asked)) if asked == **own => Some(asked),
+        (Authority::Tenant(own), Some(asked)) => {
+            return Err(DenyError::OtherTenant {
+                own: own.clone(),
+                asked,
+            });
+        }
+    };
     let expires_at_ms = match new.ttl {
         None => None,
         Some(ttl) if ttl > MAX_TTL => return Err(DenyError::TtlTooLong),
@@ -459,13 +578,14 @@ fn validate(new: NewDeny, by: &Caller, now_ms: i64) -> Result<EmergencyDeny, Den
     let deny = EmergencyDeny {
         id: format!("emd_{}", uuid::Uuid::new_v4().simple()),
         tools,
-        tenant: new.tenant,
+        tenant,
         agent: new.agent,
         reason,
         set_by: format!("{}/{}", by.tenant, by.subject),
         set_at_ms: now_ms,
         expires_at_ms,
         cancel_running: new.cancel_running,
+        set_by_platform: *authority == Authority::Platform,
     };
     Active::new(deny.clone())?;
     Ok(deny)
@@ -500,7 +620,7 @@ mod tests {
         let clock = ManualClock::new(1_000_000);
         let denies = EmergencyDenies::in_memory(SharedClock::new(clock.clone()));
         assert!(denies.matching("send_email", "acme", "bot").is_none());
-        let everyone = denies.set(deny("send_*"), &caller()).await.unwrap();
+        let everyone = denies.set(deny("send_*"), &caller(), &Authority::Platform).await.unwrap();
         assert_eq!(everyone.set_by, "ops/alice");
         assert!(denies.matching("send_email", "acme", "bot").is_some());
         assert!(denies.matching("search", "acme", "bot").is_none());
@@ -510,7 +630,7 @@ mod tests {
             ttl: Some(Duration::from_secs(60)),
             ..deny("search")
         };
-        let narrow = denies.set(narrow, &caller()).await.unwrap();
+        let narrow = denies.set(narrow, &caller(), &Authority::Platform).await.unwrap();
         assert!(denies.matching("search", "globex", "bot").is_some());
         assert!(denies.matching("search", "globex", "other").is_none());
         assert!(denies.matching("search", "acme", "bot").is_none());
@@ -522,10 +642,10 @@ mod tests {
         );
         assert_eq!(denies.expire().await, [narrow]);
         assert_eq!(denies.expire().await, []);
-        assert_eq!(denies.clear(&everyone.id).await.unwrap(), everyone);
+        assert_eq!(denies.clear(&everyone.id, &Authority::Platform).await.unwrap(), everyone);
         assert!(denies.matching("send_email", "acme", "bot").is_none());
         assert_eq!(
-            denies.clear(&everyone.id).await,
+            denies.clear(&everyone.id, &Authority::Platform).await,
             Err(DenyError::NotFound(everyone.id.clone()))
         );
     }
@@ -535,7 +655,7 @@ mod tests {
         let denies = EmergencyDenies::in_memory(SharedClock::default());
         let refused = |new: NewDeny| {
             let denies = &denies;
-            async move { denies.set(new, &caller()).await.unwrap_err() }
+            async move { denies.set(new, &caller(), &Authority::Platform).await.unwrap_err() }
         };
         assert!(matches!(
             refused(deny("")).await,
@@ -569,9 +689,94 @@ mod tests {
         };
         assert_eq!(refused(forever).await, DenyError::TtlTooLong);
         for i in 0..MAX_DENIES {
-            denies.set(deny(&format!("t{i}")), &caller()).await.unwrap();
+            denies.set(deny(&format!("t{i}")), &caller(), &Authority::Platform).await.unwrap();
         }
         assert_eq!(refused(deny("one_more")).await, DenyError::TooMany);
+    }
+
+    #[tokio::test]
+    async fn a_tenants_admin_acts_on_its_own_tenants_denies_only() {
+        let denies = EmergencyDenies::in_memory(SharedClock::default());
+        let acme = Authority::Tenant("acme".into());
+        let platform = Authority::Platform;
+        // Naming no tenant, a tenant's admin's deny is its tenant's; naming another is refused.
+        let own = denies.set(deny("send_*"), &caller(), &acme).await.unwrap();
+        assert_eq!(own.tenant.as_deref(), Some("acme"));
+        assert!(!own.set_by_platform);
+        let other = NewDeny {
+            tenant: Some("globex".into()),
+            ..deny("send_*")
+        };
+        assert!(matches!(
+            denies.set(other.clone(), &caller(), &acme).await,
+            Err(DenyError::OtherTenant { .. })
+        ));
+        let on_globex = denies.set(other, &caller(), &platform).await.unwrap();
+        let on_acme = NewDeny {
+            tenant: Some("acme".into()),
+            ..deny("search")
+        };
+        let platform_on_acme = denies.set(on_acme, &caller(), &platform).await.unwrap();
+        let fleet = denies.set(deny("x"), &caller(), &platform).await.unwrap();
+        assert!(fleet.set_by_platform && fleet.tenant.is_none());
+        // acme sees the denies on acme, whoever set them; the platform sees all.
+        let seen: Vec<String> = denies.list_for(&acme).into_iter().map(|d| d.id).collect();
+        assert_eq!(seen, [own.id.clone(), platform_on_acme.id.clone()]);
+        assert_eq!(denies.list_for(&platform).len(), 4);
+        // acme clears its own, not the platform's on acme, and finds none of the others.
+        assert_eq!(
+            denies.clear(&platform_on_acme.id, &acme).await,
+            Err(DenyError::SetByPlatform(platform_on_acme.id.clone()))
+        );
+        for id in [&on_globex.id, &fleet.id] {
+            assert_eq!(
+                denies.clear(id, &acme).await,
+                Err(DenyError::NotFound(id.clone()))
+            );
+        }
+        assert_eq!(denies.clear(&own.id, &acme).await.unwrap(), own);
+        assert_eq!(denies.list_for(&platform).len(), 3);
+    }
+
+    #[tokio::test]
+    async fn tenants_cannot_take_the_platforms_places() {
+        let denies = EmergencyDenies::in_memory(SharedClock::default());
+        let tenant = |i: usize| Authority::Tenant(format!("t{i}").into());
+        for i in 0..MAX_DENIES_PER_TENANT {
+            denies.set(deny(&format!("a{i}")), &caller(), &tenant(0)).await.unwrap();
+        }
+        assert_eq!(
+            denies.set(deny("one_more"), &caller(), &tenant(0)).await,
+            Err(DenyError::TooManyForTenant)
+        );
+        // Every tenant's admins together leave the platform its places.
+        let mut set = MAX_DENIES_PER_TENANT;
+        'tenants: for t in 1.. {
+            for i in 0..MAX_DENIES_PER_TENANT {
+                match denies.set(deny(&format!("a{i}")), &caller(), &tenant(t)).await {
+                    Ok(_) => set += 1,
+                    Err(err) => {
+                        assert_eq!(err, DenyError::TooMany);
+                        break 'tenants;
+                    }
+                }
+            }
+        }
+        assert_eq!(set, MAX_DENIES - RESERVED_FOR_PLATFORM);
+        for i in 0..RESERVED_FOR_PLATFORM {
+            denies.set(deny(&format!("p{i}")), &caller(), &Authority::Platform).await.unwrap();
+        }
+        assert_eq!(
+            denies.set(deny("p"), &caller(), &Authority::Platform).await,
+            Err(DenyError::TooMany)
+        );
+    }
+
+    #[test]
+    fn a_deny_stored_without_its_setter_is_the_platforms() {
+        let json = r#"{"id":"emd_1","tools":"x","tenant":"acme","agent":null,"reason":"r","set_by":"a/b","set_at_ms":1,"expires_at_ms":null,"cancel_running":false}"#;
+        let deny: EmergencyDeny = serde_json::from_str(json).unwrap();
+        assert!(deny.set_by_platform);
     }
 
     #[tokio::test]
@@ -580,7 +785,7 @@ mod tests {
         let stop = CancellationToken::new();
         denies.attach(stop.clone());
         let first = denies.epoch();
-        denies.set(deny("a"), &caller()).await.unwrap();
+        denies.set(deny("a"), &caller(), &Authority::Platform).await.unwrap();
         assert!(
             !first.is_cancelled(),
             "a deny without cancel_running wakes nobody"
@@ -589,7 +794,7 @@ mod tests {
             cancel_running: true,
             ..deny("b*")
         };
-        let set = denies.set(cancel, &caller()).await.unwrap();
+        let set = denies.set(cancel, &caller(), &Authority::Platform).await.unwrap();
         assert!(first.is_cancelled());
         assert_eq!(denies.stopping("b1", &caller()).unwrap().deny, set);
         assert!(
@@ -598,7 +803,7 @@ mod tests {
         );
         let second = denies.epoch();
         assert!(!second.is_cancelled());
-        denies.set(deny("c"), &caller()).await.unwrap();
+        denies.set(deny("c"), &caller(), &Authority::Platform).await.unwrap();
         assert!(!second.is_cancelled());
         // The calls' own stop reaches the epoch too.
         stop.cancel();
@@ -612,7 +817,7 @@ mod tests {
             .unwrap();
         let denies = EmergencyDenies::in_memory(SharedClock::default());
         runtime.block_on(async {
-            denies.set(deny("send_*"), &caller()).await.unwrap();
+            denies.set(deny("send_*"), &caller(), &Authority::Platform).await.unwrap();
         });
         // The first load on a thread sets up arc-swap's per-thread slots, once.
         assert!(denies.matching("search", "acme", "bot").is_none());

@@ -238,11 +238,11 @@ pub fn emergency_deny(deny: crate::emergency::EmergencyDeny) -> proto::Emergency
 pub fn deny_status(err: &crate::emergency::DenyError) -> GrpcStatus {
     use crate::emergency::DenyError as E;
     let code = match err {
-        E::MissingScope => Code::PermissionDenied,
+        E::MissingScope | E::OtherTenant { .. } | E::SetByPlatform(_) => Code::PermissionDenied,
         E::InvalidTools(..) | E::ReasonMissing | E::TooLong(..) | E::Blank(_) | E::TtlTooLong => {
             Code::InvalidArgument
         }
-        E::TooMany => Code::ResourceExhausted,
+        E::TooMany | E::TooManyForTenant => Code::ResourceExhausted,
         E::NotFound(_) => Code::NotFound,
         E::Unavailable(_) | E::AuditUnavailable => Code::Unavailable,
     };

@@ -280,6 +280,12 @@ pub struct RawIdentity {
     pub allow_unauthenticated_network_callers: bool,
     /// Verify `authorization: Bearer <JWT>`.
     pub jwt: Option<RawJwt>,
+    /// Tenants whose admins (scope `toolgate:admin`) are the platform's operators: in the
+    /// Controls service they set, list and clear emergency denies on every tenant and for every
+    /// tenant. Any other tenant's admin acts on its own tenant's denies only. Name tenants no
+    /// customer can be given.
+    #[serde(default)]
+    pub platform_tenants: Vec<String>,
 }
 
 /// JWT verification settings. Exactly one key source is required.

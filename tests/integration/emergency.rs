@@ -16,7 +16,10 @@ use crate::{
     process::Spawned,
     redis_server::RedisServer,
     shared_state::{connect, tools},
-    support::{TestServer, call, exec, http_get, metric, redis_state, visible, who},
+    support::{
+        Backend, TestServer, Who, call, exec, hs256, http_get, metric, on_both_backends, redis_state,
+        status, visible, who,
+    },
 };
 
 const CATALOG: &str = r#"version: 1
@@ -614,4 +617,158 @@ async fn a_restarted_sidecar_reads_the_shared_denies_before_it_serves_any_call()
         "the first call (answered before the denies were read: {answered_early}): {answer:?}"
     );
     assert!(answer.error_message.contains(&set.deny_id), "{answer:?}");
+}
+
+/// A tenant's admin (a JWT of tenant acme with `toolgate:admin`) sets, lists and clears the
+/// denies of its own tenant only; the platform's operators (`identity.platform_tenants`) set
+/// them on every tenant and for every tenant, and only they lift theirs. Each set and clear is
+/// audited with the operator and the deny's tenant. (Issue 52, item 1: acme's admin could deny
+/// globex's tools, deny every tenant's, read globex's reasons and lift the platform's deny.)
+async fn a_tenants_admin_acts_only_on_its_own_tenants_denies(backend: Backend) {
+    let secret = "a-controls-secret-0123456789abcdef";
+    let dir = tempfile::tempdir().unwrap();
+    let secret_file = dir.path().join("secret");
+    std::fs::write(&secret_file, secret).unwrap();
+    let yaml = CATALOG.replace(
+        "identity: { dev_identity: true }",
+        &format!(
+            "identity: {{ jwt: {{ hs256_secret_file: {}, audience: [toolgate] }}, platform_tenants: [ops] }}",
+            secret_file.display()
+        ),
+    );
+    let server = TestServer::start_on(backend, &yaml).await;
+    let as_who = |tenant: &str, subject: &str| {
+        let claims = serde_json::json!({
+            "tenant": tenant, "sub": subject, "scope": "toolgate:admin", "aud": "toolgate",
+            "exp": crate::support::START_UNIX_MS / 1000 + 3600,
+        });
+        Who::token(&hs256(secret, &claims))
+    };
+    let (ops, mallory, gina) = (
+        as_who("ops", "olga"),
+        as_who("acme", "mallory"),
+        as_who("globex", "gina"),
+    );
+    let mut controls = controls(server.channel().await).await;
+    let mut client = server.client().await;
+
+    // The platform's operator stops a tool of globex's.
+    let incident = controls
+        .set_emergency_deny(ops.request(deny("search", "globex", "globex incident 4711: data leak to competitor")))
+        .await
+        .expect("the platform sets a deny on any tenant")
+        .into_inner()
+        .deny
+        .unwrap();
+
+    // acme's admin can neither deny globex's tools nor lift globex's deny, nor read it.
+    let refused = controls
+        .set_emergency_deny(mallory.request(deny("*", "globex", "mine now")))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    assert!(refused.message().contains("own tenant (acme)"), "{refused:?}");
+    let gone = controls
+        .clear_emergency_deny(mallory.request(proto::ClearEmergencyDenyRequest {
+            deny_id: incident.deny_id.clone(),
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(gone.code(), tonic::Code::NotFound, "{gone:?}");
+    // A deny naming no tenant is acme's, not every tenant's.
+    let own = controls
+        .set_emergency_deny(mallory.request(deny("send_*", "", "our mail leaks")))
+        .await
+        .expect("a tenant's admin sets its own tenant's denies")
+        .into_inner()
+        .deny
+        .unwrap();
+    assert_eq!(own.tenant, "acme");
+    assert_eq!(own.set_by, "acme/mallory");
+    let r = exec(&mut client, &gina, call("send_email", "{}")).await;
+    assert_eq!(status(&r), ToolStatus::Ok, "globex still sends: {r:?}");
+    let r = exec(&mut client, &gina, call("search", "{}")).await;
+    assert_eq!(r.error_type, "emergency_denied", "globex's deny holds: {r:?}");
+    assert_eq!(listed(&mut controls, &mallory).await, ["acme our mail leaks"]);
+    assert_eq!(listed(&mut controls, &gina).await, ["globex globex incident 4711: data leak to competitor"]);
+    assert_eq!(listed(&mut controls, &ops).await.len(), 2);
+
+    // The platform's deny on acme shows to acme, and only the platform lifts it.
+    let on_acme = controls
+        .set_emergency_deny(ops.request(deny("search", "acme", "acme's agent loops")))
+        .await
+        .unwrap()
+        .into_inner()
+        .deny
+        .unwrap();
+    assert_eq!(listed(&mut controls, &mallory).await.len(), 2);
+    let kept = controls
+        .clear_emergency_deny(mallory.request(proto::ClearEmergencyDenyRequest {
+            deny_id: on_acme.deny_id.clone(),
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(kept.code(), tonic::Code::PermissionDenied, "{kept:?}");
+    assert!(kept.message().contains("platform"), "{kept:?}");
+    controls
+        .clear_emergency_deny(mallory.request(proto::ClearEmergencyDenyRequest {
+            deny_id: own.deny_id.clone(),
+        }))
+        .await
+        .expect("acme's admin lifts acme's own deny");
+    // A deny for every tenant is the platform's to set.
+    let fleet = controls
+        .set_emergency_deny(ops.request(deny("secret_*", "", "rotating keys")))
+        .await
+        .unwrap()
+        .into_inner()
+        .deny
+        .unwrap();
+    assert_eq!(fleet.tenant, "");
+    assert_eq!(listed(&mut controls, &ops).await.len(), 3);
+
+    // Every set and clear names who did it and on which tenant.
+    let events = events(&server).await;
+    let seen: Vec<(String, String, String, Value)> = events
+        .iter()
+        .map(|e| {
+            (
+                e["status"].as_str().unwrap().to_owned(),
+                e["tenant"].as_str().unwrap().to_owned(),
+                e["subject"].as_str().unwrap().to_owned(),
+                e["emergency_deny"]["tenant"].clone(),
+            )
+        })
+        .collect();
+    let row = |s: &str, t: &str, who: &str, on: Value| (s.to_owned(), t.to_owned(), who.to_owned(), on);
+    assert_eq!(
+        seen,
+        [
+            row("SET", "ops", "olga", "globex".into()),
+            row("SET", "acme", "mallory", "acme".into()),
+            row("SET", "ops", "olga", "acme".into()),
+            row("CLEARED", "acme", "mallory", "acme".into()),
+            row("SET", "ops", "olga", Value::Null),
+        ],
+        "{events:#?}"
+    );
+    server.stop().await;
+}
+
+on_both_backends!(a_tenants_admin_acts_only_on_its_own_tenants_denies);
+
+/// The denies `who` is shown, as `tenant reason`, sorted.
+async fn listed(controls: &mut ControlsClient<Channel>, who: &Who) -> Vec<String> {
+    let denies = controls
+        .list_emergency_denies(who.request(proto::ListEmergencyDeniesRequest {}))
+        .await
+        .expect("a listing")
+        .into_inner()
+        .denies;
+    let mut shown: Vec<String> = denies
+        .into_iter()
+        .map(|d| format!("{} {}", d.tenant, d.reason))
+        .collect();
+    shown.sort();
+    shown
 }

@@ -685,3 +685,13 @@ pub fn valid_traceparent(text: &str) -> bool {
         && parts[3].len() == 2
         && parts[3].bytes().all(|b| b.is_ascii_hexdigit())
 }
+
+/// An HS256 JWT of `claims`, signed with `secret`.
+pub fn hs256(secret: &str, claims: &Value) -> String {
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        claims,
+        &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()).expect("an HS256 key"),
+    )
+    .expect("a token of JSON claims")
+}
