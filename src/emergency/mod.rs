@@ -111,9 +111,7 @@ pub enum DenyError {
         "a tenant's admin sets emergency denies for its own tenant ({own}) only, not for {asked}; denies on other tenants and on every tenant are the platform's operators' (identity.platform_tenants)"
     )]
     OtherTenant { own: Arc<str>, asked: String },
-    #[error(
-        "emergency deny {0:?} was set by the platform's operators; only they can clear it"
-    )]
+    #[error("emergency deny {0:?} was set by the platform's operators; only they can clear it")]
     SetByPlatform(String),
     #[error(
         "this tenant has {MAX_DENIES_PER_TENANT} emergency denies in force already; clear one first"
@@ -620,7 +618,10 @@ mod tests {
         let clock = ManualClock::new(1_000_000);
         let denies = EmergencyDenies::in_memory(SharedClock::new(clock.clone()));
         assert!(denies.matching("send_email", "acme", "bot").is_none());
-        let everyone = denies.set(deny("send_*"), &caller(), &Authority::Platform).await.unwrap();
+        let everyone = denies
+            .set(deny("send_*"), &caller(), &Authority::Platform)
+            .await
+            .unwrap();
         assert_eq!(everyone.set_by, "ops/alice");
         assert!(denies.matching("send_email", "acme", "bot").is_some());
         assert!(denies.matching("search", "acme", "bot").is_none());
@@ -630,7 +631,10 @@ mod tests {
             ttl: Some(Duration::from_secs(60)),
             ..deny("search")
         };
-        let narrow = denies.set(narrow, &caller(), &Authority::Platform).await.unwrap();
+        let narrow = denies
+            .set(narrow, &caller(), &Authority::Platform)
+            .await
+            .unwrap();
         assert!(denies.matching("search", "globex", "bot").is_some());
         assert!(denies.matching("search", "globex", "other").is_none());
         assert!(denies.matching("search", "acme", "bot").is_none());
@@ -642,7 +646,13 @@ mod tests {
         );
         assert_eq!(denies.expire().await, [narrow]);
         assert_eq!(denies.expire().await, []);
-        assert_eq!(denies.clear(&everyone.id, &Authority::Platform).await.unwrap(), everyone);
+        assert_eq!(
+            denies
+                .clear(&everyone.id, &Authority::Platform)
+                .await
+                .unwrap(),
+            everyone
+        );
         assert!(denies.matching("send_email", "acme", "bot").is_none());
         assert_eq!(
             denies.clear(&everyone.id, &Authority::Platform).await,
@@ -655,7 +665,12 @@ mod tests {
         let denies = EmergencyDenies::in_memory(SharedClock::default());
         let refused = |new: NewDeny| {
             let denies = &denies;
-            async move { denies.set(new, &caller(), &Authority::Platform).await.unwrap_err() }
+            async move {
+                denies
+                    .set(new, &caller(), &Authority::Platform)
+                    .await
+                    .unwrap_err()
+            }
         };
         assert!(matches!(
             refused(deny("")).await,
@@ -689,7 +704,10 @@ mod tests {
         };
         assert_eq!(refused(forever).await, DenyError::TtlTooLong);
         for i in 0..MAX_DENIES {
-            denies.set(deny(&format!("t{i}")), &caller(), &Authority::Platform).await.unwrap();
+            denies
+                .set(deny(&format!("t{i}")), &caller(), &Authority::Platform)
+                .await
+                .unwrap();
         }
         assert_eq!(refused(deny("one_more")).await, DenyError::TooMany);
     }
@@ -743,7 +761,10 @@ mod tests {
         let denies = EmergencyDenies::in_memory(SharedClock::default());
         let tenant = |i: usize| Authority::Tenant(format!("t{i}").into());
         for i in 0..MAX_DENIES_PER_TENANT {
-            denies.set(deny(&format!("a{i}")), &caller(), &tenant(0)).await.unwrap();
+            denies
+                .set(deny(&format!("a{i}")), &caller(), &tenant(0))
+                .await
+                .unwrap();
         }
         assert_eq!(
             denies.set(deny("one_more"), &caller(), &tenant(0)).await,
@@ -753,7 +774,10 @@ mod tests {
         let mut set = MAX_DENIES_PER_TENANT;
         'tenants: for t in 1.. {
             for i in 0..MAX_DENIES_PER_TENANT {
-                match denies.set(deny(&format!("a{i}")), &caller(), &tenant(t)).await {
+                match denies
+                    .set(deny(&format!("a{i}")), &caller(), &tenant(t))
+                    .await
+                {
                     Ok(_) => set += 1,
                     Err(err) => {
                         assert_eq!(err, DenyError::TooMany);
@@ -764,7 +788,10 @@ mod tests {
         }
         assert_eq!(set, MAX_DENIES - RESERVED_FOR_PLATFORM);
         for i in 0..RESERVED_FOR_PLATFORM {
-            denies.set(deny(&format!("p{i}")), &caller(), &Authority::Platform).await.unwrap();
+            denies
+                .set(deny(&format!("p{i}")), &caller(), &Authority::Platform)
+                .await
+                .unwrap();
         }
         assert_eq!(
             denies.set(deny("p"), &caller(), &Authority::Platform).await,
@@ -785,7 +812,10 @@ mod tests {
         let stop = CancellationToken::new();
         denies.attach(stop.clone());
         let first = denies.epoch();
-        denies.set(deny("a"), &caller(), &Authority::Platform).await.unwrap();
+        denies
+            .set(deny("a"), &caller(), &Authority::Platform)
+            .await
+            .unwrap();
         assert!(
             !first.is_cancelled(),
             "a deny without cancel_running wakes nobody"
@@ -794,7 +824,10 @@ mod tests {
             cancel_running: true,
             ..deny("b*")
         };
-        let set = denies.set(cancel, &caller(), &Authority::Platform).await.unwrap();
+        let set = denies
+            .set(cancel, &caller(), &Authority::Platform)
+            .await
+            .unwrap();
         assert!(first.is_cancelled());
         assert_eq!(denies.stopping("b1", &caller()).unwrap().deny, set);
         assert!(
@@ -803,7 +836,10 @@ mod tests {
         );
         let second = denies.epoch();
         assert!(!second.is_cancelled());
-        denies.set(deny("c"), &caller(), &Authority::Platform).await.unwrap();
+        denies
+            .set(deny("c"), &caller(), &Authority::Platform)
+            .await
+            .unwrap();
         assert!(!second.is_cancelled());
         // The calls' own stop reaches the epoch too.
         stop.cancel();
@@ -817,7 +853,10 @@ mod tests {
             .unwrap();
         let denies = EmergencyDenies::in_memory(SharedClock::default());
         runtime.block_on(async {
-            denies.set(deny("send_*"), &caller(), &Authority::Platform).await.unwrap();
+            denies
+                .set(deny("send_*"), &caller(), &Authority::Platform)
+                .await
+                .unwrap();
         });
         // The first load on a thread sets up arc-swap's per-thread slots, once.
         assert!(denies.matching("search", "acme", "bot").is_none());

@@ -17,8 +17,8 @@ use crate::{
     redis_server::RedisServer,
     shared_state::{connect, tools},
     support::{
-        Backend, TestServer, Who, call, exec, hs256, http_get, metric, on_both_backends, redis_state,
-        status, visible, who,
+        Backend, TestServer, Who, call, exec, hs256, http_get, metric, on_both_backends,
+        redis_state, status, visible, who,
     },
 };
 
@@ -654,7 +654,11 @@ async fn a_tenants_admin_acts_only_on_its_own_tenants_denies(backend: Backend) {
 
     // The platform's operator stops a tool of globex's.
     let incident = controls
-        .set_emergency_deny(ops.request(deny("search", "globex", "globex incident 4711: data leak to competitor")))
+        .set_emergency_deny(ops.request(deny(
+            "search",
+            "globex",
+            "globex incident 4711: data leak to competitor",
+        )))
         .await
         .expect("the platform sets a deny on any tenant")
         .into_inner()
@@ -667,7 +671,10 @@ async fn a_tenants_admin_acts_only_on_its_own_tenants_denies(backend: Backend) {
         .await
         .unwrap_err();
     assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
-    assert!(refused.message().contains("own tenant (acme)"), "{refused:?}");
+    assert!(
+        refused.message().contains("own tenant (acme)"),
+        "{refused:?}"
+    );
     let gone = controls
         .clear_emergency_deny(mallory.request(proto::ClearEmergencyDenyRequest {
             deny_id: incident.deny_id.clone(),
@@ -688,9 +695,18 @@ async fn a_tenants_admin_acts_only_on_its_own_tenants_denies(backend: Backend) {
     let r = exec(&mut client, &gina, call("send_email", "{}")).await;
     assert_eq!(status(&r), ToolStatus::Ok, "globex still sends: {r:?}");
     let r = exec(&mut client, &gina, call("search", "{}")).await;
-    assert_eq!(r.error_type, "emergency_denied", "globex's deny holds: {r:?}");
-    assert_eq!(listed(&mut controls, &mallory).await, ["acme our mail leaks"]);
-    assert_eq!(listed(&mut controls, &gina).await, ["globex globex incident 4711: data leak to competitor"]);
+    assert_eq!(
+        r.error_type, "emergency_denied",
+        "globex's deny holds: {r:?}"
+    );
+    assert_eq!(
+        listed(&mut controls, &mallory).await,
+        ["acme our mail leaks"]
+    );
+    assert_eq!(
+        listed(&mut controls, &gina).await,
+        ["globex globex incident 4711: data leak to competitor"]
+    );
     assert_eq!(listed(&mut controls, &ops).await.len(), 2);
 
     // The platform's deny on acme shows to acme, and only the platform lifts it.
@@ -740,7 +756,8 @@ async fn a_tenants_admin_acts_only_on_its_own_tenants_denies(backend: Backend) {
             )
         })
         .collect();
-    let row = |s: &str, t: &str, who: &str, on: Value| (s.to_owned(), t.to_owned(), who.to_owned(), on);
+    let row =
+        |s: &str, t: &str, who: &str, on: Value| (s.to_owned(), t.to_owned(), who.to_owned(), on);
     assert_eq!(
         seen,
         [
