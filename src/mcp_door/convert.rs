@@ -83,14 +83,6 @@ pub fn call_id(id: &NumberOrString) -> String {
     }
 }
 
-/// A `_meta` string, if present and a string.
-pub fn meta_str<'a>(meta: Option<&'a JsonObject>, key: &str) -> Option<&'a str> {
-    meta.and_then(|m| m.get(key))
-        .and_then(Value::as_str)
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-}
-
 /// Why a `tools/call` could not be read as a call: a malformed request, answered with a protocol
 /// error (policy decisions never are).
 #[derive(Debug, thiserror::Error)]
@@ -102,8 +94,48 @@ pub enum Malformed {
     },
 }
 
+/// What a `tools/call`'s `_meta` tells toolgate, each key read as its type. A key of another
+/// type is a malformed request, never taken as absent: an idempotency key sent as a number must
+/// not let a retried write run twice (the gRPC door's fields are typed, so it cannot happen
+/// there). Absent, `null` and blank strings are absent, as an empty field is on the gRPC door.
+#[derive(Debug, Default)]
+pub struct CallMeta<'a> {
+    pub run_id: Option<&'a str>,
+    pub step: u32,
+    pub catalog_revision: Option<&'a str>,
+    pub idempotency_key: Option<&'a str>,
+    pub approval_id: Option<&'a str>,
+    pub tool_version: Option<&'a str>,
+}
+
+impl<'a> CallMeta<'a> {
+    pub fn read(meta: Option<&'a JsonObject>) -> Result<Self, Malformed> {
+        let text = |key| text(meta, key);
+        Ok(CallMeta {
+            run_id: text(meta_keys::RUN_ID)?,
+            step: step(meta)?,
+            catalog_revision: text(meta_keys::CATALOG_REVISION)?,
+            idempotency_key: text(meta_keys::IDEMPOTENCY_KEY)?,
+            approval_id: text(meta_keys::APPROVAL_ID)?,
+            tool_version: text(meta_keys::TOOL_VERSION)?,
+        })
+    }
+}
+
+/// A `_meta` string: `None` when absent, `null` or blank; malformed when of another type.
+fn text<'a>(meta: Option<&'a JsonObject>, key: &'static str) -> Result<Option<&'a str>, Malformed> {
+    match meta.and_then(|m| m.get(key)) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(text)) => Ok(Some(text.trim()).filter(|t| !t.is_empty())),
+        Some(_) => Err(Malformed::Meta {
+            key,
+            expected: "a string",
+        }),
+    }
+}
+
 /// The step from `_meta`, 0 when absent.
-pub fn step(meta: Option<&JsonObject>) -> Result<u32, Malformed> {
+fn step(meta: Option<&JsonObject>) -> Result<u32, Malformed> {
     match meta.and_then(|m| m.get(meta_keys::STEP)) {
         None | Some(Value::Null) => Ok(0),
         Some(value) => value
@@ -121,10 +153,9 @@ pub fn call_request(
     call_id: String,
     name: &str,
     arguments: Option<&JsonObject>,
-    meta: Option<&JsonObject>,
+    meta: &CallMeta<'_>,
     approval_id: Option<String>,
 ) -> CallRequest {
-    let owned = |key| meta_str(meta, key).map(str::to_owned);
     CallRequest {
         call_id,
         name: name.to_owned(),
@@ -133,9 +164,9 @@ pub fn call_request(
             Some(arguments) => serde_json::to_string(arguments).unwrap_or_default(),
             None => "{}".to_owned(),
         },
-        version: owned(meta_keys::TOOL_VERSION),
-        idempotency_key: owned(meta_keys::IDEMPOTENCY_KEY),
-        approval_id: approval_id.or_else(|| owned(meta_keys::APPROVAL_ID)),
+        version: meta.tool_version.map(str::to_owned),
+        idempotency_key: meta.idempotency_key.map(str::to_owned),
+        approval_id: approval_id.or_else(|| meta.approval_id.map(str::to_owned)),
     }
 }
 

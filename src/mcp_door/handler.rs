@@ -10,8 +10,8 @@ use rmcp::{
     model::{
         CacheScope, CallToolRequestParams, CallToolResponse, ClientCapabilities, ElicitRequest,
         ElicitRequestParams, Implementation, InputRequest, InputRequests, InputRequiredResult,
-        JsonObject, ListToolsResult, MetaObject, NumberOrString, PaginatedRequestParams,
-        ProtocolVersion, RequestMetaObject, ServerCapabilities, ServerConfig, SubscriptionFilter,
+        ListToolsResult, MetaObject, NumberOrString, PaginatedRequestParams, ProtocolVersion,
+        RequestMetaObject, ServerCapabilities, ServerConfig, SubscriptionFilter,
     },
     service::{RequestContext, SubscriptionContext},
 };
@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use super::{
     approval_state::ApprovalStates,
     cancels::Cancels,
-    convert::{self, meta_keys},
+    convert::{self, CallMeta, meta_keys},
 };
 use crate::{
     admission::{AdmissionLayer, Identified},
@@ -127,11 +127,11 @@ impl Handler {
     fn turn(
         &self,
         caller: Arc<Caller>,
-        meta: Option<&JsonObject>,
+        meta: &CallMeta<'_>,
         trace_parent: opentelemetry::Context,
     ) -> Result<Turn, McpError> {
-        let run_id = convert::meta_str(meta, meta_keys::RUN_ID).unwrap_or_default();
-        let revision = convert::meta_str(meta, meta_keys::CATALOG_REVISION);
+        let run_id = meta.run_id.unwrap_or_default();
+        let revision = meta.catalog_revision;
         for (field, value) in [
             ("run_id", run_id),
             ("catalog_revision", revision.unwrap_or_default()),
@@ -143,13 +143,11 @@ impl Handler {
             )
             .map_err(|(_, message)| McpError::invalid_params(message, None))?;
         }
-        let step =
-            convert::step(meta).map_err(|err| McpError::invalid_params(err.to_string(), None))?;
         Ok(Turn {
             caller,
             door: Door::Mcp,
             run_id: run_id.into(),
-            step,
+            step: meta.step,
             catalog_revision: revision.map(str::to_owned),
             deadline: Some(Instant::now() + self.request_timeout),
             trace_parent,
@@ -177,9 +175,10 @@ impl Handler {
             (true, Some(params_meta)) => Some(&params_meta.0),
             _ => Some(&meta.0),
         };
-        let fields = meta.map(|m| &m.0);
+        let fields = CallMeta::read(meta.map(|m| &m.0))
+            .map_err(|err| McpError::invalid_params(err.to_string(), None))?;
         let trace_parent = trace_parent(parts, meta);
-        let turn = self.turn(caller.clone(), fields, trace_parent)?;
+        let turn = self.turn(caller.clone(), &fields, trace_parent)?;
         // A 2026-07-28 host's retry echoes the state the approval was asked for with.
         let redeemed = match &params.request_state {
             Some(state) => Some(
@@ -195,7 +194,7 @@ impl Handler {
             call_id,
             &params.name,
             params.arguments.as_ref(),
-            fields,
+            &fields,
             redeemed.clone(),
         );
         let budget = ResponseBudget::new(self.limits.max_message_bytes, 1);

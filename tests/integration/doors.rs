@@ -351,42 +351,7 @@ async fn a_plain_tools_call_is_answered_without_rmcp_as_rmcp_answers_it() {
     toolgate::tls::install_crypto_provider();
     let http = reqwest::Client::new();
     let url = format!("http://{}/mcp", spawned.mcp_addr);
-    let post = |content_type: &'static str, body: &Value| {
-        let modern = body["params"]["_meta"]
-            .get("io.modelcontextprotocol/protocolVersion")
-            .is_some();
-        let mut request = http
-            .post(&url)
-            .header("content-type", content_type)
-            .header("accept", "application/json, text/event-stream")
-            .header("x-toolgate-tenant", "acme")
-            .body(body.to_string());
-        request = match modern {
-            false => request.header("mcp-protocol-version", "2025-11-25"),
-            true => request
-                .header("mcp-protocol-version", "2026-07-28")
-                .header("mcp-method", "tools/call")
-                .header("mcp-name", body["params"]["name"].as_str().unwrap()),
-        };
-        async move {
-            let response = request.send().await.expect("the door answers");
-            let status = response.status();
-            let content_type = response.headers()["content-type"].clone();
-            let answer: Value = response.json().await.expect("a JSON-RPC answer");
-            (status, content_type, answer)
-        }
-    };
-    let call = |id: u64, name: &str, arguments: Value, mut meta: Value, modern: bool| {
-        if modern {
-            meta["io.modelcontextprotocol/protocolVersion"] = json!("2026-07-28");
-            meta["io.modelcontextprotocol/clientCapabilities"] = json!({});
-            meta["io.modelcontextprotocol/clientInfo"] = json!({"name": "t", "version": "1"});
-        }
-        json!({
-            "jsonrpc": "2.0", "id": id, "method": "tools/call",
-            "params": {"name": name, "arguments": arguments, "_meta": meta},
-        })
-    };
+    let call = call_body;
     let mut cases = Vec::new();
     for modern in [false, true] {
         cases.extend([
@@ -409,10 +374,10 @@ async fn a_plain_tools_call_is_answered_without_rmcp_as_rmcp_answers_it() {
     }
     let mut plain = Vec::new();
     for case in &cases {
-        plain.push(post("application/json", case).await);
+        plain.push(mcp_post(&http, &url, "application/json", case).await);
     }
     for (case, plain) in cases.iter().zip(&plain) {
-        let by_rmcp = post("application/json; charset=utf-8", case).await;
+        let by_rmcp = mcp_post(&http, &url, "application/json; charset=utf-8", case).await;
         assert_eq!(plain, &by_rmcp, "{case}");
     }
     for at in [0, 3] {
@@ -434,4 +399,186 @@ async fn a_plain_tools_call_is_answered_without_rmcp_as_rmcp_answers_it() {
         cases.len(),
         "rmcp served only the calls with a Content-Type parameter"
     );
+}
+
+/// Posts a JSON-RPC `body` to the MCP door at `url` as tenant acme (who may write tickets) with
+/// this Content-Type (a
+/// parameter such as `charset` sends it on to rmcp; plain `application/json` is answered by the
+/// door's plain-call path), with the revision's headers; the HTTP status, Content-Type and answer.
+async fn mcp_post(
+    http: &reqwest::Client,
+    url: &str,
+    content_type: &'static str,
+    body: &Value,
+) -> (reqwest::StatusCode, reqwest::header::HeaderValue, Value) {
+    let modern = body["params"]["_meta"]
+        .get("io.modelcontextprotocol/protocolVersion")
+        .is_some();
+    let mut request = http
+        .post(url)
+        .header("content-type", content_type)
+        .header("accept", "application/json, text/event-stream")
+        .header("x-toolgate-tenant", "acme")
+        .header("x-toolgate-scopes", "tickets:write")
+        .body(body.to_string());
+    request = match modern {
+        false => request.header("mcp-protocol-version", "2025-11-25"),
+        true => request
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", "tools/call")
+            .header("mcp-name", body["params"]["name"].as_str().unwrap()),
+    };
+    let response = request.send().await.expect("the door answers");
+    let status = response.status();
+    let content_type = response.headers()["content-type"].clone();
+    let answer: Value = response.json().await.expect("a JSON-RPC answer");
+    (status, content_type, answer)
+}
+
+/// A `tools/call` body; `modern`: with the `_meta` a 2026-07-28 host sends.
+fn call_body(id: u64, name: &str, arguments: Value, mut meta: Value, modern: bool) -> Value {
+    if modern {
+        meta["io.modelcontextprotocol/protocolVersion"] = json!("2026-07-28");
+        meta["io.modelcontextprotocol/clientCapabilities"] = json!({});
+        meta["io.modelcontextprotocol/clientInfo"] = json!({"name": "t", "version": "1"});
+    }
+    json!({
+        "jsonrpc": "2.0", "id": id, "method": "tools/call",
+        "params": {"name": name, "arguments": arguments, "_meta": meta},
+    })
+}
+
+/// Every `toolgate/*` key a host may send, with a value of another type, is a JSON-RPC
+/// invalid-params error naming the key — on both revisions, by the plain-call path and by rmcp —
+/// never taken as absent; with the right type each acts as the gRPC door's typed field does.
+/// (Issue 52, item 6: `toolgate/idempotency_key: 7` was taken as absent, so each retry of
+/// `create_ticket` made a new ticket; a number as `catalog_revision` skipped the stale check and
+/// `tool_version: 2` ran the default version.)
+#[tokio::test]
+async fn a_toolgate_meta_value_of_the_wrong_type_is_invalid_params_never_taken_as_absent() {
+    let spawned = crate::process::spawn(&[]);
+    toolgate::tls::install_crypto_provider();
+    let http = reqwest::Client::new();
+    let url = format!("http://{}/mcp", spawned.mcp_addr);
+    let keys = [
+        "toolgate/run_id",
+        "toolgate/step",
+        "toolgate/catalog_revision",
+        "toolgate/idempotency_key",
+        "toolgate/approval_id",
+        "toolgate/tool_version",
+    ];
+    let mut id = 0;
+    for key in keys {
+        let wrong: &[Value] = match key {
+            "toolgate/step" => &[json!("1"), json!(-1), json!(1.5), json!(true)],
+            _ => &[
+                json!(7),
+                json!(true),
+                json!(["retry-8"]),
+                json!({"key": "k"}),
+            ],
+        };
+        for value in wrong {
+            for modern in [false, true] {
+                for content_type in ["application/json", "application/json; charset=utf-8"] {
+                    id += 1;
+                    let body = call_body(
+                        id,
+                        "create_ticket",
+                        json!({"title": "printer on fire", "body": "again"}),
+                        json!({ key: value }),
+                        modern,
+                    );
+                    let (_, _, answer) = mcp_post(&http, &url, content_type, &body).await;
+                    assert_eq!(answer["error"]["code"], -32602, "{key}: {value} {answer}");
+                    let message = answer["error"]["message"].as_str().unwrap();
+                    assert!(message.contains(key), "{message}");
+                }
+            }
+        }
+    }
+
+    // The right types act as the gRPC door's fields do.
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", spawned.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let grpc = proto::tool_gate_client::ToolGateClient::new(channel);
+    let acme = Who {
+        tenant: "acme".into(),
+        scopes: "tickets:write".into(),
+        ..Who::default()
+    };
+    let by_grpc = |call: proto::ToolCall| {
+        let mut grpc = grpc.clone();
+        let request = acme.request(crate::support::execute_request(call));
+        async move {
+            let result = grpc.execute_tool(request).await.unwrap().into_inner();
+            result.result.unwrap()
+        }
+    };
+    let ticket = json!({"title": "printer on fire", "body": "again"});
+    for modern in [false, true] {
+        // A retried write with its key runs once: the second answer is the first's, replayed.
+        let key = format!("retry-{modern}");
+        let body = call_body(
+            90,
+            "create_ticket",
+            ticket.clone(),
+            json!({"toolgate/idempotency_key": key}),
+            modern,
+        );
+        let (_, _, first) = mcp_post(&http, &url, "application/json", &body).await;
+        let (_, _, again) = mcp_post(&http, &url, "application/json", &body).await;
+        assert_eq!(first["result"]["_meta"]["toolgate/status"], "OK", "{first}");
+        assert_eq!(
+            again["result"]["_meta"]["toolgate/idempotent_replay"], true,
+            "{again}"
+        );
+        assert_eq!(first["result"]["content"], again["result"]["content"]);
+        let mut call = crate::support::call("create_ticket", &ticket.to_string());
+        call.idempotency_key = format!("grpc-{key}");
+        let first = by_grpc(call.clone()).await;
+        let again = by_grpc(call).await;
+        assert!(
+            !first.idempotent_replay && again.idempotent_replay,
+            "{again:?}"
+        );
+        assert_eq!(first.model_text, again.model_text);
+        // A version and a stale revision are refused alike.
+        for (meta, field) in [
+            (json!({"toolgate/tool_version": "2"}), "version"),
+            (
+                json!({"toolgate/catalog_revision": "rev-the-model-never-saw"}),
+                "revision",
+            ),
+        ] {
+            let body = call_body(91, "rag_search", json!({"query": "refunds"}), meta, modern);
+            let (_, _, by_mcp) = mcp_post(&http, &url, "application/json", &body).await;
+            let mut call = crate::support::call("rag_search", r#"{"query": "refunds"}"#);
+            let mut turn = crate::support::execute_request(call.clone());
+            match field {
+                "version" => call.version = "2".into(),
+                _ => turn.catalog_revision = "rev-the-model-never-saw".into(),
+            }
+            turn.call = Some(call);
+            let mut grpc = grpc.clone();
+            let result = grpc
+                .execute_tool(acme.request(turn))
+                .await
+                .unwrap()
+                .into_inner()
+                .result
+                .unwrap();
+            assert!(!result.error_type.is_empty(), "{field}: {result:?}");
+            assert_eq!(
+                by_mcp["result"]["_meta"]["toolgate/error_type"],
+                result.error_type.as_str(),
+                "{field}: {by_mcp}"
+            );
+        }
+    }
+    crate::process::stop(spawned).await;
 }
