@@ -145,9 +145,11 @@ pub fn cancelled_request_id(body: &[u8]) -> Option<String> {
     }
 }
 
-/// The middleware in front of the MCP endpoint, inside admission (the caller is known): a small
-/// body that is a cancellation notice cancels the caller's call it names; every request, notice
-/// or not, then goes on to rmcp unchanged (a notice is answered 202 there).
+/// The middleware in front of the MCP endpoint, inside admission (the caller is known): every
+/// request, notice or not, goes on to rmcp unchanged; a small body that is a cancellation notice
+/// then cancels the caller's call it names — only once rmcp accepted it (202), so a notice that
+/// fails the transport's checks (a `Host` of another site, an `Origin` not allowed: DNS
+/// rebinding, a page in the user's browser) acts on nothing.
 pub async fn notices(
     State(cancels): State<Arc<Cancels>>,
     request: Request,
@@ -171,7 +173,9 @@ pub async fn notices(
         Ok(body) => body,
         Err(refused) => return refused,
     };
-    if let Some(request_id) = cancelled_request_id(&body) {
+    let notice = cancelled_request_id(&body);
+    let response = next.run(Request::from_parts(parts, Body::from(body))).await;
+    if let Some(request_id) = notice.filter(|_| response.status() == http::StatusCode::ACCEPTED) {
         match cancels.cancel(&caller, request_id.clone()) {
             Cancelled::One => tracing::debug!(request_id, "MCP call cancelled by notice"),
             Cancelled::NoSuchCall => {}
@@ -183,7 +187,7 @@ pub async fn notices(
             ),
         }
     }
-    next.run(Request::from_parts(parts, Body::from(body))).await
+    response
 }
 
 #[cfg(test)]

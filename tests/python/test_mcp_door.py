@@ -435,6 +435,44 @@ def test_a_cancellation_notice_cancels_the_senders_call_it_names(door):
     _until(lambda: _in_flight(door) == 0, "the call to leave the sidecar")
 
 
+def test_a_cancellation_notice_failing_the_transport_checks_cancels_nothing(door):
+    """A notifications/cancelled with an Origin not allowed, or a Host naming another site (DNS
+    rebinding: a page in the user's browser), is refused 403 before anything acts on it: the call
+    it names runs to its end (issue 52, item 7: it was cancelled, then the notice refused)."""
+    legacy = {"mcp-protocol-version": "2025-11-25"}
+    request_id = "cancel-by-a-foreign-page"
+    call = {
+        "jsonrpc": "2.0",
+        "id": request_id,
+        "method": "tools/call",
+        "params": {"name": "slow_task", "arguments": {"ms": 3000}, "_meta": {"toolgate/run_id": "run-foreign"}},
+    }
+    notice = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": request_id}}
+    answers: list[httpx2.Response] = []
+    refused: list[int] = []
+
+    async def body():
+        async with anyio.create_task_group() as group:
+
+            async def slow():
+                answers.append(await anyio.to_thread.run_sync(lambda: raw_post(door, call, {**legacy})))
+
+            group.start_soon(slow)
+            await anyio.to_thread.run_sync(_until, lambda: _in_flight(door) >= 1, "the call to start")
+            for foreign in ({"origin": "http://evil.example"}, {"host": "rebound.example"}):
+                answer = await anyio.to_thread.run_sync(lambda: raw_post(door, notice, {**legacy, **foreign}))
+                refused.append(answer.status_code)
+
+    run(body)
+    assert refused == [403, 403]
+    (answer,) = answers
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["result"]["_meta"]["toolgate/status"] == "OK", answer.text
+    events = door.wait_for_audit_events(lambda evs: any(e.get("run_id") == "run-foreign" for e in evs))
+    event = next(e for e in events if e.get("run_id") == "run-foreign")
+    assert event["status"] == "OK", event
+
+
 # --- the transport's rules ------------------------------------------------------------------------
 
 
