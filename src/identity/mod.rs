@@ -62,7 +62,10 @@ impl IdentityConfig {
     /// would let anyone on the network be any tenant. Allowed on loopback (and Unix sockets)
     /// only, unless the operator says so in so many words.
     pub fn check_listener(&self, addr: SocketAddr) -> Result<(), ListenerError> {
-        if self.dev_identity && !self.dev_identity_on_network && !addr.ip().is_loopback() {
+        if self.dev_identity
+            && !self.dev_identity_on_network
+            && !crate::settings::is_loopback(addr.ip())
+        {
             return Err(ListenerError::DevIdentityExposed { addr });
         }
         Ok(())

@@ -93,8 +93,9 @@ pub struct Updater {
     pub restart_required: Arc<AtomicBool>,
     /// The MCP door's resource as it was settled at start (reloads keep it).
     pub mcp_resource: Option<String>,
-    /// The TCP address served, whose exposure dev identity must respect.
-    pub listen: Option<SocketAddr>,
+    /// The TCP addresses served where callers are identified (the gRPC listener's, the MCP
+    /// door's as bound, overrides included), whose exposure dev identity must respect.
+    pub listeners: Vec<SocketAddr>,
     /// The shadow candidate, re-read with each reload.
     pub shadow: Arc<Shadow>,
 }
@@ -214,7 +215,7 @@ async fn reload(
         updater.restart_required.store(true, Ordering::Relaxed);
         return Err(ReloadError::RestartRequired(sections));
     }
-    if let Some(addr) = updater.listen {
+    for &addr in &updater.listeners {
         config.identity.check_listener(addr).map_err(|err| {
             tracing::error!(error = %err, "catalog reload refused");
             metrics.reload("refused");

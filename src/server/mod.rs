@@ -371,7 +371,13 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         mcp_servers: config.catalog_inputs.mcp_servers.clone(),
         discovered: executors.mcp.watch_discovered(),
     };
-    let listen = options.listen.or(config.server.listen);
+    // Every TCP listener callers are identified on, as served.
+    let listeners: Vec<SocketAddr> = options
+        .listen
+        .or(config.server.listen)
+        .into_iter()
+        .chain(mcp_door.as_ref().map(|bound| bound.addr))
+        .collect();
     let restart_required = Arc::new(std::sync::atomic::AtomicBool::new(false));
     // The shadow candidate (`shadow_catalog`): told of every call, compared by its worker.
     let shadow = Shadow::observe(&boundary, &metrics);
@@ -385,7 +391,7 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
                 identity: identity.clone(),
                 clock: clock.clone(),
                 restart_required: restart_required.clone(),
-                listen,
+                listeners,
                 mcp_resource,
                 shadow: shadow.clone(),
             },

@@ -86,7 +86,7 @@ pub fn build(
         }
         // Reachable from other hosts, the door's URI is one the operator knows (a Service's, an
         // ingress's), not its bind address: it must be named.
-        None if jwt_configured && !listen.ip().is_loopback() => {
+        None if jwt_configured && !super::is_loopback(listen.ip()) => {
             return Err(FieldError::new(
                 "server.mcp.resource",
                 "required with identity.jwt on a non-loopback address: the canonical URI hosts reach this door by, the audience its tokens must name (RFC 8707)",

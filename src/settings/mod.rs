@@ -197,6 +197,13 @@ impl fmt::Display for Rate {
 }
 
 /// The file as written, its shape checked; a text past [`yaml_bounds`] is refused unparsed.
+/// Whether only this host can reach an address bound on `ip`: a loopback address, IPv4's or
+/// IPv6's, or IPv4's written as an IPv4-mapped IPv6 address (`::ffff:127.0.0.1`), which a
+/// dual-stack socket serves exactly as it serves 127.0.0.1.
+pub fn is_loopback(ip: std::net::IpAddr) -> bool {
+    ip.to_canonical().is_loopback()
+}
+
 pub fn parse_yaml(text: &str) -> Result<RawConfig, FieldError> {
     yaml_bounds::check(text).map_err(|err| FieldError::new(".", err.to_string()))?;
     let deserializer = serde_yaml_ng::Deserializer::from_str(text);
@@ -666,6 +673,23 @@ pub fn json_schema() -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ipv4_mapped_loopback_is_loopback_and_nothing_else_is() {
+        for ip in ["127.0.0.1", "127.9.9.9", "::1", "::ffff:127.0.0.1"] {
+            assert!(is_loopback(ip.parse().unwrap()), "{ip}");
+        }
+        for ip in [
+            "0.0.0.0",
+            "::",
+            "10.0.0.1",
+            "::ffff:10.0.0.1",
+            "::127.0.0.1",
+            "fe80::1",
+        ] {
+            assert!(!is_loopback(ip.parse().unwrap()), "{ip}");
+        }
+    }
 
     #[test]
     fn mcp_tool_settings_reload_and_server_connections_need_a_restart() {

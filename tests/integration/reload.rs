@@ -354,3 +354,73 @@ async fn an_unchanged_catalog_file_is_not_parsed_again_on_every_poll() {
     );
     server.stop().await;
 }
+
+/// A reload that turns dev identity on is refused when any listener callers are identified on
+/// is reachable from other hosts — the MCP door's address as bound too, when an override
+/// (`--mcp-listen`) moved it off the catalog's loopback address — and the previous identity
+/// keeps serving; an IPv4-mapped loopback address counts as loopback. (Issue 52, item 8: only
+/// the gRPC address and the catalog's `server.mcp.listen` were checked, so the door kept serving
+/// on 0.0.0.0 and trusted `x-toolgate-*` headers after such a reload.)
+#[tokio::test]
+async fn a_reload_cannot_turn_dev_identity_on_where_a_listener_is_off_loopback() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "a-reload-secret-0123456789abcdef").unwrap();
+    let tools = "tenants: { acme: {} }\ntools:\n  - { name: echo, description: Echo., risk_level: read_only, executor: { builtin: echo }, input_schema: { type: object, properties: { text: { type: string } } } }\n";
+    let server =
+        "server:\n  mcp: { listen: \"127.0.0.1:0\", resource: \"http://toolgate.test/mcp\" }\n";
+    let jwt = format!(
+        "version: 1\n{server}identity: {{ jwt: {{ hs256_secret_file: {} }} }}\n{tools}",
+        secret.display()
+    );
+    let dev = format!("version: 1\n{server}identity: {{ dev_identity: true }}\n{tools}");
+    let file = dir.path().join("catalog.yaml");
+    let start = |mcp_listen: &str| {
+        std::fs::write(&file, &jwt).unwrap();
+        let config = toolgate::config::Config::load_file(&file, &Default::default()).unwrap();
+        let options = toolgate::StartOptions {
+            listen: Some("127.0.0.1:0".parse().unwrap()),
+            admin_listen: Some("127.0.0.1:0".parse().unwrap()),
+            mcp_listen: Some(mcp_listen.parse().unwrap()),
+            ..Default::default()
+        };
+        toolgate::start(config, options)
+    };
+    let as_dev_caller = |door: std::net::SocketAddr| async move {
+        let body = serde_json::json!({
+            "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "echo", "arguments": {"text": "hi"}},
+        });
+        reqwest::Client::new()
+            .post(format!("http://127.0.0.1:{}/mcp", door.port()))
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2025-11-25")
+            .header("host", "localhost")
+            .header("x-toolgate-tenant", "acme")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap()
+            .status()
+    };
+    toolgate::tls::install_crypto_provider();
+
+    // The door moved to every interface by the override: the reload is refused.
+    let running = start("0.0.0.0:0")
+        .await
+        .expect("a JWT sidecar starts anywhere");
+    let door = running.mcp_addr().unwrap();
+    assert_eq!(as_dev_caller(door).await, 401, "JWTs are required");
+    std::fs::write(&file, &dev).unwrap();
+    let refused = running.reload().await.unwrap_err().to_string();
+    assert!(refused.contains("is not a loopback address"), "{refused}");
+    assert_eq!(as_dev_caller(door).await, 401, "JWTs are still required");
+    running.shutdown().await;
+
+    // On an IPv4-mapped loopback address only this host reaches the door: allowed.
+    let running = start("[::ffff:127.0.0.1]:0").await.expect("starts");
+    std::fs::write(&file, &dev).unwrap();
+    running.reload().await.expect("dev identity on loopback");
+    running.shutdown().await;
+}
