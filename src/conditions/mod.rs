@@ -760,14 +760,12 @@ fn position(program: &Program, expr: &IdedExpr) -> String {
     format!("line {line}, column {column}")
 }
 
-/// The first syntax error, with its line and column.
+/// The first syntax error, with its line and column (the parser's, both already from 1).
 fn syntax_message(errors: &cel::ParseErrors) -> String {
     match errors.errors.first() {
         Some(error) => format!(
             "syntax error at line {}, column {}: {}",
-            error.pos.0,
-            error.pos.1 + 1,
-            error.msg
+            error.pos.0, error.pos.1, error.msg
         ),
         None => "syntax error".to_owned(),
     }
@@ -981,6 +979,20 @@ mod tests {
             "{after_accent}"
         );
         assert!(error("args.a ==").contains("syntax error"));
+        // A syntax error's column is its token's, counted from 1 as the others are: `*` is the
+        // 4th character; at the end of the input, the column just past the last character.
+        for (source, at) in [
+            ("1 +* 2", "line 1, column 4"),
+            ("'é' +* 2", "line 1, column 6"),
+            ("1 +\n  * 2", "line 2, column 3"),
+            ("1 +", "line 1, column 4"),
+        ] {
+            let message = error(source);
+            assert!(
+                message.contains(&format!("syntax error at {at}:")),
+                "{source:?}: {message}"
+            );
+        }
         assert!(error("myFn(args.a)").contains("function \"myFn\""));
         assert!(error("").contains("empty"));
         assert!(error(&"a".repeat(MAX_EXPRESSION_BYTES + 1)).contains("longer than"));
