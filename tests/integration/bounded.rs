@@ -38,8 +38,13 @@ fn cpu_seconds(pid: u32) -> f64 {
     // utime and stime are fields 14 and 15 of stat; 12 and 13 after "(comm) state".
     let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
     // SAFETY: sysconf only reads a constant.
-    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    ticks as f64 / per_second
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    assert!(
+        per_second > 0,
+        "sysconf(_SC_CLK_TCK): {}",
+        std::io::Error::last_os_error()
+    );
+    ticks as f64 / per_second as f64
 }
 
 fn serve_file(dir: &Path, yaml: &str) -> Spawned {

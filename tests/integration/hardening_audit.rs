@@ -4,7 +4,7 @@
 //! words reach records only for tools that record arguments; a partial write is continued, never
 //! repeated or torn.
 
-use std::{collections::HashSet, io::Read, os::fd::AsRawFd, time::Duration};
+use std::{collections::HashSet, io::Read, time::Duration};
 
 use serde_json::Value;
 use tonic::Code;
@@ -15,16 +15,11 @@ use toolgate::{
 
 use crate::{
     process::spawn,
-    support::{STAGES, TestServer, Who, call, exec, execute_request, http_get, metric, who},
+    support::{
+        STAGES, TestServer, Who, call, exec, execute_request, http_get, metric, mkfifo,
+        stuck_fifo_reader, who,
+    },
 };
-
-fn mkfifo(path: &std::path::Path) {
-    let status = std::process::Command::new("mkfifo")
-        .arg(path)
-        .status()
-        .unwrap();
-    assert!(status.success());
-}
 
 #[tokio::test]
 async fn every_executed_call_and_every_decision_has_exactly_one_event_under_a_stuck_sink() {
@@ -32,15 +27,9 @@ async fn every_executed_call_and_every_decision_has_exactly_one_event_under_a_st
     let fifo = dir.path().join("audit.fifo");
     mkfifo(&fifo);
     // The sink: a FIFO with a one-page buffer whose reader reads nothing until released.
+    let mut file = stuck_fifo_reader(&fifo, 4096);
     let (release, released) = std::sync::mpsc::channel::<()>();
-    let reader_path = fifo.clone();
     let reader = std::thread::spawn(move || {
-        let mut file = std::fs::File::open(reader_path).unwrap();
-        #[expect(unsafe_code, reason = "F_SETPIPE_SZ has no safe wrapper")]
-        // SAFETY: F_SETPIPE_SZ on a pipe this thread owns.
-        unsafe {
-            libc::fcntl(file.as_raw_fd(), libc::F_SETPIPE_SZ, 4096);
-        }
         released.recv().unwrap();
         let mut all = String::new();
         file.read_to_string(&mut all).unwrap();

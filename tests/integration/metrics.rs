@@ -193,13 +193,7 @@ async fn the_listed_metrics_appear_and_move() {
 async fn the_audit_queue_depth_follows_a_stuck_sink() {
     let dir = tempfile::tempdir().unwrap();
     let fifo = dir.path().join("audit.fifo");
-    assert!(
-        std::process::Command::new("mkfifo")
-            .arg(&fifo)
-            .status()
-            .unwrap()
-            .success()
-    );
+    crate::support::mkfifo(&fifo);
     // A reader that holds the pipe open and does not read: once its buffer is full, writes block.
     let mut stuck = {
         use std::os::unix::fs::OpenOptionsExt;

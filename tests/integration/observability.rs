@@ -606,13 +606,7 @@ async fn nothing_is_lost_through_a_tiny_queue_and_a_slow_sink() {
     // The sink is a FIFO that this test drains slowly: writers must wait, not drop.
     let dir = tempfile::tempdir().unwrap();
     let fifo = dir.path().join("audit.fifo");
-    assert!(
-        std::process::Command::new("mkfifo")
-            .arg(&fifo)
-            .status()
-            .unwrap()
-            .success()
-    );
+    crate::support::mkfifo(&fifo);
     let reader_path = fifo.clone();
     let reader = std::thread::spawn(move || {
         let mut file = std::fs::File::open(reader_path).unwrap();
@@ -670,13 +664,7 @@ async fn nothing_is_lost_through_a_tiny_queue_and_a_slow_sink() {
 async fn fail_closed_refuses_calls_when_the_sink_is_stuck() {
     let dir = tempfile::tempdir().unwrap();
     let fifo = dir.path().join("audit.fifo");
-    assert!(
-        std::process::Command::new("mkfifo")
-            .arg(&fifo)
-            .status()
-            .unwrap()
-            .success()
-    );
+    crate::support::mkfifo(&fifo);
     // A reader that opens the pipe and never reads: once the pipe buffer fills, writes block.
     let stuck = {
         use std::os::unix::fs::OpenOptionsExt;

@@ -676,22 +676,12 @@ async fn a_quota_the_candidate_adds_or_changes_starts_unused() {
 async fn a_difference_finding_the_audit_queue_full_is_counted_not_waited_for() {
     let dir = tempfile::tempdir().unwrap();
     let fifo = dir.path().join("audit.fifo");
-    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
-    assert!(made.success());
-    // The sink: a FIFO whose reader reads nothing until released.
+    crate::support::mkfifo(&fifo);
+    // The sink: a FIFO of one page, so a few events fill it, whose reader reads nothing until
+    // released.
+    let mut file = crate::support::stuck_fifo_reader(&fifo, 4096);
     let (release, released) = std::sync::mpsc::channel::<()>();
-    let reader_path = fifo.clone();
     let reader = std::thread::spawn(move || {
-        let mut file = std::fs::File::open(reader_path).unwrap();
-        #[expect(unsafe_code, reason = "F_SETPIPE_SZ has no safe wrapper")]
-        // SAFETY: F_SETPIPE_SZ on a pipe this thread owns; one page, so a few events fill it.
-        unsafe {
-            libc::fcntl(
-                std::os::fd::AsRawFd::as_raw_fd(&file),
-                libc::F_SETPIPE_SZ,
-                4096,
-            );
-        }
         released.recv().unwrap();
         let mut all = String::new();
         std::io::Read::read_to_string(&mut file, &mut all).unwrap();

@@ -695,3 +695,43 @@ pub fn hs256(secret: &str, claims: &Value) -> String {
     )
     .expect("a token of JSON claims")
 }
+
+/// Makes a FIFO at `path`.
+pub fn mkfifo(path: &std::path::Path) {
+    let made = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .expect("mkfifo runs");
+    assert!(made.success(), "mkfifo {}", path.display());
+}
+
+/// The read end of the FIFO at `path`, opened before any writer (without waiting for one), its
+/// buffer shrunk to `buffer_bytes` (one page at least) and checked: so a sink a server opens
+/// later blocks once that much is written and unread. Done before the server starts, the shrink
+/// cannot race its first writes (`F_SETPIPE_SZ` fails with `EBUSY` once more is buffered).
+/// Reads on it block, and end when the last writer closes.
+#[expect(unsafe_code, reason = "F_SETPIPE_SZ and F_SETFL have no safe wrapper")]
+pub fn stuck_fifo_reader(path: &std::path::Path, buffer_bytes: i32) -> std::fs::File {
+    use std::os::{fd::AsRawFd, unix::fs::OpenOptionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .expect("the FIFO's read end opens without a writer");
+    let fd = file.as_raw_fd();
+    // SAFETY: fcntl on a descriptor this function owns; neither call touches memory.
+    let (size, flags) = unsafe {
+        (
+            libc::fcntl(fd, libc::F_SETPIPE_SZ, buffer_bytes),
+            libc::fcntl(fd, libc::F_SETFL, 0),
+        )
+    };
+    assert_eq!(
+        size,
+        buffer_bytes,
+        "F_SETPIPE_SZ: {}",
+        std::io::Error::last_os_error()
+    );
+    assert_eq!(flags, 0, "F_SETFL: {}", std::io::Error::last_os_error());
+    file
+}
