@@ -512,6 +512,137 @@ async fn bound_arguments_come_from_the_caller_and_model_overrides_are_refused_an
     server.stop().await;
 }
 
+/// A tenant filter bound under an object (`filter.tenant`), on a tool that refuses what the
+/// model sends there and on one that overwrites it, both with schemas that allow nothing else.
+const BOUND_FILTER: &str = r#"version: 1
+identity: { dev_identity: true }
+tenants: { acme: {} }
+tools:
+  - name: search_refusing
+    description: Searches within the caller's tenant.
+    risk_level: read_only
+    executor: { builtin: echo_arguments }
+    input_schema:
+      type: object
+      properties:
+        query: { type: string }
+        filter: { type: object, properties: { tenant: { type: string }, year: { type: integer } }, required: [tenant], additionalProperties: false }
+      required: [filter]
+      additionalProperties: false
+    bind: { filter.tenant: "${caller.tenant}" }
+  - name: search_overwriting
+    description: Searches within the caller's tenant.
+    risk_level: read_only
+    on_bound_argument: overwrite
+    executor: { builtin: echo_arguments }
+    input_schema:
+      type: object
+      properties:
+        query: { type: string }
+        filter: { type: object, properties: { tenant: { type: string }, year: { type: integer } }, required: [tenant], additionalProperties: false }
+      required: [filter]
+      additionalProperties: false
+    bind: { filter.tenant: "${caller.tenant}" }
+"#;
+
+/// Whatever the model sends where a bound value goes — an object (the operator-injection shape
+/// `{"$ne": "acme"}`), an array or null, at the bound key or at its parent — is a bound argument
+/// the model set: refused where the tool refuses them, replaced by the bound value where it
+/// overwrites them, and audited either way. The schema check sees the arguments without the
+/// model's bound keys, so an overwritten value never fails validation the model cannot see.
+/// (Issue 52, item 12: no test sent an object at a bound path, so the guards for it could be
+/// changed without a test failing.)
+#[tokio::test]
+async fn an_object_array_or_null_where_a_bound_value_goes_is_refused_or_overwritten() {
+    let server = TestServer::start(BOUND_FILTER).await;
+    let mut client = server.client().await;
+    let acme = who("acme").subject("mallory");
+    let sent = [
+        json!({"query": "q", "filter": {"tenant": {"$ne": "acme"}}}),
+        json!({"query": "q", "filter": {"tenant": ["acme", "globex"]}}),
+        json!({"query": "q", "filter": {"tenant": null}}),
+        json!({"query": "q", "filter": {"tenant": {}}}),
+        json!({"query": "q", "filter": ["globex"]}),
+        json!({"query": "q", "filter": null}),
+        json!({"query": "q", "filter": "globex"}),
+    ];
+    for args in &sent {
+        let refused = exec(
+            &mut client,
+            &acme,
+            call("search_refusing", &args.to_string()),
+        )
+        .await;
+        assert_eq!(
+            (
+                refused.status(),
+                refused.error_type.as_str(),
+                refused.refused_by.as_str()
+            ),
+            (ToolStatus::Denied, "bound_argument_override", "bind"),
+            "{args}: {refused:?}"
+        );
+        let overwritten = exec(
+            &mut client,
+            &acme,
+            call("search_overwriting", &args.to_string()),
+        )
+        .await;
+        assert_eq!(
+            overwritten.status(),
+            ToolStatus::Ok,
+            "{args}: {overwritten:?}"
+        );
+        assert_eq!(
+            parse(&overwritten.model_text),
+            json!({"query": "q", "filter": {"tenant": "acme"}}),
+            "{args}"
+        );
+    }
+    // What the model may set beside the bound key stays, and is still validated.
+    let kept = exec(
+        &mut client,
+        &acme,
+        call(
+            "search_overwriting",
+            r#"{"filter":{"tenant":{"$ne":"acme"},"year":2024}}"#,
+        ),
+    )
+    .await;
+    assert_eq!(
+        parse(&kept.model_text),
+        json!({"filter": {"tenant": "acme", "year": 2024}})
+    );
+    let invalid = exec(
+        &mut client,
+        &acme,
+        call(
+            "search_overwriting",
+            r#"{"filter":{"tenant":"x","year":"last"}}"#,
+        ),
+    )
+    .await;
+    assert_eq!(invalid.error_type, "schema_violation", "{invalid:?}");
+    let allowed = exec(
+        &mut client,
+        &acme,
+        call("search_refusing", r#"{"filter":{"year":2024}}"#),
+    )
+    .await;
+    assert_eq!(
+        parse(&allowed.model_text),
+        json!({"filter": {"tenant": "acme", "year": 2024}})
+    );
+    // Every attempt is audited, refused or overwritten: 7 of each, and the two with a year.
+    let events = server.audit_events().await;
+    let attempts = events
+        .iter()
+        .filter(|e| e["bound_override_attempts"] == json!(["filter.tenant"]))
+        .count();
+    assert_eq!(attempts, 2 * sent.len() + 2, "{events:#?}");
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn rag_search_never_reaches_another_tenants_documents() {
     let server = TestServer::demo().await;
