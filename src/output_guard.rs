@@ -54,6 +54,8 @@ enum Check {
     Luhn,
     /// IBANs: the ISO 13616 mod-97 check.
     Iban,
+    /// Userinfo in a URL: not a port followed by a path (`host:8080/users/` before an `@`).
+    UrlPassword,
 }
 
 /// A built-in detector.
@@ -102,8 +104,11 @@ const BUILTINS: &[Builtin] = &[
     Builtin {
         name: "private_key",
         secret: true,
-        // The whole block when its end is there; the header alone otherwise (a cut output).
-        pattern: r"-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY( BLOCK)?-----(?:[A-Za-z0-9+/=\s\\:,.-]*?-----END [A-Z0-9 ]{0,40}PRIVATE KEY( BLOCK)?-----)?",
+        // The whole block when its end is there. Otherwise (a cut output, a file's first bytes)
+        // the header and everything after it that a key's body can be: base64 runs and the
+        // armour's header lines, apart by whitespace or JSON's escaped line breaks. The body is
+        // the secret; a word of prose right after a cut key may go with it.
+        pattern: r"-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY( BLOCK)?-----(?:[A-Za-z0-9+/=\s\\:,.-]*?-----END [A-Z0-9 ]{0,40}PRIVATE KEY( BLOCK)?-----|(?:(?:\s|\\[nrt])*(?:(?:Proc-Type|DEK-Info|Version|Comment):[^\r\n\\\x22]*|[A-Za-z0-9+/=]+))*)",
         gated: true,
         check: Check::None,
     },
@@ -126,9 +131,13 @@ const BUILTINS: &[Builtin] = &[
         name: "connection_string_password",
         secret: true,
         // scheme://user:password@host — only the userinfo is redacted, the rest stays readable.
-        pattern: r"(?-u:\b)[a-zA-Z][a-zA-Z0-9+.-]{1,30}://(?P<secret>[^\s:/@?#'`\x22]+:[^\s/@'`\x22]+)@",
+        // The user may be empty (`redis://:password@host`), the password may hold `/` (base64
+        // passwords are written unescaped), and the slashes may be JSON-escaped
+        // (`postgres:\/\/app:password@db`). A host, port and path before an `@` in the path
+        // (`https://host:8080/users/@bob`) is not one: see [`Check::UrlPassword`].
+        pattern: r"(?-u:\b)[a-zA-Z][a-zA-Z0-9+.-]{1,30}:(?://|\\/\\/)(?P<secret>[^\s:/@?#'`\x22\\]*:[^\s@'`\x22]+)@",
         gated: false,
-        check: Check::None,
+        check: Check::UrlPassword,
     },
     Builtin {
         name: "email",
@@ -504,7 +513,20 @@ fn passes(check: Check, found: &str) -> bool {
         Check::None => true,
         Check::Luhn => luhn(found),
         Check::Iban => iban(found),
+        Check::UrlPassword => url_password(found),
     }
+}
+
+/// Whether `user:password`, found before an `@` in a URL, is userinfo and not a host, a port and
+/// the start of a path (`db.internal:5432/users/` of `https://db.internal:5432/users/@bob`): a
+/// password with a `/` (escaped or not) whose part before it is all digits is read as a port.
+fn url_password(found: &str) -> bool {
+    let Some((_, password)) = found.split_once(':') else {
+        return false;
+    };
+    let before_slash = password.split(['/', '\\']).next().unwrap_or(password);
+    let has_slash = before_slash.len() < password.len();
+    !(has_slash && !before_slash.is_empty() && before_slash.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// The Luhn checksum over the digits of `text` (separators skipped).
@@ -608,7 +630,15 @@ mod tests {
             (
                 "connection_string_password",
                 "postgres://app:s3cr3t@db.internal:5432/orders",
-                &["https://db.internal:5432/orders", "mailto:bob@acme.com"],
+                &[
+                    "https://db.internal:5432/orders",
+                    "mailto:bob@acme.com",
+                    "https://social.example:8443/users/@alice",
+                    "https://medium.com/@alice",
+                    "git@github.com:org/repo.git",
+                    "https://db.internal:5432/orders?owner=bob@acme.com",
+                    "see https://h:80/a and b@c.d",
+                ],
             ),
             (
                 "email",
@@ -651,6 +681,74 @@ mod tests {
                     screened.text
                 );
             }
+        }
+    }
+
+    /// Passwords in URLs as they are written in the wild, each redacted whole, the rest of the
+    /// URL left readable (issue 52, item 5: these three went through).
+    #[test]
+    fn a_password_in_a_url_is_found_however_it_is_written() {
+        // The default guard: secrets only (with e-mail addresses on, `x@db.internal` is one).
+        let guard = guard("{}");
+        for (text, redacted) in [
+            (
+                "redis://:hunter2hunter2@cache:6379/0",
+                "redis://[REDACTED:connection_string_password]@cache:6379/0",
+            ),
+            (
+                "postgres://app:a+b/c9/xyz==@db/orders",
+                "postgres://[REDACTED:connection_string_password]@db/orders",
+            ),
+            (
+                r#"{"dsn":"postgres:\/\/app:s3cr3t\/x@db.internal\/orders"}"#,
+                r#"{"dsn":"postgres:\/\/[REDACTED:connection_string_password]@db.internal\/orders"}"#,
+            ),
+            (
+                "amqp://guest:gu:est@mq then https://db.internal:5432/x",
+                "amqp://[REDACTED:connection_string_password]@mq then https://db.internal:5432/x",
+            ),
+        ] {
+            assert_eq!(guard.screen(text).text, redacted, "{text}");
+        }
+    }
+
+    /// A private key's body is the secret: a key cut before its end (a cut error text, a file's
+    /// first bytes) loses its body with its header, in plain text and in JSON (issue 52, item 5:
+    /// only the header was redacted).
+    #[test]
+    fn a_cut_private_key_loses_its_body_too() {
+        let guard = all_on();
+        let body = [
+            "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7",
+            "VJTUt9Us8cKjMzEfYyjiWA4R4/M2bS1GB4t7NXp98C3SC6dVMvDuictGeurT8jNb",
+        ];
+        let cut = format!("-----BEGIN PRIVATE KEY-----\n{}\n{}", body[0], body[1]);
+        let encrypted = format!(
+            "-----BEGIN RSA PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\nDEK-Info: AES-128-CBC,8E1C\n\n{}\n{}",
+            body[0], body[1]
+        );
+        let json = serde_json::json!({ "stderr": cut }).to_string();
+        for text in [cut.clone(), encrypted, json, format!("{cut} ")] {
+            let screened = guard.screen(&text);
+            for part in body {
+                assert!(!screened.text.contains(part), "{}", screened.text);
+            }
+            assert!(
+                screened.text.contains("[REDACTED:private_key]"),
+                "{}",
+                screened.text
+            );
+        }
+        let json = serde_json::json!({ "stderr": cut, "code": 1 }).to_string();
+        let screened: serde_json::Value = serde_json::from_str(&guard.screen(&json).text).unwrap();
+        assert_eq!(screened["code"], 1, "the JSON stays JSON");
+        // Near misses stay.
+        for text in [
+            "-----BEGIN PUBLIC KEY-----\nMIIBIjANBgkqhkiG9w0BAQEFAAOC\n-----END PUBLIC KEY-----",
+            "the file starts with BEGIN PRIVATE KEY and a body",
+            "-----BEGIN CERTIFICATE-----\nMIIDdzCCAl+gAwIBAgIE",
+        ] {
+            assert_eq!(guard.screen(text).text, text);
         }
     }
 

@@ -8,7 +8,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::time::Instant;
 
-use super::{Boundary, Permit, Turn, redaction::redact_text, truncate_utf8};
+use super::{
+    Boundary, Permit, Turn, output_guard::MAX_SCREENED_DETAIL_BYTES, redaction::redact_text,
+    truncate_utf8,
+};
 use crate::{
     catalog::ToolVersion,
     error::{Reason, Refusal, Stage},
@@ -107,10 +110,6 @@ impl Boundary {
     }
 }
 
-/// Most bytes of a backend's own error text passed on (to the model, and to records that may
-/// carry it).
-const MAX_DETAIL_BYTES: usize = 1024;
-
 /// A backend failure as a refusal. The backend's own text goes to the caller; records carry it
 /// only for tools that record their arguments, with the `redact` values taken out.
 pub(super) fn exec_refusal(err: ExecError, permit: &Permit) -> Refusal {
@@ -139,7 +138,8 @@ pub(super) fn exec_refusal(err: ExecError, permit: &Permit) -> Refusal {
         refusal = refusal.with_retryable(false);
     }
     if let Some(detail) = detail {
-        let detail = truncate_utf8(detail.trim(), MAX_DETAIL_BYTES).to_owned();
+        // Cut to what is screened; the output guard's stage cuts what it passes on.
+        let detail = truncate_utf8(detail.trim(), MAX_SCREENED_DETAIL_BYTES).to_owned();
         let tool = permit.tool();
         if tool.record_arguments {
             refusal.recorded_detail = Some(redact_text(&detail, permit.arguments(), &tool.redact));

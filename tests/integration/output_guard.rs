@@ -267,3 +267,87 @@ fn an_output_guard_that_cannot_work_is_a_load_error_naming_where() {
     let action = load("{ secrets: warn }");
     assert!(action.contains("warn"), "{action}");
 }
+
+/// A password in a URL whose `@` comes after the first KiB of a program's stderr.
+fn past_the_cut(filler: usize) -> String {
+    format!(
+        "{} postgres://app:hunter2hunter2@db/orders",
+        "e".repeat(filler)
+    )
+}
+
+/// A backend's error text is screened before it is cut to what is passed on, so a secret that
+/// starts in what the model reads is found whole, in a program's stderr, an HTTP error body and
+/// an MCP tool's error; and a private key cut before its end loses its body, in error text and in
+/// an OK output. (Issue 52, item 5: the text was cut first — 1 KiB of stderr or an MCP error,
+/// 200 characters of an HTTP body — so a password whose `@` fell past the cut, and a key's body
+/// whose end was past it, reached the model.)
+#[tokio::test]
+async fn a_secret_across_the_cut_of_error_text_and_a_cut_key_are_screened_whole() {
+    use axum::{Router, http::StatusCode, routing::post};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    let app = Router::new().route(
+        "/fail",
+        post(|| async { (StatusCode::BAD_REQUEST, past_the_cut(180)) }),
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let yaml = format!(
+        r#"{CATALOG}  - name: http_failing
+    description: Answers 400.
+    risk_level: read_only
+    input_schema: {{ type: object }}
+    executor: {{ http: {{ upstream: api, path: /fail }} }}
+upstreams:
+  api: {{ url: "http://{upstream}", allow_schemes: [http], allow_private_addresses: true }}
+mcp_servers:
+  dyn:
+    command: ["{py}", "{dir}/tests/fixtures/mcp_dynamic_server.py"]
+    env: [PATH, HOME]
+    tools:
+      fail: {{ risk_level: read_only }}
+"#,
+        py = crate::executors::python(),
+        dir = env!("CARGO_MANIFEST_DIR"),
+    );
+    let server = TestServer::start_with_env(&yaml, &crate::executors::env_with_path()).await;
+    crate::executors::wait_for_tool(&server, &who("acme"), "dyn.fail").await;
+    let mut client = server.client().await;
+    let acme = who("acme");
+    let stderr = json!({"line": past_the_cut(990)}).to_string();
+    let key = "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7\nVJTUt9Us8cKjMzEfYyjiWA4R4M2bS1GB4t7NXp98C3SC6dVMvDuictGeurT8jNb";
+    let calls = [
+        ("failing", stderr.clone(), "connection_string_password"),
+        (
+            "http_failing",
+            "{}".to_owned(),
+            "connection_string_password",
+        ),
+        // After the SDK's "Error executing tool fail: ".
+        (
+            "dyn.fail",
+            json!({"message": past_the_cut(975)}).to_string(),
+            "connection_string_password",
+        ),
+        ("failing", json!({"key": key}).to_string(), "private_key"),
+        ("echo", json!({"key": key}).to_string(), "private_key"),
+    ];
+    for (tool, args, detector) in calls {
+        let result = exec(&mut client, &acme, crate::support::call(tool, &args)).await;
+        let text = &result.model_text;
+        for secret in ["hunter2", "hunt", "MIIEvQIB", "VJTUt9Us"] {
+            assert!(
+                !text.contains(secret),
+                "{tool}: {secret} reached the model: {text}"
+            );
+        }
+        assert!(
+            text.contains(&format!("[REDACTED:{detector}]")),
+            "{tool}: {text}"
+        );
+        assert!(
+            text.len() < 2048,
+            "{tool}: what is passed on is still cut: {text}"
+        );
+    }
+}

@@ -596,13 +596,10 @@ fn short_status(status: StatusCode) -> String {
     .to_owned()
 }
 
-/// The first line of an error body, bounded, so a 4xx explanation reaches the model.
+/// The first line of an error body, so a 4xx explanation reaches the model (cut by the boundary
+/// once the output guard screened it).
 fn summary(text: &str) -> String {
-    let line = text.lines().next().unwrap_or("").trim();
-    match line.char_indices().nth(200) {
-        Some((cut, _)) => format!("{}…", &line[..cut]),
-        None => line.to_owned(),
-    }
+    text.lines().next().unwrap_or("").trim().to_owned()
 }
 
 /// Maps a client error to a refusal (SSRF), a configuration mistake, an upstream never reached
