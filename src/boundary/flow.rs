@@ -1,8 +1,9 @@
 //! Stage 7b: run-level flow rules (`catalog::flow`), after bind and before the quotas. A tool a
 //! rule could refuse, or need an approval for, is checked against what its flow scope has seen
 //! (`crate::flow`): refused `flow_denied` (at access, as rules decided after bind are), or
-//! handed to the approval stage. The labels of a tool that ran are added to its scope once its
-//! backend was called. A store that cannot be read fails closed for the tools a rule governs.
+//! handed to the approval stage. The labels of a tool are added to its scope just before its
+//! backend is called. A store that cannot be read fails closed for the tools a rule governs, one
+//! that cannot be written for the tools that carry labels.
 
 use std::sync::Arc;
 
@@ -159,8 +160,10 @@ fn brought(policy: &FlowPolicy, labels: LabelSet, seen: &Seen) -> String {
         .join(" and ")
 }
 
-/// Adds the labels of a tool whose backend was called to its scope; the names added, for the
-/// call's audit event. A store that cannot be written is logged: the call already ran.
+/// Adds the labels of a tool whose backend is about to be called (or whose stored result is about
+/// to be replayed) to its scope; the names added, for the call's audit event. A scope that cannot
+/// be written refuses the call before it runs (fail closed, as a scope that cannot be read does):
+/// otherwise a rule would later let through what this run has seen.
 pub(crate) async fn record(
     store: &FlowStore,
     policy: &FlowPolicy,
@@ -168,14 +171,14 @@ pub(crate) async fn record(
     caller: &Caller,
     run_id: &str,
     call_id: &str,
-) -> Vec<String> {
+) -> Result<Vec<String>, Refusal> {
     let labels = policy.names(tool.flow_labels);
     let source = Source {
         call_id: call_id.to_owned(),
         tool: tool.name.clone(),
     };
     let key = scope(policy, caller, run_id);
-    if let Err(err) = store
+    store
         .record(
             &key,
             &labels,
@@ -184,8 +187,19 @@ pub(crate) async fn record(
             policy.max_scopes_per_tenant,
         )
         .await
-    {
-        tracing::error!(tool = %tool.name, call_id, error = %err, "the flow labels of a call that ran could not be recorded; flow rules will not see them");
-    }
-    labels.into_iter().map(str::to_owned).collect()
+        .map_err(|err| {
+            tracing::warn!(tool = %tool.name, call_id, error = %err, "the flow labels of a call cannot be recorded; the call was not run");
+            let mut refusal = Refusal::new(
+                Stage::Access,
+                Reason::StateUnavailable,
+                format!(
+                    "{} carries flow labels and {}, so they cannot be recorded; the call was not run",
+                    tool.name,
+                    err.for_caller()
+                ),
+            );
+            refusal.retryable = true;
+            refusal
+        })?;
+    Ok(labels.into_iter().map(str::to_owned).collect())
 }

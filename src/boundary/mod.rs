@@ -574,38 +574,40 @@ impl Boundary {
             let state = self.state.load_full();
             // 1-9 run in a future of their own, so what they hold is gone while the backend runs.
             let admitted = self.admit(&state, turn, call, call_id, trail).await?;
-            // 10-12.
-            let labelled = trail.tool.as_ref().and_then(|tool| {
-                flow::labelling(state.catalog.flow.as_ref(), tool)
-                    .map(|policy| (policy, tool.clone()))
-            });
-            let Some((policy, tool)) = labelled else {
-                return self.dispatch(turn, call, admitted, trail, span).await;
-            };
-            // A tool with flow labels: once its backend was called (or its stored result replayed),
-            // its labels join the scope, whatever it answered. Boxed: only labelled tools pay for
-            // writing the scope.
-            Box::pin(async move {
-                let result = self.dispatch(turn, call, admitted, trail, span).await;
-                let reached = match &result {
-                    Ok(_) => true,
-                    Err(refusal) => matches!(refusal.stage, Stage::Execute | Stage::Result),
-                };
-                if reached {
-                    trail.flow_labels = flow::record(
-                        &self.flow,
-                        policy,
-                        &tool,
-                        &turn.caller,
-                        &turn.run_id,
-                        call_id,
-                    )
-                    .await;
-                }
-                result
-            })
-            .await
+            // 10-12. A tool with flow labels adds them to its scope just before its backend is
+            // called, or it does not run.
+            let labelling = trail
+                .tool
+                .as_ref()
+                .and_then(|tool| flow::labelling(state.catalog.flow.as_ref(), tool));
+            self.dispatch(turn, call, call_id, admitted, labelling, trail, span)
+                .await
         }
+    }
+
+    /// Adds the call's flow labels to its scope, when its tool carries any; refuses the call
+    /// when they cannot be (nothing has run yet).
+    async fn label(
+        &self,
+        labelling: Option<&crate::catalog::FlowPolicy>,
+        turn: &Turn,
+        call_id: &str,
+        tool: &crate::catalog::ToolVersion,
+        trail: &mut CallTrail,
+    ) -> Result<(), Refusal> {
+        if let Some(policy) = labelling {
+            // Boxed: only labelled tools pay for writing the scope.
+            trail.flow_labels = Box::pin(flow::record(
+                &self.flow,
+                policy,
+                tool,
+                &turn.caller,
+                &turn.run_id,
+                call_id,
+            ))
+            .await?;
+        }
+        Ok(())
     }
 
     /// Stages 1-9: everything decided before the backend is called.
@@ -718,11 +720,17 @@ impl Boundary {
         clippy::manual_async_fn,
         reason = "an async fn holds its arguments twice"
     )]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the chain's parts, each its own concern"
+    )]
     fn dispatch<'a>(
         &'a self,
         turn: &'a Turn,
         call: &'a CallRequest,
+        call_id: &'a str,
         mut admitted: Admitted,
+        labelling: Option<&'a crate::catalog::FlowPolicy>,
         trail: &'a mut CallTrail,
         span: &'a spans::ToolgateSpan,
     ) -> impl Future<Output = Result<Success, Refusal>> + Send + 'a {
@@ -735,6 +743,8 @@ impl Boundary {
             // The keyed path is boxed: only calls that use it pay for its state.
             let output = match call.idempotency_key.as_deref() {
                 None => {
+                    self.label(labelling, turn, call_id, admitted.permit.tool(), trail)
+                        .await?;
                     let result = self
                         .call_backend(turn, span, &mut admitted.permit, approval_id, &started)
                         .await;
@@ -768,6 +778,7 @@ impl Boundary {
                             .await?
                         {
                             Claimed::Replay(stored) => {
+                                self.label(labelling, turn, call_id, tool, trail).await?;
                                 trail.idempotent_replay = true;
                                 trail.replayed_version = Some(stored.tool_version);
                                 // Screened when stored; again, by the guard in force now.
@@ -776,15 +787,23 @@ impl Boundary {
                                 result
                             }
                             Claimed::Owner(slot) => {
-                                let result = self
-                                    .call_backend(
-                                        turn,
-                                        span,
-                                        &mut admitted.permit,
-                                        approval_id,
-                                        &started,
-                                    )
+                                let labelled = self
+                                    .label(labelling, turn, call_id, admitted.permit.tool(), trail)
                                     .await;
+                                let result = match labelled {
+                                    Ok(()) => {
+                                        self.call_backend(
+                                            turn,
+                                            span,
+                                            &mut admitted.permit,
+                                            approval_id,
+                                            &started,
+                                        )
+                                        .await
+                                    }
+                                    // Retryable: the key is given back.
+                                    Err(refusal) => Err(refusal),
+                                };
                                 let (result, findings) =
                                     output_guard::screen(admitted.permit.tool(), result);
                                 trail.output_guard = findings;

@@ -237,9 +237,69 @@ async fn without_redis_the_tools_a_rule_governs_fail_closed_and_the_others_run()
     let explained = explain_in_run(&server, "r1", "send_email").await;
     assert_eq!(explained.decision.unwrap().error_type, "state_unavailable");
     assert!(!explained.flow.unwrap().readable);
-    // rag_search is governed by no rule: it runs (its labels cannot be recorded; logged).
+    // rag_search is governed by no rule, but carries a label that cannot be recorded: it does
+    // not run either. send_email, which carries a label too, was refused before that.
     let r = run_call(&server, "r1", "c3", "rag_search").await;
+    assert_eq!(
+        (r.status(), r.error_type.as_str(), r.retryable),
+        (ToolStatus::Unavailable, "state_unavailable", true),
+        "{r:?}"
+    );
+    server.stop().await;
+}
+
+/// A call whose flow labels cannot be recorded — its scope's store stalled — does not run, so a
+/// rule can never let through what a run has seen: the read is refused (retryable, nothing
+/// ran), and once the store answers the read runs, is recorded, and the send the rule governs
+/// is refused. (Issue 52, item 4: the read ran during the stall, its labels were dropped with a
+/// log line, and the send then ran as if the run had seen nothing.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_whose_labels_cannot_be_recorded_does_not_run() {
+    let redis = crate::redis_server::RedisServer::start();
+    let state = format!(
+        "state:\n  backend: redis\n  redis: {{ url: \"{}\", timeout: 300ms }}\n",
+        redis.url()
+    );
+    let server =
+        TestServer::start(&CATALOG.replacen("version: 1\n", &format!("version: 1\n{state}"), 1))
+            .await;
+    let r = run_call(&server, "r1", "c0", "fetch_url").await;
     assert_eq!(r.status(), ToolStatus::Ok, "{r:?}");
+    // Every client of Redis waits, the sidecar's too: longer than its timeout.
+    let paused = redis.command(&["CLIENT", "PAUSE", "1500", "ALL"]).await;
+    assert_eq!(paused, redis::Value::Okay);
+    let read = run_call(&server, "r1", "c1", "rag_search").await;
+    assert_eq!(
+        (read.status(), read.error_type.as_str(), read.retryable),
+        (ToolStatus::Unavailable, "state_unavailable", true),
+        "{read:?}"
+    );
+    assert!(read.error_message.contains("was not run"), "{read:?}");
+    assert!(
+        read.model_text.starts_with("TOOL_ERROR"),
+        "no output: {read:?}"
+    );
+    // Redis answers again (our PING is answered once the pause is over).
+    let pong = redis
+        .command_within(&["PING"], std::time::Duration::from_secs(15))
+        .await;
+    assert_eq!(pong, redis::Value::SimpleString("PONG".into()));
+    let read = run_call(&server, "r1", "c2", "rag_search").await;
+    assert_eq!(read.status(), ToolStatus::Ok, "{read:?}");
+    let send = run_call(&server, "r1", "c3", "send_email").await;
+    assert_eq!(send.error_type, "flow_denied", "{send:?}");
+    assert!(
+        send.error_message.contains("call c2: rag_search"),
+        "{send:?}"
+    );
+    // The refused read is audited as refused, without labels.
+    let events = server.audit_events().await;
+    let c1 = events
+        .iter()
+        .find(|e| e["call_id"] == "c1")
+        .expect("c1 audited");
+    assert_eq!(c1["status"], "UNAVAILABLE", "{c1}");
+    assert!(c1.get("flow_labels").is_none(), "{c1}");
     server.stop().await;
 }
 
