@@ -360,3 +360,93 @@ async fn streamable_http_goes_through_the_ssrf_guard_and_ignores_proxies() {
     );
     crate::process::stop(spawned).await;
 }
+
+/// A catalog naming the hostile fixture in `mode` as server `hostile`, logging the `tools/list`
+/// requests it is sent to `log`.
+fn hostile(mode: &str, log: &std::path::Path) -> String {
+    catalog(&format!(
+        "  hostile:\n    command: [\"{py}\", \"{script}\", \"{mode}\"]\n    env: [PATH, HOME]\n    set_env: {{ MCP_LOG: \"{log}\" }}\n    startup_timeout: 20s\n    tools:\n      t0: {{ risk_level: read_only }}\n",
+        py = python(),
+        script = fixture("mcp_hostile_server.py"),
+        log = log.display(),
+    ))
+}
+
+/// The `tools/list` requests the hostile fixture was sent, as seconds of its monotonic clock.
+fn listings(log: &std::path::Path) -> Vec<f64> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| line.strip_prefix("list ")?.parse().ok())
+        .collect()
+}
+
+/// A server that answers `tools/list` without end — page after page, pages of 1 MiB, or 20,000
+/// tools at once — is stopped at the bound (64 pages, 16 MiB, 10,000 tools a listing), said in
+/// the log, and none of its tools are offered; what the sidecar holds meanwhile is one page and
+/// the tools the catalog names. (Issue 52, item 3: every page was collected before filtering,
+/// +768 MiB in under 20 s.)
+#[tokio::test]
+async fn a_server_listing_without_end_is_stopped_at_the_bound() {
+    for (mode, pages, said) in [
+        ("endless-pages", 64, "more than 64 pages of tools"),
+        ("big-pages", 16, "more than 16 MiB of tool definitions"),
+        ("many-tools", 1, "more than 10000 tools"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("lists");
+        let file = dir.path().join("catalog.yaml");
+        std::fs::write(&file, hostile(mode, &log)).unwrap();
+        let spawned = spawn_with_env(
+            &["--config", file.to_str().unwrap()],
+            &[("PATH", &std::env::var("PATH").unwrap())],
+        );
+        spawned.wait_for_log("MCP server did not list its tools", 1);
+        assert_eq!(listings(&log).len(), pages, "{mode}");
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", spawned.addr))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut client = ToolGateClient::new(channel);
+        assert!(
+            visible(&mut client, &who("acme")).await.is_empty(),
+            "{mode}"
+        );
+        let logs = crate::process::stop(spawned).await;
+        assert!(logs.contains(said), "{mode}: {logs}");
+    }
+}
+
+/// A server that says its list changed right after every listing is listed at most once a
+/// second, however often it says so. (Issue 52, item 3: each notice made the sidecar list it
+/// again at once, without pause.)
+#[tokio::test]
+async fn a_server_that_keeps_saying_its_list_changed_is_listed_at_most_once_a_second() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("lists");
+    let server = TestServer::start_with_env(&hostile("list-changed", &log), &env_with_path()).await;
+    wait_for_tool(&server, &who("acme"), "hostile.t0").await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let times = loop {
+        let times = listings(&log);
+        if times.len() >= 4 {
+            break times;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} listings within 30s",
+            times.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    server.stop().await;
+    // However slow the machine, each gap is at least the interval; without it, each is the
+    // round trip of one listing.
+    for gap in times.windows(2).map(|w| w[1] - w[0]) {
+        assert!(
+            gap >= 0.95,
+            "listed again {gap:.3}s after the last: {times:?}"
+        );
+    }
+}

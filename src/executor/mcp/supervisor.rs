@@ -7,6 +7,7 @@ use std::{sync::Arc, time::Duration};
 
 use rmcp::{
     ClientHandler, RoleClient,
+    model::PaginatedRequestParams,
     service::{NotificationContext, Peer},
 };
 use serde_json::Value;
@@ -42,6 +43,16 @@ impl ClientHandler for ListChanged {
 const BACKOFF_FIRST: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(10);
 
+/// Most pages one listing of a server's tools reads.
+pub const MAX_LIST_PAGES: usize = 64;
+/// Most tools one listing reads (named in the catalog or not).
+pub const MAX_LIST_TOOLS: usize = 10_000;
+/// Most bytes of tool definitions one listing reads, as JSON.
+pub const MAX_LIST_BYTES: usize = 16 << 20;
+/// Least time between two listings of one server: a server that keeps saying its list changed
+/// is listed at most this often.
+pub const MIN_RELIST_INTERVAL: Duration = Duration::from_secs(1);
+
 pub(super) async fn supervise(
     config: McpServerConfig,
     slot: Arc<Slot>,
@@ -76,16 +87,25 @@ pub(super) async fn supervise(
                 set(&slot.peer, Some(peer.clone()));
                 let ended = service.waiting();
                 tokio::pin!(ended);
+                let mut listed_at = Instant::now();
                 loop {
                     tokio::select! {
                         _ = &mut ended => break,
-                        _ = changed.notified() => match list(&config, &peer).await {
-                            Ok(tools) => {
-                                tracing::info!(server = %config.name, tools = tools.len(), "MCP tool list changed");
-                                publish(&discovered, &config.name, tools);
+                        _ = changed.notified() => {
+                            // Notices coalesce while this waits: one listing answers them all.
+                            tokio::select! {
+                                _ = &mut ended => break,
+                                () = tokio::time::sleep_until(listed_at + MIN_RELIST_INTERVAL) => {}
                             }
-                            Err(err) => tracing::warn!(server = %config.name, error = %err, "MCP server did not list its tools"),
-                        },
+                            listed_at = Instant::now();
+                            match list(&config, &peer).await {
+                                Ok(tools) => {
+                                    tracing::info!(server = %config.name, tools = tools.len(), "MCP tool list changed");
+                                    publish(&discovered, &config.name, tools);
+                                }
+                                Err(err) => tracing::warn!(server = %config.name, error = %err, "MCP server did not list its tools"),
+                            }
+                        }
                     }
                 }
                 // Down now: reported exactly like a server that never came up.
@@ -138,26 +158,87 @@ async fn connect(
     }
 }
 
+/// The server's tools the catalog names, read page by page within the bounds
+/// ([`MAX_LIST_PAGES`], [`MAX_LIST_TOOLS`], [`MAX_LIST_BYTES`]) and the start-up timeout: only
+/// what the catalog names is kept as it goes, so a server cannot make the sidecar hold more than
+/// one page of what it sends. Over a bound, the listing fails, saying which.
 async fn list(
     config: &McpServerConfig,
     peer: &Peer<RoleClient>,
 ) -> Result<Vec<DiscoveredTool>, String> {
-    let tools = tokio::time::timeout(config.startup_timeout, peer.list_all_tools())
+    tokio::time::timeout(config.startup_timeout, list_pages(config, peer))
         .await
         .map_err(|_| "listing tools timed out".to_owned())?
-        .map_err(|err| err.to_string())?;
-    Ok(tools
-        .into_iter()
-        .filter(|t| config.tools.contains(t.name.as_ref()))
-        .map(|t| DiscoveredTool {
-            name: t.name.to_string(),
-            description: t.description.as_deref().unwrap_or("").to_owned(),
-            input_schema: Value::Object((*t.input_schema).clone()),
-            output_schema: t.output_schema.map(|o| Value::Object((*o).clone())),
-            // Annotations are plain data; one that cannot be turned back into JSON is absent.
-            annotations: t.annotations.and_then(|a| serde_json::to_value(a).ok()),
-        })
-        .collect())
+}
+
+async fn list_pages(
+    config: &McpServerConfig,
+    peer: &Peer<RoleClient>,
+) -> Result<Vec<DiscoveredTool>, String> {
+    let mut kept = Vec::new();
+    let (mut tools, mut bytes) = (0, 0);
+    let mut cursor = None;
+    for _ in 0..MAX_LIST_PAGES {
+        let page = peer
+            .list_tools(Some(PaginatedRequestParams::default().with_cursor(cursor)))
+            .await
+            .map_err(|err| err.to_string())?;
+        tools += page.tools.len();
+        bytes += json_size(&page.tools);
+        if tools > MAX_LIST_TOOLS {
+            return Err(format!(
+                "the server listed more than {MAX_LIST_TOOLS} tools; none of its tools are offered"
+            ));
+        }
+        if bytes > MAX_LIST_BYTES {
+            return Err(format!(
+                "the server listed more than {} MiB of tool definitions; none of its tools are offered",
+                MAX_LIST_BYTES >> 20
+            ));
+        }
+        kept.extend(
+            page.tools
+                .into_iter()
+                .filter(|t| config.tools.contains(t.name.as_ref()))
+                .map(discovered),
+        );
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => return Ok(kept),
+        }
+    }
+    Err(format!(
+        "the server listed more than {MAX_LIST_PAGES} pages of tools; none of its tools are offered"
+    ))
+}
+
+fn discovered(t: rmcp::model::Tool) -> DiscoveredTool {
+    DiscoveredTool {
+        name: t.name.to_string(),
+        description: t.description.as_deref().unwrap_or("").to_owned(),
+        input_schema: Value::Object((*t.input_schema).clone()),
+        output_schema: t.output_schema.map(|o| Value::Object((*o).clone())),
+        // Annotations are plain data; one that cannot be turned back into JSON is absent.
+        annotations: t.annotations.and_then(|a| serde_json::to_value(a).ok()),
+    }
+}
+
+/// The size of `value` as JSON, counted without writing it anywhere.
+fn json_size<T: serde::Serialize>(value: &T) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Writing to a counter fails only for values JSON cannot hold, which a parsed page is not.
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
 }
 
 fn publish(discovered: &watch::Sender<Discovered>, server: &str, tools: Vec<DiscoveredTool>) {
