@@ -587,6 +587,34 @@ fn conditions_on_the_arguments(bencher: Bencher, rules: usize) {
     });
 }
 
+/// Stage 4b on the rule "no recipient twice", `args.to.all(a, args.to.exists_one(b, b == a))`:
+/// quadratic in the recipients, which the caller chooses. Up to 250 it is decided (250 take
+/// ~750,000 of the 1,000,000 steps an evaluation may); 3,000 are refused at the budget, so that
+/// row is what the most expensive evaluation costs (the in-place evaluator up to the budget,
+/// then the interpreter up to it again). The chain runs it on a thread of its own.
+#[divan::bench(args = [10, 100, 250, 3_000])]
+fn condition_quadratic_at_the_budget(bencher: Bencher, recipients: usize) {
+    let config = conditional_catalog(1, |_| {
+        "!args.to.all(a, args.to.exists_one(b, b == a))".to_owned()
+    });
+    let acme = caller("acme");
+    let to: Vec<String> = (0..recipients)
+        .map(|i| format!("r{i}@example.com"))
+        .collect();
+    let args = serde_json::json!({ "to": to });
+    let tool = config.catalog.resolve("send_email", None, "acme").unwrap();
+    bencher.bench_local(|| {
+        let call = CallFacts {
+            args: black_box(&args),
+            now: std::time::SystemTime::UNIX_EPOCH,
+            run_id: "run-1",
+        };
+        let input = Input::of_call(&acme, tool.facts(), call);
+        let decided = access::check(&config.catalog, &input);
+        assert_eq!(decided.is_ok(), recipients <= 250, "{decided:?}");
+    });
+}
+
 /// Stage 4: `rules` deny entries whose conditions read only the caller
 /// (`caller.agent == ...`), decided without the call (as ListTools does).
 #[divan::bench(args = RULES)]

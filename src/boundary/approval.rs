@@ -72,9 +72,12 @@ fn needed_traced<'t>(
     let Some(when) = &tool.approval_when else {
         return Ok(String::new());
     };
-    let input = asker.call_input(tool, arguments);
-    let evaluation = input.evaluate_at(|| condition_location(tool), when);
-    trace.extend(input.take_trace());
+    let (evaluation, evaluated) = asker.apart.run(when.may_take_long(), || {
+        let input = asker.call_input(tool, arguments);
+        let evaluation = input.evaluate_at(|| condition_location(tool), when);
+        (evaluation, input.take_trace())
+    });
+    trace.extend(evaluated);
     match evaluation {
         Evaluation::Holds(true) => Ok(format!(
             " (its approval condition {:?} holds)",

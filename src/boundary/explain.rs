@@ -415,6 +415,7 @@ impl Explainer<'_> {
             run_id: &turn.run_id,
             now: self.boundary.clock.system_time(),
             trace: true,
+            apart: &self.boundary.apart,
         };
         let decided = policy::decide(
             limits,
@@ -990,6 +991,7 @@ impl Explainer<'_> {
             run_id: &turn.run_id,
             now: self.boundary.clock.system_time(),
             trace: false,
+            apart: &self.boundary.apart,
         };
         // As the chain decides: the tool's own reason first, else a flow rule's.
         let why = match (

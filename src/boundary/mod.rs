@@ -71,6 +71,7 @@ use tokio::time::Instant;
 pub use approval::condition_location as approval_condition_location;
 pub(crate) use observer::{CallObserver, FinishedCall};
 pub use permit::Permit;
+pub use rate_limit::cost_location as quota_cost_location;
 pub use result::ResponseBudget;
 use trail::AuditGuard;
 pub(crate) use trail::CallTrail;
@@ -193,6 +194,8 @@ pub struct Boundary {
     emergency: Arc<EmergencyDenies>,
     /// What each flow scope has seen.
     flow: crate::flow::FlowStore,
+    /// Where evaluations of conditions that can take long run.
+    apart: crate::conditions::Apart,
 }
 
 /// What a successful chain produced.
@@ -261,6 +264,7 @@ impl Boundary {
             pins: pins::PinWatch::default(),
             emergency: stores.emergency,
             flow: stores.flow,
+            apart: crate::conditions::Apart::default(),
         }
     }
 
@@ -624,34 +628,54 @@ impl Boundary {
         // 1-7. Structure, tool and version, allow/deny lists, scopes, schema, bound arguments
         // and the canonical form: decided from the call, the caller and the catalog alone, by
         // the same function ExplainTool runs (`policy.rs`).
-        let mut seen = policy::Seen::default();
-        let shown = turn
-            .catalog_revision
-            .as_deref()
-            .map(|shown| (&self.revisions, shown));
         let asker = policy::Asker {
             caller,
             run_id: &turn.run_id,
             now: self.clock.system_time(),
             trace: false,
+            apart: &self.apart,
         };
-        let decided = policy::decide(
-            &self.limits,
-            &self.arguments_budget,
-            catalog,
-            &self.emergency,
-            shown,
-            &asker,
-            call,
-            &mut seen,
-        );
-        trail.tool = seen.tool.cloned();
-        trail.bound_override_attempts = seen.override_attempts;
-        // Refused after bind by a rule on the arguments: the record names what it decided on,
-        // as explain does.
-        if let Some(refused) = &seen.refused_arguments {
-            trail.arguments_sha256 = Some(crate::canonical::sha256_hex_shared(refused));
-        }
+        // In a block of its own: what the stages saw is gone before anything is awaited.
+        let (decided, look) = {
+            let mut seen = policy::Seen::default();
+            let shown = turn
+                .catalog_revision
+                .as_deref()
+                .map(|shown| (&self.revisions, shown));
+            let decided = policy::through_bind(
+                &self.limits,
+                &self.arguments_budget,
+                catalog,
+                &self.emergency,
+                shown,
+                &asker,
+                call,
+                &mut seen,
+            );
+            trail.tool = seen.tool.cloned();
+            trail.bound_override_attempts = seen.override_attempts;
+            let look = decided.as_ref().is_ok_and(|d| takes_long(state, d));
+            (decided, look)
+        };
+        // 4b, after a look at the quotas when it or a later stage evaluates a condition that
+        // can take long. Boxed, the decision moved in: only such calls pay for the look.
+        let decided = match look {
+            true => Box::pin(rate_limit::room_for(state, caller, decided)).await,
+            false => decided,
+        };
+        let decided = {
+            let mut seen = policy::Seen::default();
+            let decided = decided.and_then(|decided| {
+                policy::access_on_call(catalog, &asker, &decided, &mut seen)?;
+                Ok(decided)
+            });
+            // Refused after bind by a rule on the arguments: the record names what it decided
+            // on, as explain does.
+            if let Some(refused) = &seen.refused_arguments {
+                trail.arguments_sha256 = Some(crate::canonical::sha256_hex_shared(refused));
+            }
+            decided
+        };
         let decided = decided.map_err(|refusal| {
             visibility::as_caller_sees(catalog, &self.emergency, caller, &call.name, refusal)
         });
@@ -660,6 +684,7 @@ impl Boundary {
             arguments,
             arguments_sha256,
             held,
+            ..
         } = decided?;
         trail.arguments_sha256 = Some(arguments_sha256.clone());
         // A recorded copy of the arguments lives as long as the call: it is charged too.
@@ -824,6 +849,21 @@ impl Boundary {
             })
         }
     }
+}
+
+/// Whether deciding this call from here on evaluates a condition that can take long (one that
+/// iterates over the arguments): access on the call (4b), the quota cost or the approval
+/// condition. Then a quota that has no room for the call refuses it first
+/// ([`rate_limit::room`]), as stage 8 would anyway, and the evaluation is spared; the chain's
+/// order otherwise stands (a call refused by 4b consumes no quota).
+fn takes_long(state: &CatalogState, decided: &policy::Decided<'_>) -> bool {
+    let tool = decided.tool;
+    let long = |condition: &Option<Arc<crate::conditions::Condition>>| {
+        condition.as_deref().is_some_and(|c| c.may_take_long())
+    };
+    (decided.provisional && state.catalog.call_conditions_take_long())
+        || long(&tool.quota_cost)
+        || (tool.requires_approval && long(&tool.approval_when))
 }
 
 /// Bytes held by the stores kept between calls.

@@ -13,7 +13,7 @@ use super::{CallRequest, access, bind, emergency, resolve, schema, scopes, struc
 use crate::{
     approvals, canonical,
     catalog::{Catalog, ToolVersion},
-    conditions::{CallFacts, Evaluated, Input},
+    conditions::{Apart, CallFacts, Evaluated, Input},
     emergency::EmergencyDenies,
     error::Refusal,
     identity::Caller,
@@ -28,6 +28,8 @@ pub(crate) struct Asker<'a> {
     pub now: SystemTime,
     /// Keep every condition evaluated (explain, catalog tests) in [`Seen::conditions`].
     pub trace: bool,
+    /// Where evaluations that can take long run.
+    pub apart: &'a Apart,
 }
 
 impl<'a> Asker<'a> {
@@ -51,6 +53,9 @@ pub(crate) struct Decided<'c> {
     pub arguments_sha256: Arc<str>,
     /// The parsed arguments' share of the sidecar's budget, held while they are.
     pub held: structure::ArgumentsHeld,
+    /// Whether access is decided again on the call (4b, [`access_on_call`]): an entry's
+    /// condition reads it.
+    pub provisional: bool,
 }
 
 /// What the stages saw on the way, kept for records also when a later stage refuses.
@@ -70,13 +75,34 @@ pub(crate) struct Seen<'c> {
     pub conditions: Vec<Evaluated>,
 }
 
-/// Runs stages 1–7 for `call`. `shown` is the revision log and the revision the model was shown,
-/// when the client says.
+/// Runs stages 1–7 for `call`, 4b included. `shown` is the revision log and the revision the
+/// model was shown, when the client says.
 #[expect(
     clippy::too_many_arguments,
     reason = "the chain's inputs, each its own concern"
 )]
 pub(crate) fn decide<'c>(
+    limits: &LimitsConfig,
+    budget: &structure::ArgumentsBudget,
+    catalog: &'c Catalog,
+    denies: &EmergencyDenies,
+    shown: Option<(&resolve::RevisionLog, &str)>,
+    asker: &Asker<'_>,
+    call: &CallRequest,
+    seen: &mut Seen<'c>,
+) -> Result<Decided<'c>, Refusal> {
+    let decided = through_bind(limits, budget, catalog, denies, shown, asker, call, seen)?;
+    access_on_call(catalog, asker, &decided, seen)?;
+    Ok(decided)
+}
+
+/// Stages 1–7 without 4b: the chain asks for that apart ([`access_on_call`]), after what can
+/// refuse a call cheaply.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the chain's inputs, each its own concern"
+)]
+pub(crate) fn through_bind<'c>(
     limits: &LimitsConfig,
     budget: &structure::ArgumentsBudget,
     catalog: &'c Catalog,
@@ -132,26 +158,47 @@ pub(crate) fn decide<'c>(
     let mut arguments = bind::apply(tool, caller, arguments)?;
     schema::check_bound_listing(tool, &arguments, &mut seen.violations)?;
     canonical::normalize(&mut arguments);
-    // 4b. The allow/deny entries whose conditions read the call, on the validated, bound
-    // arguments in canonical form: what the quota cost and the approval condition read too
-    // (`2500.0` is the integer `2500` for all of them).
-    if provisional {
-        let input = asker.call_input(tool, &arguments);
-        let access = access::check(catalog, &input);
-        seen.conditions.extend(input.take_trace());
-        if let Err(refusal) = access {
-            seen.access_rules = access::explain(catalog, &input).rules;
-            seen.refused_arguments = Some(arguments.clone());
-            return Err(refusal);
-        }
-    }
     let arguments_sha256 = canonical::sha256_hex_shared(&arguments);
     Ok(Decided {
         tool,
         arguments,
         arguments_sha256,
         held,
+        provisional,
     })
+}
+
+/// 4b. The allow/deny entries whose conditions read the call, on the validated, bound
+/// arguments in canonical form: what the quota cost and the approval condition read too
+/// (`2500.0` is the integer `2500` for all of them). Apart from the async workers when one of
+/// those conditions can take long.
+pub(crate) fn access_on_call<'c>(
+    catalog: &'c Catalog,
+    asker: &Asker<'_>,
+    decided: &Decided<'c>,
+    seen: &mut Seen<'c>,
+) -> Result<(), Refusal> {
+    if !decided.provisional {
+        return Ok(());
+    }
+    let (tool, arguments) = (decided.tool, &decided.arguments);
+    let (access, trace, rules) = asker.apart.run(catalog.call_conditions_take_long(), || {
+        let input = asker.call_input(tool, arguments);
+        let access = access::check(catalog, &input);
+        // What was evaluated is taken first: naming the rules evaluates them again.
+        let trace = input.take_trace();
+        let rules = access
+            .is_err()
+            .then(|| access::explain(catalog, &input).rules);
+        (access, trace, rules)
+    });
+    seen.conditions.extend(trace);
+    if let Err(refusal) = access {
+        seen.access_rules = rules.unwrap_or_default();
+        seen.refused_arguments = Some(arguments.clone());
+        return Err(refusal);
+    }
+    Ok(())
 }
 
 /// What an approval of this call is bound to (stage 9).

@@ -78,6 +78,16 @@ pub struct Decision<'a> {
 }
 
 impl AccessList {
+    /// Whether an entry's condition can take long to evaluate on a call
+    /// ([`Condition::may_take_long`]).
+    pub fn conditions_take_long(&self) -> bool {
+        self.deny
+            .iter()
+            .chain(self.allow.iter().flatten())
+            .filter_map(|pattern| pattern.when.as_deref())
+            .any(Condition::may_take_long)
+    }
+
     /// The list's answer for `tool` and the entry that gave it: deny first, then allow.
     pub fn decide(&self, tool: &str, input: &Input<'_>) -> Decision<'_> {
         let mut provisional = false;

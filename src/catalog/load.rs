@@ -186,7 +186,7 @@ impl CatalogInputs {
             .map(String::as_str)
             .collect();
         let policy = AccessList::build(&raw.policy.allow, &raw.policy.deny, "policy", &names)?;
-        let tenants = raw
+        let tenants: BTreeMap<String, TenantPolicy> = raw
             .tenants
             .iter()
             .map(|(tenant, t)| {
@@ -226,9 +226,15 @@ impl CatalogInputs {
             }
             platform_tenants.insert(tenant.clone());
         }
+        let call_conditions_take_long = std::iter::once(&policy)
+            .chain(tenants.values().map(|t| &t.access))
+            .chain(agents.named.values())
+            .chain(agents.default.iter())
+            .any(AccessList::conditions_take_long);
         let revision = revision_of(tools.values().flatten().map(|t| t.as_ref()));
         Ok(Catalog {
             platform_tenants,
+            call_conditions_take_long,
             flow: flow.map(Arc::new),
             tools,
             unavailable,

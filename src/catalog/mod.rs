@@ -197,6 +197,8 @@ pub struct Catalog {
     /// `identity.platform_tenants`: the tenants whose admins act on every tenant's emergency
     /// denies.
     platform_tenants: BTreeSet<String>,
+    /// Whether an access rule's condition can take long to evaluate on a call.
+    call_conditions_take_long: bool,
     revision: String,
 }
 
@@ -240,6 +242,12 @@ impl AgentPolicies {
 }
 
 impl Catalog {
+    /// Whether a condition of the access rules can take long to evaluate on a call (stage 4b
+    /// then runs apart from the async workers).
+    pub fn call_conditions_take_long(&self) -> bool {
+        self.call_conditions_take_long
+    }
+
     /// Whether `tenant` is one of the platform's (`identity.platform_tenants`).
     pub fn is_platform_tenant(&self, tenant: &str) -> bool {
         self.platform_tenants.contains(tenant)

@@ -42,6 +42,41 @@ fn unpinned(config: &Config) -> Vec<String> {
         .collect()
 }
 
+/// The conditions whose cost grows worse than linearly in the arguments, where each is and
+/// what it says.
+fn superlinear_conditions(config: &Config) -> Vec<(String, String)> {
+    let catalog = &config.catalog;
+    let lists = std::iter::once(&catalog.policy)
+        .chain(catalog.tenants.values().map(|tenant| &tenant.access))
+        .chain(catalog.agents.named.values())
+        .chain(catalog.agents.default.iter());
+    let rules = lists
+        .flat_map(|list| list.deny.iter().chain(list.allow.iter().flatten()))
+        .filter_map(|pattern| {
+            Some((
+                format!("{}.when", pattern.location),
+                pattern.when.as_deref()?,
+            ))
+        });
+    let tools = catalog.versions().flat_map(|tool| {
+        [
+            tool.quota_cost
+                .as_deref()
+                .map(|cost| (crate::boundary::quota_cost_location(tool), cost)),
+            tool.approval_when
+                .as_deref()
+                .map(|when| (crate::boundary::approval_condition_location(tool), when)),
+        ]
+        .into_iter()
+        .flatten()
+    });
+    rules
+        .chain(tools)
+        .filter(|(_, condition)| condition.grows_superlinearly())
+        .map(|(location, condition)| (location, condition.source().to_owned()))
+        .collect()
+}
+
 /// `check --connect`: whether the state backend answers.
 async fn connect_state(config: &Config) -> Result<String, String> {
     let crate::settings::StateBackend::Redis(redis) = &config.state.backend else {
@@ -107,6 +142,13 @@ pub(super) async fn check(
         loaded.catalog.versions().count(),
         loaded.catalog.revision()
     );
+    for (location, source) in superlinear_conditions(&loaded) {
+        eprintln!(
+            "warning: {}: {location}: the condition {source:?} reads the arguments inside a comprehension over them, so what it costs grows with the product of their sizes; on large arguments its evaluation stops at {} steps and the call is refused (docs/conditions.md)",
+            loaded.source,
+            crate::conditions::MAX_EVALUATION_STEPS
+        );
+    }
     // The shadow candidate is checked too: served, a broken one is only refused (logged).
     if let Some(candidate) = &loaded.shadow_catalog {
         let shadow = Config::load_file(candidate, &Env::from_process())

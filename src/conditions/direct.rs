@@ -18,7 +18,7 @@ use std::collections::BTreeSet;
 use cel::common::ast::{ComprehensionExpr, Expr, IdedExpr, LiteralValue, operators};
 use serde_json::{Map, Value as Json};
 
-use super::{CallFacts, Input, ToolFacts};
+use super::{CallFacts, Input, ToolFacts, meter::Meter};
 use crate::identity::Caller;
 
 /// An expression in the shapes decided in place, built at load.
@@ -67,6 +67,9 @@ enum Node {
     In(Box<Node>, Box<Node>),
     StringTest(StringTest, Box<Node>, Box<Node>),
     Size(Box<Node>),
+    /// `@charge(operand, weight)` ([`super::meter`]): the operand, its size times `weight`
+    /// charged to the evaluation's budget.
+    Charge(Box<Node>, u64),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,9 +131,11 @@ impl Direct {
         Planner::default().node(expr).map(Direct)
     }
 
-    /// The rule's (or approval's) value, when it is decided in place.
+    /// The rule's (or approval's) value, when it is decided in place. An evaluation that ran
+    /// out of its budget is the interpreter's to decide (and to report).
     pub(super) fn holds(&self, input: &Input<'_>) -> Option<bool> {
-        match eval(&self.0, &Facts::of(input))? {
+        let meter = Meter::new();
+        match eval(&self.0, &Facts::of(input, &meter))? {
             Value::Bool(holds) => Some(holds),
             _ => None,
         }
@@ -138,7 +143,8 @@ impl Direct {
 
     /// The quota cost, when it is decided in place and is a whole number of cells.
     pub(super) fn cost(&self, input: &Input<'_>) -> Option<u64> {
-        match eval(&self.0, &Facts::of(input))? {
+        let meter = Meter::new();
+        match eval(&self.0, &Facts::of(input, &meter))? {
             Value::Int(cells) => u64::try_from(cells).ok(),
             _ => None,
         }
@@ -147,20 +153,23 @@ impl Direct {
 
 /// What an evaluation reads: the call, and the loop variables in scope.
 #[derive(Clone, Copy)]
-struct Facts<'a> {
+struct Facts<'a, 'm> {
     caller: &'a Caller,
     tool: ToolFacts<'a>,
     call: Option<CallFacts<'a>>,
     locals: [Option<Value<'a>>; MAX_LOCALS],
+    /// The evaluation's budget.
+    meter: &'m Meter,
 }
 
-impl<'a> Facts<'a> {
-    fn of(input: &Input<'a>) -> Self {
+impl<'a, 'm> Facts<'a, 'm> {
+    fn of(input: &Input<'a>, meter: &'m Meter) -> Self {
         Facts {
             caller: input.caller,
             tool: input.tool,
             call: input.call,
             locals: [None; MAX_LOCALS],
+            meter,
         }
     }
 }
@@ -222,6 +231,12 @@ impl Planner {
                 "size" => Node::Size(self.boxed(a)?),
                 _ => return None,
             },
+            (None, [operand, weight]) if name == super::meter::CHARGE => {
+                let Expr::Literal(LiteralValue::Int(weight)) = &weight.expr else {
+                    return None;
+                };
+                Node::Charge(self.boxed(operand)?, u64::try_from(*weight.inner()).ok()?)
+            }
             (None, [a, b]) => {
                 let (a, b) = (self.boxed(a)?, self.boxed(b)?);
                 let comparison = match name {
@@ -303,7 +318,7 @@ impl Planner {
 }
 
 /// The value of `node`, or `None` when the interpreter must decide.
-fn eval<'a>(node: &'a Node, facts: &Facts<'a>) -> Option<Value<'a>> {
+fn eval<'a>(node: &'a Node, facts: &Facts<'a, '_>) -> Option<Value<'a>> {
     Some(match node {
         Node::Bool(b) => Value::Bool(*b),
         Node::Int(i) => Value::Int(*i),
@@ -464,10 +479,25 @@ fn eval<'a>(node: &'a Node, facts: &Facts<'a>) -> Option<Value<'a>> {
             };
             Value::Int(i64::try_from(size).ok()?)
         }
+        Node::Charge(operand, weight) => {
+            let value = eval(operand, facts)?;
+            let size = match value {
+                Value::Text(text) => super::meter::steps_of_text(text),
+                Value::Scopes(scopes) => super::meter::steps(scopes.len()),
+                Value::Array(items) => super::meter::steps(items.len()),
+                Value::Object(map) => super::meter::steps(map.map_or(0, Map::len)),
+                _ => super::meter::steps(1),
+            };
+            // Out of budget: the interpreter decides, and says so.
+            if !facts.meter.charge(weight.saturating_mul(size)) {
+                return None;
+            }
+            value
+        }
     })
 }
 
-fn boolean(node: &Node, facts: &Facts<'_>) -> Option<bool> {
+fn boolean(node: &Node, facts: &Facts<'_, '_>) -> Option<bool> {
     match eval(node, facts)? {
         Value::Bool(b) => Some(b),
         _ => None,
@@ -476,7 +506,7 @@ fn boolean(node: &Node, facts: &Facts<'_>) -> Option<bool> {
 
 /// `needle in haystack`: a scope among the caller's, a key of an object, or an element of a
 /// list whose elements are all of the needle's type.
-fn contains(needle: &Node, haystack: &Node, facts: &Facts<'_>) -> Option<bool> {
+fn contains(needle: &Node, haystack: &Node, facts: &Facts<'_, '_>) -> Option<bool> {
     let needle = eval(needle, facts)?;
     if let Node::List(elements) = haystack {
         let mut found = false;

@@ -30,7 +30,7 @@ use cel::{
         ast::{EntryExpr, Expr, IdedExpr, MapExpr, StructExpr},
         types::{
             CelBool, CelDouble, CelInt, CelList, CelMap, CelMapKey, CelNull, CelString,
-            CelTimestamp, CelUInt,
+            CelTimestamp, CelUInt, DYN_TYPE, INT_TYPE,
         },
         value::{CowVal, Val},
     },
@@ -39,7 +39,12 @@ use cel::{
 
 use crate::identity::Caller;
 
+mod apart;
 mod direct;
+mod meter;
+
+pub use apart::{Apart, THREAD_NAME};
+pub use meter::MAX_EVALUATION_STEPS;
 
 /// Longest expression accepted, in bytes.
 pub const MAX_EXPRESSION_BYTES: usize = 1024;
@@ -132,7 +137,13 @@ pub enum CompileError {
 /// A compiled condition, with its text and what it reads.
 pub struct Condition {
     source: Arc<str>,
-    program: Program,
+    /// The expression with its charges ([`meter`]): what both evaluators run.
+    metered: IdedExpr,
+    /// Whether it has a comprehension: then what it costs grows with the data it iterates over.
+    loops: bool,
+    /// Whether, inside a comprehension over the arguments, it reads the arguments again: then
+    /// what it costs grows with the product of their sizes.
+    superlinear: bool,
     /// The variables it reads, as indices into [`VARIABLES`]: only those are given to it.
     reads: Vec<usize>,
     /// The same expression decided in place, when it is in the shapes that can be.
@@ -389,7 +400,15 @@ fn env() -> Arc<Env> {
     static ENV: std::sync::OnceLock<Arc<Env>> = std::sync::OnceLock::new();
     ENV.get_or_init(|| {
         // Optional values (`a.?b`) stay out: a missing field is an error, decided closed.
-        Arc::new(Env::stdlib().with_optional_support(false))
+        let mut env = Env::stdlib().with_optional_support(false);
+        // Declared once, on a fresh environment: it cannot clash.
+        let _ = env.add_overload(
+            meter::CHARGE,
+            "charge",
+            vec![DYN_TYPE, INT_TYPE],
+            meter::charge,
+        );
+        Arc::new(env)
     })
     .clone()
 }
@@ -408,15 +427,22 @@ impl Condition {
             program: &program,
             bound: Vec::new(),
             reads: Vec::new(),
+            loops: false,
+            args_reads: 0,
+            over_args: 0,
+            superlinear: false,
         };
         check.walk(program.expression(), 0)?;
         let mut reads = check.reads;
         reads.sort_unstable();
         reads.dedup();
+        let metered = meter::rewrite(program.expression());
         Ok(Condition {
             source: source.into(),
-            direct: direct::Direct::plan(program.expression()),
-            program,
+            direct: direct::Direct::plan(&metered),
+            loops: check.loops,
+            superlinear: check.superlinear,
+            metered,
             reads,
         })
     }
@@ -429,6 +455,21 @@ impl Condition {
     /// arguments are bound, never at list time.
     pub fn reads_call(&self) -> bool {
         self.reads.iter().any(|&index| index >= 2)
+    }
+
+    /// Whether evaluating it on a call can take long: it iterates over data of the call, so
+    /// its cost grows with the arguments (up to [`MAX_EVALUATION_STEPS`]). Such evaluations run
+    /// apart from the async workers ([`Apart`]).
+    pub fn may_take_long(&self) -> bool {
+        self.loops && self.reads_call()
+    }
+
+    /// Whether its cost grows worse than linearly in the arguments: inside a comprehension over
+    /// them it reads them again (`args.to.all(a, args.to.exists_one(b, b == a))`, `a in
+    /// args.to`). `toolgate check` warns of such conditions: on large arguments they stop at
+    /// [`MAX_EVALUATION_STEPS`].
+    pub fn grows_superlinearly(&self) -> bool {
+        self.superlinear
     }
 
     /// Evaluates it on `input`, as a rule's or an approval's condition: in place when it can
@@ -504,10 +545,13 @@ impl Condition {
         context.set_variable_resolver(&bound);
         // The interpreter is third-party code fed the model's arguments: a panic in it decides
         // closed like any other failure instead of taking the call's task down.
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.program.execute(&context)
-        }));
+        let (result, exhausted) = meter::interpreted(|| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                Value::resolve(&self.metered, &context)
+            }))
+        });
         match result {
+            _ if exhausted => Err(meter::exhausted_message()),
             Ok(Ok(value)) => Ok(Some(value)),
             Ok(Err(err)) => Err(err.to_string()),
             Err(_) => Err("the evaluator failed".to_owned()),
@@ -778,6 +822,14 @@ struct Check<'p> {
     bound: Vec<String>,
     /// Indices into [`VARIABLES`] of the variables read.
     reads: Vec<usize>,
+    /// Whether it has a comprehension.
+    loops: bool,
+    /// Reads of `args` so far (to tell whether a comprehension's range reads it).
+    args_reads: usize,
+    /// Comprehensions over the arguments the walk is in the body of.
+    over_args: usize,
+    /// Whether a body of such a comprehension reads the arguments.
+    superlinear: bool,
 }
 
 impl Check<'_> {
@@ -799,6 +851,10 @@ impl Check<'_> {
                     });
                 };
                 self.reads.push(index);
+                if name == "args" {
+                    self.args_reads += 1;
+                    self.superlinear |= self.over_args > 0;
+                }
                 Ok(())
             }
             Expr::Select(select) => self.walk(&select.operand, loops),
@@ -829,24 +885,27 @@ impl Check<'_> {
                 position: self.position(expr),
             }),
             Expr::Comprehension(comprehension) => {
+                self.loops = true;
                 if loops >= MAX_NESTED_LOOPS {
                     return Err(CompileError::TooDeep {
                         position: self.position(expr),
                     });
                 }
                 // The range is outside the loop's scope; the rest sees its variables.
+                let args_before = self.args_reads;
                 self.walk(&comprehension.iter_range, loops)?;
+                let over_args = usize::from(self.args_reads > args_before);
                 self.walk(&comprehension.accu_init, loops)?;
                 let scope = self.bound.len();
                 self.bound.push(comprehension.iter_var.clone());
                 self.bound.extend(comprehension.iter_var2.clone());
                 self.bound.push(comprehension.accu_var.clone());
-                let inner = [
-                    &comprehension.loop_cond,
-                    &comprehension.loop_step,
-                    &comprehension.result,
-                ];
-                let walked = inner.into_iter().try_for_each(|e| self.walk(e, loops + 1));
+                // What each iteration evaluates; the result, once after the loop.
+                self.over_args += over_args;
+                let body = [&comprehension.loop_cond, &comprehension.loop_step];
+                let walked = body.into_iter().try_for_each(|e| self.walk(e, loops + 1));
+                self.over_args -= over_args;
+                let walked = walked.and_then(|()| self.walk(&comprehension.result, loops + 1));
                 self.bound.truncate(scope);
                 walked
             }
@@ -894,6 +953,101 @@ mod tests {
             ),
         };
         Condition::compile(source).unwrap().evaluate(&input)
+    }
+
+    /// Both evaluators' answers for `source` on `args`: in place (when it can be) and by the
+    /// interpreter alone.
+    fn both(source: &str, args: &serde_json::Value) -> (Evaluation, Evaluation) {
+        let caller = caller();
+        let tool = ToolFacts {
+            name: "send",
+            version: "1",
+            risk_level: "WRITE_CONFIRMED",
+        };
+        let call = CallFacts {
+            args,
+            now: SystemTime::UNIX_EPOCH,
+            run_id: "run-1",
+        };
+        let condition = Condition::compile(source).unwrap();
+        let input = Input::of_call(&caller, tool, call);
+        (condition.evaluate(&input), condition.interpret(&input))
+    }
+
+    /// An evaluation's work is bounded, not only its expression's shape: a rule quadratic in the
+    /// arguments fails (decided closed) once it has taken its budget, at once and alike in both
+    /// evaluators, whatever `&&` and `||` around it would absorb; the same rule on arguments of
+    /// a sensible size, and a linear rule on large ones, are decided as always.
+    #[test]
+    fn an_evaluation_stops_at_its_budget() {
+        let recipients = |n: usize, twice: bool| {
+            let mut to: Vec<String> = (0..n).map(|i| format!("r{i}@example.com")).collect();
+            if twice {
+                to.push("r0@example.com".into());
+            }
+            json!({ "to": to, "blob": "x".repeat(200_000) })
+        };
+        let unique = "args.to.all(a, args.to.exists_one(b, b == a))";
+        let failed = |evaluation: &Evaluation| matches!(evaluation, Evaluation::Failed(why) if why.contains("steps"));
+        for source in [
+            unique.to_owned(),
+            format!("{unique} || true"),
+            format!("true && ({unique} || true)"),
+            "args.to.all(a, a in args.to)".to_owned(),
+            "args.to.exists(a, args.blob.contains(a))".to_owned(),
+            "args.to.map(a, args.to.filter(b, b == a)).size() > 0".to_owned(),
+        ] {
+            let (in_place, interpreted) = both(&source, &recipients(15_000, false));
+            assert!(failed(&in_place), "{source}: {in_place:?}");
+            assert!(failed(&interpreted), "{source}: {interpreted:?}");
+        }
+        assert_eq!(
+            both(unique, &recipients(100, false)),
+            (Evaluation::Holds(true), Evaluation::Holds(true))
+        );
+        assert_eq!(
+            both(unique, &recipients(100, true)),
+            (Evaluation::Holds(false), Evaluation::Holds(false))
+        );
+        let linear = "args.to.all(a, a.endsWith('@example.com'))";
+        assert_eq!(
+            both(linear, &recipients(15_000, false)),
+            (Evaluation::Holds(true), Evaluation::Holds(true))
+        );
+        // Outside a comprehension nothing is charged: each node runs once.
+        let once = "args.blob.contains('y') || size(args.to) > 10";
+        assert_eq!(
+            both(once, &recipients(15_000, false)),
+            (Evaluation::Holds(true), Evaluation::Holds(true))
+        );
+    }
+
+    #[test]
+    fn what_may_take_long_is_known_at_load() {
+        let compiled = |source: &str| Condition::compile(source).unwrap().may_take_long();
+        assert!(compiled("args.to.all(a, a != '')"));
+        assert!(
+            !compiled("caller.scopes.exists(s, s == 'x')"),
+            "the caller's data is bounded"
+        );
+        assert!(!compiled("args.amount > 100 && 'x' in args.tags"));
+        let superlinear = |source: &str| Condition::compile(source).unwrap().grows_superlinearly();
+        for quadratic in [
+            "args.to.all(a, args.to.exists_one(b, b == a))",
+            "args.to.all(a, a in args.to)",
+            "args.to.exists(a, args.blob.contains(a))",
+            "args.to.filter(a, a != args.from).size() > 0",
+        ] {
+            assert!(superlinear(quadratic), "{quadratic}");
+        }
+        for linear in [
+            "args.to.all(a, a.endsWith('@acme.com'))",
+            "args.groups.all(g, g.members.all(m, m != ''))",
+            "args.to.map(a, a.size()).size() == size(args.to)",
+            "caller.scopes.all(s, s in ['a', 'b'])",
+        ] {
+            assert!(!superlinear(linear), "{linear}");
+        }
     }
 
     #[test]

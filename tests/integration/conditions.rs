@@ -425,3 +425,177 @@ async fn explain_lists_every_condition_evaluated_with_its_value_or_error() {
         r#"{"to":"eve@evil.example"}"#
     );
 }
+
+/// "No recipient twice": a rule quadratic in arguments the caller chooses, on a tool limited to
+/// one call a minute.
+const QUADRATIC: &str = r#"version: 1
+identity: { dev_identity: true }
+tenants:
+  acme:
+    deny:
+      - { tools: [send_email], when: "!args.to.all(a, args.to.exists_one(b, b == a))" }
+tools:
+  - name: send_email
+    description: Sends an e-mail to each recipient once.
+    risk_level: read_only
+    rate_limit: 1/min
+    executor: { builtin: echo_arguments }
+    input_schema: { type: object, properties: { to: { type: array, items: { type: string } } }, required: [to] }
+  - name: echo
+    description: Echoes.
+    risk_level: read_only
+    executor: { builtin: echo }
+    input_schema: { type: object, properties: { text: { type: string } } }
+"#;
+
+/// `{"to": [n distinct recipients]}`.
+fn recipients(n: usize) -> String {
+    let to: Vec<String> = (0..n).map(|i| format!("r{i}@example.com")).collect();
+    serde_json::json!({ "to": to }).to_string()
+}
+
+/// A condition's evaluation has a budget of steps: the quadratic rule on 3,000 recipients
+/// stops at it and refuses the call, clearly and not retryably; on a handful it decides as
+/// always; and once the tool's quota has no room, a call is refused by the quota before the
+/// rule is evaluated at all. (Issue 52, item 2: 15,000 recipients took ~7 s of CPU, and the
+/// 1/min tool refused its repeats only after evaluating them.)
+#[tokio::test]
+async fn a_condition_stops_at_its_budget_and_a_full_quota_refuses_before_it() {
+    let server = TestServer::start(QUADRATIC).await;
+    let mut client = server.client().await;
+    let acme = who("acme");
+    let refused = exec(&mut client, &acme, call("send_email", &recipients(3_000))).await;
+    assert_eq!(
+        (
+            refused.status(),
+            refused.error_type.as_str(),
+            refused.retryable
+        ),
+        (ToolStatus::Denied, "condition_error", false),
+        "{refused:?}"
+    );
+    assert!(
+        refused
+            .error_message
+            .contains("took more than 1000000 steps"),
+        "{}",
+        refused.error_message
+    );
+    // Refused by access, it took nothing of the quota: a small call runs and takes it.
+    let sent = exec(&mut client, &acme, call("send_email", &recipients(5))).await;
+    assert_eq!(sent.status(), ToolStatus::Ok, "{sent:?}");
+    let twice = r#"{"to":["a@example.com","a@example.com"]}"#;
+    let repeat = exec(&mut client, &acme, call("send_email", twice)).await;
+    assert_eq!(repeat.error_type, "rate_limited", "{repeat:?}");
+    // The quota has no room: the large call is refused by it, its rule never evaluated.
+    let large = exec(&mut client, &acme, call("send_email", &recipients(3_000))).await;
+    assert_eq!(
+        (large.error_type.as_str(), large.refused_by.as_str()),
+        ("rate_limited", "rate_limit"),
+        "{large:?}"
+    );
+    server.stop().await;
+}
+
+/// CPU seconds (user and system) in a `/proc/.../stat` line, and its `comm`.
+fn stat_cpu(path: &Path) -> Option<(String, u64)> {
+    let stat = std::fs::read_to_string(path).ok()?;
+    let comm = stat.split_once('(')?.1.rsplit_once(')')?.0.to_owned();
+    let fields: Vec<&str> = stat.rsplit(')').next()?.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of stat; 12 and 13 after "(comm) state".
+    Some((
+        comm,
+        fields[11].parse::<u64>().ok()? + fields[12].parse::<u64>().ok()?,
+    ))
+}
+
+/// Ticks of CPU of each live thread of `pid`, by thread id.
+fn threads_cpu(pid: u32) -> std::collections::BTreeMap<String, (String, u64)> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|task| {
+            let task = task.ok()?;
+            let cpu = stat_cpu(&task.path().join("stat"))?;
+            Some((task.file_name().to_string_lossy().into_owned(), cpu))
+        })
+        .collect()
+}
+
+/// An evaluation that can take long (a comprehension over the call's arguments) never runs
+/// on the async workers, where it would stall every other caller: the real binary, given calls
+/// whose rule takes most of its budget, spends their CPU on threads of their own
+/// (`toolgate-conditions`, gone once each answered), not on the threads that live on — the
+/// runtime's workers among them. (Issue 52, item 2: the evaluation ran on the workers, and two
+/// such calls made another tenant's `echo` wait 6 s.)
+#[tokio::test]
+async fn an_evaluation_that_can_take_long_runs_apart_from_the_async_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("catalog.yaml");
+    std::fs::write(
+        &file,
+        QUADRATIC.replace("rate_limit: 1/min", "rate_limit: 1000/s"),
+    )
+    .unwrap();
+    let spawned = crate::process::spawn_with_env(&["--config", file.to_str().unwrap()], &[]);
+    let pid = spawned.child.id();
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", spawned.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = toolgate::proto::tool_gate_client::ToolGateClient::new(channel);
+    // 250 distinct recipients: ~750,000 steps of the budget's 1,000,000 (12 an inner
+    // iteration), each call.
+    let args = recipients(250);
+    let live_before = threads_cpu(pid);
+    let (_, process_before) = stat_cpu(Path::new(&format!("/proc/{pid}/stat"))).unwrap();
+    for _ in 0..12 {
+        let sent = exec(&mut client, &who("acme"), call("send_email", &args)).await;
+        assert_eq!(sent.status(), ToolStatus::Ok, "{sent:?}");
+    }
+    let (_, process_after) = stat_cpu(Path::new(&format!("/proc/{pid}/stat"))).unwrap();
+    let live_after = threads_cpu(pid);
+    let spent = process_after - process_before;
+    let on_live_threads: u64 = live_after
+        .iter()
+        .map(|(tid, (_, after))| after - live_before.get(tid).map_or(0, |(_, before)| *before))
+        .sum();
+    assert!(
+        spent >= 20,
+        "the calls took {spent} ticks: too little to tell where they ran"
+    );
+    assert!(
+        on_live_threads * 2 < spent,
+        "{on_live_threads} of the {spent} ticks the calls took were on threads that live on: {live_after:?}"
+    );
+    crate::process::stop(spawned).await;
+}
+
+/// `toolgate check` warns of a condition whose cost grows worse than linearly in the
+/// arguments, naming where it is, and still passes the catalog; a linear one draws nothing.
+#[test]
+fn check_warns_of_a_condition_that_grows_with_the_product_of_the_arguments() {
+    let dir = tempfile::tempdir().unwrap();
+    let check = |yaml: &str| {
+        let file = dir.path().join("catalog.yaml");
+        std::fs::write(&file, yaml).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
+            .args(["check", "--config", file.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stderr).unwrap()
+    };
+    let warned = check(QUADRATIC);
+    assert!(
+        warned.contains("warning: ")
+            && warned.contains("tenants.acme.deny[0].when")
+            && warned.contains("product of their sizes"),
+        "{warned}"
+    );
+    let linear = QUADRATIC.replace(
+        "!args.to.all(a, args.to.exists_one(b, b == a))",
+        "!args.to.all(a, a.endsWith('@example.com'))",
+    );
+    assert_eq!(check(&linear), "");
+}
