@@ -131,25 +131,46 @@ impl Direct {
         Planner::default().node(expr).map(Direct)
     }
 
-    /// The rule's (or approval's) value, when it is decided in place. An evaluation that ran
-    /// out of its budget is the interpreter's to decide (and to report).
-    pub(super) fn holds(&self, input: &Input<'_>) -> Option<bool> {
-        let meter = Meter::new();
-        match eval(&self.0, &Facts::of(input, &meter))? {
+    /// The rule's (or approval's) value, when it is decided in place; or that the evaluation
+    /// ran out of its budget.
+    pub(super) fn holds(&self, input: &Input<'_>) -> Result<Option<bool>, Exhausted> {
+        self.value(input, |value| match value {
             Value::Bool(holds) => Some(holds),
             _ => None,
-        }
+        })
     }
 
-    /// The quota cost, when it is decided in place and is a whole number of cells.
-    pub(super) fn cost(&self, input: &Input<'_>) -> Option<u64> {
-        let meter = Meter::new();
-        match eval(&self.0, &Facts::of(input, &meter))? {
+    /// The quota cost, when it is decided in place and is a whole number of cells; or that the
+    /// evaluation ran out of its budget.
+    pub(super) fn cost(&self, input: &Input<'_>) -> Result<Option<u64>, Exhausted> {
+        self.value(input, |value| match value {
             Value::Int(cells) => u64::try_from(cells).ok(),
             _ => None,
+        })
+    }
+
+    /// The expression's value, when it is decided in place. An evaluation out of budget is not
+    /// handed to the interpreter: both charge the same tree in the same order (this one only
+    /// where it mirrors the interpreter's short-circuits; an error, which the interpreter may
+    /// evaluate further to absorb, hands over before), so the interpreter would run out too,
+    /// after doing all of it again ten times slower.
+    fn value<T>(
+        &self,
+        input: &Input<'_>,
+        answer: impl FnOnce(Value<'_>) -> Option<T>,
+    ) -> Result<Option<T>, Exhausted> {
+        let meter = Meter::new();
+        let value = eval(&self.0, &Facts::of(input, &meter));
+        match meter.exhausted() {
+            true => Err(Exhausted),
+            false => Ok(value.and_then(answer)),
         }
     }
 }
+
+/// An in-place evaluation ran out of its budget ([`super::meter`]).
+#[derive(Debug)]
+pub(super) struct Exhausted;
 
 /// What an evaluation reads: the call, and the loop variables in scope.
 #[derive(Clone, Copy)]
@@ -488,7 +509,7 @@ fn eval<'a>(node: &'a Node, facts: &Facts<'a, '_>) -> Option<Value<'a>> {
                 Value::Object(map) => super::meter::steps(map.map_or(0, Map::len)),
                 _ => super::meter::steps(1),
             };
-            // Out of budget: the interpreter decides, and says so.
+            // Out of budget: the evaluation stops (`Direct::value` says so).
             if !facts.meter.charge(weight.saturating_mul(size)) {
                 return None;
             }

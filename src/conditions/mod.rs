@@ -475,18 +475,20 @@ impl Condition {
     /// Evaluates it on `input`, as a rule's or an approval's condition: in place when it can
     /// be (no allocation), by the interpreter otherwise.
     pub fn evaluate(&self, input: &Input<'_>) -> Evaluation {
-        if let Some(holds) = self.in_place(input).and_then(|d| d.holds(input)) {
-            return Evaluation::Holds(holds);
+        match self.in_place(input).map(|d| d.holds(input)) {
+            Some(Ok(Some(holds))) => Evaluation::Holds(holds),
+            Some(Err(direct::Exhausted)) => Evaluation::Failed(meter::exhausted_message()),
+            _ => self.interpret(input),
         }
-        self.interpret(input)
     }
 
     /// Evaluates it on `input`, as a quota cost: a whole number of cells, zero or more.
     pub fn cost(&self, input: &Input<'_>) -> Result<u64, String> {
-        if let Some(cells) = self.in_place(input).and_then(|d| d.cost(input)) {
-            return Ok(cells);
+        match self.in_place(input).map(|d| d.cost(input)) {
+            Some(Ok(Some(cells))) => Ok(cells),
+            Some(Err(direct::Exhausted)) => Err(meter::exhausted_message()),
+            _ => self.interpret_cost(input),
         }
-        self.interpret_cost(input)
     }
 
     /// Whether it is in the shapes decided in place, without the interpreter.
