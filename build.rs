@@ -1,12 +1,16 @@
 //! Compiles `proto/` in pure Rust (protox), so building needs no `protoc`, and writes the file
-//! descriptor set that server reflection serves. The binary is linked again when the hot-code
-//! list or the linker script that reads it changes (`deploy/link/`, `.cargo/config.toml`).
+//! descriptor set that server reflection serves. A build linked hot code first (the image's:
+//! `deploy/link/build-hot-first.sh` names the linker) is linked again when the hot-code list or
+//! the linker script changes; no other build watches them.
 
 use std::{env, path::PathBuf};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    for linking in ["deploy/link/hot-first.sh", "deploy/link/hot-code.txt"] {
-        println!("cargo:rerun-if-changed={linking}");
+    println!("cargo:rerun-if-env-changed=CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_LINKER");
+    if env::var_os("CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_LINKER").is_some() {
+        for linking in ["deploy/link/hot-first.sh", "deploy/link/hot-code.txt"] {
+            println!("cargo:rerun-if-changed={linking}");
+        }
     }
     let protos = ["proto/toolgate/v1/toolgate.proto"];
     for proto in protos {

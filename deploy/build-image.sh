@@ -2,7 +2,7 @@
 # Builds the toolgate image FROM scratch out of what this checkout builds — no base image is
 # pulled, so it works on machines that reach no container registry:
 #
-#   deploy/build-image.sh                       # cargo build --profile dist, then the image
+#   deploy/build-image.sh                       # the dist build, hot code first, then the image
 #   deploy/build-image.sh --binary PATH         # an already built binary instead (CI passes its own)
 #   deploy/build-image.sh --tag NAME:TAG        # default toolgate:<version from Cargo.toml>
 #   deploy/build-image.sh --binary PATH --stage-only DIR
@@ -47,7 +47,9 @@ revision="${TOOLGATE_REVISION:-$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || ec
 tag="${tag:-toolgate:$version}"
 
 if [[ -z "$binary" ]]; then
-  cargo build --profile dist --locked
+  # The code a serving sidecar runs laid out first (deploy/link/README.md): a step of the
+  # image's build only, never of anyone's `cargo build`.
+  "$ROOT/deploy/link/build-hot-first.sh"
   binary="${CARGO_TARGET_DIR:-$ROOT/target}/dist/toolgate"
 fi
 [[ -x "$binary" ]] || { echo "not an executable: $binary" >&2; exit 1; }

@@ -5,7 +5,8 @@
 # valgrind's slowness (a thread started by a timer right after start-up). Each such fault maps
 # 128 KiB or more of code around it.
 #
-#   deploy/link/add-faulting-code.sh [BINARY]     # default target/release/toolgate
+#   deploy/link/add-faulting-code.sh [BINARY]     # default target/release/toolgate, which must
+#                                                 # be a hot-first build (regenerate.sh does both)
 #
 # The binary serves the bench catalog under `perf record -e minor-faults` and serves 2,000 calls;
 # every fault after start-up's pages were let go, at an instruction of BINARY in a function the
@@ -20,7 +21,8 @@ GRPC=127.0.0.1:47321
 
 command -v perf >/dev/null 2>&1 || { echo "needs perf (apt-get install linux-perf)" >&2; exit 1; }
 work="$(mktemp -d)"
-trap 'kill %1 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
+perf_pid=""
+trap '[[ -n "$perf_pid" ]] && kill "$perf_pid" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$work"' EXIT
 load() { cargo bench --locked --quiet --bench load -- "$@"; }
 load write-catalog "$work" >/dev/null
 
@@ -28,6 +30,7 @@ TOOLGATE_BENCH_JWT_SECRET=toolgate-bench-hs256-secret-0123456789abcdef OTEL_SDK_
   perf record -q -e minor-faults -c 1 -o "$work/faults.data" -- \
   "$BINARY" serve --config "$work/bench.yaml" --listen "$GRPC" --admin-listen 127.0.0.1:0 \
   --log-format json >"$work/serve.log" 2>&1 &
+perf_pid=$!
 for _ in $(seq 1 100); do
   grep -q '"catalog loaded; SERVING"' "$work/serve.log" && break
   sleep 0.1
@@ -35,8 +38,11 @@ done
 sleep 6 # past the catalog's first poll (5 s): a blocking thread starts for it
 load send-only "$GRPC" --calls 2000 --connections 1 --concurrency 1
 load send-only "$GRPC" --calls 2000 --connections 2 --concurrency 8
-pkill -INT -f "$BINARY serve --config $work/bench.yaml" # perf ends with it
-wait %1 2>/dev/null || true
+# The sidecar is perf's child: stopped by its PID, perf ends with it.
+server_pid="$(pgrep -P "$perf_pid" | head -n1)"
+[[ -n "$server_pid" ]] && kill -INT "$server_pid"
+wait "$perf_pid" 2>/dev/null || true
+perf_pid=""
 
 perf script --no-demangle -i "$work/faults.data" -F ip,sym,dso 2>/dev/null \
   | awk -v exe="($BINARY)" '

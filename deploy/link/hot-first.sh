@@ -1,6 +1,7 @@
 #!/bin/sh
-# The linker cargo runs (.cargo/config.toml): `cc` with rustc's arguments, unchanged, except for
-# an optimized build of the toolgate binary, whose code is laid out hot first. The functions a
+# The linker the image's build runs (build-hot-first.sh sets it for its cargo build; no other
+# build uses it): `cc` with rustc's arguments, unchanged, except for an optimized build of the
+# toolgate binary, whose code is laid out hot first. The functions a
 # serving sidecar runs (deploy/link/hot-code.txt, recorded by deploy/link/record-hot-code.sh)
 # are placed together at the start of .text, so the pages a call touches are few and adjacent
 # instead of spread over 20 MiB of code: the kernel maps code around each page a fault touches,
