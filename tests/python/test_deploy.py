@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -759,6 +760,23 @@ def _stages() -> list[list[dockerfile.Command]]:
     return stages
 
 
+def _cargo_run_by_build_hot_first() -> str:
+    """The cargo command line deploy/link/build-hot-first.sh runs, read from a stand-in cargo."""
+    with tempfile.TemporaryDirectory() as bin_dir:
+        fake = Path(bin_dir) / "cargo"
+        fake.write_text('#!/bin/sh\necho "$*"\n')
+        fake.chmod(0o755)
+        ran = subprocess.run(
+            [str(REPO_ROOT / "deploy/link/build-hot-first.sh")],
+            capture_output=True,
+            text=True,
+            timeout=SUBPROCESS_TIMEOUT_S,
+            env={"PATH": f"{bin_dir}:/usr/bin:/bin"},
+        )
+    assert ran.returncode == 0, ran.stderr
+    return ran.stdout.strip()
+
+
 def test_the_dockerfile_builds_with_cargo_and_lays_out_the_scripts_image_from_scratch():
     """The Dockerfile (for machines with a registry) makes what deploy/build-image.sh makes."""
     stages = _stages()
@@ -767,7 +785,10 @@ def test_the_dockerfile_builds_with_cargo_and_lays_out_the_scripts_image_from_sc
     builder_from = builder[0].value
     assert builder_from[0].startswith("rust:") and builder_from[1:] == ("AS", "builder"), builder_from
     runs = [" ".join(c.value) for c in builder if c.cmd == "RUN"]
-    assert any("cargo build --profile dist --locked" in r for r in runs), runs
+    assert any(re.search(r"(^|\s)deploy/link/build-hot-first\.sh\s+&&", r) for r in runs), runs
+    assert _cargo_run_by_build_hot_first() == "build --locked --profile dist", (
+        "with no arguments, deploy/link/build-hot-first.sh must build the image's profile"
+    )
     assert any("deploy/build-image.sh --binary target/dist/toolgate --stage-only /out" in r for r in runs), runs
     profiles = tomllib.loads((REPO_ROOT / "Cargo.toml").read_text())["profile"]
     assert profiles["dist"]["inherits"] == "release", "the image's cargo profile must exist"
