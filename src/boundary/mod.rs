@@ -151,6 +151,60 @@ pub struct Turn {
     pub trace_parent: opentelemetry::Context,
 }
 
+/// What a door knows of a request before its calls: made into a [`Turn`] by [`Turn::new`],
+/// which every door calls, so each identifier is checked once, alike.
+pub struct TurnFields<'a> {
+    pub caller: Arc<Caller>,
+    pub door: Door,
+    pub run_id: &'a str,
+    pub step: u32,
+    /// The revision the model was shown; blank is none.
+    pub catalog_revision: Option<&'a str>,
+    pub deadline: Option<Instant>,
+    pub trace_parent: opentelemetry::Context,
+}
+
+/// A request-level identifier that refuses the whole request, before any call: the door
+/// answers it as its protocol's malformed request (gRPC `INVALID_ARGUMENT`, JSON-RPC invalid
+/// params).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BadTurn(pub String);
+
+impl Turn {
+    /// The turn of a request: `run_id` and `catalog_revision` printable and within
+    /// `limits.max_identifier_bytes`, a blank revision none.
+    pub fn new(fields: TurnFields<'_>, limits: &LimitsConfig) -> Result<Turn, BadTurn> {
+        let TurnFields {
+            caller,
+            door,
+            run_id,
+            step,
+            catalog_revision,
+            deadline,
+            trace_parent,
+        } = fields;
+        for (field, value) in [
+            ("run_id", run_id),
+            ("catalog_revision", catalog_revision.unwrap_or_default()),
+        ] {
+            structure::check_identifier(field, value, limits.max_identifier_bytes)
+                .map_err(|(_, message)| BadTurn(message))?;
+        }
+        Ok(Turn {
+            caller,
+            door,
+            run_id: run_id.into(),
+            step,
+            catalog_revision: catalog_revision
+                .filter(|revision| !revision.trim().is_empty())
+                .map(str::to_owned),
+            deadline,
+            trace_parent,
+        })
+    }
+}
+
 /// One call as the model proposed it, in domain terms.
 #[derive(Debug, Clone, Default)]
 pub struct CallRequest {

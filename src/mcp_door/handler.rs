@@ -130,28 +130,16 @@ impl Handler {
         meta: &CallMeta<'_>,
         trace_parent: opentelemetry::Context,
     ) -> Result<Turn, McpError> {
-        let run_id = meta.run_id.unwrap_or_default();
-        let revision = meta.catalog_revision;
-        for (field, value) in [
-            ("run_id", run_id),
-            ("catalog_revision", revision.unwrap_or_default()),
-        ] {
-            crate::boundary::structure::check_identifier(
-                field,
-                value,
-                self.limits.max_identifier_bytes,
-            )
-            .map_err(|(_, message)| McpError::invalid_params(message, None))?;
-        }
-        Ok(Turn {
+        let fields = crate::boundary::TurnFields {
             caller,
             door: Door::Mcp,
-            run_id: run_id.into(),
+            run_id: meta.run_id.unwrap_or_default(),
             step: meta.step,
-            catalog_revision: revision.map(str::to_owned),
+            catalog_revision: meta.catalog_revision,
             deadline: Some(Instant::now() + self.request_timeout),
             trace_parent,
-        })
+        };
+        Turn::new(fields, &self.limits).map_err(|bad| McpError::invalid_params(bad.0, None))
     }
 
     /// Runs one `tools/call` through the boundary: the outcome, and the approval a 2026-07-28

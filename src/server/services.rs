@@ -72,43 +72,27 @@ impl ToolGateService {
     }
 
     /// The caller, run, step, shown revision and client deadline common to a request's calls.
-    fn turn<T: TurnFields>(&self, request: &Request<T>) -> Result<Turn, Status> {
-        let caller = caller(request)?;
+    fn turn<T: TurnOfRequest>(&self, request: &Request<T>) -> Result<Turn, Status> {
         let body = request.get_ref();
-        // Request-level identifiers: a bad one refuses the whole request, before any call.
-        for (field, value) in [
-            ("run_id", body.run_id()),
-            ("catalog_revision", body.catalog_revision()),
-        ] {
-            crate::boundary::structure::check_identifier(
-                field,
-                value,
-                self.limits.max_identifier_bytes,
-            )
-            .map_err(|(_, message)| Status::invalid_argument(message))?;
-        }
-        // Set by the DeadlineLayer when the request arrived.
-        let deadline = request
-            .extensions()
-            .get::<super::deadline::Deadline>()
-            .map(|d| d.0);
-        let trace_parent = remote_context(request);
-        Ok(Turn {
-            caller,
+        let fields = crate::boundary::TurnFields {
+            caller: caller(request)?,
             door: crate::identity::Door::Grpc,
-            run_id: body.run_id().into(),
+            run_id: body.run_id(),
             step: body.step(),
-            catalog_revision: Some(body.catalog_revision())
-                .filter(|r| !r.trim().is_empty())
-                .map(str::to_owned),
-            deadline,
-            trace_parent,
-        })
+            catalog_revision: Some(body.catalog_revision()),
+            // Set by the DeadlineLayer when the request arrived.
+            deadline: request
+                .extensions()
+                .get::<super::deadline::Deadline>()
+                .map(|d| d.0),
+            trace_parent: remote_context(request),
+        };
+        Turn::new(fields, &self.limits).map_err(|bad| Status::invalid_argument(bad.0))
     }
 }
 
 /// The request fields that make a [`Turn`], shared by ExecuteTool and ExecuteTools.
-trait TurnFields {
+trait TurnOfRequest {
     fn run_id(&self) -> &str;
     fn step(&self) -> u32;
     fn catalog_revision(&self) -> &str;
@@ -116,7 +100,7 @@ trait TurnFields {
 
 macro_rules! turn_fields {
     ($($request:ty),*) => {$(
-        impl TurnFields for $request {
+        impl TurnOfRequest for $request {
             fn run_id(&self) -> &str {
                 &self.run_id
             }
