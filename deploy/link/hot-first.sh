@@ -6,7 +6,7 @@
 # are placed together at the start of .text, so the pages a call touches are few and adjacent
 # instead of spread over 20 MiB of code: the kernel maps code around each page a fault touches,
 # and scattered hot code kept ~70 % of the binary resident in an idle sidecar
-# (docs/performance.md, "What the executable is made of").
+# (docs/performance.md, "What each optimisation that stays buys").
 #
 # Symbol names differ between builds (crate hashes, ThinLTO's .llvm.N suffixes), so the list
 # holds names with those parts taken out, and this script links twice: once to learn this build's

@@ -4,11 +4,11 @@
 //! Start-up runs code from nearly every part of the binary once — the config parser, the
 //! schema compiler, the TLS and HTTP clients' construction, the exporter — and the kernel maps
 //! up to 16 pages around each page a fault touches, so ~70 % of the code stayed resident in an
-//! idle sidecar although a call runs a small part of it (docs/performance.md, "What the
-//! executable is made of"). `MADV_DONTNEED` on a mapping of the executable that holds only the
-//! file's own pages (never written: the code and the read-only data) takes those pages out of
-//! this process's resident set; whatever runs afterwards faults its pages back in from the page
-//! cache, once, as it would after the kernel reclaimed them. Nothing is lost: a mapping with a
+//! idle sidecar although a call runs a small part of it (docs/performance.md, "What each
+//! optimisation that stays buys"). `MADV_DONTNEED` on a mapping of the executable that holds
+//! only the file's own pages (never written: the code and the read-only data) takes those pages
+//! out of this process's resident set; whatever runs afterwards faults its pages back in from
+//! the page cache, once, as it would after the kernel reclaimed them. Nothing is lost: a mapping with a
 //! page of its own (written, e.g. relocated data made read-only) is left alone.
 
 use std::{ops::Range, path::Path};
