@@ -9,7 +9,11 @@
 
 use serde_json::Value;
 
-use super::{Boundary, CallRequest, Turn, policy};
+use super::{
+    Boundary, CallRequest, Turn,
+    explain::{Explainer, StageResult, StageTrail},
+    policy::{self, Decided},
+};
 use crate::{
     approvals, canonical,
     catalog::ToolVersion,
@@ -163,4 +167,90 @@ pub(super) fn check_reuse(id: &str, already_used: bool, call: &CallRequest) -> R
         return Err(Refusal::new(Stage::Approval, reason, message).with_approval_id(id));
     }
     Ok(())
+}
+
+impl Explainer<'_> {
+    /// Stage 9, checked without creating anything: the trail, and the approval the call would
+    /// redeem or the refusal.
+    pub(super) async fn approval(
+        &self,
+        turn: &Turn,
+        call: &CallRequest,
+        decided: &Decided<'_>,
+        flow_why: Option<String>,
+    ) -> (StageTrail, Result<Option<String>, Refusal>) {
+        let tool = decided.tool;
+        let asker = policy::Asker {
+            caller: &turn.caller,
+            run_id: &turn.run_id,
+            now: self.boundary.clock.system_time(),
+            trace: false,
+            apart: &self.boundary.apart,
+        };
+        // As the chain decides: the tool's own reason first, else a flow rule's.
+        let why = match (needed(tool, &asker, &decided.arguments).0, flow_why) {
+            (Ok(why), _) | (Err(_), Some(why)) => why,
+            (Err(not_needed), None) => {
+                return (
+                    StageTrail::new(
+                        Stage::Approval,
+                        StageResult::NotApplicable,
+                        not_needed.to_string(),
+                    ),
+                    Ok(None),
+                );
+            }
+        };
+        let refused = |refusal: Refusal| {
+            (
+                StageTrail::new(
+                    Stage::Approval,
+                    StageResult::Refused,
+                    refusal.message.clone(),
+                ),
+                Err(refusal),
+            )
+        };
+        let Some(id) = call
+            .approval_id
+            .as_deref()
+            .filter(|id| !id.trim().is_empty())
+        else {
+            return refused(Refusal::new(
+                Stage::Approval,
+                Reason::ApprovalRequired,
+                format!(
+                    "{} needs approval{why}: execution would create an approval bound to this caller, run, tool version and these arguments, and return its approval_id (explain created none)",
+                    tool.name
+                ),
+            ));
+        };
+        let binding =
+            policy::approval_binding(&turn.caller, &turn.run_id, tool, &decided.arguments_sha256);
+        let checked = match self.boundary.approvals.check(id, &binding).await {
+            Ok(checked) => checked,
+            Err((reason, message)) => {
+                return refused(
+                    Refusal::new(Stage::Approval, reason, message).with_approval_id(id),
+                );
+            }
+        };
+        let used_by_another = checked.already_used && !self.own.approval;
+        if let Err(refusal) = check_reuse(id, used_by_another, call) {
+            return refused(refusal);
+        }
+        let detail = if used_by_another {
+            format!(
+                "approval {id} was already used: only a replay of its call under the same idempotency key would pass"
+            )
+        } else {
+            format!(
+                "approval {id} would be accepted: approved, unexpired, and bound to this caller, run, tool version, definition and these arguments (nothing was used up)"
+            )
+        };
+        (
+            StageTrail::new(Stage::Approval, StageResult::Passed, detail),
+            Ok(Some(id.to_owned())),
+        )
+    }
 }

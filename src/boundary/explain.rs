@@ -1,19 +1,18 @@
 //! Explaining a decision without making it: ExplainTool, `toolgate test` and the shadow catalog.
 //!
 //! Stages 1–7 run through [`super::policy::decide`], the very function the chain runs. Stages
-//! 8–10 read the state the chain would change, and change none of it: the quota's remaining
-//! calls ([`crate::limits::Quotas::view`]), the approval the call redeems
-//! ([`crate::approvals::ApprovalStore::check`]) and what its idempotency key would find
-//! ([`super::idempotency::IdempotencyStore::peek`]). Nothing is audited, no approval is created,
-//! and no backend is called. The trail says, stage by stage, what passed or refused and why.
-
-use std::collections::BTreeMap;
+//! 7b–10 read the state the chain would change, and change none of it, each explained beside
+//! the rule it explains: the flow scope (`flow.rs`), the quota's remaining calls
+//! (`rate_limit.rs`, by the same rule the chain's quota look uses), the approval the call
+//! redeems (`approval.rs`) and what its idempotency key would find (`idempotency/explain.rs`).
+//! Nothing is audited, no approval is created, and no backend is called. The trail says, stage
+//! by stage, what passed or refused and why. This file holds the explanation's types, its entry
+//! points and the order of its stages.
 
 use serde_json::Value;
 
 use super::{
-    Boundary, CallRequest, Turn, access, approval,
-    idempotency::{self, Peek},
+    Boundary, CallRequest, Turn, access,
     policy::{self, Decided, Seen},
     redaction::redact,
     scopes, structure, visibility,
@@ -23,9 +22,8 @@ use crate::{
     conditions::{Evaluated, Input},
     error::{Reason, Refusal, Stage},
     identity::{AuthMethod, Caller},
-    limits::{self, Cost, QuotaScope, Quotas, describe},
+    limits::{Cost, Quotas},
     outcome::CallOutcome,
-    settings::Rate,
 };
 
 /// The scope a JWT caller needs to call ExplainTool (dev identity callers need none).
@@ -85,7 +83,7 @@ pub struct StageTrail {
 }
 
 impl StageTrail {
-    fn new(stage: Stage, result: StageResult, detail: impl Into<String>) -> Self {
+    pub(super) fn new(stage: Stage, result: StageResult, detail: impl Into<String>) -> Self {
         StageTrail {
             stage,
             result,
@@ -365,23 +363,23 @@ pub fn explain_visibility(
 }
 
 /// One explanation's inputs.
-struct Explainer<'a> {
-    boundary: &'a Boundary,
-    catalog: &'a Catalog,
-    rate_limits: &'a Quotas,
+pub(super) struct Explainer<'a> {
+    pub(super) boundary: &'a Boundary,
+    pub(super) catalog: &'a Catalog,
+    pub(super) rate_limits: &'a Quotas,
     check_revision: bool,
-    own: OwnEffects,
+    pub(super) own: OwnEffects,
     /// What the flow scope is taken to have seen instead of what it has (`toolgate test`'s
     /// `history`).
-    history: Option<&'a crate::flow::Seen>,
+    pub(super) history: Option<&'a crate::flow::Seen>,
 }
 
 /// What stage 7b decides: an approval reason a rule adds, or the refusal and the flow rule
 /// behind it.
-type FlowJudged = Result<Option<String>, (Refusal, Option<access::Rule>)>;
+pub(super) type FlowJudged = Result<Option<String>, (Refusal, Option<access::Rule>)>;
 
 /// How stages 8–10 ended.
-enum Ending {
+pub(super) enum Ending {
     /// Every stage passed: the backend would be called.
     Execute {
         approval_id: Option<String>,
@@ -556,67 +554,6 @@ impl Explainer<'_> {
         }
     }
 
-    /// Stage 7b, reading the scope (or the given history) and changing nothing: the trail, and
-    /// the approval reason a rule adds or the refusal with the rule that decided. `None` when
-    /// the catalog has no flow rules or the tool no label.
-    async fn flow(&self, turn: &Turn, tool: &ToolVersion) -> Option<(FlowTrail, FlowJudged)> {
-        // A tool without labels neither reads nor writes a scope: nothing to show.
-        let policy = self
-            .catalog
-            .flow
-            .as_deref()
-            .filter(|_| !tool.flow_labels.is_empty())?;
-        let seen = match self.history {
-            Some(history) => Ok(history.clone()),
-            None => {
-                super::flow::read(&self.boundary.flow, policy, &turn.caller, &turn.run_id).await
-            }
-        };
-        let readable = seen.is_ok();
-        let mut trail = FlowTrail {
-            scope: super::flow::scope_name(policy),
-            seen: BTreeMap::new(),
-            readable,
-            adds: policy
-                .names(tool.flow_labels)
-                .into_iter()
-                .map(str::to_owned)
-                .collect(),
-            rule: None,
-        };
-        let seen = match seen {
-            Ok(seen) => seen,
-            Err(err) if policy.governs(tool.flow_labels) => {
-                return Some((trail, Err((super::flow::unreadable(tool, &err), None))));
-            }
-            Err(_) => return Some((trail, Ok(None))),
-        };
-        trail.seen = seen
-            .into_iter()
-            .filter(|(label, _)| policy.label(label).is_some())
-            .collect();
-        let judged = match super::flow::judge(policy, tool, &trail.seen) {
-            super::flow::Judged::Allowed => Ok(None),
-            super::flow::Judged::Denied(rule, refusal) => {
-                trail.rule = Some((rule.name.clone(), rule.location.clone(), "deny"));
-                Err((
-                    refusal,
-                    Some(access::Rule {
-                        location: rule.location.clone(),
-                        pattern: Some(rule.name.clone()),
-                        effect: "deny",
-                        when: None,
-                    }),
-                ))
-            }
-            super::flow::Judged::NeedsApproval(rule, why) => {
-                trail.rule = Some((rule.name.clone(), rule.location.clone(), "require_approval"));
-                Ok(Some(why))
-            }
-        };
-        Some((trail, judged))
-    }
-
     /// The trail of stages 1–7 from what [`policy::decide`] found.
     fn policy_trail(
         &self,
@@ -762,7 +699,8 @@ impl Explainer<'_> {
         })
     }
 
-    /// Stages 8–10 against the live state, which they only read.
+    /// Stages 8–10 against the live state, which they only read: each explained beside its
+    /// rule (`rate_limit.rs`, `approval.rs`, `idempotency/explain.rs`).
     async fn stateful(
         &self,
         turn: &Turn,
@@ -772,124 +710,10 @@ impl Explainer<'_> {
         flow_why: Option<String>,
         stages: &mut Vec<StageTrail>,
     ) -> Ending {
-        let caller = &turn.caller;
-        let tool = decided.tool;
-        // 8. Rate limits: what each quota leaves; a quota with less left than the call takes
-        // would refuse, and so would a cost that cannot be taken at all.
-        let Cost(cells) = match cost {
-            Ok(cost) => cost,
-            Err(refusal) => {
-                stages.push(StageTrail::new(
-                    Stage::RateLimit,
-                    StageResult::Refused,
-                    refusal.message.clone(),
-                ));
-                return Ending::Refused(refusal);
-            }
-        };
-        let tenant_rate = self.catalog.tenant_rate(&caller.tenant);
-        // With the shared state unreachable, what is left is unknown (the trail says so); the
-        // quota is not called exhausted on a guess.
-        let views = self
-            .rate_limits
-            .view(&caller.tenant, tool, tenant_rate)
-            .await;
-        let unknown = views.is_err();
-        let views = views.unwrap_or_default();
-        let applying: Vec<(QuotaScope, Rate)> = [
-            (QuotaScope::Tool, tool.rate_limit),
-            (QuotaScope::Tenant, tenant_rate),
-        ]
-        .into_iter()
-        .filter_map(|(scope, rate)| Some((scope, rate?)))
-        .collect();
-        let quotas: Vec<QuotaTrail> = applying
-            .iter()
-            .map(|&(scope, rate)| QuotaTrail {
-                scope: scope.as_str(),
-                rate: describe(rate),
-                burst: rate.burst.get(),
-                remaining: views
-                    .iter()
-                    .find(|v| v.scope == scope.as_str() && v.rate == rate)
-                    .map(|v| v.remaining),
-            })
-            .collect();
-        // The tool's quota gives the call's cells (none: it is not touched); the tenant's one.
-        let takes = |scope: QuotaScope| match scope {
-            QuotaScope::Tool => cells,
-            QuotaScope::Tenant => 1,
-        };
-        let exhausted = applying
-            .iter()
-            .zip(&quotas)
-            .find(|((scope, _), q)| q.remaining.is_some_and(|left| left < takes(*scope)))
-            .filter(|_| !self.own.quota);
-        let mut rate_trail = match exhausted {
-            Some((&(scope, rate), _)) => {
-                let message = limits::exhausted(scope, &caller.tenant, &tool.name, rate);
-                stages.push(StageTrail {
-                    quotas: quotas.clone(),
-                    ..StageTrail::new(Stage::RateLimit, StageResult::Refused, message.clone())
-                });
-                return Ending::Refused(Refusal::new(
-                    Stage::RateLimit,
-                    Reason::RateLimited,
-                    message,
-                ));
-            }
-            None if quotas.is_empty() => StageTrail::new(
-                Stage::RateLimit,
-                StageResult::NotApplicable,
-                "no quota applies to this call",
-            ),
-            None if unknown => StageTrail::new(
-                Stage::RateLimit,
-                StageResult::Passed,
-                format!(
-                    "what {} leave now is unknown: the shared state cannot be read (nothing was consumed)",
-                    quotas
-                        .iter()
-                        .map(|q| format!("the {} quota {}", q.scope, q.rate))
-                        .collect::<Vec<_>>()
-                        .join(" and ")
-                ),
-            ),
-            None if cells == 1 => StageTrail::new(
-                Stage::RateLimit,
-                StageResult::Passed,
-                format!(
-                    "would take one call of {} (nothing was consumed)",
-                    quotas
-                        .iter()
-                        .map(describe_quota)
-                        .collect::<Vec<_>>()
-                        .join(" and ")
-                ),
-            ),
-            None => StageTrail::new(
-                Stage::RateLimit,
-                StageResult::Passed,
-                format!(
-                    "would take {} (nothing was consumed)",
-                    applying
-                        .iter()
-                        .zip(&quotas)
-                        .map(|(&(scope, _), quota)| format!(
-                            "{} of {}",
-                            match takes(scope) {
-                                1 => "one cell".to_owned(),
-                                n => format!("{n} cells"),
-                            },
-                            describe_quota(quota)
-                        ))
-                        .collect::<Vec<_>>()
-                        .join(" and ")
-                ),
-            ),
-        };
-        rate_trail.quotas = quotas;
-        stages.push(rate_trail);
+        // 8. Rate limits: what each quota leaves.
+        if let Err(refusal) = self.rate_limit(turn, decided, cost, stages).await {
+            return Ending::Refused(refusal);
+        }
         // 9. Approval: checked, never created.
         let (trail, approval) = self.approval(turn, call, decided, flow_why).await;
         stages.push(trail);
@@ -898,169 +722,8 @@ impl Explainer<'_> {
             Err(refusal) => return Ending::Refused(refusal),
         };
         // 10. Idempotency: what the key would find, claimed by no one.
-        let Some(key) = call.idempotency_key.as_deref() else {
-            stages.push(StageTrail::new(
-                Stage::Idempotency,
-                StageResult::NotApplicable,
-                "no idempotency key: the call would run every time it is sent",
-            ));
-            return Ending::Execute { approval_id };
-        };
-        let window = humantime::format_duration(self.boundary.limits.idempotency_window);
-        let peek = match self.own.idempotency_key {
-            true => Peek::Fresh,
-            false => match self
-                .boundary
-                .idempotency
-                .peek(
-                    &policy::idempotency_key(caller, tool, key),
-                    &decided.arguments_sha256,
-                    &tool.version,
-                )
-                .await
-            {
-                Ok(peek) => peek,
-                Err(refusal) => {
-                    stages.push(StageTrail::new(
-                        Stage::Idempotency,
-                        StageResult::Refused,
-                        refusal.message.clone(),
-                    ));
-                    return Ending::Refused(refusal);
-                }
-            },
-        };
-        let passed =
-            |detail: String| StageTrail::new(Stage::Idempotency, StageResult::Passed, detail);
-        match peek {
-            Peek::Fresh => {
-                stages.push(passed(format!(
-                    "key {key:?} is new for this caller and tool: the call would run, and its final result be kept for replays for {window}"
-                )));
-                Ending::Execute { approval_id }
-            }
-            Peek::InFlight => {
-                stages.push(passed(format!(
-                    "a call with key {key:?} and these arguments is running: this one would wait for it and return its result"
-                )));
-                Ending::Replay {
-                    result: Ok(()),
-                    tool_version: tool.version.to_string(),
-                }
-            }
-            Peek::Replay(stored) => {
-                let status = match &stored.result {
-                    Ok(_) => "OK".to_owned(),
-                    Err(refusal) => {
-                        format!("{} ({})", refusal.status().as_str(), refusal.reason.code())
-                    }
-                };
-                stages.push(passed(format!(
-                    "key {key:?} was used with these arguments within {window}: the stored result of the first call ({status}, version {}) would be replayed without running the tool",
-                    stored.tool_version
-                )));
-                Ending::Replay {
-                    result: stored.result.map(|_| ()),
-                    tool_version: stored.tool_version,
-                }
-            }
-            Peek::Conflict => {
-                let refusal = idempotency::conflict(key);
-                stages.push(StageTrail::new(
-                    Stage::Idempotency,
-                    StageResult::Refused,
-                    refusal.message.clone(),
-                ));
-                Ending::Refused(refusal)
-            }
-        }
-    }
-
-    /// Stage 9, checked without creating anything: the trail, and the approval the call would
-    /// redeem or the refusal.
-    async fn approval(
-        &self,
-        turn: &Turn,
-        call: &CallRequest,
-        decided: &Decided<'_>,
-        flow_why: Option<String>,
-    ) -> (StageTrail, Result<Option<String>, Refusal>) {
-        let tool = decided.tool;
-        let asker = policy::Asker {
-            caller: &turn.caller,
-            run_id: &turn.run_id,
-            now: self.boundary.clock.system_time(),
-            trace: false,
-            apart: &self.boundary.apart,
-        };
-        // As the chain decides: the tool's own reason first, else a flow rule's.
-        let why = match (
-            super::approval::needed(tool, &asker, &decided.arguments).0,
-            flow_why,
-        ) {
-            (Ok(why), _) | (Err(_), Some(why)) => why,
-            (Err(not_needed), None) => {
-                return (
-                    StageTrail::new(
-                        Stage::Approval,
-                        StageResult::NotApplicable,
-                        not_needed.to_string(),
-                    ),
-                    Ok(None),
-                );
-            }
-        };
-        let refused = |refusal: Refusal| {
-            (
-                StageTrail::new(
-                    Stage::Approval,
-                    StageResult::Refused,
-                    refusal.message.clone(),
-                ),
-                Err(refusal),
-            )
-        };
-        let Some(id) = call
-            .approval_id
-            .as_deref()
-            .filter(|id| !id.trim().is_empty())
-        else {
-            return refused(Refusal::new(
-                Stage::Approval,
-                Reason::ApprovalRequired,
-                format!(
-                    "{} needs approval{why}: execution would create an approval bound to this caller, run, tool version and these arguments, and return its approval_id (explain created none)",
-                    tool.name
-                ),
-            ));
-        };
-        let binding =
-            policy::approval_binding(&turn.caller, &turn.run_id, tool, &decided.arguments_sha256);
-        let checked = match self.boundary.approvals.check(id, &binding).await {
-            Ok(checked) => checked,
-            Err((reason, message)) => {
-                return refused(
-                    Refusal::new(Stage::Approval, reason, message).with_approval_id(id),
-                );
-            }
-        };
-        let used_by_another = checked.already_used && !self.own.approval;
-        if let Err(refusal) = approval::check_reuse(id, used_by_another, call) {
-            return refused(refusal);
-        }
-        let detail = if used_by_another {
-            format!(
-                "approval {id} was already used: only a replay of its call under the same idempotency key would pass"
-            )
-        } else {
-            format!(
-                "approval {id} would be accepted: approved, unexpired, and bound to this caller, run, tool version, definition and these arguments (nothing was used up)"
-            )
-        };
-        (
-            StageTrail::new(Stage::Approval, StageResult::Passed, detail),
-            Ok(Some(id.to_owned())),
-        )
+        self.idempotency(turn, call, decided, approval_id, stages)
+            .await
     }
 }
 
@@ -1102,16 +765,6 @@ fn bound_values(tool: &ToolVersion, arguments: &Value) -> Vec<BoundValue> {
             }
         })
         .collect()
-}
-
-fn describe_quota(quota: &QuotaTrail) -> String {
-    match quota.remaining {
-        Some(left) => format!("the {} quota {} ({left} left now)", quota.scope, quota.rate),
-        None => format!(
-            "the {} quota {} (not kept by the served catalog: taken as unused, all of it left)",
-            quota.scope, quota.rate
-        ),
-    }
 }
 
 /// A condition's values as records show them: the arguments it read redacted by the tool's

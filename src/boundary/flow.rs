@@ -5,8 +5,12 @@
 //! backend is called. A store that cannot be read fails closed for the tools a rule governs, one
 //! that cannot be written for the tools that carry labels.
 
-use std::sync::Arc;
+use std::{collections::BTreeMap, sync::Arc};
 
+use super::{
+    Turn, access,
+    explain::{Explainer, FlowJudged, FlowTrail},
+};
 use crate::{
     catalog::{
         FlowPolicy, LabelSet, ToolVersion,
@@ -202,4 +206,69 @@ pub(crate) async fn record(
             refusal
         })?;
     Ok(labels.into_iter().map(str::to_owned).collect())
+}
+
+impl Explainer<'_> {
+    /// Stage 7b, reading the scope (or the given history) and changing nothing: the trail, and
+    /// the approval reason a rule adds or the refusal with the rule that decided. `None` when
+    /// the catalog has no flow rules or the tool no label.
+    pub(super) async fn flow(
+        &self,
+        turn: &Turn,
+        tool: &ToolVersion,
+    ) -> Option<(FlowTrail, FlowJudged)> {
+        // A tool without labels neither reads nor writes a scope: nothing to show.
+        let policy = self
+            .catalog
+            .flow
+            .as_deref()
+            .filter(|_| !tool.flow_labels.is_empty())?;
+        let seen = match self.history {
+            Some(history) => Ok(history.clone()),
+            None => read(&self.boundary.flow, policy, &turn.caller, &turn.run_id).await,
+        };
+        let readable = seen.is_ok();
+        let mut trail = FlowTrail {
+            scope: scope_name(policy),
+            seen: BTreeMap::new(),
+            readable,
+            adds: policy
+                .names(tool.flow_labels)
+                .into_iter()
+                .map(str::to_owned)
+                .collect(),
+            rule: None,
+        };
+        let seen = match seen {
+            Ok(seen) => seen,
+            Err(err) if policy.governs(tool.flow_labels) => {
+                return Some((trail, Err((unreadable(tool, &err), None))));
+            }
+            Err(_) => return Some((trail, Ok(None))),
+        };
+        trail.seen = seen
+            .into_iter()
+            .filter(|(label, _)| policy.label(label).is_some())
+            .collect();
+        let judged = match judge(policy, tool, &trail.seen) {
+            Judged::Allowed => Ok(None),
+            Judged::Denied(rule, refusal) => {
+                trail.rule = Some((rule.name.clone(), rule.location.clone(), "deny"));
+                Err((
+                    refusal,
+                    Some(access::Rule {
+                        location: rule.location.clone(),
+                        pattern: Some(rule.name.clone()),
+                        effect: "deny",
+                        when: None,
+                    }),
+                ))
+            }
+            Judged::NeedsApproval(rule, why) => {
+                trail.rule = Some((rule.name.clone(), rule.location.clone(), "require_approval"));
+                Ok(Some(why))
+            }
+        };
+        Some((trail, judged))
+    }
 }

@@ -5,12 +5,17 @@
 
 use serde_json::Value;
 
-use super::{CatalogState, policy};
+use super::{
+    CatalogState, Turn,
+    explain::{Explainer, QuotaTrail, StageResult, StageTrail},
+    policy::{self, Decided},
+};
 use crate::{
     catalog::ToolVersion,
     conditions::Evaluated,
     error::{Reason, Refusal, Stage},
-    limits::{self, Cost, QuotaScope},
+    limits::{self, Cost, QuotaScope, QuotaView, describe},
+    settings::Rate,
 };
 
 /// Where a tool's quota cost is named in explanations and refusals.
@@ -54,19 +59,68 @@ pub(super) async fn room(
     else {
         return Ok(());
     };
-    for view in views.iter().filter(|view| view.remaining == 0) {
-        let (scope, name) = match view.scope == QuotaScope::Tool.as_str() {
-            true if tool.quota_cost.is_some() => continue,
-            true => (QuotaScope::Tool, tool.name.as_str()),
-            false => (QuotaScope::Tenant, ""),
-        };
-        return Err(Refusal::new(
-            Stage::RateLimit,
-            Reason::RateLimited,
-            limits::exhausted(scope, &caller.tenant, name, view.rate),
-        ));
+    let applying = applying(tool, tenant_rate);
+    let left = left(&views, &applying);
+    let tool_cells = tool.quota_cost.is_none().then_some(1);
+    match short_of(&applying, &left, tool_cells, &caller.tenant, &tool.name) {
+        Some(refusal) => Err(refusal),
+        None => Ok(()),
     }
-    Ok(())
+}
+
+/// The quotas that apply to a call of `tool` by a tenant whose own rate is `tenant_rate`: the
+/// tool's, then the tenant's.
+fn applying(tool: &ToolVersion, tenant_rate: Option<Rate>) -> Vec<(QuotaScope, Rate)> {
+    [
+        (QuotaScope::Tool, tool.rate_limit),
+        (QuotaScope::Tenant, tenant_rate),
+    ]
+    .into_iter()
+    .filter_map(|(scope, rate)| Some((scope, rate?)))
+    .collect()
+}
+
+/// What `views` say each of `applying` has left; `None` where they do not hold it (a quota the
+/// served catalog does not keep, taken as unused).
+fn left(views: &[QuotaView], applying: &[(QuotaScope, Rate)]) -> Vec<Option<u64>> {
+    applying
+        .iter()
+        .map(|&(scope, rate)| {
+            views
+                .iter()
+                .find(|v| v.scope == scope.as_str() && v.rate == rate)
+                .map(|v| v.remaining)
+        })
+        .collect()
+}
+
+/// Stage 8 decided on what the quotas have `left`, consuming nothing: the refusal of the first
+/// with less left than the call takes — `tool_cells` of the tool's (`None`: not known yet, so
+/// that quota is passed over) and one of the tenant's. The one rule behind the quota look
+/// before a long evaluation ([`room`]) and explanations.
+fn short_of(
+    applying: &[(QuotaScope, Rate)],
+    left: &[Option<u64>],
+    tool_cells: Option<u64>,
+    tenant: &str,
+    tool: &str,
+) -> Option<Refusal> {
+    applying
+        .iter()
+        .zip(left)
+        .find_map(|(&(scope, rate), left)| {
+            let takes = match scope {
+                QuotaScope::Tool => tool_cells?,
+                QuotaScope::Tenant => 1,
+            };
+            left.is_some_and(|left| left < takes).then(|| {
+                Refusal::new(
+                    Stage::RateLimit,
+                    Reason::RateLimited,
+                    limits::exhausted(scope, tenant, tool, rate),
+                )
+            })
+        })
 }
 
 /// `decided`, unless [`room`] refuses its call.
@@ -114,4 +168,132 @@ pub(super) fn cost(
         )),
     };
     (decided, trace)
+}
+
+impl Explainer<'_> {
+    /// Stage 8, reading what each quota leaves and consuming nothing: a quota with less left
+    /// than the call takes would refuse, and so would a cost that cannot be taken at all.
+    pub(super) async fn rate_limit(
+        &self,
+        turn: &Turn,
+        decided: &Decided<'_>,
+        cost: Result<Cost, Refusal>,
+        stages: &mut Vec<StageTrail>,
+    ) -> Result<(), Refusal> {
+        let caller = &turn.caller;
+        let tool = decided.tool;
+        let Cost(cells) = match cost {
+            Ok(cost) => cost,
+            Err(refusal) => {
+                stages.push(StageTrail::new(
+                    Stage::RateLimit,
+                    StageResult::Refused,
+                    refusal.message.clone(),
+                ));
+                return Err(refusal);
+            }
+        };
+        let tenant_rate = self.catalog.tenant_rate(&caller.tenant);
+        // With the shared state unreachable, what is left is unknown (the trail says so); the
+        // quota is not called exhausted on a guess.
+        let views = self
+            .rate_limits
+            .view(&caller.tenant, tool, tenant_rate)
+            .await;
+        let unknown = views.is_err();
+        let applying = applying(tool, tenant_rate);
+        let left = left(&views.unwrap_or_default(), &applying);
+        let quotas: Vec<QuotaTrail> = applying
+            .iter()
+            .zip(&left)
+            .map(|(&(scope, rate), &remaining)| QuotaTrail {
+                scope: scope.as_str(),
+                rate: describe(rate),
+                burst: rate.burst.get(),
+                remaining,
+            })
+            .collect();
+        // The tool's quota gives the call's cells (none: it is not touched); the tenant's one.
+        let takes = |scope: QuotaScope| match scope {
+            QuotaScope::Tool => cells,
+            QuotaScope::Tenant => 1,
+        };
+        let short = short_of(&applying, &left, Some(cells), &caller.tenant, &tool.name)
+            .filter(|_| !self.own.quota);
+        let mut rate_trail = match short {
+            Some(refusal) => {
+                stages.push(StageTrail {
+                    quotas: quotas.clone(),
+                    ..StageTrail::new(
+                        Stage::RateLimit,
+                        StageResult::Refused,
+                        refusal.message.clone(),
+                    )
+                });
+                return Err(refusal);
+            }
+            None if quotas.is_empty() => StageTrail::new(
+                Stage::RateLimit,
+                StageResult::NotApplicable,
+                "no quota applies to this call",
+            ),
+            None if unknown => StageTrail::new(
+                Stage::RateLimit,
+                StageResult::Passed,
+                format!(
+                    "what {} leave now is unknown: the shared state cannot be read (nothing was consumed)",
+                    quotas
+                        .iter()
+                        .map(|q| format!("the {} quota {}", q.scope, q.rate))
+                        .collect::<Vec<_>>()
+                        .join(" and ")
+                ),
+            ),
+            None if cells == 1 => StageTrail::new(
+                Stage::RateLimit,
+                StageResult::Passed,
+                format!(
+                    "would take one call of {} (nothing was consumed)",
+                    quotas
+                        .iter()
+                        .map(describe_quota)
+                        .collect::<Vec<_>>()
+                        .join(" and ")
+                ),
+            ),
+            None => StageTrail::new(
+                Stage::RateLimit,
+                StageResult::Passed,
+                format!(
+                    "would take {} (nothing was consumed)",
+                    applying
+                        .iter()
+                        .zip(&quotas)
+                        .map(|(&(scope, _), quota)| format!(
+                            "{} of {}",
+                            match takes(scope) {
+                                1 => "one cell".to_owned(),
+                                n => format!("{n} cells"),
+                            },
+                            describe_quota(quota)
+                        ))
+                        .collect::<Vec<_>>()
+                        .join(" and ")
+                ),
+            ),
+        };
+        rate_trail.quotas = quotas;
+        stages.push(rate_trail);
+        Ok(())
+    }
+}
+
+fn describe_quota(quota: &QuotaTrail) -> String {
+    match quota.remaining {
+        Some(left) => format!("the {} quota {} ({left} left now)", quota.scope, quota.rate),
+        None => format!(
+            "the {} quota {} (not kept by the served catalog: taken as unused, all of it left)",
+            quota.scope, quota.rate
+        ),
+    }
 }

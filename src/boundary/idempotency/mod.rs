@@ -17,6 +17,7 @@
 //! [`Idempotency`] is what the chain calls: this in-memory [`IdempotencyStore`], or keys shared
 //! by every sidecar through Redis ([`redis`]), which keeps the same rules.
 
+mod explain;
 pub mod redis;
 
 use std::{
