@@ -1,0 +1,188 @@
+//! The tools: one entry per (name, version), with its backend.
+
+use super::*;
+
+/// A tool's risk level.
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema, PartialEq, Eq, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum RawRiskLevel {
+    ReadOnly,
+    WriteDraft,
+    WriteConfirmed,
+    Destructive,
+}
+
+/// Whether a version is offered.
+#[derive(Debug, Clone, Copy, Default, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RawToolStatus {
+    #[default]
+    Active,
+    Canary,
+    Inactive,
+}
+
+/// One version of one tool.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawTool {
+    /// The tool's name as the model sees it.
+    pub name: String,
+    /// The version (default "1"); (name, version) is unique.
+    pub version: Option<String>,
+    /// What the tool does, written for the model.
+    pub description: String,
+    /// JSON Schema of the arguments (an object schema).
+    pub input_schema: serde_json::Value,
+    /// Optional JSON Schema of the output, for documentation.
+    pub output_schema: Option<serde_json::Value>,
+    /// What the tool can change.
+    pub risk_level: RawRiskLevel,
+    /// Scopes the caller needs.
+    #[serde(default)]
+    pub required_scopes: Vec<String>,
+    /// Execution timeout (default 30s).
+    pub timeout: Option<String>,
+    /// active, canary or inactive (default active).
+    #[serde(default)]
+    pub status: RawToolStatus,
+    /// Who gets a canary version: listed tenants, plus a stable share of all tenants.
+    pub canary: Option<RawCanary>,
+    /// How the tool runs.
+    pub executor: RawExecutor,
+    /// Server-bound arguments: dotted argument path -> `${caller.tenant}`, `${caller.subject}`,
+    /// `${caller.agent}` or a constant. Hidden from the model and written after validation.
+    #[serde(default)]
+    pub bind: BTreeMap<String, serde_json::Value>,
+    /// What to do when the model sends a bound argument itself (default deny).
+    #[serde(default)]
+    pub on_bound_argument: RawBoundOverride,
+    /// Per-tenant rate limit for this tool, e.g. `5/min`.
+    pub rate_limit: Option<RawRateLimit>,
+    /// Override whether the tool needs approval (default: by risk level).
+    pub requires_approval: Option<bool>,
+    /// When a tool that can need approval (by its risk level or `requires_approval`) needs it.
+    pub approval: Option<RawToolApproval>,
+    /// Largest output returned, in bytes.
+    pub max_output_bytes: Option<usize>,
+    /// Most calls of this tool in flight at once; beyond it calls are refused at once.
+    pub max_concurrency: Option<usize>,
+    /// Record the (bound) arguments in audit events and arguments and result in spans.
+    #[serde(default)]
+    pub record_arguments: bool,
+    /// JSON pointers (e.g. `/card/number`) whose values are replaced before recording.
+    #[serde(default)]
+    pub redact: Vec<String>,
+    /// Free-form labels shown to callers.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// This tool's output guard, over the catalog's: its `secrets` and each detector it names
+    /// replace the catalog's, its custom detectors are added.
+    pub output_guard: Option<RawOutputGuard>,
+    /// The flow labels (declared in `flow.labels`) a call of this tool adds to its flow scope
+    /// once it ran, and that `flow.rules` match.
+    #[serde(default)]
+    pub flow_labels: Vec<String>,
+}
+
+/// Who gets a canary version.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawCanary {
+    /// Tenants that always get the canary.
+    #[serde(default)]
+    pub tenants: Vec<String>,
+    /// Share of all other tenants, 0-100, chosen by a stable hash of the tenant.
+    #[serde(default)]
+    pub percent: u8,
+}
+
+/// What happens when the model sends a bound argument.
+#[derive(Debug, Clone, Copy, Default, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RawBoundOverride {
+    /// Refuse the call with DENIED.
+    #[default]
+    Deny,
+    /// Replace the model's value with the bound one.
+    Overwrite,
+}
+
+/// A rate limit: `N/s`, `N/min` or `N/h`, or that with a burst (and, for a tool, a cost).
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum RawRateLimit {
+    /// e.g. `5/min`.
+    Short(String),
+    /// A quota with an explicit burst or cost.
+    Full(RawQuota),
+}
+
+impl RawRateLimit {
+    /// The cost expression, when one is written.
+    pub fn cost(&self) -> Option<&str> {
+        match self {
+            RawRateLimit::Short(_) => None,
+            RawRateLimit::Full(full) => full.cost.as_deref(),
+        }
+    }
+}
+
+/// A quota written out.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawQuota {
+    /// e.g. `5/min`.
+    pub quota: String,
+    /// Calls (cells) allowed at once before the rate applies (default: the quota's count).
+    pub burst: Option<u32>,
+    /// A tool's quota only: a CEL expression giving the cells a call takes, e.g.
+    /// `int(args.top_k)` (default 1; docs/conditions.md). Zero takes none; a negative value,
+    /// an error or a value that is not an integer refuses the call (`condition_error`), and
+    /// more than the burst refuses it as never admissible (`cost_over_burst`).
+    pub cost: Option<String>,
+}
+
+/// How a tool runs: exactly one backend.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawExecutor {
+    /// A tool built into toolgate, by name (e.g. `echo`).
+    pub builtin: Option<String>,
+    /// POST the arguments as JSON to a configured upstream.
+    pub http: Option<RawHttpExecutor>,
+    /// Run a local program with the arguments as JSON on stdin.
+    pub process: Option<RawProcessExecutor>,
+}
+
+/// An HTTP tool.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawHttpExecutor {
+    /// The upstream's name in `upstreams`.
+    pub upstream: String,
+    /// Path appended to the upstream's URL (default: none).
+    #[serde(default)]
+    pub path: String,
+}
+
+/// A process tool. No shell is involved: `command` is run directly with `args`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawProcessExecutor {
+    /// The program (an absolute path, or a name looked up in the allowed PATH).
+    pub command: String,
+    /// Its arguments.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Environment variables passed from the sidecar's own environment; all others are cleared.
+    #[serde(default)]
+    pub env: Vec<String>,
+    /// Environment variables set for the program.
+    #[serde(default)]
+    pub set_env: BTreeMap<String, String>,
+    /// Working directory (default: the catalog file's directory).
+    pub working_dir: Option<String>,
+    /// Most bytes of stderr kept for the error summary (default 2048).
+    pub max_stderr_bytes: Option<usize>,
+}
