@@ -21,7 +21,9 @@
 //! | 4 | `config` | a catalog file assembled into the parts of a running sidecar |
 //! | 5 | `boundary` | the execution boundary: the chain of stages |
 //! | 6 | `admission`, `shadow` | who may come in through a door (identity from the headers, the caps on requests and connections, counted for both doors together); a candidate catalog compared with the boundary's decisions |
-//! | 7 | `cli`, `mcp_door`, `server` | the doors: the command line, the MCP door (Streamable HTTP), and the gRPC services and listeners |
+//! | 7 | `mcp_door`, `server` | the doors: the MCP door (Streamable HTTP), and the gRPC services and the transport they are served behind |
+//! | 8 | `app` | the composition root: the stores, the boundary, admission and the doors wired into a running sidecar, its listeners, upkeep, reload, admin endpoint and shutdown |
+//! | 9 | `cli` | the command line: runs the sidecar, and talks to one as a client |
 //!
 //! Each type has one name: `config` assembles `settings` and re-exports none of it.
 //!
@@ -47,6 +49,7 @@ macro_rules! enum_with_all {
 }
 
 pub mod admission;
+pub mod app;
 pub mod approvals;
 pub mod audit;
 pub mod boundary;
@@ -75,7 +78,7 @@ pub mod tasks;
 pub mod telemetry;
 pub mod tls;
 
-pub use server::{Running, StartError, StartOptions, run, start};
+pub use app::{Running, StartError, StartOptions, run, start};
 
 /// The unit tests' allocator: counts the allocations of the thread that makes them (tests run
 /// on several threads), to show a path allocates nothing.

@@ -5,7 +5,7 @@
 //! cannot forget its stop branch), and one that must finish something first (a writer flushing
 //! its queue, a server closing its connections gracefully) takes the token itself.
 //!
-//! Shutdown (`server::Running::shutdown`) stops the groups one after another, in the order it
+//! Shutdown (`app::Running::shutdown`) stops the groups one after another, in the order it
 //! reads; dropping the owner of a group without shutting down cancels it too.
 
 use std::{future::Future, time::Duration};

@@ -3,7 +3,7 @@
 
 use super::{Failure, ServeArgs, check::host_problems, load, signals, start_up_pages};
 use crate::{
-    server::{StartOptions, run},
+    app::{StartOptions, run},
     tasks::Tasks,
     telemetry,
 };

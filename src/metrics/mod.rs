@@ -2,7 +2,7 @@
 //! through [`Metrics::register`], when it is built: the boundary's calls and served revision
 //! (`boundary::metrics`), quotas (`limits::metrics`), the shared state (`state::metrics`), the
 //! catalog updates and listeners (`server`), the shadow catalog, and the gauges the admin door
-//! reads when scraped (`server::admin`, which also serves them). Nothing here knows a family.
+//! reads when scraped (`app::admin`, which also serves them). Nothing here knows a family.
 //!
 //! Label cardinality is bounded by the catalog: the `tool` label is a catalog tool name, or
 //! [`UNKNOWN_TOOL`] for names the model made up; tenants, subjects and call ids are never labels

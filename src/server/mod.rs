@@ -1,142 +1,188 @@
-//! The gRPC server: tonic services that only convert between proto and domain types and call the
-//! boundary, plus the standard health and reflection services, TCP and Unix-socket listeners, and
-//! graceful shutdown (stop accepting, let in-flight calls finish within the grace period, drain
-//! the audit queue).
+//! The gRPC door: tonic services that only convert between proto and domain types and call the
+//! boundary (`services.rs`, `convert.rs`), the standard health and reflection services, and
+//! the transport stack they are served behind on TCP and Unix-socket listeners. What the door
+//! serves, and when it stops, is wired by the composition root (`crate::app`).
 
-mod admin;
-mod catalog_updates;
 pub mod convert;
 mod deadline;
 pub mod explain;
 mod joined_writes;
 mod services;
 
-pub use catalog_updates::ReloadError;
 pub use joined_writes::JoinedWrites;
 
-use std::{future::Future, net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
+use std::{future::Future, sync::Arc, time::Duration};
 
-use tokio::{
-    net::TcpListener,
-    sync::{mpsc, oneshot, watch},
-};
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::watch;
 use tokio_stream::wrappers::UnixListenerStream;
-use tokio_util::sync::{CancellationToken, DropGuard};
 use tonic::service::Routes;
-use tonic_health::ServingStatus;
+use tonic_health::{ServingStatus, server::HealthReporter};
 
-use arc_swap::ArcSwap;
-
-use crate::admission::{AdmissionLayer, connections, refusals::Refusals};
-use crate::identity::IdentityHandle;
 use crate::{
-    audit::{AuditLog, RefusedCallers},
-    boundary::{Boundary, Stores},
-    clock::SharedClock,
-    config::Config,
-    executor::{Executors, McpManager},
-    identity::IdentityResolver,
+    admission::{AdmissionLayer, connections},
+    boundary::Boundary,
     proto::{
         self, approvals_server::ApprovalsServer, controls_server::ControlsServer,
         tool_gate_server::ToolGateServer,
     },
+    settings::LimitsConfig,
     tasks::Tasks,
+    telemetry::spans::{TraceContextLayer, Tracer},
 };
-use crate::{metrics::Metrics, shadow::Shadow, telemetry::spans::TraceContextLayer};
-use admin::AdminBinding;
-use connections::Listener;
 use deadline::DeadlineLayer;
 use services::{ApprovalsService, ControlsService, ToolGateService};
 
-/// Why the server could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    #[error("cannot listen on {addr}: {source}")]
-    Listen {
-        addr: String,
-        source: std::io::Error,
-    },
-    #[error("cannot open the audit sink: {0}")]
-    Audit(std::io::Error),
-    #[error("cannot build the reflection service: {0}")]
-    Reflection(String),
-    #[error("cannot install a signal handler: {0}")]
-    Signal(String),
-    #[error("refusing to start: {0}")]
-    Insecure(#[from] crate::identity::ListenerError),
-    #[error("cannot set up the state backend: {0}")]
-    State(crate::state::StateError),
+/// The gRPC door, built: the ToolGate, Approvals and Controls services, health and reflection,
+/// behind the transport layers, ready to serve on any number of listeners.
+pub struct GrpcDoor {
+    routes: Routes,
+    health: HealthReporter,
+    max_streams_per_connection: u32,
+    admission: AdmissionLayer,
 }
 
-/// Options that are not part of the catalog file.
-#[derive(Debug, Clone, Default)]
-pub struct StartOptions {
-    /// Overrides `server.listen` (e.g. `127.0.0.1:0` in tests).
-    pub listen: Option<SocketAddr>,
-    /// The clock; the system clock by default.
-    pub clock: Option<SharedClock>,
-    /// Reload the catalog on SIGHUP (the binary does; in-process tests call `reload`).
-    pub reload_on_sighup: bool,
-    /// Overrides `server.admin_listen` (e.g. `127.0.0.1:0` in tests).
-    pub admin_listen: Option<SocketAddr>,
-    /// Makes the spans of calls (`TelemetryGuard::tracer`); none by default.
-    pub tracer: crate::telemetry::spans::Tracer,
-    /// Overrides `server.mcp.listen` (e.g. `127.0.0.1:0` in tests); the door is served only
-    /// when `server.mcp` is configured.
-    pub mcp_listen: Option<SocketAddr>,
+impl GrpcDoor {
+    /// Builds the services and says SERVING for each (no listener serves yet).
+    pub async fn new(
+        boundary: Arc<Boundary>,
+        limits: &LimitsConfig,
+        tracer: Tracer,
+        admission: AdmissionLayer,
+    ) -> Result<Self, tonic_reflection::server::Error> {
+        let gate = services::Gate { boundary };
+        // Every service gets explicit message limits both ways: nothing it sends or accepts can
+        // be larger than the configured message size.
+        let max_message = limits.max_message_bytes;
+        let toolgate =
+            ToolGateServer::new(ToolGateService::new(gate.clone(), limits.clone(), tracer))
+                .max_decoding_message_size(max_message)
+                .max_encoding_message_size(max_message);
+        let approvals = ApprovalsServer::new(ApprovalsService::new(gate.clone()))
+            .max_decoding_message_size(max_message)
+            .max_encoding_message_size(max_message);
+        let controls = ControlsServer::new(ControlsService::new(gate))
+            .max_decoding_message_size(max_message)
+            .max_encoding_message_size(max_message);
+        let (health, health_service) = tonic_health::server::health_reporter();
+        let health_service = health_service
+            .max_decoding_message_size(64 * 1024)
+            .max_encoding_message_size(64 * 1024);
+        health
+            .set_serving::<ToolGateServer<ToolGateService>>()
+            .await;
+        health
+            .set_serving::<ApprovalsServer<ApprovalsService>>()
+            .await;
+        health
+            .set_serving::<ControlsServer<ControlsService>>()
+            .await;
+        health.set_service_status("", ServingStatus::Serving).await;
+        health
+            .set_service_status(STATE_HEALTH_SERVICE, ServingStatus::Serving)
+            .await;
+        let reflection_v1 = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1()?
+            .max_decoding_message_size(max_message)
+            .max_encoding_message_size(max_message);
+        let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1alpha()?
+            .max_decoding_message_size(max_message)
+            .max_encoding_message_size(max_message);
+        let routes = Routes::new(toolgate)
+            .add_service(approvals)
+            .add_service(controls)
+            .add_service(health_service)
+            .add_service(reflection_v1)
+            .add_service(reflection_v1alpha);
+        Ok(GrpcDoor {
+            routes,
+            health,
+            max_streams_per_connection: limits.max_streams_per_connection,
+            admission,
+        })
+    }
+
+    /// The gRPC health the door reports.
+    pub fn health(&self) -> &HealthReporter {
+        &self.health
+    }
+
+    /// Serves on `listener` as the task `grpc-tcp` of `tasks` until `stop` completes; each
+    /// connection is admitted by `connections`.
+    pub fn serve_tcp(
+        &self,
+        listener: TcpListener,
+        connections: connections::Admission,
+        stop: impl Future<Output = ()> + Send + 'static,
+        tasks: &Tasks,
+    ) {
+        let server = self
+            .builder()
+            .add_routes(self.routes.clone())
+            .serve_with_incoming_shutdown(
+                // Serving an incoming stream bypasses the builder's tcp_nodelay; without it every
+                // small response waits for a delayed ACK (~40 ms).
+                connections.each(
+                    JoinedWrites::each(
+                        tonic::transport::server::TcpIncoming::from(listener)
+                            .with_nodelay(Some(true)),
+                    ),
+                    |io| io.get_ref().peer_addr().ok(),
+                ),
+                stop,
+            );
+        tasks.spawn("grpc-tcp", log_end(server));
+    }
+
+    /// Serves on the Unix socket `listener` as the task `grpc-unix`, as [`GrpcDoor::serve_tcp`].
+    pub fn serve_unix(
+        &self,
+        listener: UnixListener,
+        connections: connections::Admission,
+        stop: impl Future<Output = ()> + Send + 'static,
+        tasks: &Tasks,
+    ) {
+        let server = self
+            .builder()
+            .add_routes(self.routes.clone())
+            .serve_with_incoming_shutdown(
+                connections.each(
+                    JoinedWrites::each(UnixListenerStream::new(listener)),
+                    |_| None,
+                ),
+                stop,
+            );
+        tasks.spawn("grpc-unix", log_end(server));
+    }
+
+    /// The transport stack. Layers are transport concerns only, in this order: admission first
+    /// (identity from the headers, then the caps on calls in flight: overload and unknown
+    /// callers are refused before any work), then the caller's trace context and deadline. Each
+    /// connection may open only so many streams.
+    fn builder(&self) -> LayeredServer {
+        tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(Duration::from_secs(30)))
+            .tcp_nodelay(true)
+            .max_concurrent_streams(Some(self.max_streams_per_connection))
+            .layer(self.admission.clone())
+            .layer(TraceContextLayer)
+            .layer(DeadlineLayer)
+    }
 }
 
-/// A started server.
-pub struct Running {
-    local_addr: Option<SocketAddr>,
-    /// The MCP door's address, when it is served.
-    mcp_addr: Option<SocketAddr>,
-    unix_socket: Option<PathBuf>,
-    boundary: Arc<Boundary>,
-    /// Every task the server started, by what shutdown does with it.
-    tasks: ServerTasks,
-    grace: Duration,
-    health: tonic_health::server::HealthReporter,
-    reload: mpsc::Sender<catalog_updates::ReloadRequest>,
-    admin: Option<AdminBinding>,
-    /// The admission of RPCs (identity, caps on calls in flight); also what shutdown drains.
-    in_flight: AdmissionLayer,
-    /// The shadow candidate catalog and its queue.
-    shadow: Arc<Shadow>,
-    /// The backends the boundary runs calls on; shutdown closes the MCP servers' connections.
-    executors: Executors,
-    /// The audit log the boundary and the doors write to; shutdown drains it.
-    audit: AuditLog,
-    /// Dropped without [`Running::shutdown`], the server still stops its listeners and upkeep.
-    _stop_on_drop: DropGuard,
+/// Says NOT_SERVING for every service and the whole server: shutdown has begun.
+pub async fn set_not_serving(health: &HealthReporter) {
+    for service in SERVICES {
+        health
+            .set_service_status(service, ServingStatus::NotServing)
+            .await;
+    }
 }
-
-/// The server's tasks, one group per step of shutdown.
-struct ServerTasks {
-    /// With Redis: the state backend's health check and its reporter, stopped first so that
-    /// nothing reports SERVING once shutdown has begun.
-    state_health: Tasks,
-    /// Tells the gRPC listeners to stop accepting and close each connection once its calls are
-    /// answered.
-    close_listeners: CancellationToken,
-    /// The gRPC listeners; stopping the group drops the connections still open.
-    listeners: Tasks,
-    /// Catalog updates, the shadow catalog's worker and loader, SIGHUP, the rate-limit sweeper
-    /// and the admin endpoint.
-    upkeep: Tasks,
-    /// The audit writer, stopped last (once its queue is written). Not stopped by dropping the
-    /// server: it ends by itself when its queue's senders (the boundary, the server's handles)
-    /// go.
-    audit: Tasks,
-}
-
-/// How long a group of tasks told to stop may take before shutdown goes on without them (they
-/// stop at their next await, so only a task stuck in a blocking call can take this long).
-const TASKS_STOP_WITHIN: Duration = Duration::from_secs(2);
-
-/// How often expired emergency denies are taken out (they stop matching at their expiry
-/// anyway; this is when the expiry is audited).
-const EMERGENCY_EXPIRY_CHECK: Duration = Duration::from_secs(1);
 
 /// The gRPC services whose health is reported by name (and `""`, the whole server).
 const SERVICES: [&str; 4] = [
@@ -146,535 +192,14 @@ const SERVICES: [&str; 4] = [
     "toolgate.v1.Controls",
 ];
 
-impl Running {
-    /// The TCP address actually bound.
-    pub fn local_addr(&self) -> Option<SocketAddr> {
-        self.local_addr
-    }
-
-    /// The MCP door's address (Streamable HTTP), when `server.mcp` is configured.
-    pub fn mcp_addr(&self) -> Option<SocketAddr> {
-        self.mcp_addr
-    }
-
-    /// The admin HTTP address (/metrics, /healthz, /readyz), when enabled.
-    pub fn admin_addr(&self) -> Option<SocketAddr> {
-        self.admin.as_ref().map(|a| a.addr)
-    }
-
-    pub fn unix_socket(&self) -> Option<&PathBuf> {
-        self.unix_socket.as_ref()
-    }
-
-    pub fn boundary(&self) -> &Arc<Boundary> {
-        &self.boundary
-    }
-
-    /// The shadow candidate catalog (`shadow_catalog`) and what its loader did.
-    pub fn shadow(&self) -> &Arc<Shadow> {
-        &self.shadow
-    }
-
-    /// The backends calls run on (tests reach the builtins and the MCP servers through it).
-    pub fn executors(&self) -> &Executors {
-        &self.executors
-    }
-
-    /// The audit log (tests flush it before reading what was written).
-    pub fn audit(&self) -> &AuditLog {
-        &self.audit
-    }
-
-    /// Re-reads the catalog file now; returns the new revision, or why the file was refused
-    /// (the previous catalog then keeps serving).
-    pub async fn reload(&self) -> Result<String, ReloadError> {
-        request_reload(&self.reload).await
-    }
-
-    /// Stops accepting, waits up to the grace period for in-flight calls, then drains the audit
-    /// queue. Calls still running after the grace period are cancelled (and audited as such).
-    pub async fn shutdown(self) {
-        let tasks = &self.tasks;
-        // 1. Nothing may report SERVING again from here on.
-        tasks.state_health.stop(TASKS_STOP_WITHIN).await;
-        // 2. Refuse new calls, and say so: by the time /readyz says 503 every new call is refused.
-        self.in_flight.start_draining();
-        if let Some(admin) = &self.admin {
-            admin
-                .state
-                .ready
-                .store(false, std::sync::atomic::Ordering::Relaxed);
-        }
-        for service in SERVICES {
-            self.health
-                .set_service_status(service, ServingStatus::NotServing)
-                .await;
-        }
-        // 3. Let the running calls finish: new ones are answered UNAVAILABLE on every connection,
-        // old and new, meanwhile. (Closing the listeners first would send GOAWAY, and a client on
-        // an open connection would see its next call CANCELLED.)
-        let grace = self.grace;
-        let drain_until = tokio::time::Instant::now() + grace;
-        let _ = tokio::time::timeout_at(drain_until, self.in_flight.idle()).await;
-        // 4. Close the listeners; each connection ends once its answers are sent.
-        tasks.close_listeners.cancel();
-        let closed = tokio::time::timeout_at(
-            drain_until.max(tokio::time::Instant::now() + Duration::from_millis(100)),
-            tasks.listeners.finished(),
-        )
-        .await
-        .is_ok();
-        // 5. Past the grace period: cancel the calls still running (each ends CANCELLED through
-        // the boundary, so each is audited), then drop the connections left.
-        if !closed {
-            tracing::warn!(
-                grace_ms = grace.as_millis() as u64,
-                in_flight = self.boundary.in_flight(),
-                "grace period over; cancelling calls still in flight"
-            );
-            self.boundary.stop_calls();
-            if tokio::time::timeout(TASKS_STOP_WITHIN, self.boundary.calls_finished())
-                .await
-                .is_err()
-            {
-                tracing::error!(
-                    in_flight = self.boundary.in_flight(),
-                    "calls did not end when cancelled"
-                );
-            }
-            tasks.listeners.stop(TASKS_STOP_WITHIN).await;
-        }
-        // 6. Upkeep and the admin endpoint, then the MCP servers' connections and processes.
-        if !tasks.upkeep.stop(TASKS_STOP_WITHIN).await {
-            tracing::warn!(
-                running = tasks.upkeep.running(),
-                "upkeep tasks did not stop in time"
-            );
-        }
-        if !self.executors.mcp.stopped(TASKS_STOP_WITHIN).await {
-            tracing::warn!("MCP server connections did not close in time");
-        }
-        if let Some(path) = &self.unix_socket {
-            let _ = std::fs::remove_file(path);
-        }
-        // 7. Every call has finished or been cancelled and queued its event: drain the queue. A
-        // sink stuck for good must not hold the process forever.
-        let audit = &self.audit;
-        if tokio::time::timeout(grace, audit.flush()).await.is_err() {
-            tracing::error!(
-                unwritten = audit.queued(),
-                "audit sink stuck: gave up draining the audit queue after the grace period"
-            );
-        }
-        // 8. Stop the writer, which closes the sink (e.g. the audit file), before returning.
-        if !tasks.audit.stop(TASKS_STOP_WITHIN).await {
-            tracing::error!("the audit writer did not stop: its sink is stuck");
-        }
-    }
-}
-
-/// Starts serving `config`; returns once the listeners are bound and health says SERVING.
-pub async fn start(config: Config, options: StartOptions) -> Result<Running, StartError> {
-    if config.identity.dev_identity {
-        // The first thing an operator reads: nothing below authenticates anyone.
-        tracing::warn!(
-            "dev identity is on: callers are NOT authenticated; x-toolgate-* metadata is trusted as is"
-        );
-    }
-    if let Some(endpoint) = &config.telemetry.endpoint {
-        tracing::info!(endpoint = %endpoint, service = %config.telemetry.service_name, "exporting traces over OTLP");
-    }
-    if let Some(addr) = options.listen.or(config.server.listen) {
-        config.identity.check_listener(addr)?;
-    }
-    if let Some(addr) = options.mcp_listen {
-        config.identity.check_listener(addr)?;
-    }
-    // Let mut: the MCP door's resource is settled once it is bound.
-    let mut config = config;
-    let mcp_door = match &config.server.mcp {
-        Some(mcp) => {
-            let bound = crate::mcp_door::bind(mcp, options.mcp_listen)
-                .await
-                .map_err(|source| StartError::Listen {
-                    addr: options.mcp_listen.unwrap_or(mcp.listen).to_string(),
-                    source,
-                })?;
-            config.identity.mcp_resource = Some(bound.resource.clone());
-            Some(bound)
-        }
-        None => None,
-    };
-    let mcp_resource = config.identity.mcp_resource.clone();
-    let clock = options.clock.unwrap_or_default();
-    // Listeners and upkeep are stopped with the server, even when it is dropped; the audit
-    // writer only by shutdown, once its queue is written.
-    let root = Tasks::new();
-    let tasks = ServerTasks {
-        state_health: root.child(),
-        close_listeners: root.token().child_token(),
-        listeners: root.child(),
-        upkeep: root.child(),
-        audit: Tasks::new(),
-    };
-    let audit = AuditLog::start(&config.audit, &tasks.audit)
-        .await
-        .map_err(StartError::Audit)?;
-    // Each concern registers its own families as it is built.
-    let metrics = Arc::new(Metrics::new());
-    let backend =
-        crate::state::Backend::start(&config.state, &metrics).map_err(StartError::State)?;
-    let stores = Stores::new(
-        backend.clone(),
-        &clock,
-        config.approvals.budget,
-        config.limits.idempotency_budget(),
-    );
-    let mcp = Arc::new(McpManager::start(&config.catalog_inputs.mcp_servers));
-    let discovered = mcp.watch_discovered();
-    let executors = Executors {
-        mcp,
-        ..Executors::default()
-    };
-    let limits = config.limits.clone();
-    let boundary = Arc::new(
-        Boundary::new(
-            config.catalog,
-            config.limits.clone(),
-            stores,
-            executors.clone(),
-            audit.clone(),
-            clock.clone(),
-            &metrics,
-        )
-        .with_tracer(options.tracer.clone()),
-    );
-    let identity: IdentityHandle = Arc::new(ArcSwap::from_pointee(IdentityResolver::new(
-        &config.identity,
-        clock.clone(),
-        limits.token_cache_max_bytes,
-    )));
-    let refused = Arc::new(RefusedCallers::new(
-        config.audit.authentication_failures,
-        clock.clone(),
-    ));
-    let (reload, reload_requests) = mpsc::channel(8);
-    let source = config.file.clone().map(|path| catalog_updates::Source {
-        path,
-        env: config.catalog_inputs.env.clone(),
-        poll_interval: config.server.reload_interval,
-        loaded: config.loaded.clone(),
-    });
-    let shadow_loader = crate::shadow::candidate::Loader {
-        env: config.catalog_inputs.env.clone(),
-        poll_interval: config.server.reload_interval,
-        mcp_servers: config.catalog_inputs.mcp_servers.clone(),
-        discovered: executors.mcp.watch_discovered(),
-    };
-    // Every TCP listener callers are identified on, as served.
-    let listeners: Vec<SocketAddr> = options
-        .listen
-        .or(config.server.listen)
-        .into_iter()
-        .chain(mcp_door.as_ref().map(|bound| bound.addr))
-        .collect();
-    let restart_required = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    // The shadow candidate (`shadow_catalog`): told of every call, compared by its worker.
-    let shadow = Shadow::observe(&boundary, &metrics);
-    let upkeep = &tasks.upkeep;
-    upkeep.spawn(
-        "catalog-updates",
-        catalog_updates::run(
-            catalog_updates::Updater {
-                boundary: boundary.clone(),
-                metrics: catalog_updates::UpdateMetrics::register(&metrics),
-                identity: identity.clone(),
-                clock: clock.clone(),
-                restart_required: restart_required.clone(),
-                listeners,
-                mcp_resource,
-                shadow: shadow.clone(),
-            },
-            config.catalog_inputs,
-            source,
-            discovered,
-            reload_requests,
-        ),
-    );
-    // Its loader and the worker comparing calls.
-    shadow.configure(config.shadow_catalog.clone());
-    upkeep.spawn(
-        "shadow-worker",
-        crate::shadow::run(
-            boundary.clone(),
-            shadow.clone(),
-            crate::shadow::Recorder {
-                audit: audit.clone(),
-                clock: clock.clone(),
-                max_identifier_bytes: limits.max_identifier_bytes,
-            },
-        ),
-    );
-    upkeep.spawn(
-        "shadow-loader",
-        crate::shadow::candidate::watch(shadow.clone(), shadow_loader),
-    );
-    if options.reload_on_sighup {
-        upkeep.spawn("sighup-reload", reload_on_sighup(reload.clone())?);
-    }
-    let gate = services::Gate {
-        boundary: boundary.clone(),
-    };
-
-    // Every service gets explicit message limits both ways: nothing it sends or accepts can be
-    // larger than the configured message size.
-    let max_message = limits.max_message_bytes;
-    let toolgate = ToolGateServer::new(ToolGateService::new(
-        gate.clone(),
-        limits.clone(),
-        options.tracer.clone(),
-    ))
-    .max_decoding_message_size(max_message)
-    .max_encoding_message_size(max_message);
-    let approvals = ApprovalsServer::new(ApprovalsService::new(gate.clone()))
-        .max_decoding_message_size(max_message)
-        .max_encoding_message_size(max_message);
-    let controls = ControlsServer::new(ControlsService::new(gate))
-        .max_decoding_message_size(max_message)
-        .max_encoding_message_size(max_message);
-    let (health, health_service) = tonic_health::server::health_reporter();
-    let health_service = health_service
-        .max_decoding_message_size(64 * 1024)
-        .max_encoding_message_size(64 * 1024);
-    health
-        .set_serving::<ToolGateServer<ToolGateService>>()
-        .await;
-    health
-        .set_serving::<ApprovalsServer<ApprovalsService>>()
-        .await;
-    health
-        .set_serving::<ControlsServer<ControlsService>>()
-        .await;
-    health.set_service_status("", ServingStatus::Serving).await;
-    health
-        .set_service_status(STATE_HEALTH_SERVICE, ServingStatus::Serving)
-        .await;
-    // With Redis: a health check every second, and its answers reported as gRPC health.
-    if let Some(redis) = backend.redis() {
-        tasks
-            .state_health
-            .spawn("state-health-check", redis.check_health());
-        tasks.state_health.spawn(
-            "state-health-report",
-            report_state_health(
-                redis.watch_reachable(),
-                health.clone(),
-                config.state.unready_when_unavailable,
-            ),
-        );
-    }
-    let reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(|e| StartError::Reflection(e.to_string()))?
-        .max_decoding_message_size(max_message)
-        .max_encoding_message_size(max_message);
-    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1alpha()
-        .map_err(|e| StartError::Reflection(e.to_string()))?
-        .max_decoding_message_size(max_message)
-        .max_encoding_message_size(max_message);
-    let routes = Routes::new(toolgate)
-        .add_service(approvals)
-        .add_service(controls)
-        .add_service(health_service)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha);
-    let refusals = Arc::new(Refusals::new(&metrics));
-    let in_flight = AdmissionLayer::new(
-        &limits,
-        audit.clone(),
-        identity.clone(),
-        refused.clone(),
-        refusals.clone(),
-    );
-
-    let signal = || tasks.close_listeners.clone().cancelled_owned();
-    // Bind every listener before serving on any, so a bad socket path fails the start cleanly.
-    let tcp = match options.listen.or(config.server.listen) {
-        Some(addr) => {
-            let listen_error = |source| StartError::Listen {
-                addr: addr.to_string(),
-                source,
-            };
-            let listener = TcpListener::bind(addr).await.map_err(listen_error)?;
-            let bound = listener.local_addr().map_err(listen_error)?;
-            Some((listener, bound))
-        }
-        None => None,
-    };
-    let unix_socket = config.server.unix_socket.clone();
-    let unix = match &unix_socket {
-        Some(path) => {
-            // A socket file left by a previous run would make bind fail.
-            let _ = std::fs::remove_file(path);
-            let listener =
-                tokio::net::UnixListener::bind(path).map_err(|source| StartError::Listen {
-                    addr: path.display().to_string(),
-                    source,
-                })?;
-            Some(listener)
-        }
-        None => None,
-    };
-    // The shared emergency denies are read before any listener serves: a restarted sidecar
-    // enforces them from its first call. A Redis that does not answer delays this by at most its
-    // timeout; the denies read last (none, at start) are enforced then, and the follower reads
-    // them again as soon as Redis answers.
-    boundary.emergency_denies().reconcile().await;
-    boundary.emergency_denies_changed();
-    // The MCP door and the admin listener first: gRPC health (on the TCP listener) says SERVING
-    // as soon as that listener serves, and by then every other listener serves and said so.
-    let mcp_addr = match (&config.server.mcp, mcp_door) {
-        (Some(door), Some(bound)) => {
-            let addr = bound.addr;
-            let parts = crate::mcp_door::Parts {
-                boundary: boundary.clone(),
-                admission: in_flight.clone(),
-                connections: connections::Admission::new(Listener::Mcp, &limits, refusals.clone()),
-                limits: limits.clone(),
-                tracer: options.tracer.clone(),
-                approval_ttl: config.approvals.budget.ttl,
-            };
-            crate::mcp_door::start(
-                door,
-                bound,
-                parts,
-                &tasks.listeners,
-                tasks.close_listeners.clone(),
-            );
-            Some(addr)
-        }
-        _ => None,
-    };
-    let admin = AdminBinding::start(
-        options.admin_listen.or(config.server.admin_listen),
-        admin::Readings {
-            boundary: boundary.clone(),
-            metrics: metrics.clone(),
-            audit: audit.clone(),
-            tracer: options.tracer.clone(),
-            backend: backend.clone(),
-            identity: identity.clone(),
-            refused: refused.clone(),
-            restart_required: restart_required.clone(),
-            state_required: config.state.unready_when_unavailable,
-        },
-        &tasks.upkeep,
-    )
-    .await?;
-    let local_addr = tcp.as_ref().map(|(_, bound)| *bound);
-    if let Some((listener, bound)) = tcp {
-        let admission = connections::Admission::new(Listener::Tcp, &limits, refusals.clone());
-        let server = builder(&limits, &in_flight)
-            .add_routes(routes.clone())
-            .serve_with_incoming_shutdown(
-                // Serving an incoming stream bypasses the builder's tcp_nodelay; without it every
-                // small response waits for a delayed ACK (~40 ms).
-                admission.each(
-                    JoinedWrites::each(
-                        tonic::transport::server::TcpIncoming::from(listener)
-                            .with_nodelay(Some(true)),
-                    ),
-                    |io| io.get_ref().peer_addr().ok(),
-                ),
-                signal(),
-            );
-        tasks.listeners.spawn("grpc-tcp", log_end(server));
-        tracing::info!(addr = %bound, "serving gRPC over TCP");
-    }
-    if let (Some(listener), Some(path)) = (unix, &unix_socket) {
-        let admission = connections::Admission::new(Listener::Unix, &limits, refusals.clone());
-        let server = builder(&limits, &in_flight)
-            .add_routes(routes)
-            .serve_with_incoming_shutdown(
-                admission.each(
-                    JoinedWrites::each(UnixListenerStream::new(listener)),
-                    |_| None,
-                ),
-                signal(),
-            );
-        tasks.listeners.spawn("grpc-unix", log_end(server));
-        tracing::info!(path = %path.display(), "serving gRPC over a Unix socket");
-    }
-    // Emergency denies: the shared ones were read before any listener served; now followed,
-    // expiries taken out and audited, and each change announced (what callers see changed) and
-    // counted.
-    let denies = boundary.emergency_denies().clone();
-    tasks
-        .upkeep
-        .spawn_until_stopped("emergency-deny-follower", move |stop| denies.follow(stop));
-    let upkeep_boundary = boundary.clone();
-    tasks.upkeep.spawn("emergency-deny-upkeep", async move {
-        let mut changes = upkeep_boundary.emergency_denies().watch();
-        let mut expiry = tokio::time::interval(EMERGENCY_EXPIRY_CHECK);
-        expiry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            // The timer runs only while a deny can expire: an idle sidecar is not woken for nothing.
-            let expiring = upkeep_boundary.emergency_denies().any_expiring();
-            tokio::select! {
-                _ = expiry.tick(), if expiring => upkeep_boundary.expire_emergency_denies().await,
-                changed = changes.changed() => match changed {
-                    Ok(()) => upkeep_boundary.emergency_denies_changed(),
-                    Err(_) => return,
-                },
-            }
-        }
-    });
-    // Shed rate-limit keys whose window has passed, so their stores stay small.
-    let sweeper = boundary.clone();
-    tasks.upkeep.spawn("rate-limit-sweeper", async move {
-        let mut tick = tokio::time::interval(crate::limits::SWEEP_INTERVAL);
-        loop {
-            tick.tick().await;
-            sweeper.catalog().rate_limits.retain_recent();
-        }
-    });
-    tracing::info!(
-        source = %config.source,
-        revision = %boundary.catalog().catalog.revision(),
-        tools = boundary.catalog().catalog.names().count(),
-        "catalog loaded; SERVING"
-    );
-    Ok(Running {
-        local_addr,
-        mcp_addr,
-        unix_socket,
-        boundary,
-        tasks,
-        grace: config.server.shutdown_grace,
-        health,
-        reload,
-        admin,
-        in_flight,
-        shadow,
-        executors,
-        audit,
-        _stop_on_drop: root.stop_on_drop(),
-    })
-}
-
 /// The gRPC health service name whose status says whether the state backend answers.
 pub const STATE_HEALTH_SERVICE: &str = "toolgate.state";
 
 /// Reports the state backend's reachability as the gRPC health of [`STATE_HEALTH_SERVICE`] and,
 /// when it must be reachable to serve, of the whole server.
-async fn report_state_health(
+pub async fn report_state_health(
     mut reachable: watch::Receiver<bool>,
-    health: tonic_health::server::HealthReporter,
+    health: HealthReporter,
     required: bool,
 ) {
     loop {
@@ -696,35 +221,6 @@ async fn report_state_health(
     }
 }
 
-async fn request_reload(
-    reload: &mpsc::Sender<catalog_updates::ReloadRequest>,
-) -> Result<String, ReloadError> {
-    let (reply, outcome) = oneshot::channel();
-    reload
-        .send(reply)
-        .await
-        .map_err(|_| ReloadError::ShuttingDown)?;
-    outcome.await.map_err(|_| ReloadError::ShuttingDown)?
-}
-
-/// Installs the SIGHUP handler now — an unhandled SIGHUP would terminate the process — and
-/// returns the loop that reloads on each.
-fn reload_on_sighup(
-    reload: mpsc::Sender<catalog_updates::ReloadRequest>,
-) -> Result<impl Future<Output = ()> + Send + 'static, StartError> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut hangups =
-        signal(SignalKind::hangup()).map_err(|e| StartError::Signal(e.to_string()))?;
-    Ok(async move {
-        while hangups.recv().await.is_some() {
-            match request_reload(&reload).await {
-                Ok(revision) => tracing::info!(revision = %revision, "SIGHUP: catalog reloaded"),
-                Err(err) => tracing::error!(error = %err, "SIGHUP: catalog reload refused"),
-            }
-        }
-    })
-}
-
 /// A listener's serving loop, its error logged when it ends with one.
 async fn log_end(server: impl Future<Output = Result<(), tonic::transport::Error>>) {
     if let Err(err) = server.await {
@@ -742,31 +238,3 @@ type LayeredServer = tonic::transport::server::Server<
         >,
     >,
 >;
-
-/// The transport stack. Layers are transport concerns only, in this order: admission first
-/// (identity from the headers, then the caps on calls in flight: overload and unknown callers
-/// are refused before any work), then the caller's trace context and deadline. Each connection
-/// may open only so many streams.
-fn builder(limits: &crate::settings::LimitsConfig, in_flight: &AdmissionLayer) -> LayeredServer {
-    tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .tcp_nodelay(true)
-        .max_concurrent_streams(Some(limits.max_streams_per_connection))
-        .layer(in_flight.clone())
-        .layer(TraceContextLayer)
-        .layer(DeadlineLayer)
-}
-
-/// Serves until `signal` completes, then shuts down gracefully.
-pub async fn run(
-    config: Config,
-    options: StartOptions,
-    signal: impl Future<Output = ()>,
-) -> Result<(), StartError> {
-    let running = start(config, options).await?;
-    signal.await;
-    tracing::info!("shutting down: no new calls accepted, in-flight calls finishing");
-    running.shutdown().await;
-    tracing::info!("stopped");
-    Ok(())
-}
