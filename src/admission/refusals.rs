@@ -49,28 +49,21 @@ impl Refusals {
     /// Registers the listeners' metrics: `toolgate_rpcs_refused_total{listener,reason}`,
     /// `toolgate_connections_open{listener}`, `toolgate_connections_closed_total{listener,reason}`.
     pub fn new(metrics: &Metrics) -> Self {
-        let refusals = Refusals {
-            rpcs_refused: Family::default(),
-            connections_open: Family::default(),
-            connections_closed: Family::default(),
+        Refusals {
+            rpcs_refused: metrics.registered(
+                "rpcs_refused",
+                "toolgate RPCs refused before any call began, by listener and reason (unauthenticated, in_flight, tenant_share, request_bytes, body_timeout, draining)",
+            ),
+            connections_open: metrics.registered(
+                "connections_open",
+                "Client connections open, by listener",
+            ),
+            connections_closed: metrics.registered(
+                "connections_closed",
+                "Client connections the sidecar closed, by listener and reason (over_cap, handshake_timeout, idle)",
+            ),
             logged: Mutex::new(HashMap::new()),
-        };
-        metrics.register(
-            "rpcs_refused",
-            "toolgate RPCs refused before any call began, by listener and reason (unauthenticated, in_flight, tenant_share, request_bytes, body_timeout, draining)",
-            refusals.rpcs_refused.clone(),
-        );
-        metrics.register(
-            "connections_open",
-            "Client connections open, by listener",
-            refusals.connections_open.clone(),
-        );
-        metrics.register(
-            "connections_closed",
-            "Client connections the sidecar closed, by listener and reason (over_cap, handshake_timeout, idle)",
-            refusals.connections_closed.clone(),
-        );
-        refusals
+        }
     }
 
     /// An RPC refused by the admission layer, counted and logged.

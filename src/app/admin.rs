@@ -163,11 +163,7 @@ pub(super) struct SnapshotGauges {
 
 impl SnapshotGauges {
     fn register(metrics: &Metrics) -> Self {
-        let gauge = |name: &str, help: &str| {
-            let gauge = Gauge::default();
-            metrics.register(name, help, gauge.clone());
-            gauge
-        };
+        let gauge = |name: &str, help: &str| -> Gauge { metrics.registered(name, help) };
         SnapshotGauges {
             calls_in_flight: gauge("calls_in_flight", "Tool calls being decided or run now"),
             approvals_pending: gauge("approvals_pending", "Approvals waiting for a decision"),

@@ -308,27 +308,20 @@ pub struct UpdateMetrics {
 impl UpdateMetrics {
     /// The updater's families, registered in `metrics`.
     pub fn register(metrics: &Metrics) -> Self {
-        let updates = UpdateMetrics {
-            reloads: Family::default(),
-            polls: Counter::default(),
-            parses: Counter::default(),
-        };
-        metrics.register(
-            "catalog_reloads",
-            "Catalog reloads by result (ok, refused, restart_required)",
-            updates.reloads.clone(),
-        );
-        metrics.register(
-            "catalog_file_polls",
-            "Times the catalog file was looked at for changes",
-            updates.polls.clone(),
-        );
-        metrics.register(
-            "catalog_file_parses",
-            "Times the catalog file's text was parsed: when it was new or changed, and for each reload (an unchanged file is not parsed)",
-            updates.parses.clone(),
-        );
-        updates
+        UpdateMetrics {
+            reloads: metrics.registered(
+                "catalog_reloads",
+                "Catalog reloads by result (ok, refused, restart_required)",
+            ),
+            polls: metrics.registered(
+                "catalog_file_polls",
+                "Times the catalog file was looked at for changes",
+            ),
+            parses: metrics.registered(
+                "catalog_file_parses",
+                "Times the catalog file's text was parsed: when it was new or changed, and for each reload (an unchanged file is not parsed)",
+            ),
+        }
     }
 
     /// Records a reload attempt: `ok`, `refused` (invalid) or `restart_required`.

@@ -85,59 +85,34 @@ pub struct BoundaryMetrics {
 impl BoundaryMetrics {
     /// The boundary's families, registered in `metrics`.
     pub fn register(metrics: &Metrics) -> Self {
-        let boundary = BoundaryMetrics {
-            calls: Family::default(),
-            durations: Family::new_with_constructor(duration_histogram),
-            refusals: Family::default(),
-            rate_limited: Family::default(),
-            output_guard: Family::default(),
-            definition_changes: Family::default(),
-            emergency_denies: Gauge::default(),
-            revision: Family::default(),
+        BoundaryMetrics {
+            calls: metrics.registered("tool_calls", "Tool calls by tool and final status"),
+            durations: metrics.registered_with(
+                "tool_call_duration_seconds",
+                "Time a call spent in the sidecar",
+                Family::new_with_constructor(duration_histogram),
+            ),
+            refusals: metrics.registered(
+                "refusals",
+                "Calls not OK, by the stage that decided and the error type",
+            ),
+            rate_limited: metrics.registered("rate_limited", "Calls refused by a rate limit"),
+            output_guard: metrics.registered(
+                "output_guard_matches",
+                "What the output guard's detectors found in tool output, by tool, detector and action",
+            ),
+            definition_changes: metrics.registered(
+                "tool_definition_changes",
+                "Pinned MCP tools listed with a definition other than their pin (WITHDRAWN, KEPT) or with it again (RESTORED)",
+            ),
+            emergency_denies: metrics.registered("emergency_denies", "Emergency denies in force"),
+            revision: metrics.registered(
+                "catalog_revision_info",
+                "1 for the catalog revision being served",
+            ),
             current_revision: Mutex::new(String::new()),
             unknown_tool: Arc::from(UNKNOWN_TOOL),
-        };
-        metrics.register(
-            "tool_calls",
-            "Tool calls by tool and final status",
-            boundary.calls.clone(),
-        );
-        metrics.register(
-            "tool_call_duration_seconds",
-            "Time a call spent in the sidecar",
-            boundary.durations.clone(),
-        );
-        metrics.register(
-            "refusals",
-            "Calls not OK, by the stage that decided and the error type",
-            boundary.refusals.clone(),
-        );
-        metrics.register(
-            "rate_limited",
-            "Calls refused by a rate limit",
-            boundary.rate_limited.clone(),
-        );
-        metrics.register(
-            "output_guard_matches",
-            "What the output guard's detectors found in tool output, by tool, detector and action",
-            boundary.output_guard.clone(),
-        );
-        metrics.register(
-            "tool_definition_changes",
-            "Pinned MCP tools listed with a definition other than their pin (WITHDRAWN, KEPT) or with it again (RESTORED)",
-            boundary.definition_changes.clone(),
-        );
-        metrics.register(
-            "emergency_denies",
-            "Emergency denies in force",
-            boundary.emergency_denies.clone(),
-        );
-        metrics.register(
-            "catalog_revision_info",
-            "1 for the catalog revision being served",
-            boundary.revision.clone(),
-        );
-        boundary
+        }
     }
 
     /// Records a finished call.

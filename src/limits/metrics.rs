@@ -15,15 +15,12 @@ pub struct QuotaMetrics {
 impl QuotaMetrics {
     /// The rate limits' families, registered in `metrics`.
     pub fn register(metrics: &Metrics) -> Self {
-        let quotas = QuotaMetrics {
-            local_decisions: Counter::default(),
-        };
-        metrics.register(
-            "rate_limit_local_decisions",
-            "Calls whose quota this sidecar decided alone because the shared state could not be reached (on_unavailable: local)",
-            quotas.local_decisions.clone(),
-        );
-        quotas
+        QuotaMetrics {
+            local_decisions: metrics.registered(
+                "rate_limit_local_decisions",
+                "Calls whose quota this sidecar decided alone because the shared state could not be reached (on_unavailable: local)",
+            ),
+        }
     }
 
     /// A quota decided by this sidecar alone during an outage of the shared state.

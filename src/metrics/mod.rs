@@ -1,5 +1,5 @@
 //! The Prometheus registry (prometheus-client) that every concern registers its own families in
-//! through [`Metrics::register`], when it is built: the boundary's calls and served revision
+//! through [`Metrics::registered`], when it is built: the boundary's calls and served revision
 //! (`boundary::metrics`), quotas (`limits::metrics`), the shared state (`state::metrics`), the
 //! catalog updates and listeners (`server`), the shadow catalog, and the gauges the admin door
 //! reads when scraped (`app::admin`, which also serves them). Nothing here knows a family.
@@ -47,11 +47,24 @@ impl Metrics {
     /// Registers a concern's metric family under `toolgate_<name>`: each concern owns its
     /// families and registers them when it is built. Families are rendered in the order they
     /// were registered.
-    pub fn register(&self, name: &str, help: &str, metric: impl Metric) {
+    fn register(&self, name: &str, help: &str, metric: impl Metric) {
         self.registry
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .register(name, help, metric);
+    }
+
+    /// A new metric (a counter, a gauge, a family of either) registered under
+    /// `toolgate_<name>`: what a concern's struct of families is built from, one field each.
+    pub fn registered<M: Metric + Clone + Default>(&self, name: &str, help: &str) -> M {
+        self.registered_with(name, help, M::default())
+    }
+
+    /// `metric` registered under `toolgate_<name>` (one made otherwise than by `Default`, e.g. a
+    /// histogram family with its buckets), and returned.
+    pub fn registered_with<M: Metric + Clone>(&self, name: &str, help: &str, metric: M) -> M {
+        self.register(name, help, metric.clone());
+        metric
     }
 
     /// Prometheus text exposition of every family registered.

@@ -46,46 +46,33 @@ pub struct ShadowMetrics {
 
 impl ShadowMetrics {
     pub fn register(metrics: &Metrics) -> Self {
-        let shadow = ShadowMetrics {
-            compared: Counter::default(),
-            differences: Family::default(),
-            skipped: Family::default(),
-            loads: Family::default(),
-            parses: Counter::default(),
-            revision: Family::default(),
+        ShadowMetrics {
+            compared: metrics.registered(
+                "shadow_compared",
+                "Calls explained against the shadow catalog and compared",
+            ),
+            differences: metrics.registered(
+                "shadow_differences",
+                "Calls the shadow catalog would decide differently, by tool and what differs (status, refused_by, tool_version, bound_arguments)",
+            ),
+            skipped: metrics.registered(
+                "shadow_skipped",
+                "Calls not compared with the shadow catalog (queue_full) or whose difference was not audited (audit_full)",
+            ),
+            loads: metrics.registered(
+                "shadow_catalog_loads",
+                "Loads of the shadow catalog file by result (ok, refused)",
+            ),
+            parses: metrics.registered(
+                "shadow_catalog_parses",
+                "Times the shadow catalog file's text was parsed: when it was new or changed, and for each load (an unchanged file is not parsed)",
+            ),
+            revision: metrics.registered(
+                "shadow_catalog_revision_info",
+                "1 for the shadow catalog revision being compared",
+            ),
             current_revision: Mutex::new(None),
-        };
-        metrics.register(
-            "shadow_compared",
-            "Calls explained against the shadow catalog and compared",
-            shadow.compared.clone(),
-        );
-        metrics.register(
-            "shadow_differences",
-            "Calls the shadow catalog would decide differently, by tool and what differs (status, refused_by, tool_version, bound_arguments)",
-            shadow.differences.clone(),
-        );
-        metrics.register(
-            "shadow_skipped",
-            "Calls not compared with the shadow catalog (queue_full) or whose difference was not audited (audit_full)",
-            shadow.skipped.clone(),
-        );
-        metrics.register(
-            "shadow_catalog_loads",
-            "Loads of the shadow catalog file by result (ok, refused)",
-            shadow.loads.clone(),
-        );
-        metrics.register(
-            "shadow_catalog_parses",
-            "Times the shadow catalog file's text was parsed: when it was new or changed, and for each load (an unchanged file is not parsed)",
-            shadow.parses.clone(),
-        );
-        metrics.register(
-            "shadow_catalog_revision_info",
-            "1 for the shadow catalog revision being compared",
-            shadow.revision.clone(),
-        );
-        shadow
+        }
     }
 
     /// A call compared with the shadow catalog.

@@ -26,20 +26,16 @@ impl StateMetrics {
     /// otherwise (memory always is).
     pub fn register(metrics: &Metrics) -> Self {
         let state = StateMetrics {
-            up: Gauge::default(),
-            failures: Family::default(),
+            up: metrics.registered(
+                "state_backend_up",
+                "1 while the state backend (memory, or the shared Redis) answers",
+            ),
+            failures: metrics.registered(
+                "state_failures",
+                "Operations on the shared state that failed (timeout, unreachable, refused), by concern",
+            ),
         };
         state.up.set(1);
-        metrics.register(
-            "state_backend_up",
-            "1 while the state backend (memory, or the shared Redis) answers",
-            state.up.clone(),
-        );
-        metrics.register(
-            "state_failures",
-            "Operations on the shared state that failed (timeout, unreachable, refused), by concern",
-            state.failures.clone(),
-        );
         state
     }
 
