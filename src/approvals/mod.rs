@@ -230,7 +230,7 @@ pub enum Approvals {
 
 impl Approvals {
     /// The store for `backend`.
-    pub fn new(backend: &state::Backend, clock: SharedClock, budget: Budget) -> Self {
+    pub fn on(backend: &state::Backend, clock: SharedClock, budget: Budget) -> Self {
         match backend {
             state::Backend::Memory => Approvals::Memory(ApprovalStore::new(clock, budget)),
             state::Backend::Redis(redis) => {

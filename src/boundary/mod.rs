@@ -121,8 +121,8 @@ impl Stores {
         idempotency: idempotency::Budget,
     ) -> Self {
         Stores {
-            approvals: Approvals::new(&backend, clock.clone(), approvals),
-            idempotency: Idempotency::new(&backend, clock.clone(), idempotency),
+            approvals: Approvals::on(&backend, clock.clone(), approvals),
+            idempotency: Idempotency::on(&backend, clock.clone(), idempotency),
             emergency: Arc::new(EmergencyDenies::on(&backend, clock.clone())),
             flow: crate::flow::FlowStore::on(&backend, clock.clone()),
             backend,

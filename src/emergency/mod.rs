@@ -170,7 +170,7 @@ impl Active {
 /// Where denies are kept.
 enum Store {
     Memory(tokio::sync::Mutex<()>),
-    Redis(Arc<crate::state::Redis>),
+    Shared(Arc<crate::state::Redis>),
 }
 
 /// The denies in force, and the store that shares them.
@@ -203,7 +203,7 @@ impl EmergencyDenies {
 
     /// Denies shared through `redis` (read from it by [`Self::follow`]).
     pub fn shared(clock: SharedClock, redis: Arc<crate::state::Redis>) -> Self {
-        Self::with_store(clock, Store::Redis(redis))
+        Self::with_store(clock, Store::Shared(redis))
     }
 
     /// On the backend given: shared with Redis, otherwise in memory.
@@ -216,7 +216,7 @@ impl EmergencyDenies {
 
     /// Whether the denies are shared with every sidecar on the same Redis (else this one's only).
     pub fn is_shared(&self) -> bool {
-        matches!(self.store, Store::Redis(_))
+        matches!(self.store, Store::Shared(_))
     }
 
     fn with_store(clock: SharedClock, store: Store) -> Self {
@@ -332,7 +332,7 @@ impl EmergencyDenies {
                 list.push(active);
                 self.apply(list);
             }
-            Store::Redis(redis) => {
+            Store::Shared(redis) => {
                 redis::set(redis, &deny, authority).await?;
                 self.reconcile().await;
                 // Read back or not, this sidecar enforces what it just set.
@@ -363,7 +363,7 @@ impl EmergencyDenies {
                 self.apply(list);
                 Ok(cleared)
             }
-            Store::Redis(redis) => {
+            Store::Shared(redis) => {
                 let cleared = redis::clear(redis, id, authority)
                     .await?
                     .filter(|d| d.expires_at_ms.is_none_or(|at| now < at))
@@ -398,7 +398,7 @@ impl EmergencyDenies {
                 let _one_at_a_time = lock.lock().await;
                 expired
             }
-            Store::Redis(redis) => {
+            Store::Shared(redis) => {
                 let mut mine = Vec::new();
                 for deny in expired {
                     // Another sidecar took it out, or Redis is away (tried again next time).
@@ -424,7 +424,7 @@ impl EmergencyDenies {
     /// Reads the shared denies again (Redis only); the list in force is kept when Redis cannot
     /// be read.
     pub async fn reconcile(&self) {
-        let Store::Redis(redis) = &self.store else {
+        let Store::Shared(redis) = &self.store else {
             return;
         };
         match redis::read_all(redis).await {
@@ -450,7 +450,7 @@ impl EmergencyDenies {
     /// Follows the shared denies until `stop`: reads them at once, again on every change
     /// published, and every few seconds regardless. Memory only: returns at once.
     pub async fn follow(self: Arc<Self>, stop: tokio_util::sync::CancellationToken) {
-        let Store::Redis(redis) = &self.store else {
+        let Store::Shared(redis) = &self.store else {
             return;
         };
         let redis = redis.clone();

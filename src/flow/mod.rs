@@ -87,14 +87,14 @@ pub enum FlowStore {
         clock: SharedClock,
         inner: Mutex<Memory>,
     },
-    Redis(Arc<crate::state::Redis>),
+    Shared(Arc<crate::state::Redis>),
 }
 
 impl std::fmt::Debug for FlowStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             FlowStore::Memory { .. } => f.write_str("FlowStore::Memory"),
-            FlowStore::Redis(_) => f.write_str("FlowStore::Redis"),
+            FlowStore::Shared(_) => f.write_str("FlowStore::Shared"),
         }
     }
 }
@@ -102,7 +102,7 @@ impl std::fmt::Debug for FlowStore {
 impl FlowStore {
     pub fn on(backend: &crate::state::Backend, clock: SharedClock) -> Self {
         match backend.redis() {
-            Some(redis) => FlowStore::Redis(redis.clone()),
+            Some(redis) => FlowStore::Shared(redis.clone()),
             None => FlowStore::Memory {
                 clock,
                 inner: Mutex::new(Memory::default()),
@@ -123,7 +123,7 @@ impl FlowStore {
                     .map(|e| e.seen.clone())
                     .unwrap_or_default())
             }
-            FlowStore::Redis(redis) => redis::seen(redis, key).await,
+            FlowStore::Shared(redis) => redis::seen(redis, key).await,
         }
     }
 
@@ -149,7 +149,7 @@ impl FlowStore {
                 memory.record(key, labels, source, now, expires_at_ms, max_scopes);
                 Ok(())
             }
-            FlowStore::Redis(redis) => {
+            FlowStore::Shared(redis) => {
                 redis::record(redis, key, labels, source, window, max_scopes).await
             }
         }

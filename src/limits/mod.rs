@@ -35,7 +35,7 @@ use redis::SharedQuotas;
 
 /// The rate limiter of one catalog: this sidecar's memory, or shared through Redis.
 pub enum Quotas {
-    Local(RateLimits),
+    Memory(RateLimits),
     Shared(SharedQuotas),
 }
 
@@ -51,16 +51,16 @@ impl Quotas {
         previous: Option<&Quotas>,
     ) -> Quotas {
         let previous_local = previous.and_then(|p| match p {
-            Quotas::Local(local) => Some(local),
+            Quotas::Memory(local) => Some(local),
             Quotas::Shared(shared) => shared.fallback(),
         });
         let local = RateLimits::build(catalog, clock, previous_local);
         match backend {
-            state::Backend::Memory => Quotas::Local(local),
+            state::Backend::Memory => Quotas::Memory(local),
             state::Backend::Redis(redis) => {
                 let previous_shared = previous.and_then(|p| match p {
                     Quotas::Shared(shared) => Some(shared),
-                    Quotas::Local(_) => None,
+                    Quotas::Memory(_) => None,
                 });
                 Quotas::Shared(SharedQuotas::new(
                     redis.clone(),
@@ -83,7 +83,7 @@ impl Quotas {
         cost: Cost,
     ) -> Result<(), Refusal> {
         match self {
-            Quotas::Local(local) => local.check_cost(tenant, tool, tenant_rate, cost),
+            Quotas::Memory(local) => local.check_cost(tenant, tool, tenant_rate, cost),
             // Boxed: only calls that go to Redis pay for its future, and every call's future
             // stays small.
             Quotas::Shared(shared) => Box::pin(shared.check(tenant, tool, tenant_rate, cost)).await,
@@ -98,7 +98,7 @@ impl Quotas {
         tenant_rate: Option<Rate>,
     ) -> Result<Vec<QuotaView>, StateError> {
         match self {
-            Quotas::Local(local) => Ok(local.view(tenant, tool, tenant_rate)),
+            Quotas::Memory(local) => Ok(local.view(tenant, tool, tenant_rate)),
             Quotas::Shared(shared) => shared.view(tenant, tool, tenant_rate).await,
         }
     }
@@ -106,7 +106,7 @@ impl Quotas {
     /// The in-memory limiter: the only one, or the one that decides during Redis outages.
     fn local(&self) -> Option<&RateLimits> {
         match self {
-            Quotas::Local(local) => Some(local),
+            Quotas::Memory(local) => Some(local),
             Quotas::Shared(shared) => shared.fallback(),
         }
     }

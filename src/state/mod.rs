@@ -1,10 +1,12 @@
 //! Where rate limits, approvals and idempotency results live: this sidecar's memory (the
 //! default), or a Redis shared by every replica ([`redis`]).
 //!
-//! Each concern keeps both implementations behind one enum in its own module —
-//! `limits::Quotas`, `approvals::Approvals`, `boundary::idempotency::Idempotency` — so the
-//! memory path stays a direct call with nothing boxed, and the boundary's chain reads the same
-//! for both. This module holds what the Redis implementations share: the connections, the
+//! Each concern keeps both implementations behind one enum in its own module, in one pattern:
+//! `enum X { Memory(..), Shared(..) }`, made for a [`Backend`] by `X::on(&backend, ..)`
+//! (`approvals::Approvals`, `boundary::idempotency::Idempotency`, `flow::FlowStore`,
+//! `emergency::EmergencyDenies`' store; `limits::Quotas` per catalog by `Quotas::build`), each
+//! method one `match` whose memory arm is a direct call with nothing boxed (a shared arm the
+//! chain awaits boxes its future), so the boundary's chain reads the same for both. This module holds what the Redis implementations share: the connections, the
 //! per-operation timeout, reachability, key names and the error type, and the backend's
 //! metrics ([`metrics`]).
 

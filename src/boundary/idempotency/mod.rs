@@ -281,7 +281,7 @@ impl Owner<'_> {
 
 impl Idempotency {
     /// The store for `backend`.
-    pub fn new(backend: &crate::state::Backend, clock: SharedClock, budget: Budget) -> Self {
+    pub fn on(backend: &crate::state::Backend, clock: SharedClock, budget: Budget) -> Self {
         match backend {
             crate::state::Backend::Memory => {
                 Idempotency::Memory(IdempotencyStore::new(clock, budget))
