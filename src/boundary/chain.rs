@@ -1,8 +1,9 @@
-//! The chain: the one ordered sequence of stages every tool call passes, top to bottom.
-//! [`Boundary::execute`] frames a call (its audit slot, span, interruption and outcome);
-//! `chain` runs the stages in order: `admit` (1-9, decided before the backend is called) and
-//! `dispatch` (10-12, the backend and its result). Each stage is a function in its own file
-//! (the table in `mod.rs`); the first refusal ends the chain.
+//! The chain: the one ordered sequence of stages every tool call passes, top to bottom, each
+//! named by a [`Step`]. [`Boundary::execute`] frames a call (its audit slot, span,
+//! interruption and outcome); `chain` runs the steps in order: `admit` (1-9: stages 1-7
+//! through `policy`, then 7a-9, decided before the backend is called) and `dispatch` (10-12b,
+//! the backend and its result). Each stage is a function in its own file (the table in
+//! `mod.rs`); the first refusal ends the chain.
 
 use std::{
     borrow::Borrow,
@@ -14,6 +15,76 @@ use futures::FutureExt;
 use tokio::time::Instant;
 
 use super::*;
+
+enum_with_all! {
+/// Every step of the chain, in the order a call passes them, numbered as the table of
+/// docs/boundary.md numbers its rows (a test holds the two, and [`Stage`]'s order, to each
+/// other). A step's refusal names the [`Stage`] it reports as, its `refused_by`
+/// ([`Step::refused_as`]): conditions on the call and flow rules refuse as `access`, the output
+/// guard as `result`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// A blank call id is numbered; a long one cut.
+    CallId,
+    Structure,
+    Resolve,
+    /// The allow and deny lists on the caller and tool, then the emergency denies.
+    Access,
+    Scopes,
+    Schema,
+    Bind,
+    /// The allow and deny entries whose conditions read the call, on the bound arguments.
+    AccessOnCall,
+    Flow,
+    RateLimit,
+    Approval,
+    Idempotency,
+    Execute,
+    Result,
+    OutputGuard,
+}
+}
+
+impl Step {
+    /// The step's number in docs/boundary.md's table.
+    pub fn number(self) -> &'static str {
+        match self {
+            Step::CallId => "1",
+            Step::Structure => "2",
+            Step::Resolve => "3",
+            Step::Access => "4",
+            Step::Scopes => "5",
+            Step::Schema => "6",
+            Step::Bind => "7",
+            Step::AccessOnCall => "7a",
+            Step::Flow => "7b",
+            Step::RateLimit => "8",
+            Step::Approval => "9",
+            Step::Idempotency => "10",
+            Step::Execute => "11",
+            Step::Result => "12",
+            Step::OutputGuard => "12b",
+        }
+    }
+
+    /// The stage its refusals name (`refused_by`); `None` for a step that refuses nothing.
+    pub fn refused_as(self) -> Option<Stage> {
+        Some(match self {
+            Step::CallId => return None,
+            Step::Structure => Stage::Structure,
+            Step::Resolve => Stage::Resolve,
+            Step::Access | Step::AccessOnCall | Step::Flow => Stage::Access,
+            Step::Scopes => Stage::Scopes,
+            Step::Schema => Stage::Schema,
+            Step::Bind => Stage::Bind,
+            Step::RateLimit => Stage::RateLimit,
+            Step::Approval => Stage::Approval,
+            Step::Idempotency => Stage::Idempotency,
+            Step::Execute => Stage::Execute,
+            Step::Result | Step::OutputGuard => Stage::Result,
+        })
+    }
+}
 
 /// What a successful chain produced.
 struct Success {
@@ -286,7 +357,7 @@ impl Boundary {
             let look = decided.as_ref().is_ok_and(|d| takes_long(state, d));
             (decided, look)
         };
-        // 4b, after a look at the quotas when it or a later stage evaluates a condition that
+        // 7a, after a look at the quotas when it or a later stage evaluates a condition that
         // can take long. Boxed, the decision moved in: only such calls pay for the look.
         let decided = match look {
             true => Box::pin(rate_limit::room_for(state, caller, decided)).await,
@@ -481,10 +552,10 @@ impl Boundary {
 }
 
 /// Whether deciding this call from here on evaluates a condition that can take long (one that
-/// iterates over the arguments): access on the call (4b), the quota cost or the approval
+/// iterates over the arguments): access on the call (7a), the quota cost or the approval
 /// condition. Then a quota that has no room for the call refuses it first
 /// ([`rate_limit::room`]), as stage 8 would anyway, and the evaluation is spared; the chain's
-/// order otherwise stands (a call refused by 4b consumes no quota).
+/// order otherwise stands (a call refused by 7a consumes no quota).
 fn takes_long(state: &CatalogState, decided: &policy::Decided<'_>) -> bool {
     let tool = decided.tool;
     let long = |condition: &Option<Arc<crate::conditions::Condition>>| {

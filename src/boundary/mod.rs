@@ -12,10 +12,11 @@
 //! |---|---|---|---|
 //! | 1–2 | structure | `structure.rs` | — |
 //! | 3 | resolve | `resolve.rs` | — |
-//! | 4 | access | `access.rs` | — |
+//! | 4 | access (then emergency denies) | `access.rs`, `emergency.rs` | `crate::emergency` (memory, Redis) |
 //! | 5 | scopes | `scopes.rs` | — |
 //! | 6 | schema | `schema.rs` | — |
 //! | 7 | bind | `bind.rs` | — |
+//! | 7a | access on the call | `access.rs` (`policy::access_on_call`) | — |
 //! | 7b | flow rules | `flow.rs` | `crate::flow` (memory, Redis) |
 //! | 8 | rate limit | `rate_limit.rs` | `crate::limits` (memory, Redis) |
 //! | 9 | approval | `approval.rs` | `crate::approvals` (memory, Redis) |
@@ -66,6 +67,7 @@ use futures::{StreamExt, stream};
 use tokio::time::Instant;
 
 pub use approval::condition_location as approval_condition_location;
+pub use chain::Step;
 pub(crate) use observer::{CallObserver, FinishedCall};
 pub use permit::Permit;
 pub use rate_limit::cost_location as quota_cost_location;

@@ -33,7 +33,7 @@ pub(crate) struct Asker<'a> {
 }
 
 impl<'a> Asker<'a> {
-    /// What the conditions of `tool` read for this call, once its arguments are final (stage 4b,
+    /// What the conditions of `tool` read for this call, once its arguments are final (stage 7a,
     /// the quota cost, the approval condition), traced when the asker traces.
     pub fn call_input(&self, tool: &'a ToolVersion, arguments: &'a Value) -> Input<'a> {
         let call = CallFacts {
@@ -53,7 +53,7 @@ pub(crate) struct Decided<'c> {
     pub arguments_sha256: Arc<str>,
     /// The parsed arguments' share of the sidecar's budget, held while they are.
     pub held: structure::ArgumentsHeld,
-    /// Whether access is decided again on the call (4b, [`access_on_call`]): an entry's
+    /// Whether access is decided again on the call (7a, [`access_on_call`]): an entry's
     /// condition reads it.
     pub provisional: bool,
 }
@@ -67,15 +67,15 @@ pub(crate) struct Seen<'c> {
     pub override_attempts: Vec<String>,
     /// Every violation listed when a schema refused the call.
     pub violations: Vec<String>,
-    /// The rule that refused the call after bind (4b), whose condition read the arguments.
+    /// The rule that refused the call after bind (7a), whose condition read the arguments.
     pub access_rules: Vec<access::Rule>,
-    /// The bound arguments such a rule was decided on (4b only).
+    /// The bound arguments such a rule was decided on (7a only).
     pub refused_arguments: Option<Value>,
     /// Every condition evaluated, when the asker traces.
     pub conditions: Vec<Evaluated>,
 }
 
-/// Runs stages 1–7 for `call`, 4b included. `shown` is the revision log and the revision the
+/// Runs stages 1–7a for `call`. `shown` is the revision log and the revision the
 /// model was shown, when the client says.
 #[expect(
     clippy::too_many_arguments,
@@ -96,7 +96,7 @@ pub(crate) fn decide<'c>(
     Ok(decided)
 }
 
-/// Stages 1–7 without 4b: the chain asks for that apart ([`access_on_call`]), after what can
+/// Stages 1–7 (7a apart): the chain asks for that apart ([`access_on_call`]), after what can
 /// refuse a call cheaply.
 #[expect(
     clippy::too_many_arguments,
@@ -136,7 +136,7 @@ pub(crate) fn through_bind<'c>(
         })?;
     }
     // 4. Allow/deny lists: global, tenant, agent. Provisional when an entry's condition reads
-    // the call: decided again after bind (4b).
+    // the call: decided again after bind (7a).
     let listing = Input::listing(caller, tool.facts()).traced(asker.trace);
     let access = access::check(catalog, &listing);
     seen.conditions.extend(listing.take_trace());
@@ -168,7 +168,7 @@ pub(crate) fn through_bind<'c>(
     })
 }
 
-/// 4b. The allow/deny entries whose conditions read the call, on the validated, bound
+/// 7a. The allow/deny entries whose conditions read the call, on the validated, bound
 /// arguments in canonical form: what the quota cost and the approval condition read too
 /// (`2500.0` is the integer `2500` for all of them). Apart from the async workers when one of
 /// those conditions can take long.

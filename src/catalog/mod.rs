@@ -242,7 +242,7 @@ impl AgentPolicies {
 }
 
 impl Catalog {
-    /// Whether a condition of the access rules can take long to evaluate on a call (stage 4b
+    /// Whether a condition of the access rules can take long to evaluate on a call (stage 7a
     /// then runs apart from the async workers).
     pub fn call_conditions_take_long(&self) -> bool {
         self.call_conditions_take_long

@@ -278,3 +278,47 @@ fn a_broken_link_or_anchor_is_found() {
         );
     }
 }
+
+/// The rows of docs/boundary.md's table of the chain's stages: each row's number and the stage
+/// its refusals name (`—` for none).
+fn stage_table() -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(root().join("docs/boundary.md")).unwrap();
+    let header = "| # | stage (`refused_by`) | what it checks |";
+    let start = text.find(header).expect("the stage table's header");
+    text[start..]
+        .lines()
+        .skip(2)
+        .take_while(|line| line.starts_with("| "))
+        .map(|line| {
+            let cells: Vec<&str> = line.trim_start_matches("| ").split(" | ").collect();
+            let stage = cells[1].split('`').nth(1).unwrap_or(cells[1]).trim();
+            (cells[0].trim().to_owned(), stage.to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn the_chain_s_steps_the_stages_and_the_docs_table_agree() {
+    use toolgate::{boundary::Step, error::Stage};
+    // The docs' table names every step of the chain, in its order, with the stage it refuses as.
+    let steps: Vec<(String, String)> = Step::ALL
+        .iter()
+        .map(|step| {
+            let stage = step.refused_as().map_or("—", Stage::as_str);
+            (step.number().to_owned(), stage.to_owned())
+        })
+        .collect();
+    assert_eq!(
+        stage_table(),
+        steps,
+        "docs/boundary.md's table against Step"
+    );
+    // Stage's order is the chain's: each stage first refuses at the place Stage lists it.
+    let mut first = Vec::new();
+    for stage in Step::ALL.iter().filter_map(|step| step.refused_as()) {
+        if !first.contains(&stage) {
+            first.push(stage);
+        }
+    }
+    assert_eq!(first, Stage::ALL, "Stage's order against the chain's");
+}
