@@ -6,20 +6,11 @@
 use tonic::Code;
 use toolgate::proto::{self, ApprovalDecision, ToolStatus};
 
-use crate::support::{
-    Backend, STAGES, TestServer, Who, call, exec, http_get, metric, on_both_backends, who,
-};
+use crate::support::{Backend, STAGES, TestServer, call, exec, http_get, metric, on_both_backends};
+use crate::support::{alice, bob};
 
 on_both_backends!(a_reason_is_bounded_printable_and_audited_whole);
 on_both_backends!(approvals_are_counted_with_room_for_their_decision);
-
-fn alice() -> Who {
-    who("acme").subject("alice")
-}
-
-fn bob() -> Who {
-    who("acme").subject("bob").scopes("toolgate:approve")
-}
 
 fn with_approvals(section: &str) -> String {
     STAGES.replacen(

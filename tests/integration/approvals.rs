@@ -5,6 +5,7 @@ use std::time::Duration;
 use tonic::Code;
 use toolgate::proto::{self, ApprovalDecision, ToolStatus};
 
+use crate::support::{APPROVE, alice, bob};
 use crate::support::{Backend, STAGES, TestServer, Who, call, exec, on_both_backends, who};
 
 on_both_backends!(
@@ -13,16 +14,6 @@ on_both_backends!(
     rejected_approvals_say_why,
     approvers_need_the_scope_their_own_tenant_and_to_be_someone_else,
 );
-
-const APPROVE: &str = "toolgate:approve";
-
-fn alice() -> Who {
-    who("acme").subject("alice")
-}
-
-fn bob() -> Who {
-    who("acme").subject("bob").scopes(APPROVE)
-}
 
 async fn request_approval(server: &TestServer, args: &str) -> String {
     let mut client = server.client().await;

@@ -5,18 +5,13 @@ use std::time::Duration;
 
 use toolgate::proto::{self, ApprovalDecision, ApprovalState, ToolStatus};
 
+use crate::support::bob;
 use crate::support::{Backend, STAGES, TestServer, Who, call, exec, on_both_backends, who};
 
 on_both_backends!(
     another_agent_cannot_redeem_an_approval,
     list_approvals_filters_by_state,
 );
-
-const APPROVE: &str = "toolgate:approve";
-
-fn bob() -> Who {
-    who("acme").subject("bob").scopes(APPROVE)
-}
 
 async fn request(server: &TestServer, caller: &Who, tool: &str, args: &str) -> String {
     let mut client = server.client().await;

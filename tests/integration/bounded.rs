@@ -8,6 +8,7 @@ use futures::future::join_all;
 use tonic::Code;
 use toolgate::proto::{self, ToolStatus};
 
+use crate::support::python;
 use crate::{
     process::{Spawned, client, spawn, stop},
     support::{
@@ -384,10 +385,6 @@ async fn approvals_are_listed_in_pages_of_bounded_previews() {
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     server.stop().await;
-}
-
-fn python() -> String {
-    std::env::var("TOOLGATE_TEST_PYTHON").unwrap_or_else(|_| "python3".into())
 }
 
 #[tokio::test]

@@ -5,7 +5,6 @@
 
 use std::{path::Path, process::Command};
 
-use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::{Value, json};
 use toolgate::{
     proto::{self, ToolStatus},
@@ -87,13 +86,7 @@ fn the_worked_example_passes_its_own_cases_with_full_coverage() {
 fn token(claims: Value) -> Who {
     let mut claims = claims;
     claims["exp"] = json!(START_UNIX_MS / 1000 + 600);
-    let token = jsonwebtoken::encode(
-        &Header::new(Algorithm::HS256),
-        &claims,
-        &EncodingKey::from_secret(SECRET.as_bytes()).unwrap(),
-    )
-    .unwrap();
-    Who::token(&token)
+    Who::token(&crate::support::hs256_jwt(SECRET, &claims))
 }
 
 #[tokio::test]

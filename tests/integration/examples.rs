@@ -161,7 +161,7 @@ async fn process_example_counts_words() {
 async fn mcp_example_serves_both_servers_with_the_catalogs_settings() {
     // `npx @modelcontextprotocol/server-everything streamableHttp`, as the comment says.
     let (port, mut everything) = crate::executors::spawn_everything_over_http().await;
-    let python = std::env::var("TOOLGATE_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    let python = crate::support::python();
     let yaml = example("mcp.yaml");
     let yaml = patch(
         &yaml,

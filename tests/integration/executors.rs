@@ -22,6 +22,7 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 use toolgate::{proto::ToolStatus, settings::Env};
 
+use crate::support::python;
 use crate::support::{TestServer, call, exec, execute_request, who};
 
 /// Requests an upstream saw.
@@ -396,10 +397,6 @@ async fn concurrency_caps_refuse_at_once_and_unreachable_upstreams_are_retryable
         "{gone:?}"
     );
     server.stop().await;
-}
-
-pub(crate) fn python() -> String {
-    std::env::var("TOOLGATE_TEST_PYTHON").unwrap_or_else(|_| "python3".into())
 }
 
 pub(crate) fn process_catalog(tool_lines: &str) -> String {

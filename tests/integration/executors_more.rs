@@ -18,11 +18,8 @@ use axum::{
 };
 use toolgate::{proto::ToolStatus, settings::Env};
 
+use crate::support::python;
 use crate::support::{STAGES, TestServer, call, exec, who};
-
-fn python() -> String {
-    std::env::var("TOOLGATE_TEST_PYTHON").unwrap_or_else(|_| "python3".into())
-}
 
 /// An upstream that records each request's headers; `/to-https` redirects to the same host
 /// over https.

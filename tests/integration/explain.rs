@@ -6,7 +6,6 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use proptest::{
     prelude::*,
     test_runner::{RngAlgorithm, TestRng, TestRunner},
@@ -742,12 +741,7 @@ fn token(scope: &str) -> String {
         "tenant": "acme", "sub": "ops", "scope": scope,
         "iss": "https://issuer.test", "aud": "toolgate", "exp": START_UNIX_MS / 1000 + 600,
     });
-    jsonwebtoken::encode(
-        &Header::new(Algorithm::HS256),
-        &claims,
-        &EncodingKey::from_secret(SECRET.as_bytes()).unwrap(),
-    )
-    .unwrap()
+    crate::support::hs256_jwt(SECRET, &claims)
 }
 
 #[tokio::test]

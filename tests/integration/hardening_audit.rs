@@ -13,6 +13,7 @@ use toolgate::{
     settings::Env,
 };
 
+use crate::support::python;
 use crate::{
     process::spawn,
     support::{
@@ -229,12 +230,7 @@ async fn jwt_server(extra_audit: &str) -> TestServer {
 }
 
 fn token(claims: Value) -> String {
-    jsonwebtoken::encode(
-        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
-        &claims,
-        &jsonwebtoken::EncodingKey::from_secret(JWT_SECRET.as_bytes()).unwrap(),
-    )
-    .unwrap()
+    crate::support::hs256_jwt(JWT_SECRET, &claims)
 }
 
 fn now() -> u64 {
@@ -334,10 +330,6 @@ async fn refused_callers_are_audited_without_token_material_and_bounded_in_rate(
     assert_eq!(events.len(), 6);
     assert_eq!(events[5]["suppressed"], 45);
     server.stop().await;
-}
-
-fn python() -> String {
-    std::env::var("TOOLGATE_TEST_PYTHON").unwrap_or_else(|_| "python3".into())
 }
 
 #[tokio::test]

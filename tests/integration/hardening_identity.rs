@@ -135,12 +135,7 @@ const NEW_SECRET: &str = "the-rotated-hs256-secret-of-this-test-02";
 
 fn hs256(secret: &str) -> String {
     let claims = json!({"tenant": "acme", "sub": "alice", "aud": "toolgate", "exp": START_UNIX_MS / 1000 + 600});
-    jsonwebtoken::encode(
-        &Header::new(Algorithm::HS256),
-        &claims,
-        &EncodingKey::from_secret(secret.as_bytes()).unwrap(),
-    )
-    .unwrap()
+    crate::support::hs256_jwt(secret, &claims)
 }
 
 /// Files are polled often, so a change is seen quickly (the same in every version of the file:

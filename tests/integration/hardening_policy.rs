@@ -9,8 +9,9 @@ use std::time::Duration;
 use serde_json::Value;
 use toolgate::proto::{self, ApprovalDecision, ToolStatus};
 
+use crate::support::bob;
 use crate::support::{
-    Backend, STAGES, TestServer, Who, call, exec, on_both_backends, refusing_port, visible, who,
+    Backend, STAGES, TestServer, call, exec, on_both_backends, refusing_port, visible, who,
 };
 
 on_both_backends!(
@@ -23,12 +24,6 @@ on_both_backends!(
     a_call_refused_by_the_tenant_quota_consumes_no_tool_quota,
     a_call_refused_by_the_tool_quota_consumes_no_tenant_quota,
 );
-
-const APPROVE: &str = "toolgate:approve";
-
-fn bob() -> Who {
-    who("acme").subject("bob").scopes(APPROVE)
-}
 
 async fn approve(server: &TestServer, id: &str) {
     let mut approvals = server.approvals().await;

@@ -35,11 +35,7 @@ fn sign(alg: Algorithm, key: &EncodingKey, claims: &Value) -> String {
 }
 
 fn hs256(claims: &Value) -> String {
-    sign(
-        Algorithm::HS256,
-        &EncodingKey::from_secret(SECRET.as_bytes()).unwrap(),
-        claims,
-    )
+    crate::support::hs256_jwt(SECRET, claims)
 }
 
 /// A catalog that accepts JWTs only: HS256 from the environment, RS256 and ES256 from PEM files.

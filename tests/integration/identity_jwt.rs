@@ -64,12 +64,7 @@ fn claims() -> Value {
 }
 
 fn token(claims: &Value) -> String {
-    jsonwebtoken::encode(
-        &Header::new(Algorithm::HS256),
-        claims,
-        &EncodingKey::from_secret(SECRET.as_bytes()).unwrap(),
-    )
-    .unwrap()
+    crate::support::hs256_jwt(SECRET, claims)
 }
 
 async fn whoami(server: &TestServer, claims: &Value) -> Result<proto::ToolResult, tonic::Status> {

@@ -6,11 +6,8 @@ use std::{path::Path, time::Duration};
 
 use toolgate::{proto, settings::Env};
 
+use crate::support::python;
 use crate::support::{TestServer, Who, call, exec, who};
-
-fn python() -> String {
-    std::env::var("TOOLGATE_TEST_PYTHON").unwrap_or_else(|_| "python3".into())
-}
 
 fn env_with_path() -> Env {
     let mut env = Env::default();

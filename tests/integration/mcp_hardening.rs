@@ -7,8 +7,9 @@ use std::{process::Command, sync::atomic::Ordering, time::Duration};
 use toolgate::proto::{ToolStatus, tool_gate_client::ToolGateClient};
 
 use crate::{
-    executors::{counting_listener, env_with_path, python, wait_for_tool},
+    executors::{counting_listener, env_with_path, wait_for_tool},
     process::spawn_with_env,
+    support::python,
     support::{TestServer, call, exec, execute_request, spawn_listening, visible, who},
 };
 

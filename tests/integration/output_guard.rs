@@ -307,7 +307,7 @@ mcp_servers:
     tools:
       fail: {{ risk_level: read_only }}
 "#,
-        py = crate::executors::python(),
+        py = crate::support::python(),
         dir = env!("CARGO_MANIFEST_DIR"),
     );
     let server = TestServer::start_with_env(&yaml, &crate::executors::env_with_path()).await;

@@ -12,7 +12,8 @@ use serde_json::Value;
 use toolgate::proto::{self, ToolStatus};
 
 use crate::{
-    executors::{env_with_path, everything_server, python},
+    executors::{env_with_path, everything_server},
+    support::python,
     support::{TestServer, call, exec, http_get, metric, who},
 };
 

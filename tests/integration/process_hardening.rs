@@ -6,8 +6,9 @@ use std::{path::Path, process::Command, time::Duration};
 use toolgate::proto::{ToolStatus, tool_gate_client::ToolGateClient};
 
 use crate::{
-    executors::{env_with_path, process_catalog, process_tool, python},
+    executors::{env_with_path, process_catalog, process_tool},
     process::spawn_in,
+    support::python,
     support::{TestServer, call, exec, who},
 };
 

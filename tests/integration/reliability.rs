@@ -20,6 +20,7 @@ use toolgate::{
     settings::Env,
 };
 
+use crate::support::python;
 use crate::support::{STAGES, TestServer, call, exec, execute_request, who};
 
 /// Fails the test instead of hanging it.
@@ -250,10 +251,6 @@ async fn broken_upstream(how: Misbehaviour) -> Broken {
         accepted,
         release,
     }
-}
-
-fn python() -> String {
-    std::env::var("TOOLGATE_TEST_PYTHON").unwrap_or_else(|_| "python3".into())
 }
 
 /// True once the process has exited (a zombie has exited too; only its parent has not reaped it).

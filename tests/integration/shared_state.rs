@@ -20,6 +20,7 @@ use toolgate::proto::{
     tool_gate_client::ToolGateClient,
 };
 
+use crate::support::{APPROVE, alice, bob};
 use crate::{
     process::{Spawned, spawn, spawn_with_env, stop},
     support::{
@@ -27,8 +28,6 @@ use crate::{
         on_both_backends, redis_state, who,
     },
 };
-
-const APPROVE: &str = "toolgate:approve";
 
 /// An HTTP upstream every sidecar calls: it counts the requests that reached it, and holds them
 /// while its gate is closed.
@@ -125,14 +124,6 @@ pub(crate) async fn tools(sidecar: &Spawned) -> ToolGateClient<Channel> {
 
 async fn approvals(sidecar: &Spawned) -> ApprovalsClient<Channel> {
     ApprovalsClient::new(connect(&sidecar.addr).await)
-}
-
-fn alice() -> Who {
-    who("acme").subject("alice")
-}
-
-fn bob() -> Who {
-    who("acme").subject("bob").scopes(APPROVE)
 }
 
 pub(crate) fn keyed(tool: &str, args: &str, key: &str) -> proto::ToolCall {

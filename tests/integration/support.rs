@@ -33,6 +33,36 @@ pub struct Who {
 /// test advances it.
 pub const START_UNIX_MS: i64 = 1_800_000_000_000;
 
+/// The approvers' scope.
+pub const APPROVE: &str = "toolgate:approve";
+
+/// acme's alice: the caller of most tests.
+pub fn alice() -> Who {
+    who("acme").subject("alice")
+}
+
+/// acme's bob, who may approve.
+pub fn bob() -> Who {
+    who("acme").subject("bob").scopes(APPROVE)
+}
+
+/// `claims` signed with HS256 and `secret`: the tests' JWTs (the catalogs under test read the
+/// secret from the environment).
+pub fn hs256_jwt(secret: &str, claims: &serde_json::Value) -> String {
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        claims,
+        &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()).unwrap(),
+    )
+    .unwrap()
+}
+
+/// The Python that runs the tests' helper programs and MCP servers: `TOOLGATE_TEST_PYTHON`, or
+/// `python3`.
+pub fn python() -> String {
+    std::env::var("TOOLGATE_TEST_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
 pub fn who(tenant: &str) -> Who {
     Who {
         tenant: tenant.into(),

@@ -9,6 +9,7 @@ use std::time::Duration;
 use opentelemetry_proto::tonic::{common::v1::any_value, trace::v1::Span};
 use toolgate::proto::{self, ToolStatus};
 
+use crate::support::python;
 use crate::{
     otlp_collector::{self, string_attribute},
     process::{Spawned, client, spawn_with_env},
@@ -21,10 +22,6 @@ const TRACESTATE: &str = "vendor=opaque-1,other=x";
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn python() -> String {
-    std::env::var("TOOLGATE_TEST_PYTHON").unwrap_or_else(|_| "python3".into())
 }
 
 /// An attribute of any type, as text (`true`, `3`, `acme`).
