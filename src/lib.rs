@@ -8,7 +8,7 @@
 //! # Floors
 //!
 //! Each module imports only modules on its own floor or below, and no two modules import each
-//! other, directly or around a loop (`tests/integration/architecture.rs` reads every
+//! other, directly or around a loop (`tests/integration/project/architecture.rs` reads every
 //! `crate::` path outside test code and checks both). A type two floors share lives on the
 //! lower one.
 //!
