@@ -15,9 +15,9 @@
 //! | floor | modules | what lives there |
 //! |---|---|---|
 //! | 0 | `canonical`, `clock`, `error`, `gcra`, `outcome`, `settings`, `tasks`, `tls` | foundations: canonical JSON, time, the outcome table and a call's outcome, the GCRA arithmetic, plain configuration values (a tool's risk level among them), tasks with an owner, TLS setup |
-//! | 1 | `conditions`, `identity`, `metrics`, `output_guard`, `state` | CEL conditions over a call (compiled at load, evaluated by the stages), who is calling, the metrics registry, the detectors screening tool output, the shared state's connections |
+//! | 1 | `conditions`, `identity`, `metrics`, `output_guard`, `state`, `telemetry` | CEL conditions over a call (compiled at load, evaluated by the stages), who is calling, the metrics registry, the detectors screening tool output, the shared state's connections, the tracer and its exporter |
 //! | 2 | `catalog`, `executor` | tool definitions and the backends that run them |
-//! | 3 | `approvals`, `audit`, `emergency`, `flow`, `limits`, `telemetry` | what calls leave behind and what stops them: approvals, audit events, emergency denies, what each flow scope has seen, quotas, spans |
+//! | 3 | `approvals`, `audit`, `emergency`, `flow`, `limits` | what calls leave behind and what stops them: approvals, audit events, emergency denies, what each flow scope has seen, quotas |
 //! | 4 | `config` | a catalog file assembled into the parts of a running sidecar |
 //! | 5 | `boundary` | the execution boundary: the chain of stages |
 //! | 6 | `admission`, `shadow` | who may come in through a door (identity from the headers, the caps on requests and connections, counted for both doors together); a candidate catalog compared with the boundary's decisions |

@@ -166,7 +166,7 @@ impl Boundary {
                 let call_id = guard.call_id.to_string();
                 let mut outcome = CallOutcome::refused(call_id, call.name, String::new(), refusal);
                 outcome.duration = started.elapsed();
-                spans::record_call(
+                tool_spans::record_call(
                     &mut span,
                     &turn.caller,
                     turn.door,
@@ -219,7 +219,7 @@ impl Boundary {
             }
             outcome.duration = started.elapsed();
             outcome.idempotent_replay = trail.idempotent_replay;
-            spans::record_call(
+            tool_spans::record_call(
                 &mut span,
                 &turn.caller,
                 turn.door,
@@ -232,7 +232,7 @@ impl Boundary {
             self.metrics.observe(&outcome, known.then_some(&guard.tool));
             self.metrics.output_guard(&guard.tool, &trail.output_guard);
             if let Some(arguments) = &trail.arguments {
-                spans::record_content(&mut span, arguments, &outcome);
+                tool_spans::record_content(&mut span, arguments, &outcome);
             }
             // An observer (the shadow candidate) decides the same call later, off the response
             // path.

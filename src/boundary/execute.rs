@@ -32,8 +32,16 @@ impl Boundary {
         started: &'a AtomicBool,
     ) -> impl Future<Output = Result<String, Refusal>> + Send + 'a {
         let tool = permit.tool();
-        let span = spans::backend_call(&self.tracer, tool, call_span, &turn.trace_parent);
-        let traceparent = spans::outbound_traceparent(&span, tool, &turn.trace_parent);
+        let leaves_process = tool.executor.leaves_process();
+        let span = spans::backend_call(
+            &self.tracer,
+            tool.executor.kind(),
+            &tool.name,
+            leaves_process,
+            call_span,
+            &turn.trace_parent,
+        );
+        let traceparent = spans::outbound_traceparent(&span, leaves_process, &turn.trace_parent);
         permit.set_traceparent(traceparent);
         self.run(permit, span, turn.deadline, approval_id, started)
     }

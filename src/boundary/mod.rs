@@ -27,8 +27,8 @@
 //!
 //! Beside them: the call's record (`trail.rs`), what ListTools shows (`visibility.rs`), redaction
 //! (`redaction.rs`), the approvals RPCs (`approvals_admin.rs`), the sealed `Permit`, the observer
-//! of finished calls, explanation, pinned MCP tools' changes at catalog swaps (`pins.rs`), and
-//! the boundary's metrics (`metrics.rs`).
+//! of finished calls, explanation, pinned MCP tools' changes at catalog swaps (`pins.rs`), what
+//! a tool call's span says of it (`tool_spans.rs`), and the boundary's metrics (`metrics.rs`).
 
 // The stages (see the table).
 pub mod access;
@@ -44,6 +44,7 @@ mod result;
 pub mod schema;
 pub mod scopes;
 pub mod structure;
+mod tool_spans;
 
 // What the chain is made of and what it makes.
 mod approvals_admin;

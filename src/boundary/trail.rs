@@ -13,7 +13,6 @@ use crate::{
     error::{Reason, Refusal, Stage, Status},
     outcome::CallOutcome,
     output_guard::Finding,
-    telemetry::spans,
 };
 
 /// What the stages learn about a call on the way, for its audit event (and the shadow
@@ -77,8 +76,8 @@ pub(super) struct AuditGuard<'t> {
 
 impl AuditGuard<'_> {
     /// The call's id and tool name as recorded, for its span.
-    pub(super) fn names(&self) -> spans::CallNames<'_> {
-        spans::CallNames {
+    pub(super) fn names(&self) -> super::tool_spans::CallNames<'_> {
+        super::tool_spans::CallNames {
             call_id: &self.call_id,
             tool: &self.tool,
         }

@@ -1,6 +1,7 @@
-//! Span conventions, following the OpenTelemetry GenAI semantic conventions for tool execution,
-//! and W3C trace-context propagation. Every span toolgate makes is created here, so its names and
-//! attributes are in one place (and in docs/observability.md's attribute table).
+//! Spans, following the OpenTelemetry GenAI semantic conventions for tool execution, and W3C
+//! trace-context propagation. Every span toolgate makes is started here; what a tool call's
+//! span says of the call (its attributes and status) is the boundary's (`boundary/tool_spans.rs`).
+//! Both are listed in docs/observability.md's attribute table.
 //!
 //! The caller's `traceparent`/`tracestate` is extracted by a tower layer ([`TraceContextLayer`])
 //! into the request's extensions; spans take it as their parent, so the agent's trace continues
@@ -24,12 +25,6 @@ use opentelemetry_sdk::{
 };
 
 use super::batch::{BatchExport, SpanLosses};
-use crate::{
-    catalog::ToolVersion,
-    error::Status,
-    identity::{Caller, Door},
-    outcome::CallOutcome,
-};
 
 /// The caller's trace context, from request metadata.
 #[derive(Clone, Debug, Default)]
@@ -303,17 +298,19 @@ impl Drop for ToolgateSpan {
 
 impl ToolgateSpan {
     /// Whether attributes set on it are kept (it exists and was sampled).
-    fn is_recording(&self) -> bool {
+    pub fn is_recording(&self) -> bool {
         self.0.as_ref().is_some_and(|span| span.recording)
     }
 
-    fn set(&mut self, key: &'static str, value: impl Into<Value>) {
+    /// Sets attribute `key`, when it records.
+    pub fn set(&mut self, key: &'static str, value: impl Into<Value>) {
         if let Some(span) = self.0.as_mut().filter(|span| span.recording) {
             span.attributes.push(KeyValue::new(key, value));
         }
     }
 
-    fn set_status(&mut self, status: OtelStatus) {
+    /// Sets its status, when it records.
+    pub fn set_status(&mut self, status: OtelStatus) {
         if let Some(span) = self.0.as_mut().filter(|span| span.recording) {
             span.status = status;
         }
@@ -346,94 +343,26 @@ pub fn execute_tool(tracer: &Tracer, tool: &Arc<str>, parent: &Context) -> Toolg
     })
 }
 
-/// A tool call's id and tool name as its audit event records them (cut to the identifier
-/// limit), shared with its span rather than copied.
-pub struct CallNames<'a> {
-    pub call_id: &'a Arc<str>,
-    pub tool: &'a Arc<str>,
-}
-
-/// The tool call's attributes and status, when it has ended: who called, what the chain
-/// resolved (`tool`, when it did), and the outcome.
-pub fn record_call(
-    span: &mut ToolgateSpan,
-    caller: &Caller,
-    door: Door,
-    names: CallNames<'_>,
-    tool: Option<&ToolVersion>,
-    outcome: &CallOutcome,
-) {
-    if !span.is_recording() {
-        return;
-    }
-    span.set("gen_ai.operation.name", "execute_tool");
-    span.set("gen_ai.tool.name", names.tool.clone());
-    span.set("gen_ai.tool.call.id", names.call_id.clone());
-    span.set("toolgate.tenant", caller.tenant.clone());
-    span.set("toolgate.agent", caller.agent.clone());
-    span.set("toolgate.door", door.as_str());
-    if let Some(tool) = tool {
-        span.set("toolgate.tool.version", tool.version.clone());
-        span.set("toolgate.risk_level", tool.risk_level.as_str());
-        span.set("toolgate.executor", tool.executor.kind());
-        span.set("gen_ai.tool.type", gen_ai_tool_type(tool));
-    }
-    span.set("toolgate.status", outcome.status.as_str());
-    span.set("toolgate.idempotent_replay", outcome.idempotent_replay);
-    match &outcome.refusal {
-        None => span.set_status(OtelStatus::Ok),
-        Some(refusal) => {
-            let reason = refusal.text_for_record().into_owned();
-            span.set("error.type", refusal.reason.code());
-            span.set("toolgate.refused_by", refusal.stage.as_str());
-            span.set("toolgate.reason", reason.clone());
-            span.set_status(OtelStatus::error(reason));
-        }
-    }
-}
-
-/// The GenAI convention's tool types: code run where the agent runs ("function"), or a service
-/// reached over the network ("extension").
-fn gen_ai_tool_type(tool: &ToolVersion) -> &'static str {
-    match tool.executor.kind() {
-        "http" | "mcp" => "extension",
-        _ => "function",
-    }
-}
-
-/// Arguments and result are recorded only for tools that opt in (`trace_content: true`).
-pub fn record_content(
-    span: &mut ToolgateSpan,
-    arguments: &serde_json::Value,
-    outcome: &CallOutcome,
-) {
-    if !span.is_recording() {
-        return;
-    }
-    span.set("gen_ai.tool.call.arguments", arguments.to_string());
-    if outcome.status == Status::Ok {
-        span.set("gen_ai.tool.call.result", outcome.model_text.clone());
-    }
-}
-
 /// `{executor} {tool}`, kind CLIENT: the backend call, child of the tool call's span (whose own
-/// parent is `parent`). Builtins run inside the tool call's own span: a second span would double
-/// what is exported and say nothing.
+/// parent is `parent`), for a backend that `leaves_process`. Builtins run inside the tool call's
+/// own span: a second span would double what is exported and say nothing.
 pub fn backend_call(
     tracer: &Tracer,
-    tool: &ToolVersion,
+    executor: &'static str,
+    tool: &str,
+    leaves_process: bool,
     call: &ToolgateSpan,
     parent: &Context,
 ) -> ToolgateSpan {
-    if !tool.executor.leaves_process() || call.0.is_none() {
+    if !leaves_process || call.0.is_none() {
         return ToolgateSpan::default();
     }
     tracer.start(SpanKind::Client, &call.context(parent), || {
         (
-            SpanName::Fixed(format!("{} {}", tool.executor.kind(), tool.name).into()),
+            SpanName::Fixed(format!("{executor} {tool}").into()),
             vec![
-                KeyValue::new("toolgate.executor", tool.executor.kind()),
-                KeyValue::new("gen_ai.tool.name", tool.name.clone()),
+                KeyValue::new("toolgate.executor", executor),
+                KeyValue::new("gen_ai.tool.name", tool.to_owned()),
             ],
         )
     })
@@ -501,10 +430,10 @@ fn caller_traceparent(remote: &Context) -> Option<String> {
 /// in the sidecar and get none.
 pub fn outbound_traceparent(
     span: &ToolgateSpan,
-    tool: &ToolVersion,
+    leaves_process: bool,
     parent: &Context,
 ) -> Option<String> {
-    if !tool.executor.leaves_process() {
+    if !leaves_process {
         return None;
     }
     traceparent(span)
