@@ -33,7 +33,7 @@ use futures::FutureExt;
 use serde_json::Value;
 use tonic::metadata::MetadataMap;
 use toolgate::{
-    boundary::{access, bind, schema, scopes, structure},
+    boundary::{access, bind, quota_of, quota_plan, schema, scopes, structure},
     canonical,
     catalog::ToolVersion,
     clock::SharedClock,
@@ -207,9 +207,10 @@ impl Fixture {
                 }
             })
             .collect();
-        let rate_limits = RateLimits::build(&config.catalog, SharedClock::system(), None);
+        let rate_limits =
+            RateLimits::build(&quota_plan(&config.catalog), SharedClock::system(), None);
         let quotas = Quotas::build(
-            &config.catalog,
+            &quota_plan(&config.catalog),
             SharedClock::system(),
             &state::Backend::Memory,
             &QuotaMetrics::register(&Metrics::new()),
@@ -385,7 +386,12 @@ fn rate_limit_check(bencher: Bencher, tools: usize) {
         let key = next(f, &mut i);
         let answer = f
             .quotas
-            .check(&key.caller.tenant, &key.tool, key.tenant_rate, Cost::ONE)
+            .check(
+                &key.caller.tenant,
+                quota_of(&key.tool),
+                key.tenant_rate,
+                Cost::ONE,
+            )
             .now_or_never()
             .expect("the memory limiter answers without waiting");
         allowed("rate limit", &key.name, answer)
@@ -404,7 +410,7 @@ fn rate_limit_check_direct(bencher: Bencher, tools: usize) {
             "rate limit",
             &key.name,
             f.rate_limits
-                .check(&key.caller.tenant, &key.tool, key.tenant_rate),
+                .check(&key.caller.tenant, quota_of(&key.tool), key.tenant_rate),
         )
     });
 }
@@ -441,7 +447,12 @@ fn decision_chain(bencher: Bencher, tools: usize) {
         let sha = canonical::sha256_hex(&bound);
         let quota = f
             .quotas
-            .check(&key.caller.tenant, tool, key.tenant_rate, Cost::ONE)
+            .check(
+                &key.caller.tenant,
+                quota_of(tool),
+                key.tenant_rate,
+                Cost::ONE,
+            )
             .now_or_never()
             .expect("the memory limiter answers without waiting");
         allowed("rate limit", name, quota);

@@ -246,18 +246,19 @@ impl ApprovalStore {
     }
 
     /// After a catalog reload: open approvals whose tool definition changed can no longer be used.
-    pub fn invalidate_changed(&self, catalog: &Catalog) -> usize {
+    pub fn invalidate_changed(&self, served: &Served) -> usize {
         let mut approvals = self.lock();
         let mut invalidated = 0;
         for approval in approvals.values_mut() {
             if approval.finished() {
                 continue;
             }
-            let still_same = catalog.versions().any(|v| {
-                v.name == approval.binding.tool
-                    && *v.version == *approval.binding.tool_version
-                    && v.definition_hash == approval.binding.definition_hash
-            });
+            let binding = &approval.binding;
+            let still_same = served.serves(
+                &binding.tool,
+                &binding.tool_version,
+                &binding.definition_hash,
+            );
             if !still_same {
                 approval.state = ApprovalState::Invalidated;
                 approval.reason = format!(

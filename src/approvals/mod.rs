@@ -17,10 +17,7 @@ pub mod redis;
 
 pub use memory::ApprovalStore;
 
-use crate::{
-    catalog::Catalog, clock::SharedClock, error::Reason, identity::Caller, settings::RiskLevel,
-    state,
-};
+use crate::{clock::SharedClock, error::Reason, identity::Caller, settings::RiskLevel, state};
 use redis::RedisApprovals;
 
 /// The scope an approver needs.
@@ -222,6 +219,35 @@ pub struct Page {
 /// Why a redemption failed: a reason from the outcome table and a message.
 pub type RedeemError = (Reason, String);
 
+/// What a catalog serves, as approvals are bound to it: each tool definition (name, version and
+/// definition hash), and the tenants whose approvals a reload may void. The boundary makes it
+/// from the catalog (`boundary::served`).
+#[derive(Debug, Default)]
+pub struct Served {
+    pub tenants: Vec<String>,
+    /// `name\0version\0definition hash` of each definition.
+    definitions: std::collections::BTreeSet<String>,
+}
+
+impl Served {
+    /// Adds a definition served.
+    pub fn serve(&mut self, name: &str, version: &str, definition_hash: &str) {
+        self.definitions
+            .insert(format!("{name}\0{version}\0{definition_hash}"));
+    }
+
+    /// Whether this definition is served.
+    pub fn serves(&self, name: &str, version: &str, definition_hash: &str) -> bool {
+        self.definitions
+            .contains(&format!("{name}\0{version}\0{definition_hash}"))
+    }
+
+    /// Every definition served, as `name\0version\0definition hash`.
+    pub fn definitions(&self) -> impl Iterator<Item = &str> {
+        self.definitions.iter().map(String::as_str)
+    }
+}
+
 /// The approvals of a sidecar: in its memory, or shared through Redis.
 pub enum Approvals {
     Memory(ApprovalStore),
@@ -322,11 +348,12 @@ impl Approvals {
         }
     }
 
-    /// After a catalog reload: open approvals whose tool definition changed become invalid.
-    pub async fn invalidate_changed(&self, catalog: &Catalog) -> usize {
+    /// After a catalog reload: open approvals whose tool definition is no longer `served`
+    /// become invalid.
+    pub async fn invalidate_changed(&self, served: &Served) -> usize {
         match self {
-            Approvals::Memory(store) => store.invalidate_changed(catalog),
-            Approvals::Shared(store) => store.invalidate_changed(catalog).await,
+            Approvals::Memory(store) => store.invalidate_changed(served),
+            Approvals::Shared(store) => store.invalidate_changed(served).await,
         }
     }
 

@@ -19,10 +19,9 @@ use tokio::time::Instant;
 
 use super::{
     Approval, ApprovalState, Binding, Budget, Checked, Cursor, DECISION_RESERVE, DecideError, Page,
-    RedeemError, bounded_reason, check_binding, not_found, state_error,
+    RedeemError, Served, bounded_reason, check_binding, not_found, state_error,
 };
 use crate::{
-    catalog::Catalog,
     error::Reason,
     identity::Caller,
     settings::RiskLevel,
@@ -311,15 +310,12 @@ impl RedisApprovals {
     /// changed become invalid, [`WORK`] at a time per script. Redis being unreachable only
     /// delays this: redeeming still compares the definition the approval was requested
     /// against.
-    pub async fn invalidate_changed(&self, catalog: &Catalog) -> usize {
-        let definitions: Vec<String> = catalog
-            .versions()
-            .map(|v| format!("{}\0{}\0{}", v.name, v.version, v.definition_hash))
-            .collect();
+    pub async fn invalidate_changed(&self, served: &Served) -> usize {
+        let definitions: Vec<&str> = served.definitions().collect();
         // Every open approval of a tenant in pages, and a margin for those created meanwhile.
         let most_pages = self.budget.max_per_tenant / WORK + 2;
         let mut invalidated = 0;
-        for tenant in catalog.tenants.keys() {
+        for tenant in &served.tenants {
             for state in [ApprovalState::Pending, ApprovalState::Approved] {
                 let mut after = String::new();
                 for _ in 0..most_pages {

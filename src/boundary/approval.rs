@@ -21,6 +21,17 @@ use crate::{
     error::{Reason, Refusal, Stage},
 };
 
+/// What `catalog` serves, as approvals are bound to it: a reload voids the open approvals of
+/// definitions it no longer serves.
+pub(super) fn served(catalog: &crate::catalog::Catalog) -> approvals::Served {
+    let mut served = approvals::Served::default();
+    served.tenants = catalog.tenants.keys().cloned().collect();
+    for tool in catalog.versions() {
+        served.serve(&tool.name, &tool.version, &tool.definition_hash);
+    }
+    served
+}
+
 /// Where a tool's approval condition is named in explanations and catalog tests.
 pub fn condition_location(tool: &ToolVersion) -> String {
     format!("{}@{}.approval.when", tool.name, tool.version)

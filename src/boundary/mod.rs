@@ -71,7 +71,7 @@ pub use approval::condition_location as approval_condition_location;
 pub use chain::Step;
 pub(crate) use observer::{CallObserver, FinishedCall};
 pub use permit::Permit;
-pub use rate_limit::cost_location as quota_cost_location;
+pub use rate_limit::{cost_location as quota_cost_location, quota_of, quota_plan};
 pub use result::ResponseBudget;
 use trail::AuditGuard;
 pub(crate) use trail::CallTrail;
@@ -266,7 +266,7 @@ impl Boundary {
         let metrics = BoundaryMetrics::register(registry);
         let quota_metrics = QuotaMetrics::register(registry);
         let rate_limits = Quotas::build(
-            &catalog,
+            &quota_plan(&catalog),
             clock.clone(),
             &stores.backend,
             &quota_metrics,
@@ -395,13 +395,16 @@ impl Boundary {
     pub async fn replace_catalog(&self, catalog: Catalog) -> usize {
         let previous = self.state.load_full();
         let rate_limits = Quotas::build(
-            &catalog,
+            &quota_plan(&catalog),
             self.clock.clone(),
             &self.backend,
             &self.quota_metrics,
             Some(&previous.rate_limits),
         );
-        let invalidated = self.approvals.invalidate_changed(&catalog).await;
+        let invalidated = self
+            .approvals
+            .invalidate_changed(&approval::served(&catalog))
+            .await;
         self.pins
             .swapped(&catalog, &self.audit, &self.metrics, &self.clock)
             .await;

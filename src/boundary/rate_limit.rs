@@ -11,12 +11,32 @@ use super::{
     policy::{self, Decided},
 };
 use crate::{
-    catalog::ToolVersion,
+    catalog::{Catalog, ToolVersion},
     conditions::Evaluated,
     error::{Reason, Refusal, Stage},
-    limits::{self, Cost, QuotaScope, QuotaView, describe},
+    limits::{self, Cost, QuotaPlan, QuotaScope, QuotaView, ToolQuota, describe},
     settings::Rate,
 };
+
+/// A tool's quota as the limiters key it.
+pub fn quota_of(tool: &ToolVersion) -> ToolQuota<'_> {
+    ToolQuota {
+        name: &tool.name,
+        rate: tool.rate_limit,
+    }
+}
+
+/// What the limiters of `catalog` are built for: each tool version's quota and each tenant's.
+pub fn quota_plan(catalog: &Catalog) -> QuotaPlan<'_> {
+    QuotaPlan {
+        tools: catalog.versions().map(|tool| quota_of(tool)).collect(),
+        tenants: catalog
+            .tenants
+            .iter()
+            .map(|(tenant, policy)| (tenant.as_str(), policy.rate_limit))
+            .collect(),
+    }
+}
 
 /// Where a tool's quota cost is named in explanations and refusals.
 pub fn cost_location(tool: &ToolVersion) -> String {
@@ -37,7 +57,7 @@ pub(super) async fn check(
     let tenant_rate = state.catalog.tenant_rate(&caller.tenant);
     state
         .rate_limits
-        .check(&caller.tenant, tool, tenant_rate, cost)
+        .check(&caller.tenant, quota_of(tool), tenant_rate, cost)
         .await
 }
 
@@ -54,7 +74,7 @@ pub(super) async fn room(
     let tenant_rate = state.catalog.tenant_rate(&caller.tenant);
     let Ok(views) = state
         .rate_limits
-        .view(&caller.tenant, tool, tenant_rate)
+        .view(&caller.tenant, quota_of(tool), tenant_rate)
         .await
     else {
         return Ok(());
@@ -152,7 +172,7 @@ pub(super) fn cost(
     let decided = match cells {
         Ok(cells) if cells > u64::from(rate.burst.get()) => Err(limits::over_burst(
             &asker.caller.tenant,
-            tool,
+            &tool.name,
             rate,
             Cost(cells),
         )),
@@ -198,7 +218,7 @@ impl Explainer<'_> {
         // quota is not called exhausted on a guess.
         let views = self
             .rate_limits
-            .view(&caller.tenant, tool, tenant_rate)
+            .view(&caller.tenant, quota_of(tool), tenant_rate)
             .await;
         let unknown = views.is_err();
         let applying = applying(tool, tenant_rate);

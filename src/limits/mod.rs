@@ -24,7 +24,6 @@ use std::{
 
 use crate::gcra::{self, Gcra};
 use crate::{
-    catalog::{Catalog, ToolVersion},
     clock::SharedClock,
     error::{Reason, Refusal, Stage},
     settings::Rate,
@@ -32,6 +31,22 @@ use crate::{
 };
 use metrics::QuotaMetrics;
 use redis::SharedQuotas;
+
+/// A tool's quota as the limiters key it: the tool's name and its rate (`None`: it has none).
+/// The boundary makes it from the catalog's tool (`boundary::quota_of`).
+#[derive(Debug, Clone, Copy)]
+pub struct ToolQuota<'a> {
+    pub name: &'a str,
+    pub rate: Option<Rate>,
+}
+
+/// What the limiters of one catalog are built for: every tool's quota (a name may have several
+/// versions, each with its rate) and every tenant's own rate.
+#[derive(Debug, Default)]
+pub struct QuotaPlan<'a> {
+    pub tools: Vec<ToolQuota<'a>>,
+    pub tenants: Vec<(&'a str, Option<Rate>)>,
+}
 
 /// The rate limiter of one catalog: this sidecar's memory, or shared through Redis.
 pub enum Quotas {
@@ -44,7 +59,7 @@ impl Quotas {
     /// where a quota is unchanged (in Redis the key names carry the rate, so that holds by
     /// itself).
     pub fn build(
-        catalog: &Catalog,
+        plan: &QuotaPlan<'_>,
         clock: SharedClock,
         backend: &state::Backend,
         metrics: &QuotaMetrics,
@@ -54,7 +69,7 @@ impl Quotas {
             Quotas::Memory(local) => Some(local),
             Quotas::Shared(shared) => shared.fallback(),
         });
-        let local = RateLimits::build(catalog, clock, previous_local);
+        let local = RateLimits::build(plan, clock, previous_local);
         match backend {
             state::Backend::Memory => Quotas::Memory(local),
             state::Backend::Redis(redis) => {
@@ -78,7 +93,7 @@ impl Quotas {
     pub async fn check(
         &self,
         tenant: &str,
-        tool: &ToolVersion,
+        tool: ToolQuota<'_>,
         tenant_rate: Option<Rate>,
         cost: Cost,
     ) -> Result<(), Refusal> {
@@ -94,7 +109,7 @@ impl Quotas {
     pub async fn view(
         &self,
         tenant: &str,
-        tool: &ToolVersion,
+        tool: ToolQuota<'_>,
         tenant_rate: Option<Rate>,
     ) -> Result<Vec<QuotaView>, StateError> {
         match self {
@@ -182,25 +197,25 @@ pub struct QuotaView {
 }
 
 impl RateLimits {
-    /// Limiters for `catalog`, reusing `previous` state where a tool's or tenant's rate is unchanged.
-    pub fn build(catalog: &Catalog, clock: SharedClock, previous: Option<&RateLimits>) -> Self {
+    /// Limiters for `plan`, reusing `previous` state where a tool's or tenant's rate is unchanged.
+    pub fn build(plan: &QuotaPlan<'_>, clock: SharedClock, previous: Option<&RateLimits>) -> Self {
         let mut per_tool: HashMap<String, Vec<(Rate, Arc<Cells>)>> = HashMap::new();
-        for tool in catalog.versions() {
-            let Some(rate) = tool.rate_limit else {
+        for tool in &plan.tools {
+            let Some(rate) = tool.rate else {
                 continue;
             };
-            let limiters = per_tool.entry(tool.name.clone()).or_default();
+            let limiters = per_tool.entry(tool.name.to_owned()).or_default();
             if find_rate(limiters, rate).is_some() {
                 continue;
             }
             let cells = previous
-                .and_then(|p| find_rate(p.per_tool.get(&tool.name)?, rate))
+                .and_then(|p| find_rate(p.per_tool.get(tool.name)?, rate))
                 .unwrap_or_else(|| Cells::new(rate));
             limiters.push((rate, cells));
         }
         let mut per_tenant = HashMap::new();
-        for (tenant, policy) in &catalog.tenants {
-            let Some(rate) = policy.rate_limit else {
+        for &(tenant, rate) in &plan.tenants {
+            let Some(rate) = rate else {
                 continue;
             };
             let cells = previous
@@ -208,12 +223,12 @@ impl RateLimits {
                 .filter(|(previous_rate, _)| *previous_rate == rate)
                 .map(|(_, cells)| cells.clone())
                 .unwrap_or_else(|| Cells::new(rate));
-            per_tenant.insert(tenant.clone(), (rate, cells));
+            per_tenant.insert(tenant.to_owned(), (rate, cells));
         }
-        let tenant_keys = catalog
+        let tenant_keys = plan
             .tenants
-            .keys()
-            .map(|tenant| (tenant.clone(), TenantKey::from(tenant.as_str())))
+            .iter()
+            .map(|&(tenant, _)| (tenant.to_owned(), TenantKey::from(tenant)))
             .collect();
         RateLimits {
             clock,
@@ -227,10 +242,10 @@ impl RateLimits {
         gcra::nanos(self.clock.monotonic())
     }
 
-    fn tool_cells(&self, tool: &ToolVersion) -> Option<&Arc<Cells>> {
-        let rate = tool.rate_limit?;
+    fn tool_cells(&self, tool: ToolQuota<'_>) -> Option<&Arc<Cells>> {
+        let rate = tool.rate?;
         self.per_tool
-            .get(&tool.name)?
+            .get(tool.name)?
             .iter()
             .find(|(r, _)| *r == rate)
             .map(|(_, cells)| cells)
@@ -246,7 +261,7 @@ impl RateLimits {
     pub fn check(
         &self,
         tenant: &str,
-        tool: &ToolVersion,
+        tool: ToolQuota<'_>,
         tenant_rate: Option<Rate>,
     ) -> Result<(), Refusal> {
         self.check_cost(tenant, tool, tenant_rate, Cost::ONE)
@@ -257,7 +272,7 @@ impl RateLimits {
     pub fn check_cost(
         &self,
         tenant: &str,
-        tool: &ToolVersion,
+        tool: ToolQuota<'_>,
         tenant_rate: Option<Rate>,
         Cost(cells): Cost,
     ) -> Result<(), Refusal> {
@@ -279,7 +294,7 @@ impl RateLimits {
             .zip(tenant_tats.as_ref())
             .map(|((_, cells), tats)| cells.gcra.decide(tats.get(tenant).copied(), now));
         if let Some(Err(wait)) = tool_decision
-            && let Some(rate) = tool.rate_limit
+            && let Some(rate) = tool.rate
         {
             return Err(tool_refusal(tenant, tool, rate, wait));
         }
@@ -302,12 +317,12 @@ impl RateLimits {
     pub fn view(
         &self,
         tenant: &str,
-        tool: &ToolVersion,
+        tool: ToolQuota<'_>,
         tenant_rate: Option<Rate>,
     ) -> Vec<QuotaView> {
         let now = self.now();
         let mut views = Vec::new();
-        if let (Some(cells), Some(rate)) = (self.tool_cells(tool), tool.rate_limit) {
+        if let (Some(cells), Some(rate)) = (self.tool_cells(tool), tool.rate) {
             let tat = cells.lock().get(tenant).copied();
             views.push(QuotaView {
                 scope: QuotaScope::Tool.as_str(),
@@ -369,19 +384,18 @@ fn find_rate(limiters: &[(Rate, Arc<Cells>)], rate: Rate) -> Option<Arc<Cells>> 
 pub const SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 
 /// A call refused by its tool's quota.
-fn tool_refusal(tenant: &str, tool: &ToolVersion, rate: Rate, wait: Duration) -> Refusal {
-    refusal(exhausted(QuotaScope::Tool, tenant, &tool.name, rate), wait)
+fn tool_refusal(tenant: &str, tool: ToolQuota<'_>, rate: Rate, wait: Duration) -> Refusal {
+    refusal(exhausted(QuotaScope::Tool, tenant, tool.name, rate), wait)
 }
 
 /// A call whose cost is more than its tool's quota can ever admit at once: waiting would not
 /// help, so it is not told to.
-pub fn over_burst(tenant: &str, tool: &ToolVersion, rate: Rate, Cost(cells): Cost) -> Refusal {
+pub fn over_burst(tenant: &str, tool: &str, rate: Rate, Cost(cells): Cost) -> Refusal {
     Refusal::new(
         Stage::RateLimit,
         Reason::CostOverBurst,
         format!(
-            "this call of {} costs {cells}, more than the burst of {} that its rate limit {} admits at once for tenant {tenant}; it can never be admitted with these arguments",
-            tool.name,
+            "this call of {tool} costs {cells}, more than the burst of {} that its rate limit {} admits at once for tenant {tenant}; it can never be admitted with these arguments",
             rate.burst,
             describe(rate)
         ),
@@ -452,32 +466,42 @@ pub fn describe(rate: Rate) -> String {
 mod tests {
     use super::*;
     use crate::allocations::allocations_in;
-    use crate::{clock::ManualClock, config::Config, settings::Env};
+    use crate::{
+        clock::ManualClock,
+        settings::{parse_rate, raw::RawRateLimit},
+    };
     use futures::FutureExt;
+
+    /// `text` (e.g. `100/min`) as the catalog would read it.
+    fn rate(text: &str) -> Rate {
+        parse_rate(&RawRateLimit::Short(text.to_owned()), "rate_limit").unwrap()
+    }
+
+    fn quota(name: &'static str, text: Option<&str>) -> ToolQuota<'static> {
+        ToolQuota {
+            name,
+            rate: text.map(rate),
+        }
+    }
 
     #[test]
     fn the_memory_limiter_behind_the_enum_allocates_nothing_per_call() {
-        let yaml = r#"version: 1
-identity: { dev_identity: true }
-tenants: { a: { rate_limit: 1000/min } }
-tools:
-  - { name: t, description: d, risk_level: read_only, rate_limit: 100/min, executor: { builtin: echo }, input_schema: { type: object } }
-"#;
-        let config =
-            Config::from_yaml(yaml, "t", std::path::Path::new("."), &Env::default()).unwrap();
-        let catalog = config.catalog;
+        let tool = quota("t", Some("100/min"));
+        let tenant_rate = Some(rate("1000/min"));
+        let plan = QuotaPlan {
+            tools: vec![tool],
+            tenants: vec![("a", tenant_rate)],
+        };
         let quotas = Quotas::build(
-            &catalog,
+            &plan,
             SharedClock::new(ManualClock::new(0)),
             &state::Backend::Memory,
             &QuotaMetrics::register(&crate::metrics::Metrics::new()),
             None,
         );
-        let tool = catalog.resolve("t", None, "a").unwrap();
-        let rate = catalog.tenants["a"].rate_limit;
         let check = || {
             quotas
-                .check("a", tool, rate, Cost::ONE)
+                .check("a", tool, tenant_rate, Cost::ONE)
                 .now_or_never()
                 .expect("the memory limiter answers on the first poll")
         };
@@ -493,21 +517,13 @@ tools:
 
     #[test]
     fn idle_keys_are_shed_and_state_survives_an_unchanged_reload() {
-        let yaml = r#"version: 1
-identity: { dev_identity: true }
-tenants: { a: {}, b: {}, c: {} }
-tools:
-  - { name: t, description: d, risk_level: read_only, rate_limit: 2/min, executor: { builtin: echo }, input_schema: { type: object } }
-"#;
-        let catalog = || {
-            Config::from_yaml(yaml, "t", std::path::Path::new("."), &Env::default())
-                .unwrap()
-                .catalog
+        let tool = quota("t", Some("2/min"));
+        let plan = || QuotaPlan {
+            tools: vec![tool],
+            tenants: vec![("a", None), ("b", None), ("c", None)],
         };
         let clock = ManualClock::new(0);
-        let first = catalog();
-        let limits = RateLimits::build(&first, SharedClock::new(clock.clone()), None);
-        let tool = first.versions().next().unwrap();
+        let limits = RateLimits::build(&plan(), SharedClock::new(clock.clone()), None);
         for tenant in ["a", "b", "c"] {
             assert!(limits.check(tenant, tool, None).is_ok());
         }
@@ -516,8 +532,7 @@ tools:
         assert_eq!(limits.keys_held(), 3);
 
         // A reload with the same quota keeps the state: tenant a is still limited.
-        let reloaded =
-            RateLimits::build(&catalog(), SharedClock::new(clock.clone()), Some(&limits));
+        let reloaded = RateLimits::build(&plan(), SharedClock::new(clock.clone()), Some(&limits));
         assert!(reloaded.check("a", tool, None).is_err());
 
         // Once every key's state is indistinguishable from a fresh one, it goes.
@@ -529,20 +544,14 @@ tools:
 
     #[test]
     fn a_call_refused_by_one_quota_consumes_neither() {
-        let yaml = r#"version: 1
-identity: { dev_identity: true }
-tenants: { a: { rate_limit: 2/h } }
-tools:
-  - { name: t, description: d, risk_level: read_only, rate_limit: 3/h, executor: { builtin: echo }, input_schema: { type: object } }
-  - { name: u, description: d, risk_level: read_only, executor: { builtin: echo }, input_schema: { type: object } }
-"#;
-        let config =
-            Config::from_yaml(yaml, "t", std::path::Path::new("."), &Env::default()).unwrap();
-        let catalog = config.catalog;
-        let limits = RateLimits::build(&catalog, SharedClock::new(ManualClock::new(0)), None);
-        let tenant_rate = catalog.tenants["a"].rate_limit;
-        let t = catalog.resolve("t", None, "a").unwrap();
-        let u = catalog.resolve("u", None, "a").unwrap();
+        let t = quota("t", Some("3/h"));
+        let u = quota("u", None);
+        let tenant_rate = Some(rate("2/h"));
+        let plan = QuotaPlan {
+            tools: vec![t, u],
+            tenants: vec![("a", tenant_rate)],
+        };
+        let limits = RateLimits::build(&plan, SharedClock::new(ManualClock::new(0)), None);
         // The tenant quota (2/h) is used up by u; t's own quota (3/h) must stay untouched.
         assert!(limits.check("a", u, tenant_rate).is_ok());
         assert!(limits.check("a", u, tenant_rate).is_ok());

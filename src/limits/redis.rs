@@ -19,11 +19,11 @@ use std::{
 use redis::Script;
 
 use super::{
-    Cost, QuotaScope, QuotaView, RateLimits, metrics::QuotaMetrics, tenant_refusal, tool_refusal,
+    Cost, QuotaScope, QuotaView, RateLimits, ToolQuota, metrics::QuotaMetrics, tenant_refusal,
+    tool_refusal,
 };
 use crate::gcra::Gcra;
 use crate::{
-    catalog::ToolVersion,
     error::{Reason, Refusal, Stage},
     settings::{OnUnavailable, Rate},
     state::{
@@ -122,11 +122,11 @@ impl SharedQuotas {
     fn quotas(
         &self,
         tenant: &str,
-        tool: &ToolVersion,
+        tool: ToolQuota<'_>,
         tenant_rate: Option<Rate>,
         Cost(cells): Cost,
     ) -> Vec<Quota> {
-        let tool_quota = tool.rate_limit.filter(|_| cells > 0).map(|rate| Quota {
+        let tool_quota = tool.rate.filter(|_| cells > 0).map(|rate| Quota {
             key: self
                 .redis
                 .key(tenant, format_args!("rl:tool:{}:{}", tool.name, spec(rate))),
@@ -163,7 +163,7 @@ impl SharedQuotas {
     pub async fn check(
         &self,
         tenant: &str,
-        tool: &ToolVersion,
+        tool: ToolQuota<'_>,
         tenant_rate: Option<Rate>,
         cost: Cost,
     ) -> Result<(), Refusal> {
@@ -206,7 +206,7 @@ impl SharedQuotas {
     pub async fn view(
         &self,
         tenant: &str,
-        tool: &ToolVersion,
+        tool: ToolQuota<'_>,
         tenant_rate: Option<Rate>,
     ) -> Result<Vec<QuotaView>, StateError> {
         let quotas = self.quotas(tenant, tool, tenant_rate, Cost::ONE);
@@ -235,7 +235,7 @@ impl SharedQuotas {
         &self,
         err: StateError,
         tenant: &str,
-        tool: &ToolVersion,
+        tool: ToolQuota<'_>,
         tenant_rate: Option<Rate>,
         cost: Cost,
     ) -> Result<(), Refusal> {

@@ -392,7 +392,11 @@ tools:
     let metered = state.catalog.resolve("metered", None, "acme").unwrap();
     let views = state
         .rate_limits
-        .view("acme", metered, state.catalog.tenants["acme"].rate_limit)
+        .view(
+            "acme",
+            toolgate::boundary::quota_of(metered),
+            state.catalog.tenants["acme"].rate_limit,
+        )
         .await
         .unwrap();
     let remaining: Vec<(&str, u64)> = views.iter().map(|v| (v.scope, v.remaining)).collect();
@@ -438,7 +442,11 @@ tools:
     let metered = state.catalog.resolve("metered", None, "acme").unwrap();
     let views = state
         .rate_limits
-        .view("acme", metered, state.catalog.tenants["acme"].rate_limit)
+        .view(
+            "acme",
+            toolgate::boundary::quota_of(metered),
+            state.catalog.tenants["acme"].rate_limit,
+        )
         .await
         .unwrap();
     let remaining: Vec<(&str, u64)> = views.iter().map(|v| (v.scope, v.remaining)).collect();
