@@ -22,7 +22,7 @@ enum_with_all! {
 /// other). A step's refusal names the [`Stage`] it reports as, its `refused_by`
 /// ([`Step::refused_as`]): conditions on the call and flow rules refuse as `access`, the output
 /// guard as `result`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Step {
     /// A blank call id is numbered; a long one cut.
     CallId,
@@ -43,6 +43,32 @@ pub enum Step {
     Result,
     OutputGuard,
 }
+}
+
+/// The steps a call has reached, in a build with debug assertions (every test's): reaching one
+/// out of [`Step`]'s order panics, so the chain's code, `Step` and the docs' table (held to
+/// `Step` by a docs test) cannot drift apart. Nothing in a release build.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Steps {
+    #[cfg(debug_assertions)]
+    last: Option<Step>,
+}
+
+impl Steps {
+    /// The call reaches `step`.
+    pub(crate) fn reached(&mut self, step: Step) {
+        #[cfg(debug_assertions)]
+        {
+            assert!(
+                self.last < Some(step),
+                "the chain reached {step:?} after {:?}: its order is Step's",
+                self.last
+            );
+            self.last = Some(step);
+        }
+        #[cfg(not(debug_assertions))]
+        let _ = step;
+    }
 }
 
 impl Step {
@@ -354,6 +380,7 @@ impl Boundary {
             );
             trail.tool = seen.tool.cloned();
             trail.bound_override_attempts = seen.override_attempts;
+            trail.steps = seen.steps;
             let look = decided.as_ref().is_ok_and(|d| takes_long(state, d));
             (decided, look)
         };
@@ -366,6 +393,7 @@ impl Boundary {
         let decided = {
             let mut seen = policy::Seen::default();
             let decided = decided.and_then(|decided| {
+                trail.steps.reached(Step::AccessOnCall);
                 policy::access_on_call(catalog, &asker, &decided, &mut seen)?;
                 Ok(decided)
             });
@@ -399,6 +427,7 @@ impl Boundary {
         // 7b. Flow rules: what this run (or caller) has seen may forbid this tool now, or
         // make it need an approval.
         // Boxed: only the tools a rule governs pay for reading the scope.
+        trail.steps.reached(Step::Flow);
         let flow_approval = match flow::governing(catalog.flow.as_ref(), tool) {
             Some(policy) => {
                 Box::pin(flow::check(&self.flow, policy, tool, caller, &turn.run_id)).await?
@@ -406,10 +435,12 @@ impl Boundary {
             None => None,
         };
         // 8. Rate limits: both quotas, or neither; the tool's by the call's cost.
+        trail.steps.reached(Step::RateLimit);
         rate_limit::check(state, &asker, tool, &arguments).await?;
         // 9. Approval for risky tools, bound to these exact arguments; used up only when the
         // call reaches its backend.
         // Boxed: only the tools that need approval pay for the stage's state.
+        trail.steps.reached(Step::Approval);
         let needed = match (approval::needed(tool, &asker, &arguments).0, flow_approval) {
             (Ok(why), _) | (Err(_), Some(why)) => Ok(why),
             (Err(no), None) => Err(no),
@@ -466,14 +497,18 @@ impl Boundary {
             let approval_id = admitted.approval_id.as_deref();
             // 10. Idempotency, wrapping 11-12: execute under the deadline and shape the result.
             // The keyed path is boxed: only calls that use it pay for its state.
+            trail.steps.reached(Step::Idempotency);
             let output = match call.idempotency_key.as_deref() {
                 None => {
                     self.label(labelling, turn, call_id, admitted.permit.tool(), trail)
                         .await?;
+                    trail.steps.reached(Step::Execute);
                     let result = self
                         .call_backend(turn, span, &mut admitted.permit, approval_id, &started)
                         .await;
+                    trail.steps.reached(Step::Result);
                     // 12b. The output guard, before anything keeps or returns the result.
+                    trail.steps.reached(Step::OutputGuard);
                     let (result, findings) = output_guard::screen(admitted.permit.tool(), result);
                     trail.output_guard = findings;
                     result
@@ -507,6 +542,7 @@ impl Boundary {
                                 trail.idempotent_replay = true;
                                 trail.replayed_version = Some(stored.tool_version);
                                 // Screened when stored; again, by the guard in force now.
+                                trail.steps.reached(Step::OutputGuard);
                                 let (result, findings) = output_guard::screen(tool, stored.result);
                                 trail.output_guard = findings;
                                 result
@@ -517,18 +553,23 @@ impl Boundary {
                                     .await;
                                 let result = match labelled {
                                     Ok(()) => {
-                                        self.call_backend(
-                                            turn,
-                                            span,
-                                            &mut admitted.permit,
-                                            approval_id,
-                                            &started,
-                                        )
-                                        .await
+                                        trail.steps.reached(Step::Execute);
+                                        let result = self
+                                            .call_backend(
+                                                turn,
+                                                span,
+                                                &mut admitted.permit,
+                                                approval_id,
+                                                &started,
+                                            )
+                                            .await;
+                                        trail.steps.reached(Step::Result);
+                                        result
                                     }
                                     // Retryable: the key is given back.
                                     Err(refusal) => Err(refusal),
                                 };
+                                trail.steps.reached(Step::OutputGuard);
                                 let (result, findings) =
                                     output_guard::screen(admitted.permit.tool(), result);
                                 trail.output_guard = findings;

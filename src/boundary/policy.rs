@@ -9,7 +9,7 @@ use std::{sync::Arc, time::SystemTime};
 
 use serde_json::Value;
 
-use super::{CallRequest, access, bind, emergency, resolve, schema, scopes, structure};
+use super::{CallRequest, Step, access, bind, emergency, resolve, schema, scopes, structure};
 use crate::{
     approvals, canonical,
     catalog::{Catalog, ToolVersion},
@@ -73,6 +73,8 @@ pub(crate) struct Seen<'c> {
     pub refused_arguments: Option<Value>,
     /// Every condition evaluated, when the asker traces.
     pub conditions: Vec<Evaluated>,
+    /// The steps reached, in order.
+    pub steps: super::chain::Steps,
 }
 
 /// Runs stages 1–7a for `call`. `shown` is the revision log and the revision the
@@ -115,6 +117,7 @@ pub(crate) fn through_bind<'c>(
     let caller = asker.caller;
     // 1-2. Structure: identifiers within limits and printable; a tool name; one JSON object
     // within the size and depth limits.
+    seen.steps.reached(Step::Structure);
     structure::check_identifiers(
         &[
             // The client's own, before a blank one is numbered or a long one is cut.
@@ -128,6 +131,7 @@ pub(crate) fn through_bind<'c>(
     )?;
     let (arguments, held) = structure::check(&call.name, &call.arguments_json, limits, budget)?;
     // 3. Tool and version, and whether the model was shown this definition.
+    seen.steps.reached(Step::Resolve);
     let tool = resolve::resolve(catalog, &call.name, call.version.as_deref(), caller)?;
     seen.tool = Some(tool);
     if let Some((revisions, shown)) = shown {
@@ -137,6 +141,7 @@ pub(crate) fn through_bind<'c>(
     }
     // 4. Allow/deny lists: global, tenant, agent. Provisional when an entry's condition reads
     // the call: decided again after bind (7a).
+    seen.steps.reached(Step::Access);
     let listing = Input::listing(caller, tool.facts()).traced(asker.trace);
     let access = access::check(catalog, &listing);
     seen.conditions.extend(listing.take_trace());
@@ -145,6 +150,7 @@ pub(crate) fn through_bind<'c>(
     // tool without it: `visibility::as_caller_sees`).
     emergency::check(denies, tool, caller)?;
     // 5. Scopes.
+    seen.steps.reached(Step::Scopes);
     scopes::check(caller, tool)?;
     // The model's attempts to set server-bound arguments are recorded whatever refuses the
     // call next: detecting an attack must not depend on the attacker sending valid arguments.
@@ -152,9 +158,11 @@ pub(crate) fn through_bind<'c>(
         seen.override_attempts = bind::attempted(tool, map);
     }
     // 6. Arguments against the visible JSON Schema.
+    seen.steps.reached(Step::Schema);
     schema::check_listing(tool, &arguments, &mut seen.violations)?;
     // 7. Server-bound arguments; then the canonical form, which is what is hashed, approved
     // and handed to the backend, byte for byte.
+    seen.steps.reached(Step::Bind);
     let mut arguments = bind::apply(tool, caller, arguments)?;
     schema::check_bound_listing(tool, &arguments, &mut seen.violations)?;
     canonical::normalize(&mut arguments);

@@ -34,6 +34,8 @@ pub(crate) struct CallTrail {
     pub output_guard: Vec<Finding>,
     /// The flow labels the call added to its scope.
     pub flow_labels: Vec<String>,
+    /// The chain's steps the call reached, in order (checked in builds with debug assertions).
+    pub steps: super::chain::Steps,
 }
 
 impl CallTrail {
