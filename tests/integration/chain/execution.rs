@@ -320,8 +320,8 @@ async fn an_idempotent_repeat_replays_the_first_result_without_running_again(bac
         .idempotent_replay
     );
     // Past the window the key is fresh again: other arguments under it run (within the window
-    // they were a conflict, above). Redis keeps its own time (tests/integration/shared_state/mod.rs
-    // covers its window).
+    // they were a conflict, above). Redis keeps its own time
+    // (tests/integration/shared_state/windows.rs covers its window).
     if backend == Backend::Memory {
         server.clock.advance(Duration::from_secs(601));
         let fresh = exec(
