@@ -221,7 +221,7 @@ pub type RedeemError = (Reason, String);
 
 /// What a catalog serves, as approvals are bound to it: each tool definition (name, version and
 /// definition hash), and the tenants whose approvals a reload may void. The boundary makes it
-/// from the catalog (`boundary::served`).
+/// from the catalog (`boundary::approval::served`).
 #[derive(Debug, Default)]
 pub struct Served {
     pub tenants: Vec<String>,
@@ -233,13 +233,18 @@ impl Served {
     /// Adds a definition served.
     pub fn serve(&mut self, name: &str, version: &str, definition_hash: &str) {
         self.definitions
-            .insert(format!("{name}\0{version}\0{definition_hash}"));
+            .insert(Self::key(name, version, definition_hash));
     }
 
     /// Whether this definition is served.
     pub fn serves(&self, name: &str, version: &str, definition_hash: &str) -> bool {
         self.definitions
-            .contains(&format!("{name}\0{version}\0{definition_hash}"))
+            .contains(&Self::key(name, version, definition_hash))
+    }
+
+    /// How a definition is named here and in the Redis script's arguments.
+    fn key(name: &str, version: &str, definition_hash: &str) -> String {
+        format!("{name}\0{version}\0{definition_hash}")
     }
 
     /// Every definition served, as `name\0version\0definition hash`.

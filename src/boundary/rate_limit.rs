@@ -129,10 +129,7 @@ fn short_of(
         .iter()
         .zip(left)
         .find_map(|(&(scope, rate), left)| {
-            let takes = match scope {
-                QuotaScope::Tool => tool_cells?,
-                QuotaScope::Tenant => 1,
-            };
+            let takes = takes(scope, tool_cells)?;
             left.is_some_and(|left| left < takes).then(|| {
                 Refusal::new(
                     Stage::RateLimit,
@@ -152,6 +149,15 @@ pub(super) async fn room_for<'c>(
     let decided = decided?;
     room(state, caller, decided.tool).await?;
     Ok(decided)
+}
+
+/// The cells a call takes of a quota in `scope`: `tool_cells` of its tool's (`None`: not known
+/// yet), one of its tenant's.
+fn takes(scope: QuotaScope, tool_cells: Option<u64>) -> Option<u64> {
+    match scope {
+        QuotaScope::Tool => tool_cells,
+        QuotaScope::Tenant => Some(1),
+    }
 }
 
 /// The cells of its tool's quota this call takes, refused as [`check`] says when it has none it
@@ -233,11 +239,6 @@ impl Explainer<'_> {
                 remaining,
             })
             .collect();
-        // The tool's quota gives the call's cells (none: it is not touched); the tenant's one.
-        let takes = |scope: QuotaScope| match scope {
-            QuotaScope::Tool => cells,
-            QuotaScope::Tenant => 1,
-        };
         let short = short_of(&applying, &left, Some(cells), &caller.tenant, &tool.name)
             .filter(|_| !self.own.quota);
         let mut rate_trail = match short {
@@ -291,7 +292,7 @@ impl Explainer<'_> {
                         .zip(&quotas)
                         .map(|(&(scope, _), quota)| format!(
                             "{} of {}",
-                            match takes(scope) {
+                            match takes(scope, Some(cells)).unwrap_or(1) {
                                 1 => "one cell".to_owned(),
                                 n => format!("{n} cells"),
                             },
