@@ -14,11 +14,8 @@ use crate::settings::{
     LimitsConfig, Loaded, Sections, ServerConfig, StateConfig, catalog_dir, raw, resolve_path,
 };
 use crate::{
-    catalog::{Catalog, CatalogInputs},
-    executor::{
-        Upstream,
-        mcp::{Discovered, McpServerConfig},
-    },
+    catalog::{Catalog, CatalogInputs, Discovered, McpSource},
+    executor::{Upstream, mcp::McpServerConfig},
     identity::{IdentityConfig, JwtSettings},
     telemetry::{OtlpProtocol, TelemetryConfig},
 };
@@ -45,6 +42,11 @@ pub struct Config {
     pub catalog: Catalog,
     /// What the catalog is built from, for rebuilding it as MCP servers list their tools.
     pub catalog_inputs: CatalogInputs,
+    /// The live side of the catalog's `upstreams` (its clients and slots), by name: the HTTP
+    /// executor's, never the catalog's.
+    pub upstreams: BTreeMap<String, Upstream>,
+    /// How to reach each MCP server (started once, with the process).
+    pub mcp_servers: Vec<McpServerConfig>,
     /// The shadow candidate catalog file (`shadow_catalog`), resolved against this file's
     /// directory; loaded and checked on its own, so a broken one never fails this config.
     pub shadow_catalog: Option<PathBuf>,
@@ -140,7 +142,7 @@ fn build(
         .map(|(name, upstream)| {
             Ok((
                 name.clone(),
-                std::sync::Arc::new(Upstream::build(name, upstream, base_dir, env)?),
+                Upstream::build(name, upstream, base_dir, env)?,
             ))
         })
         .collect::<Result<BTreeMap<_, _>, FieldError>>()?;
@@ -156,8 +158,17 @@ fn build(
         limits: limits.clone(),
         base_dir: base_dir.to_path_buf(),
         env: env.clone(),
-        upstreams,
-        mcp_servers,
+        upstreams: upstreams
+            .iter()
+            .map(|(name, upstream)| (name.clone(), upstream.base().clone()))
+            .collect(),
+        mcp_servers: mcp_servers
+            .iter()
+            .map(|server| McpSource {
+                name: server.name.clone(),
+                prefix: server.prefix.clone(),
+            })
+            .collect(),
     };
     let catalog = catalog_inputs.build(&Discovered::new())?;
     Ok(Config {
@@ -172,6 +183,8 @@ fn build(
         telemetry,
         catalog,
         catalog_inputs,
+        upstreams,
+        mcp_servers,
         shadow_catalog,
         loaded: Loaded::default(),
     })

@@ -20,6 +20,7 @@
 //! polls and parses; the served revision is the boundary's, which swaps it.
 
 use std::{
+    collections::BTreeMap,
     net::SocketAddr,
     path::PathBuf,
     sync::{
@@ -38,10 +39,10 @@ use tokio::sync::{mpsc, oneshot, watch};
 use crate::identity::IdentityHandle;
 use crate::{
     boundary::Boundary,
-    catalog::CatalogInputs,
+    catalog::{CatalogInputs, Discovered},
     clock::SharedClock,
     config::Config,
-    executor::mcp::Discovered,
+    executor::Upstream,
     identity::IdentityResolver,
     metrics::Metrics,
     settings::CatalogWatch,
@@ -138,7 +139,7 @@ pub async fn run(
                     continue;
                 }
                 let snapshot = discovered.borrow_and_update().clone();
-                apply(&updater.boundary, &inputs, &snapshot, "MCP servers").await;
+                apply(&updater.boundary, &inputs, &snapshot, "MCP servers", None).await;
             }
             request = requests.recv() => {
                 let Some(reply) = request else { return };
@@ -225,24 +226,18 @@ async fn reload(
     let Config {
         catalog,
         catalog_inputs: mut next,
+        upstreams,
         mut identity,
         loaded,
         limits,
         shadow_catalog,
         ..
     } = config;
-    // The catalog built at load is rebuilt below with live state carried over; dropping it
-    // leaves the new upstreams unshared, so they can adopt the old ones' concurrency slots.
+    // The catalog built at load is rebuilt below with live state carried over.
     drop(catalog);
-    for (name, upstream) in next.upstreams.iter_mut() {
-        if let (Some(previous), Some(fresh)) = (inputs.upstreams.get(name), Arc::get_mut(upstream))
-        {
-            fresh.adopt_in_flight(previous);
-        }
-    }
     // The MCP servers themselves were started with the process; keep their connection settings.
     next.mcp_servers = inputs.mcp_servers.clone();
-    let revision = apply(boundary, &next, discovered, "catalog file").await;
+    let revision = apply(boundary, &next, discovered, "catalog file", Some(upstreams)).await;
     let Some(revision) = revision else {
         metrics.reload("refused");
         return Err(ReloadError::RebuildFailed);
@@ -269,19 +264,20 @@ async fn reload(
     Ok(revision)
 }
 
-/// Builds and swaps in a catalog, carrying live concurrency caps over; returns its revision.
+/// Builds and swaps in a catalog, on `upstreams` when the file was read again (else on the
+/// current ones); returns its revision.
 async fn apply(
     boundary: &Boundary,
     inputs: &CatalogInputs,
     discovered: &Discovered,
     cause: &'static str,
+    upstreams: Option<BTreeMap<String, Upstream>>,
 ) -> Option<String> {
     let previous = boundary.catalog();
     match inputs.build(discovered) {
-        Ok(mut catalog) => {
-            catalog.adopt_concurrency(&previous.catalog);
+        Ok(catalog) => {
             let revision = catalog.revision().to_owned();
-            let invalidated = boundary.replace_catalog(catalog).await;
+            let invalidated = boundary.replace_catalog(catalog, upstreams).await;
             tracing::info!(cause, revision = %revision, previous = %previous.catalog.revision(), approvals_invalidated = invalidated, "catalog updated");
             Some(revision)
         }

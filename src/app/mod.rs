@@ -90,8 +90,8 @@ pub struct Running {
     in_flight: AdmissionLayer,
     /// The shadow candidate catalog and its queue.
     shadow: Arc<Shadow>,
-    /// The backends the boundary runs calls on; shutdown closes the MCP servers' connections.
-    executors: Executors,
+    /// The MCP servers' connections, which shutdown closes.
+    mcp: Arc<McpManager>,
     /// The audit log the boundary and the doors write to; shutdown drains it.
     audit: AuditLog,
     /// Dropped without [`Running::shutdown`], the server still stops its listeners and upkeep.
@@ -154,9 +154,10 @@ impl Running {
         &self.shadow
     }
 
-    /// The backends calls run on (tests reach the builtins and the MCP servers through it).
-    pub fn executors(&self) -> &Executors {
-        &self.executors
+    /// The backends calls on the served catalog run on (tests reach the builtins and the MCP
+    /// servers through them).
+    pub fn executors(&self) -> Executors {
+        self.boundary.catalog().executors.clone()
     }
 
     /// The audit log (tests flush it before reading what was written).
@@ -226,7 +227,7 @@ impl Running {
                 "upkeep tasks did not stop in time"
             );
         }
-        if !self.executors.mcp.stopped(TASKS_STOP_WITHIN).await {
+        if !self.mcp.stopped(TASKS_STOP_WITHIN).await {
             tracing::warn!("MCP server connections did not close in time");
         }
         if let Some(path) = &self.unix_socket {
@@ -305,12 +306,13 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         config.approvals.budget,
         config.limits.idempotency_budget(),
     );
-    let mcp = Arc::new(McpManager::start(&config.catalog_inputs.mcp_servers));
+    let mcp = Arc::new(McpManager::start(&config.mcp_servers));
     let discovered = mcp.watch_discovered();
     let executors = Executors {
         mcp,
         ..Executors::default()
-    };
+    }
+    .with_upstreams(config.upstreams);
     let limits = config.limits.clone();
     let boundary = Arc::new(
         Boundary::new(
@@ -565,7 +567,7 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         admin,
         in_flight,
         shadow,
-        executors,
+        mcp: executors.mcp,
         audit,
         _stop_on_drop: root.stop_on_drop(),
     })

@@ -304,13 +304,8 @@ impl Boundary {
             let state = self.state.load_full();
             // 1-9 run in a future of their own, so what they hold is gone while the backend runs.
             let admitted = self.admit(&state, turn, call, call_id, trail).await?;
-            // 10-12. A tool with flow labels adds them to its scope just before its backend is
-            // called, or it does not run.
-            let labelling = trail
-                .tool
-                .as_ref()
-                .and_then(|tool| flow::labelling(state.catalog.flow.as_ref(), tool));
-            self.dispatch(turn, call, call_id, admitted, labelling, trail, span)
+            // 10-12, on the backends of the same catalog.
+            self.dispatch(turn, call, call_id, admitted, &state, trail, span)
                 .await
         }
     }
@@ -486,11 +481,18 @@ impl Boundary {
         call: &'a CallRequest,
         call_id: &'a str,
         mut admitted: Admitted,
-        labelling: Option<&'a crate::catalog::FlowPolicy>,
+        state: &'a CatalogState,
         trail: &'a mut CallTrail,
         span: &'a spans::ToolgateSpan,
     ) -> impl Future<Output = Result<Success, Refusal>> + Send + 'a {
         async move {
+            // A tool with flow labels adds them to its scope just before its backend is called,
+            // or it does not run.
+            let labelling = trail
+                .tool
+                .as_ref()
+                .and_then(|tool| flow::labelling(state.catalog.flow.as_ref(), tool));
+
             // Set when the call is handed to its backend: from then on, its effects are unknown
             // until it answers.
             let started = AtomicBool::new(false);
@@ -504,7 +506,14 @@ impl Boundary {
                         .await?;
                     trail.steps.reached(Step::Execute);
                     let result = self
-                        .call_backend(turn, span, &mut admitted.permit, approval_id, &started)
+                        .call_backend(
+                            turn,
+                            span,
+                            state,
+                            &mut admitted.permit,
+                            approval_id,
+                            &started,
+                        )
                         .await;
                     trail.steps.reached(Step::Result);
                     // 12b. The output guard, before anything keeps or returns the result.
@@ -558,6 +567,7 @@ impl Boundary {
                                             .call_backend(
                                                 turn,
                                                 span,
+                                                state,
                                                 &mut admitted.permit,
                                                 approval_id,
                                                 &started,

@@ -9,16 +9,28 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::time::Instant;
 
 use super::{
-    Boundary, Permit, Turn, output_guard::MAX_SCREENED_DETAIL_BYTES, redaction::redact_text,
-    truncate_utf8,
+    Boundary, CatalogState, Permit, Turn, output_guard::MAX_SCREENED_DETAIL_BYTES,
+    redaction::redact_text, truncate_utf8,
 };
 use crate::{
-    catalog::ToolVersion,
+    catalog::{Catalog, ToolVersion},
     error::{Reason, Refusal, Stage},
     executor::ExecError,
+    limits::VersionCap,
     settings::RiskLevel,
     telemetry::spans,
 };
+
+/// Stage 11's caps on calls in flight, as the pools key them.
+pub(super) fn in_flight_caps(catalog: &Catalog) -> impl Iterator<Item = VersionCap<'_>> {
+    catalog.versions().filter_map(|tool| {
+        tool.max_concurrency.map(|cap| VersionCap {
+            name: &tool.name,
+            version: &tool.version,
+            cap,
+        })
+    })
+}
 
 impl Boundary {
     /// Calls the backend inside its CLIENT span, whose context is what the backend receives as
@@ -27,15 +39,16 @@ impl Boundary {
         &'a self,
         turn: &Turn,
         call_span: &spans::ToolgateSpan,
+        state: &'a CatalogState,
         permit: &'a mut Permit,
         approval_id: Option<&'a str>,
         started: &'a AtomicBool,
     ) -> impl Future<Output = Result<String, Refusal>> + Send + 'a {
         let tool = permit.tool();
-        let leaves_process = tool.executor.leaves_process();
+        let leaves_process = tool.backend.leaves_process();
         let span = spans::backend_call(
             &self.tracer,
-            tool.executor.kind(),
+            tool.backend.kind(),
             &tool.name,
             leaves_process,
             call_span,
@@ -43,7 +56,7 @@ impl Boundary {
         );
         let traceparent = spans::outbound_traceparent(&span, leaves_process, &turn.trace_parent);
         permit.set_traceparent(traceparent);
-        self.run(permit, span, turn.deadline, approval_id, started)
+        self.run(state, permit, span, turn.deadline, approval_id, started)
     }
 
     /// Stage 11 (and 12's output limit): run under min(tool timeout, client deadline), then check
@@ -57,6 +70,7 @@ impl Boundary {
     )]
     pub(super) fn run<'a>(
         &'a self,
+        state: &'a CatalogState,
         permit: &'a Permit,
         span: spans::ToolgateSpan,
         deadline: Option<Instant>,
@@ -73,17 +87,20 @@ impl Boundary {
                 .unwrap_or(now + crate::settings::MAX_DURATION);
             let deadline = deadline.map_or(tool_deadline, |d| d.min(tool_deadline));
             // Beyond a tool's concurrency cap, refuse at once rather than queue without bound.
-            let _slot = match &tool.concurrency {
-                Some(cap) => Some(cap.clone().try_acquire_owned().map_err(|_| {
-                    Refusal::new(
-                        Stage::Execute,
-                        Reason::Overloaded,
-                        format!(
-                            "{} is at its limit of calls in flight; retry shortly",
-                            tool.name
-                        ),
-                    )
-                })?),
+            let _slot = match tool.max_concurrency {
+                Some(_) => state
+                    .in_flight
+                    .take(&tool.name, &tool.version)
+                    .map_err(|_| {
+                        Refusal::new(
+                            Stage::Execute,
+                            Reason::Overloaded,
+                            format!(
+                                "{} is at its limit of calls in flight; retry shortly",
+                                tool.name
+                            ),
+                        )
+                    })?,
                 None => None,
             };
             let tenant = &permit.caller().tenant;
@@ -95,7 +112,7 @@ impl Boundary {
                         Refusal::new(Stage::Approval, reason, message).with_approval_id(id)
                     })?;
             }
-            let executor = self.executors.for_spec(&tool.executor);
+            let executor = state.executors.for_backend(&tool.backend);
             tracing::debug!(call_id = permit.call_id(), tool = %tool.name, "executing");
             started.store(true, Ordering::Release);
             let output = match tokio::time::timeout_at(deadline, executor.execute(permit)).await {

@@ -494,7 +494,7 @@ impl Explainer<'_> {
         {
             execute.detail = format!(
                 "execution would now hand the final arguments to the {} backend",
-                tool.executor.kind()
+                tool.backend.kind()
             );
         }
         let would_execute = matches!(ending, Ending::Execute { .. });

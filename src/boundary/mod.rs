@@ -61,7 +61,7 @@ mod redaction;
 mod trail;
 mod visibility;
 
-use std::sync::Arc;
+use std::{collections::BTreeMap, sync::Arc};
 
 use arc_swap::ArcSwap;
 use futures::{StreamExt, stream};
@@ -84,10 +84,10 @@ use crate::{
     clock::SharedClock,
     emergency::EmergencyDenies,
     error::{Reason, Refusal, Stage},
-    executor::Executors,
+    executor::{Executors, Upstream},
     identity::Caller,
     identity::Door,
-    limits::{Quotas, metrics::QuotaMetrics},
+    limits::{InFlight, Quotas, metrics::QuotaMetrics},
     metrics::Metrics,
     outcome::CallOutcome,
     settings::LimitsConfig,
@@ -99,10 +99,15 @@ use idempotency::{Claimed, Idempotency};
 use metrics::BoundaryMetrics;
 use resolve::RevisionLog;
 
-/// The catalog and the state that must change with it, swapped as one on reload.
+/// The catalog and the state that must change with it, swapped as one on reload: a call runs on
+/// the backends of the catalog it was decided under.
 pub struct CatalogState {
     pub catalog: Catalog,
     pub rate_limits: Quotas,
+    /// The slots of its versions capped in calls in flight.
+    pub in_flight: InFlight,
+    /// The live clients the catalog's backend specs name.
+    pub executors: Executors,
 }
 
 /// Where the state kept between calls lives: approvals, idempotency keys, and the backend the
@@ -224,7 +229,6 @@ pub struct Boundary {
     backend: state::Backend,
     approvals: Approvals,
     idempotency: Idempotency,
-    executors: Executors,
     audit: AuditLog,
     revisions: RevisionLog,
     clock: SharedClock,
@@ -280,15 +284,16 @@ impl Boundary {
         stores.emergency.attach(calls.token());
         Boundary {
             state: ArcSwap::from_pointee(CatalogState {
+                in_flight: InFlight::build(execute::in_flight_caps(&catalog), None),
                 catalog,
                 rate_limits,
+                executors,
             }),
             idempotency: stores.idempotency,
             revisions: RevisionLog::new(limits.revision_log_max_bytes),
             limits,
             backend: stores.backend,
             approvals: stores.approvals,
-            executors,
             audit,
             clock,
             metrics,
@@ -390,10 +395,20 @@ impl Boundary {
         self.calls.finished().await;
     }
 
-    /// Replaces the catalog. Calls already running keep the definition they started with; rate
-    /// limit state carries over for unchanged quotas; open approvals of changed tools are voided.
-    pub async fn replace_catalog(&self, catalog: Catalog) -> usize {
+    /// Replaces the catalog, and with `upstreams` (a reloaded file's) the HTTP clients its tools
+    /// run on; without, the current ones serve on. Calls already running keep the definition and
+    /// the clients they started with; rate limit state carries over for unchanged quotas, and
+    /// slots in flight for unchanged upstreams; open approvals of changed tools are voided.
+    pub async fn replace_catalog(
+        &self,
+        catalog: Catalog,
+        upstreams: Option<BTreeMap<String, Upstream>>,
+    ) -> usize {
         let previous = self.state.load_full();
+        let executors = match upstreams {
+            Some(upstreams) => previous.executors.with_upstreams(upstreams),
+            None => previous.executors.clone(),
+        };
         let rate_limits = Quotas::build(
             &quota_plan(&catalog),
             self.clock.clone(),
@@ -409,9 +424,13 @@ impl Boundary {
             .swapped(&catalog, &self.audit, &self.metrics, &self.clock)
             .await;
         self.metrics.serving_revision(catalog.revision());
+        let in_flight =
+            InFlight::build(execute::in_flight_caps(&catalog), Some(&previous.in_flight));
         self.state.store(Arc::new(CatalogState {
             catalog,
             rate_limits,
+            in_flight,
+            executors,
         }));
         self.catalog_changes
             .send_modify(|generation| *generation += 1);

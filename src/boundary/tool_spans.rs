@@ -43,7 +43,7 @@ pub fn record_call(
     if let Some(tool) = tool {
         span.set("toolgate.tool.version", tool.version.clone());
         span.set("toolgate.risk_level", tool.risk_level.as_str());
-        span.set("toolgate.executor", tool.executor.kind());
+        span.set("toolgate.executor", tool.backend.kind());
         span.set("gen_ai.tool.type", gen_ai_tool_type(tool));
     }
     span.set("toolgate.status", outcome.status.as_str());
@@ -63,7 +63,7 @@ pub fn record_call(
 /// The GenAI convention's tool types: code run where the agent runs ("function"), or a service
 /// reached over the network ("extension").
 fn gen_ai_tool_type(tool: &ToolVersion) -> &'static str {
-    match tool.executor.kind() {
+    match tool.backend.kind() {
         "http" | "mcp" => "extension",
         _ => "function",
     }

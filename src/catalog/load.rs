@@ -13,8 +13,9 @@ pub struct CatalogInputs {
     pub limits: LimitsConfig,
     pub base_dir: std::path::PathBuf,
     pub env: Env,
-    pub upstreams: BTreeMap<String, Arc<Upstream>>,
-    pub mcp_servers: Vec<McpServerConfig>,
+    /// Each upstream's base URL, by name.
+    pub upstreams: BTreeMap<String, url::Url>,
+    pub mcp_servers: Vec<McpSource>,
 }
 
 impl std::fmt::Debug for CatalogInputs {
@@ -31,7 +32,7 @@ impl CatalogInputs {
     /// out (and logged) rather than failing the catalog.
     pub fn build(&self, discovered: &Discovered) -> Result<Catalog, FieldError> {
         let raw = &self.raw;
-        let ctx = BuildContext {
+        let ctx = BackendContext {
             upstreams: &self.upstreams,
             base_dir: &self.base_dir,
             env: &self.env,
@@ -53,9 +54,9 @@ impl CatalogInputs {
         let mut seen: BTreeMap<(String, String), usize> = BTreeMap::new();
         for (index, raw_tool) in raw.tools.iter().enumerate() {
             let path = format!("tools[{index}]");
-            let executor =
-                ExecutorSpec::build(&raw_tool.executor, &format!("{path}.executor"), &ctx)?;
-            let tool = build_tool(raw_tool, &path, &shared, executor)?;
+            let backend =
+                BackendSpec::build(&raw_tool.executor, &format!("{path}.executor"), &ctx)?;
+            let tool = build_tool(raw_tool, &path, &shared, backend)?;
             let key = (tool.name.clone(), tool.version.to_string());
             if let Some(first) = seen.insert(key, index) {
                 return Err(FieldError::new(
@@ -114,14 +115,14 @@ impl CatalogInputs {
                         .or(raw_server.on_definition_change)
                         .unwrap_or_default(),
                 );
-                let executor = || {
-                    ExecutorSpec::Mcp(McpTool {
+                let backend = || {
+                    BackendSpec::Mcp(McpTarget {
                         server: server.name.clone(),
                         tool: tool_name.clone(),
                     })
                 };
                 let check = mcp_raw_tool(&name, settings, &placeholder);
-                build_tool(&check, &path, &shared, executor())
+                build_tool(&check, &path, &shared, backend())
                     .map(|_| ())
                     .or_else(|err| {
                         // Bindings can only be checked against the server's schema.
@@ -167,7 +168,7 @@ impl CatalogInputs {
                         &mcp_raw_tool(&name, settings, found),
                         &path,
                         &shared,
-                        executor(),
+                        backend(),
                     ) {
                         Ok(tool) => {
                             tools.insert(name, vec![Arc::new(tool)]);
@@ -299,7 +300,7 @@ fn build_tool(
     raw: &RawTool,
     path: &str,
     shared: &ToolShared<'_>,
-    executor: ExecutorSpec,
+    backend: BackendSpec,
 ) -> Result<ToolVersion, FieldError> {
     let ToolShared {
         approvals,
@@ -396,16 +397,12 @@ fn build_tool(
             ));
         }
     }
-    let concurrency = match raw.max_concurrency {
-        Some(0) => {
-            return Err(FieldError::new(
-                format!("{path}.max_concurrency"),
-                "must be greater than 0",
-            ));
-        }
-        Some(n) => Some(Arc::new(Semaphore::new(n))),
-        None => None,
-    };
+    if raw.max_concurrency == Some(0) {
+        return Err(FieldError::new(
+            format!("{path}.max_concurrency"),
+            "must be greater than 0",
+        ));
+    }
     let rate_limit = raw
         .rate_limit
         .as_ref()
@@ -513,7 +510,7 @@ fn build_tool(
         timeout,
         status,
         canary,
-        executor,
+        backend,
         bindings,
         on_bound_argument: match raw.on_bound_argument {
             raw::RawBoundOverride::Deny => BoundOverride::Deny,
@@ -524,7 +521,6 @@ fn build_tool(
         requires_approval,
         approval_when,
         max_output_bytes,
-        concurrency,
         max_concurrency: raw.max_concurrency,
         record_arguments: raw.record_arguments,
         redact: raw.redact.clone(),

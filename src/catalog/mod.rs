@@ -4,6 +4,7 @@
 //! `boundary`, not here.
 
 mod access_lists;
+mod backend;
 pub mod flow;
 mod load;
 pub mod pins;
@@ -19,15 +20,10 @@ use std::{
 use globset::{Glob, GlobMatcher};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
-use tokio::sync::Semaphore;
 
 use crate::{
     canonical,
     conditions::{Condition, ToolFacts},
-    executor::{
-        BuildContext, ExecutorSpec, McpTool, Upstream,
-        mcp::{Discovered, DiscoveredTool, McpServerConfig},
-    },
     output_guard::Guard,
     settings::{
         ApprovalsConfig, Env, FieldError, LimitsConfig, Rate, RiskLevel, parse_duration,
@@ -36,6 +32,10 @@ use crate::{
     },
 };
 pub use access_lists::{AccessList, Decision, Pattern, TenantPolicy, Verdict};
+pub use backend::{
+    BackendContext, BackendSpec, BuiltinTool, Discovered, DiscoveredTool, HttpTarget, McpSource,
+    McpTarget, ProcessSpec,
+};
 pub use flow::{FlowPolicy, LabelSet};
 pub use load::CatalogInputs;
 pub use schema::{BindValue, Binding};
@@ -104,7 +104,7 @@ pub struct ToolVersion {
     pub timeout: Duration,
     pub status: VersionStatus,
     pub canary: Option<Canary>,
-    pub executor: ExecutorSpec,
+    pub backend: BackendSpec,
     pub bindings: Vec<Binding>,
     pub on_bound_argument: BoundOverride,
     pub rate_limit: Option<Rate>,
@@ -115,8 +115,8 @@ pub struct ToolVersion {
     /// When they do (`approval.when`); without it, every call does.
     pub approval_when: Option<Arc<Condition>>,
     pub max_output_bytes: usize,
-    /// Calls of this version in flight, when the catalog caps them, and the cap.
-    pub concurrency: Option<Arc<Semaphore>>,
+    /// How many calls of this version may be in flight in this sidecar (the boundary keeps the
+    /// slots: `limits::InFlight`).
     pub max_concurrency: Option<usize>,
     /// Record arguments (audit, spans) and results (spans).
     pub record_arguments: bool,
@@ -283,29 +283,6 @@ impl Catalog {
         self.tools.values().flatten()
     }
 
-    /// Takes over the live concurrency slots of `previous` for every version whose cap is
-    /// unchanged, so calls already running keep counting against it: a rebuild (reload, an MCP
-    /// server's list change) in the middle of load cannot let twice the cap through.
-    pub fn adopt_concurrency(&mut self, previous: &Catalog) {
-        for (name, versions) in &mut self.tools {
-            for version in versions.iter_mut() {
-                let Some(cap) = version.max_concurrency else {
-                    continue;
-                };
-                let live = previous
-                    .tools
-                    .get(name)
-                    .and_then(|old| old.iter().find(|v| v.version == version.version))
-                    .filter(|old| old.max_concurrency == Some(cap))
-                    .and_then(|old| old.concurrency.clone());
-                // A version just built is not shared yet.
-                if let (Some(live), Some(fresh)) = (live, Arc::get_mut(version)) {
-                    fresh.concurrency = Some(live);
-                }
-            }
-        }
-    }
-
     /// A hash of the whole catalog, for logs and metrics.
     pub fn revision(&self) -> &str {
         &self.revision
@@ -410,8 +387,8 @@ mod tests {
             ("b".to_owned(), vec![tool("t"), tool("u")]),
         ]);
         let catalog = config.catalog_inputs.build(&discovered).unwrap();
-        let server_of = |name: &str| match &catalog.resolve(name, None, "acme").unwrap().executor {
-            ExecutorSpec::Mcp(tool) => tool.server.clone(),
+        let server_of = |name: &str| match &catalog.resolve(name, None, "acme").unwrap().backend {
+            BackendSpec::Mcp(tool) => tool.server.clone(),
             other => panic!("{other:?}"),
         };
         assert_eq!(server_of("a.t"), "a", "the first server keeps its tool");

@@ -12,10 +12,8 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use crate::{
-    executor::mcp::DiscoveredTool,
-    settings::{FieldError, raw::RawDefinitionChange},
-};
+use super::DiscoveredTool;
+use crate::settings::{FieldError, raw::RawDefinitionChange};
 
 /// What a pin starts with.
 const PREFIX: &str = "sha256:";

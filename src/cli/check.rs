@@ -13,13 +13,12 @@ pub(super) fn host_problems(config: &Config) -> Vec<crate::settings::FieldError>
     let tools = config
         .catalog
         .versions()
-        .filter_map(|tool| match &tool.executor {
-            crate::executor::ExecutorSpec::Process(process) => Some(process.host_problems()),
+        .filter_map(|tool| match &tool.backend {
+            crate::catalog::BackendSpec::Process(process) => Some(process.host_problems()),
             _ => None,
         })
         .flatten();
     let servers = config
-        .catalog_inputs
         .mcp_servers
         .iter()
         .flat_map(|server| server.host_problems());

@@ -13,9 +13,9 @@ use serde_yaml_ng::Value as Yaml;
 
 use super::Failure;
 use crate::{
-    catalog::pins,
+    catalog::{Discovered, pins},
     config::Config,
-    executor::mcp::{Discovered, McpManager},
+    executor::mcp::McpManager,
     settings::Env,
 };
 
@@ -32,7 +32,7 @@ struct Found {
 
 pub(super) async fn run(path: PathBuf, write: bool) -> Result<(), Failure> {
     let config = Config::load_file(&path, &Env::from_process()).map_err(Failure::error)?;
-    let servers = &config.catalog_inputs.mcp_servers;
+    let servers = &config.mcp_servers;
     if servers.is_empty() {
         return Err(Failure::error(format_args!(
             "{}: no mcp_servers to pin",
@@ -98,7 +98,7 @@ pub(super) async fn run(path: PathBuf, write: bool) -> Result<(), Failure> {
 /// Starts the catalog's MCP servers and waits until each listed its tools, or its start-up
 /// timeout passed.
 async fn discover(config: &Config) -> Discovered {
-    let servers = &config.catalog_inputs.mcp_servers;
+    let servers = &config.mcp_servers;
     let manager = McpManager::start(servers);
     let mut discovered = manager.watch_discovered();
     let wait = servers

@@ -17,57 +17,11 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use super::{ExecError, Executor};
-use crate::{boundary::Permit, canonical};
-
-/// The builtin tools.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BuiltinTool {
-    Echo,
-    EchoArguments,
-    RagSearch,
-    QueryTicket,
-    CreateTicket,
-    DeleteTicket,
-    RefundOrder,
-    SlowTask,
-    /// Panics inside the sidecar (test builds only): a bug in one call must stay in that call.
-    #[cfg(feature = "test-faults")]
-    Panic,
-}
-
-impl BuiltinTool {
-    pub const ALL: &'static [BuiltinTool] = &[
-        #[cfg(feature = "test-faults")]
-        BuiltinTool::Panic,
-        BuiltinTool::Echo,
-        BuiltinTool::EchoArguments,
-        BuiltinTool::RagSearch,
-        BuiltinTool::QueryTicket,
-        BuiltinTool::CreateTicket,
-        BuiltinTool::DeleteTicket,
-        BuiltinTool::RefundOrder,
-        BuiltinTool::SlowTask,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            BuiltinTool::Echo => "echo",
-            BuiltinTool::EchoArguments => "echo_arguments",
-            BuiltinTool::RagSearch => "rag_search",
-            BuiltinTool::QueryTicket => "query_ticket",
-            BuiltinTool::CreateTicket => "create_ticket",
-            BuiltinTool::DeleteTicket => "delete_ticket",
-            BuiltinTool::RefundOrder => "refund_order",
-            BuiltinTool::SlowTask => "slow_task",
-            #[cfg(feature = "test-faults")]
-            BuiltinTool::Panic => "panic",
-        }
-    }
-
-    pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.iter().copied().find(|b| b.name() == name)
-    }
-}
+use crate::{
+    boundary::Permit,
+    canonical,
+    catalog::{BackendSpec, BuiltinTool},
+};
 
 /// One document of the demo corpus.
 struct Document {
@@ -204,7 +158,7 @@ impl Builtins {
 
     async fn run(&self, permit: &Permit) -> Result<String, ExecError> {
         let args = permit.arguments();
-        let super::ExecutorSpec::Builtin(tool) = permit.tool().executor else {
+        let BackendSpec::Builtin(tool) = permit.tool().backend else {
             return Err(ExecError::failed("not a builtin tool"));
         };
         self.started.send_modify(|n| *n += 1);

@@ -3,6 +3,10 @@
 //! that skipped the checks. Deadlines and cancellation reach backends by dropping their future:
 //! an HTTP request's connection is closed, a process group is killed, an MCP request is
 //! cancelled.
+//!
+//! The catalog names backends as plain data ([`crate::catalog::BackendSpec`]); the live clients
+//! they run on are here, in [`Executors`]. A new kind of backend is a variant there with its
+//! spec, a folder here with its [`Executor`], and its arm in [`Executors::for_backend`].
 
 pub mod builtin;
 pub mod http;
@@ -13,109 +17,15 @@ pub mod mcp;
 )]
 pub mod process;
 
-use std::{collections::BTreeMap, path::Path, sync::Arc};
+use std::{collections::BTreeMap, sync::Arc};
 
 use futures::future::BoxFuture;
 
-use crate::{
-    boundary::Permit,
-    settings::{Env, FieldError, raw::RawExecutor},
-};
-pub use builtin::{BuiltinTool, Builtins};
-pub use http::{HttpExecutor, HttpTool, Upstream};
-pub use mcp::{McpManager, McpTool};
-pub use process::{ProcessExecutor, ProcessTool};
-
-/// What building a tool's executor needs from the rest of the config.
-pub struct BuildContext<'a> {
-    pub upstreams: &'a BTreeMap<String, Arc<Upstream>>,
-    pub base_dir: &'a Path,
-    pub env: &'a Env,
-}
-
-/// How a tool runs, as configured.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ExecutorSpec {
-    Builtin(BuiltinTool),
-    Http(HttpTool),
-    Process(Arc<ProcessTool>),
-    Mcp(McpTool),
-}
-
-impl ExecutorSpec {
-    pub fn build(
-        raw: &RawExecutor,
-        path: &str,
-        ctx: &BuildContext<'_>,
-    ) -> Result<Self, FieldError> {
-        match raw {
-            RawExecutor {
-                builtin: Some(name),
-                http: None,
-                process: None,
-            } => BuiltinTool::from_name(name)
-                .map(ExecutorSpec::Builtin)
-                .ok_or_else(|| {
-                    FieldError::new(
-                        format!("{path}.builtin"),
-                        format!(
-                            "unknown builtin tool {name:?}; known: {}",
-                            BuiltinTool::ALL
-                                .iter()
-                                .map(|b| b.name())
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ),
-                    )
-                }),
-            RawExecutor {
-                builtin: None,
-                http: Some(http),
-                process: None,
-            } => http::http_tool(
-                ctx.upstreams,
-                &http.upstream,
-                &http.path,
-                &format!("{path}.http"),
-            )
-            .map(ExecutorSpec::Http),
-            RawExecutor {
-                builtin: None,
-                http: None,
-                process: Some(process),
-            } => ProcessTool::build(process, &format!("{path}.process"), ctx.base_dir, ctx.env)
-                .map(|p| ExecutorSpec::Process(Arc::new(p))),
-            RawExecutor {
-                builtin: None,
-                http: None,
-                process: None,
-            } => Err(FieldError::new(
-                path,
-                "names no executor; set one of builtin, http or process",
-            )),
-            _ => Err(FieldError::new(
-                path,
-                "names more than one executor; set exactly one of builtin, http or process",
-            )),
-        }
-    }
-
-    /// The kind of backend, for spans (`gen_ai.tool.type`) and audit.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            ExecutorSpec::Builtin(_) => "builtin",
-            ExecutorSpec::Http(_) => "http",
-            ExecutorSpec::Process(_) => "process",
-            ExecutorSpec::Mcp(_) => "mcp",
-        }
-    }
-
-    /// Whether a call leaves the sidecar's process (a request or a child process), and so is
-    /// worth a CLIENT span of its own and a `traceparent` to pass on.
-    pub fn leaves_process(&self) -> bool {
-        !matches!(self, ExecutorSpec::Builtin(_))
-    }
-}
+use crate::{boundary::Permit, catalog::BackendSpec};
+pub use builtin::Builtins;
+pub use http::{HttpExecutor, Upstream};
+pub use mcp::McpManager;
+pub use process::ProcessExecutor;
 
 /// A backend failure, before the boundary turns it into a result. Messages are toolgate's own
 /// words and are shown to the model: no addresses, paths or internals. Text a backend wrote itself
@@ -194,7 +104,11 @@ pub trait Executor: Send + Sync {
     fn execute<'a>(&'a self, permit: &'a Permit) -> BoxFuture<'a, Result<String, ExecError>>;
 }
 
-/// All backends of one server.
+/// The registry of live backends a catalog's plain specs run on: one executor per kind of
+/// backend, each owning its clients (the upstreams' HTTP clients and slots, the MCP servers'
+/// connections, the builtins' state). One is kept with each catalog, so a call runs on the
+/// clients of the catalog it was decided under; a reload makes the next one from the last
+/// ([`Executors::with_upstreams`]), carrying over what lives across catalogs.
 #[derive(Clone, Default)]
 pub struct Executors {
     pub builtins: Arc<Builtins>,
@@ -204,12 +118,21 @@ pub struct Executors {
 }
 
 impl Executors {
-    pub fn for_spec(&self, spec: &ExecutorSpec) -> &dyn Executor {
+    pub fn for_backend(&self, spec: &BackendSpec) -> &dyn Executor {
         match spec {
-            ExecutorSpec::Builtin(_) => self.builtins.as_ref(),
-            ExecutorSpec::Http(_) => self.http.as_ref(),
-            ExecutorSpec::Process(_) => self.process.as_ref(),
-            ExecutorSpec::Mcp(_) => self.mcp.as_ref(),
+            BackendSpec::Builtin(_) => self.builtins.as_ref(),
+            BackendSpec::Http(_) => self.http.as_ref(),
+            BackendSpec::Process(_) => self.process.as_ref(),
+            BackendSpec::Mcp(_) => self.mcp.as_ref(),
+        }
+    }
+
+    /// The same executors on a new set of upstreams (a reloaded catalog file's), which take over
+    /// the slots of requests in flight from the upstreams they replace.
+    pub fn with_upstreams(&self, upstreams: BTreeMap<String, Upstream>) -> Self {
+        Executors {
+            http: Arc::new(self.http.succeeded_by(upstreams)),
+            ..self.clone()
         }
     }
 }

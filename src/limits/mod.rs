@@ -13,6 +13,7 @@
 //! [`Quotas`] is what the boundary calls: this memory limiter, or the quotas shared by every
 //! sidecar through Redis ([`redis`]). Their metrics are in [`metrics`].
 
+mod in_flight;
 pub mod metrics;
 pub mod redis;
 
@@ -29,6 +30,7 @@ use crate::{
     settings::Rate,
     state::{self, StateError},
 };
+pub use in_flight::{Full, InFlight, VersionCap};
 use metrics::QuotaMetrics;
 use redis::SharedQuotas;
 

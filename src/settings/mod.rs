@@ -9,6 +9,11 @@ mod limits;
 mod mcp_door;
 pub mod raw;
 mod state;
+#[expect(
+    unsafe_code,
+    reason = "access(2): whether this process may execute a program"
+)]
+mod targets;
 mod watch;
 pub mod yaml_bounds;
 
@@ -31,6 +36,7 @@ pub use mcp_door::McpDoorConfig;
 use raw::RawConfig;
 use sha2::Digest;
 pub use state::{OnUnavailable, RedisConfig, Secret, StateBackend, StateConfig};
+pub use targets::{NotRunnable, check_url, program_path, runnable};
 pub use watch::{CatalogWatch, Polled};
 
 /// The embedded demo catalog, served when no config is given.

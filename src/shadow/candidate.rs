@@ -17,9 +17,8 @@ use tokio::sync::watch;
 
 use super::{Candidate, LoadStatus, Shadow};
 use crate::{
-    catalog::Catalog,
+    catalog::{Catalog, Discovered, McpSource},
     config::Config,
-    executor::mcp::{Discovered, McpServerConfig},
     settings::CatalogWatch,
     settings::{Env, catalog_dir},
 };
@@ -29,7 +28,7 @@ pub struct Loader {
     pub env: Env,
     pub poll_interval: Duration,
     /// The MCP servers the sidecar runs (the candidate's MCP tools resolve against them).
-    pub mcp_servers: Vec<McpServerConfig>,
+    pub mcp_servers: Vec<McpSource>,
     pub discovered: watch::Receiver<Discovered>,
 }
 
@@ -175,7 +174,7 @@ async fn load(
 fn build(
     file: &std::path::Path,
     env: &Env,
-    mcp_servers: Vec<McpServerConfig>,
+    mcp_servers: Vec<McpSource>,
     discovered: &Discovered,
 ) -> Result<Catalog, String> {
     let config = Config::load_file(file, env).map_err(|err| err.to_string())?;

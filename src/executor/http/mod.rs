@@ -33,8 +33,9 @@ pub use ssrf::{AddressPolicy, non_public_reason};
 use super::{ExecError, Executor};
 use crate::{
     boundary::Permit,
+    catalog::{BackendSpec, HttpTarget},
     settings::{
-        Env, FieldError, parse_duration,
+        Env, FieldError, check_url, parse_duration,
         raw::{RawHeaderValue, RawUpstream},
         resolve_path,
     },
@@ -119,37 +120,6 @@ pub enum AddressRefused {
         /// What kind of non-public address it is.
         why: &'static str,
     },
-}
-
-/// Checks a configured URL once, at load: http or https, a host, no credentials, a port other
-/// than 0, and text an HTTP request can carry (some hosts the URL parser accepts, such as
-/// `ex{ample.com`, no request can).
-pub fn check_url(url: &Url, at: &str) -> Result<(), FieldError> {
-    if !matches!(url.scheme(), "http" | "https") {
-        return Err(FieldError::new(at, "must be an http or https URL"));
-    }
-    if url.host_str().is_none_or(str::is_empty) {
-        return Err(FieldError::new(at, "the URL has no host"));
-    }
-    if !url.username().is_empty() || url.password().is_some() {
-        return Err(FieldError::new(
-            at,
-            "credentials in the URL are not allowed; use headers from a secret",
-        ));
-    }
-    if url.port() == Some(0) {
-        return Err(FieldError::new(at, "port 0 cannot be connected to"));
-    }
-    url.as_str().parse::<http::Uri>().map_err(|err| {
-        FieldError::new(
-            at,
-            format!(
-                "{:?} cannot be sent in an HTTP request ({err})",
-                url.as_str()
-            ),
-        )
-    })?;
-    Ok(())
 }
 
 /// The HTTP client for one destination. Proxies from the environment are ignored, names resolve
@@ -303,34 +273,9 @@ impl Upstream {
         })
     }
 
-    /// Takes over `previous`'s slots for requests in flight when the cap is unchanged, so a
-    /// reload in the middle of load cannot let twice the cap through.
-    pub fn adopt_in_flight(&mut self, previous: &Upstream) {
-        if previous.max_concurrency == self.max_concurrency {
-            self.in_flight = previous.in_flight.clone();
-        }
-    }
-
-    /// The URL for a tool path under this upstream.
-    pub fn url_for(&self, path: &str, at: &str) -> Result<Url, FieldError> {
-        if path.is_empty() {
-            return Ok(self.base.clone());
-        }
-        let joined = format!(
-            "{}/{}",
-            self.base.as_str().trim_end_matches('/'),
-            path.trim_start_matches('/')
-        );
-        let url = Url::parse(&joined)
-            .map_err(|err| FieldError::new(at, format!("invalid path {path:?}: {err}")))?;
-        if url.origin() != self.base.origin() {
-            return Err(FieldError::new(
-                at,
-                "the path must stay on the upstream's host",
-            ));
-        }
-        check_url(&url, at)?;
-        Ok(url)
+    /// The URL tools' paths are joined to.
+    pub fn base(&self) -> &Url {
+        &self.base
     }
 }
 
@@ -438,59 +383,36 @@ pub fn refusal_in(err: &(dyn std::error::Error + 'static)) -> Option<String> {
     None
 }
 
-/// An HTTP tool: which upstream, and the URL under it.
-#[derive(Clone)]
-pub struct HttpTool {
-    pub upstream: Arc<Upstream>,
-    pub url: Url,
-}
-
-impl std::fmt::Debug for HttpTool {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HttpTool")
-            .field("upstream", &self.upstream.name)
-            .field("url", &self.url.as_str())
-            .finish()
-    }
-}
-
-impl PartialEq for HttpTool {
-    fn eq(&self, other: &Self) -> bool {
-        self.upstream.name == other.upstream.name && self.url == other.url
-    }
-}
-
-impl Eq for HttpTool {}
-
-/// Builds `HttpTool`s from the catalog's tool entries.
-pub fn http_tool(
-    upstreams: &BTreeMap<String, Arc<Upstream>>,
-    upstream: &str,
-    path: &str,
-    at: &str,
-) -> Result<HttpTool, FieldError> {
-    let found = upstreams.get(upstream).ok_or_else(|| {
-        FieldError::new(
-            format!("{at}.upstream"),
-            format!(
-                "unknown upstream {upstream:?}; configured: {}",
-                upstreams.keys().cloned().collect::<Vec<_>>().join(", ")
-            ),
-        )
-    })?;
-    Ok(HttpTool {
-        url: found.url_for(path, &format!("{at}.path"))?,
-        upstream: found.clone(),
-    })
-}
-
-/// Runs `http` tools.
+/// Runs `http` tools on the upstreams of one catalog, found by the name the catalog gives.
 #[derive(Debug, Default)]
-pub struct HttpExecutor;
+pub struct HttpExecutor {
+    upstreams: BTreeMap<String, Arc<Upstream>>,
+}
 
 impl HttpExecutor {
-    async fn run(&self, tool: &HttpTool, permit: &Permit) -> Result<String, ExecError> {
-        let upstream = &tool.upstream;
+    /// The executor for a catalog with `fresh` upstreams, taking over this one's slots for
+    /// requests in flight where an upstream keeps its name and cap: a reload in the middle of
+    /// load cannot let twice the cap through.
+    pub fn succeeded_by(&self, fresh: BTreeMap<String, Upstream>) -> HttpExecutor {
+        let upstreams = fresh
+            .into_iter()
+            .map(|(name, mut upstream)| {
+                if let Some(previous) = self.upstreams.get(&name)
+                    && previous.max_concurrency == upstream.max_concurrency
+                {
+                    upstream.in_flight = previous.in_flight.clone();
+                }
+                (name, Arc::new(upstream))
+            })
+            .collect();
+        HttpExecutor { upstreams }
+    }
+
+    async fn run(&self, tool: &HttpTarget, permit: &Permit) -> Result<String, ExecError> {
+        // Built with the catalog that names it, so never missing; refuse rather than guess.
+        let upstream = self.upstreams.get(&tool.upstream).ok_or_else(|| {
+            ExecError::Misconfigured(format!("upstream {} is not configured", tool.upstream))
+        })?;
         let _slot = upstream
             .in_flight
             .clone()
@@ -577,8 +499,8 @@ impl HttpExecutor {
 impl Executor for HttpExecutor {
     fn execute<'a>(&'a self, permit: &'a Permit) -> BoxFuture<'a, Result<String, ExecError>> {
         async move {
-            match &permit.tool().executor {
-                super::ExecutorSpec::Http(tool) => self.run(tool, permit).await,
+            match &permit.tool().backend {
+                BackendSpec::Http(tool) => self.run(tool, permit).await,
                 _ => Err(ExecError::failed("not an http tool")),
             }
         }

@@ -11,11 +11,10 @@ use std::{
 use url::Url;
 
 use crate::{
-    executor::{
-        http::{Destination, check_url},
-        process::{program_path, runnable},
+    executor::http::Destination,
+    settings::{
+        Env, FieldError, check_url, parse_duration, program_path, raw::RawMcpServer, runnable,
     },
-    settings::{Env, FieldError, parse_duration, raw::RawMcpServer},
 };
 
 /// How to reach a server.
@@ -173,7 +172,7 @@ impl McpServerConfig {
     }
 
     /// What about this server cannot work on this machine (a stdio program that is missing or
-    /// not executable); see `ProcessTool::host_problems`.
+    /// not executable); see `ProcessSpec::host_problems`.
     pub fn host_problems(&self) -> Vec<FieldError> {
         match &self.transport {
             Transport::Stdio { program, .. } => runnable(program)

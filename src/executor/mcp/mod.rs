@@ -38,31 +38,14 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use super::{ExecError, Executor};
-use crate::{boundary::Permit, tasks::Tasks};
+use crate::{
+    boundary::Permit,
+    catalog::{BackendSpec, Discovered, DiscoveredTool, McpTarget},
+    tasks::Tasks,
+};
 pub use config::{DEFAULT_MAX_MESSAGE_BYTES, McpServerConfig, Transport};
 pub use scan::IdScanner;
 pub use stdio::LineGuard;
-
-/// Which MCP server and which of its tools a catalog entry runs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct McpTool {
-    pub server: String,
-    pub tool: String,
-}
-
-/// A tool a server listed: what the model will see of it, and what a pin covers besides
-/// (`catalog::pins`).
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct DiscoveredTool {
-    pub name: String,
-    pub description: String,
-    pub input_schema: Value,
-    pub output_schema: Option<Value>,
-    pub annotations: Option<Value>,
-}
-
-/// Server name -> the tools it offers that the catalog names; absent while it is not connected.
-pub type Discovered = BTreeMap<String, Vec<DiscoveredTool>>;
 
 /// One server's live connection, shared with executions.
 #[derive(Default)]
@@ -171,7 +154,7 @@ impl McpManager {
             .is_some_and(|s| s.peer.read().is_ok_and(|p| p.is_some()))
     }
 
-    async fn run(&self, tool: &McpTool, permit: &Permit) -> Result<String, ExecError> {
+    async fn run(&self, tool: &McpTarget, permit: &Permit) -> Result<String, ExecError> {
         let peer = self
             .slots
             .get(&tool.server)
@@ -231,8 +214,8 @@ fn render_content<T: serde::Serialize>(blocks: &[T]) -> String {
 impl Executor for McpManager {
     fn execute<'a>(&'a self, permit: &'a Permit) -> BoxFuture<'a, Result<String, ExecError>> {
         async move {
-            match &permit.tool().executor {
-                super::ExecutorSpec::Mcp(tool) => self.run(tool, permit).await,
+            match &permit.tool().backend {
+                BackendSpec::Mcp(tool) => self.run(tool, permit).await,
                 _ => Err(ExecError::failed("not an MCP tool")),
             }
         }

@@ -7,11 +7,7 @@
 
 pub mod descendants;
 
-use std::{
-    collections::BTreeMap,
-    path::{Path, PathBuf},
-    process::Stdio,
-};
+use std::process::Stdio;
 
 use futures::{FutureExt, future::BoxFuture};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
@@ -19,137 +15,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use super::{ExecError, Executor};
 use crate::{
     boundary::Permit,
-    settings::{Env, FieldError, raw::RawProcessExecutor, resolve_path},
+    catalog::{BackendSpec, ProcessSpec},
 };
-
-/// A configured process tool.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProcessTool {
-    /// The program: a path, or a name found on the program's PATH at load (kept as written when
-    /// it was not found, so the error names it).
-    pub command: PathBuf,
-    pub args: Vec<String>,
-    /// The program's whole environment, resolved at load.
-    pub env: BTreeMap<String, String>,
-    pub working_dir: PathBuf,
-    pub max_stderr_bytes: usize,
-    /// Where in the catalog it is configured, for operators' messages.
-    pub at: String,
-}
-
-impl ProcessTool {
-    pub fn build(
-        raw: &RawProcessExecutor,
-        at: &str,
-        base_dir: &Path,
-        env: &Env,
-    ) -> Result<Self, FieldError> {
-        if raw.command.trim().is_empty() {
-            return Err(FieldError::new(
-                format!("{at}.command"),
-                "must not be blank",
-            ));
-        }
-        let mut program_env = BTreeMap::new();
-        for name in &raw.env {
-            if let Some(value) = env.get(name) {
-                program_env.insert(name.clone(), value.to_owned());
-            }
-        }
-        program_env.extend(raw.set_env.clone());
-        let working_dir = raw
-            .working_dir
-            .as_deref()
-            .map(|dir| resolve_path(base_dir, dir))
-            .unwrap_or_else(|| base_dir.to_path_buf());
-        // The program's own PATH finds a bare name, else the sidecar's (as before).
-        let search = program_env
-            .get("PATH")
-            .map(String::as_str)
-            .or_else(|| env.get("PATH"));
-        Ok(ProcessTool {
-            command: program_path(&raw.command, base_dir, search),
-            args: raw.args.clone(),
-            env: program_env,
-            working_dir,
-            max_stderr_bytes: raw.max_stderr_bytes.unwrap_or(2048),
-            at: at.to_owned(),
-        })
-    }
-
-    /// What about this tool cannot work on this machine: the program is missing or not
-    /// executable, the working directory is not a directory. Not load errors, because a catalog
-    /// may be checked on another machine than the one that serves it (`toolgate check
-    /// --portable`) and a program may be installed after the catalog is loaded.
-    pub fn host_problems(&self) -> Vec<FieldError> {
-        let mut problems = Vec::new();
-        if let Err(why) = runnable(&self.command) {
-            problems.push(FieldError::new(
-                format!("{}.command", self.at),
-                why.to_string(),
-            ));
-        }
-        if !self.working_dir.is_dir() {
-            problems.push(FieldError::new(
-                format!("{}.working_dir", self.at),
-                format!("{} is not a directory", self.working_dir.display()),
-            ));
-        }
-        problems
-    }
-}
-
-/// The program to run: a relative path with a slash is relative to the catalog's directory, a
-/// bare name is looked up on `search` (a PATH value).
-pub fn program_path(command: &str, base_dir: &Path, search: Option<&str>) -> PathBuf {
-    if command.contains('/') {
-        return resolve_path(base_dir, command);
-    }
-    search
-        .into_iter()
-        .flat_map(|path| path.split(':'))
-        .filter(|dir| !dir.is_empty())
-        .map(|dir| Path::new(dir).join(command))
-        .find(|candidate| runnable(candidate).is_ok())
-        .unwrap_or_else(|| PathBuf::from(command))
-}
-
-/// Why a program cannot be run.
-#[derive(Debug, thiserror::Error)]
-pub enum NotRunnable {
-    /// A bare name that no directory of the PATH holds.
-    #[error("program {} is not on the PATH", .0.display())]
-    NotOnPath(PathBuf),
-    /// The file cannot be looked at (missing, or a directory on the way cannot be read).
-    #[error("program {} cannot be used: {source}", .program.display())]
-    Unusable {
-        program: PathBuf,
-        source: std::io::Error,
-    },
-    /// Not a file, or not one this process may execute.
-    #[error("program {} is not an executable file", .0.display())]
-    NotExecutable(PathBuf),
-}
-
-/// Whether `program` is an executable file, or why not.
-pub fn runnable(program: &Path) -> Result<(), NotRunnable> {
-    use std::os::unix::{ffi::OsStrExt, fs::PermissionsExt};
-    if program.components().count() == 1 && !program.is_absolute() {
-        return Err(NotRunnable::NotOnPath(program.to_owned()));
-    }
-    let metadata = std::fs::metadata(program).map_err(|source| NotRunnable::Unusable {
-        program: program.to_owned(),
-        source,
-    })?;
-    let executable = std::ffi::CString::new(program.as_os_str().as_bytes())
-        // SAFETY: access only reads the path.
-        .map(|path| unsafe { libc::access(path.as_ptr(), libc::X_OK) } == 0)
-        .unwrap_or(false);
-    if !metadata.is_file() || metadata.permissions().mode() & 0o111 == 0 || !executable {
-        return Err(NotRunnable::NotExecutable(program.to_owned()));
-    }
-    Ok(())
-}
 
 /// Ends the program and everything it started unless the program has been collected: runs on
 /// every early exit (timeout, cancel, oversized output, an error).
@@ -174,7 +41,7 @@ pub struct ProcessExecutor;
 impl ProcessExecutor {
     async fn run(
         &self,
-        tool: &ProcessTool,
+        tool: &ProcessSpec,
         permit: &Permit,
         max_output: usize,
     ) -> Result<String, ExecError> {
@@ -329,8 +196,8 @@ async fn read_capped(
 impl Executor for ProcessExecutor {
     fn execute<'a>(&'a self, permit: &'a Permit) -> BoxFuture<'a, Result<String, ExecError>> {
         async move {
-            match &permit.tool().executor {
-                super::ExecutorSpec::Process(tool) => {
+            match &permit.tool().backend {
+                BackendSpec::Process(tool) => {
                     self.run(tool, permit, permit.tool().max_output_bytes).await
                 }
                 _ => Err(ExecError::failed("not a process tool")),

@@ -244,7 +244,7 @@ async fn a_stale_revision_is_refused_only_when_the_tool_changed() {
     let catalog = Config::from_yaml(&changed, "t", std::path::Path::new("."), &Env::default())
         .unwrap()
         .catalog;
-    server.boundary().replace_catalog(catalog).await;
+    server.boundary().replace_catalog(catalog, None).await;
     let stale = client
         .execute_tool(acme.request(run("echo", &shown)))
         .await

@@ -368,16 +368,8 @@ async fn concurrency_caps_refuse_at_once_and_unreachable_upstreams_are_retryable
     .replace("timeout: 2s", "timeout: 30s");
     let server = TestServer::start(&yaml).await;
     let client = server.client().await;
-    let mut started = seen.slow_started.subscribe();
-    let first = tokio::spawn({
-        let mut c = client.clone();
-        async move { exec(&mut c, &who("acme"), call("slow", "{}")).await }
-    });
     // The first call is at the upstream: it holds the slot.
-    tokio::time::timeout(Duration::from_secs(10), started.wait_for(|n| *n >= 1))
-        .await
-        .expect("the first call reached the upstream")
-        .unwrap();
+    let first = held_at_the_upstream(&client, &seen, "slow").await;
     let mut c = client.clone();
     let second = exec(&mut c, &who("acme"), call("slow", "{}")).await;
     assert_eq!(
@@ -405,6 +397,83 @@ async fn concurrency_caps_refuse_at_once_and_unreachable_upstreams_are_retryable
         "{gone:?}"
     );
     server.stop().await;
+}
+
+/// The upstreams' live clients are the executors', not the catalog's: a reload hands an unchanged
+/// cap's slots on to the new clients (a call already running still holds one), and the next
+/// call runs on the reloaded settings (a new header).
+#[tokio::test]
+async fn an_upstreams_slots_carry_over_a_reload_and_its_new_settings_apply() {
+    let (addr, seen) = upstream().await;
+    let upstreams = |team: &str| {
+        format!(
+            "  svc:\n    url: http://{addr}\n    allow_schemes: [http]\n    allow_private_addresses: true\n    max_concurrency: 1\n    headers: {{ x-team: {{ value: {team} }} }}\n"
+        )
+    };
+    let catalog = |team: &str| {
+        http_catalog(
+            &upstreams(team),
+            &[("slow", "svc", "/slow"), ("look", "svc", "/echo")],
+        )
+        .replace("timeout: 2s", "timeout: 30s")
+    };
+    let server = TestServer::start_file(&catalog("support")).await;
+    let client = server.client().await;
+    // The first call is at the upstream: it holds the slot.
+    let first = held_at_the_upstream(&client, &seen, "slow").await;
+    // The upstream's header changes, its cap does not.
+    server.write_catalog(&server.catalog_file(), &catalog("billing"));
+    server.reload().await.expect("reloaded");
+    let mut c = client.clone();
+    let second = exec(&mut c, &who("acme"), call("look", "{}")).await;
+    assert_eq!(
+        (second.status(), second.error_type.as_str()),
+        (ToolStatus::Unavailable, "overloaded"),
+        "a reload let a second call past an upstream's cap of one: {second:?}"
+    );
+    // The first call ends (its client goes away); its slot comes back.
+    first.abort();
+    let mut aborted = seen.aborted.subscribe();
+    tokio::time::timeout(Duration::from_secs(10), aborted.wait_for(|n| *n >= 1))
+        .await
+        .expect("the first call was cancelled at the upstream")
+        .unwrap();
+    // The slot was given back as the sidecar dropped the request, before its connection closed.
+    let third = exec(&mut c, &who("acme"), call("look", "{}")).await;
+    assert_eq!(third.status(), ToolStatus::Ok, "{third:?}");
+    let last_team = seen
+        .headers
+        .lock()
+        .unwrap()
+        .last()
+        .and_then(|h| h.get("x-team"))
+        .map(|v| v.to_str().unwrap().to_owned());
+    assert_eq!(
+        last_team.as_deref(),
+        Some("billing"),
+        "the call after the reload ran on the reloaded upstream"
+    );
+    server.stop().await;
+}
+
+/// A call of `tool` (an upstream's `/slow`) started and waiting at the upstream.
+async fn held_at_the_upstream(
+    client: &toolgate::proto::tool_gate_client::ToolGateClient<tonic::transport::Channel>,
+    seen: &Seen,
+    tool: &str,
+) -> tokio::task::JoinHandle<toolgate::proto::ToolResult> {
+    let mut started = seen.slow_started.subscribe();
+    let before = *started.borrow();
+    let running = tokio::spawn({
+        let mut c = client.clone();
+        let call = call(tool, "{}");
+        async move { exec(&mut c, &who("acme"), call).await }
+    });
+    tokio::time::timeout(Duration::from_secs(10), started.wait_for(|n| *n > before))
+        .await
+        .expect("the call reached the upstream")
+        .unwrap();
+    running
 }
 
 pub(crate) fn process_catalog(tool_lines: &str) -> String {

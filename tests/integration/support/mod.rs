@@ -363,13 +363,13 @@ impl TestServer {
         self.running().shadow()
     }
 
-    pub fn builtins(&self) -> &Builtins {
-        &self.running().executors().builtins
+    pub fn builtins(&self) -> std::sync::Arc<Builtins> {
+        self.running().executors().builtins
     }
 
     /// The MCP servers' connections and processes.
-    pub fn mcp(&self) -> &std::sync::Arc<toolgate::executor::McpManager> {
-        &self.running().executors().mcp
+    pub fn mcp(&self) -> std::sync::Arc<toolgate::executor::McpManager> {
+        self.running().executors().mcp
     }
 
     /// Every audit event written so far (the queue is flushed first).
