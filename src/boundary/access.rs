@@ -14,10 +14,12 @@
 //! [`check`] (the chain) and [`explain`] (ExplainTool, `toolgate test`) walk the lists with the
 //! same function, so an explanation names the rule that really decided.
 
+use super::explain::{StageResult, StageTrail};
 use crate::{
-    catalog::{AccessList, AgentPolicy, Catalog, Pattern, Verdict},
+    catalog::{AccessList, AgentPolicy, Catalog, Pattern, ToolVersion, Verdict},
     conditions::Input,
     error::{Reason, Refusal, Stage},
+    identity::Caller,
 };
 
 /// Whether access was decided only provisionally: an entry's condition reads the call, which
@@ -210,6 +212,45 @@ fn check_list<'c>(
     };
     *denied_by = Some(rule);
     Err(Refusal::new(Stage::Access, reason, message))
+}
+
+/// What access is explained on without the call: the caller and the tool.
+pub(super) fn listing<'a>(caller: &'a Caller, tool: &'a ToolVersion) -> Input<'a> {
+    Input::listing(caller, tool.facts())
+}
+
+/// Which rules let the tool through, for an explanation; `None` when access did not pass on the
+/// caller and the tool alone.
+pub(super) fn explain_passed(
+    catalog: &Catalog,
+    caller: &Caller,
+    tool: &ToolVersion,
+) -> Option<StageTrail> {
+    let explained = explain(catalog, &listing(caller, tool));
+    if explained.refusal.is_some() {
+        return None;
+    }
+    let rules = explained.rules;
+    let detail = if rules.is_empty() {
+        format!(
+            "no deny rule matches {} and no allow list applies",
+            tool.name
+        )
+    } else {
+        let listed: Vec<String> = rules
+            .iter()
+            .map(|r| format!("{} {:?}", r.location, r.pattern.as_deref().unwrap_or("")))
+            .collect();
+        format!(
+            "no deny rule matches {}; allowed by {}",
+            tool.name,
+            listed.join(", ")
+        )
+    };
+    Some(StageTrail {
+        rules,
+        ..StageTrail::new(Stage::Access, StageResult::Passed, detail)
+    })
 }
 
 #[cfg(test)]

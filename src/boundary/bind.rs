@@ -5,6 +5,10 @@
 
 use serde_json::{Map, Value};
 
+use super::{
+    explain::{BoundValue, StageResult, StageTrail},
+    redaction::redact,
+};
 use crate::{
     catalog::{BindValue, Binding, BoundOverride, ToolVersion},
     error::{Reason, Refusal, Stage},
@@ -120,4 +124,53 @@ fn set(map: &mut Map<String, Value>, binding: &Binding, value: Value) {
         current = next;
     }
     current.insert(last.clone(), value);
+}
+
+/// What stage 7 wrote, for an explanation: each bound value as it stands in the (redacted)
+/// final `arguments`, and the model's own values it overwrote.
+pub(super) fn explain_passed(
+    tool: &ToolVersion,
+    arguments: &Value,
+    overwritten: &[String],
+) -> StageTrail {
+    let redacted = redact(arguments, &tool.redact);
+    let bound: Vec<BoundValue> = tool
+        .bindings
+        .iter()
+        .map(|binding| {
+            let mut at = Some(&redacted);
+            for segment in &binding.path {
+                at = at.and_then(|v| v.get(segment));
+            }
+            BoundValue {
+                path: binding.dotted.clone(),
+                value: at.cloned().unwrap_or(Value::Null),
+                source: match binding.value {
+                    BindValue::CallerTenant => "${caller.tenant}",
+                    BindValue::CallerSubject => "${caller.subject}",
+                    BindValue::CallerAgent => "${caller.agent}",
+                    BindValue::Constant(_) => "constant",
+                },
+            }
+        })
+        .collect();
+    let mut detail = if bound.is_empty() {
+        "the tool binds no argument".to_owned()
+    } else {
+        let listed: Vec<String> = bound
+            .iter()
+            .map(|b| format!("{} = {} (from {})", b.path, b.value, b.source))
+            .collect();
+        format!("the server writes {}", listed.join(", "))
+    };
+    if !overwritten.is_empty() {
+        detail.push_str(&format!(
+            "; the model's own {} was overwritten (audited)",
+            overwritten.join(", ")
+        ));
+    }
+    StageTrail {
+        bound,
+        ..StageTrail::new(Stage::Bind, StageResult::Passed, detail)
+    }
 }

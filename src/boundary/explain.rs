@@ -1,8 +1,9 @@
 //! Explaining a decision without making it: ExplainTool, `toolgate test` and the shadow catalog.
 //!
-//! Stages 1–7 run through [`super::policy::decide`], the very function the chain runs. Stages
-//! 7b–10 read the state the chain would change, and change none of it, each explained beside
-//! the rule it explains: the flow scope (`flow.rs`), the quota's remaining calls
+//! Stages 1–7 run through [`super::policy::decide`], the very function the chain runs, and each
+//! says what it checked in words kept beside its rule (`explain_passed` in `structure.rs`,
+//! `resolve.rs`, `access.rs`, `scopes.rs`, `schema.rs`, `bind.rs`). Stages 7b–10 read the state
+//! the chain would change, and change none of it, each explained beside the rule it explains: the flow scope (`flow.rs`), the quota's remaining calls
 //! (`rate_limit.rs`, by the same rule the chain's quota look uses), the approval the call
 //! redeems (`approval.rs`) and what its idempotency key would find (`idempotency/explain.rs`).
 //! Nothing is audited, no approval is created, and no backend is called. The trail says, stage
@@ -12,14 +13,14 @@
 use serde_json::Value;
 
 use super::{
-    Boundary, CallRequest, Turn, access,
+    Boundary, CallRequest, Turn, access, bind,
     policy::{self, Decided, Seen},
     redaction::redact,
-    scopes, structure, visibility,
+    resolve, schema, scopes, structure, visibility,
 };
 use crate::{
-    catalog::{BindValue, Catalog, ToolVersion, VersionStatus, revision_of},
-    conditions::{Evaluated, Input},
+    catalog::{Catalog, ToolVersion, revision_of},
+    conditions::Evaluated,
     error::{Reason, Refusal, Stage},
     identity::{AuthMethod, Caller},
     limits::{Cost, Quotas},
@@ -340,7 +341,9 @@ pub fn explain_visibility(
                 let tool = super::resolve::resolve(catalog, name, None, caller).ok();
                 let rule = match (refusal.stage, tool) {
                     (Stage::Access, Some(tool)) => {
-                        access::explain(catalog, &listing(caller, tool)).rules.pop()
+                        access::explain(catalog, &access::listing(caller, tool))
+                            .rules
+                            .pop()
                     }
                     _ => None,
                 };
@@ -582,7 +585,8 @@ impl Explainer<'_> {
                             .push_str(" (decided after bind, on the bound arguments)");
                     }
                     (Stage::Access, Some(tool)) => {
-                        refused.rules = access::explain(self.catalog, &listing(caller, tool)).rules;
+                        refused.rules =
+                            access::explain(self.catalog, &access::listing(caller, tool)).rules;
                     }
                     (Stage::Scopes, Some(tool)) => {
                         refused.missing_scope = scopes::missing(caller, tool).map(str::to_owned);
@@ -607,7 +611,8 @@ impl Explainer<'_> {
         trail
     }
 
-    /// What a passed stage among 1–7 checked; `None` for a stage that cannot have passed.
+    /// What a passed stage among 1–7 checked, in the words beside its rule; `None` for a stage
+    /// that cannot have passed.
     fn passed(
         &self,
         stage: Stage,
@@ -617,86 +622,31 @@ impl Explainer<'_> {
         arguments: Option<&Value>,
     ) -> Option<StageTrail> {
         let caller = &turn.caller;
-        let pass = |detail: String| StageTrail::new(stage, StageResult::Passed, detail);
         if stage == Stage::Structure {
-            return Some(pass(
-                "identifiers are printable and within their limits; the arguments are one JSON object within the size, depth and value limits".to_owned(),
-            ));
+            return Some(structure::explain_passed());
         }
         let tool = seen.tool?;
-        Some(match stage {
-            Stage::Resolve => {
-                let why = resolved_why(tool, call, &caller.tenant);
-                let revision = match (&turn.catalog_revision, self.check_revision) {
-                    (Some(shown), true) => {
-                        format!("; the shown revision {shown} has this definition")
-                    }
-                    _ => String::new(),
-                };
-                pass(format!(
-                    "{} version {} ({why}){revision}",
-                    tool.name, tool.version
-                ))
-            }
-            Stage::Access => {
-                let explained = access::explain(self.catalog, &listing(caller, tool));
-                if explained.refusal.is_some() || seen.refused_arguments.is_some() {
-                    return None;
-                }
-                let rules = explained.rules;
-                let detail = if rules.is_empty() {
-                    format!(
-                        "no deny rule matches {} and no allow list applies",
-                        tool.name
-                    )
-                } else {
-                    let listed: Vec<String> = rules
-                        .iter()
-                        .map(|r| format!("{} {:?}", r.location, r.pattern.as_deref().unwrap_or("")))
-                        .collect();
-                    format!(
-                        "no deny rule matches {}; allowed by {}",
-                        tool.name,
-                        listed.join(", ")
-                    )
-                };
-                let mut trail = pass(detail);
-                trail.rules = rules;
-                trail
-            }
-            Stage::Scopes => pass(if tool.required_scopes.is_empty() {
-                "the tool requires no scope".to_owned()
-            } else {
-                format!(
-                    "the caller holds every required scope: {}",
-                    tool.required_scopes.join(", ")
-                )
-            }),
-            Stage::Schema => pass("the arguments match the tool's input schema".to_owned()),
-            Stage::Bind => {
-                let redacted = redact(arguments?, &tool.redact);
-                let bound = bound_values(tool, &redacted);
-                let mut detail = if bound.is_empty() {
-                    "the tool binds no argument".to_owned()
-                } else {
-                    let listed: Vec<String> = bound
-                        .iter()
-                        .map(|b| format!("{} = {} (from {})", b.path, b.value, b.source))
-                        .collect();
-                    format!("the server writes {}", listed.join(", "))
-                };
-                if !seen.override_attempts.is_empty() {
-                    detail.push_str(&format!(
-                        "; the model's own {} was overwritten (audited)",
-                        seen.override_attempts.join(", ")
-                    ));
-                }
-                let mut trail = pass(detail);
-                trail.bound = bound;
-                trail
-            }
-            _ => return None,
-        })
+        match stage {
+            Stage::Resolve => Some(resolve::explain_passed(
+                tool,
+                call.version.is_some(),
+                &caller.tenant,
+                turn.catalog_revision
+                    .as_deref()
+                    .filter(|_| self.check_revision),
+            )),
+            // Refused after bind: not passed, whatever the caller and the tool alone allow.
+            Stage::Access if seen.refused_arguments.is_some() => None,
+            Stage::Access => access::explain_passed(self.catalog, caller, tool),
+            Stage::Scopes => Some(scopes::explain_passed(tool)),
+            Stage::Schema => Some(schema::explain_passed()),
+            Stage::Bind => Some(bind::explain_passed(
+                tool,
+                arguments?,
+                &seen.override_attempts,
+            )),
+            _ => None,
+        }
     }
 
     /// Stages 8–10 against the live state, which they only read: each explained beside its
@@ -727,46 +677,6 @@ impl Explainer<'_> {
     }
 }
 
-/// Why the caller gets this version.
-fn resolved_why(tool: &ToolVersion, call: &CallRequest, tenant: &str) -> String {
-    if call.version.is_some() {
-        return "the pinned version".to_owned();
-    }
-    match (&tool.status, &tool.canary) {
-        (VersionStatus::Canary, Some(canary)) if canary.tenants.contains(tenant) => {
-            format!("a canary; tenant {tenant} is listed")
-        }
-        (VersionStatus::Canary, Some(canary)) => format!(
-            "a canary; tenant {tenant} falls in its {}% of tenants",
-            canary.percent
-        ),
-        _ => "the active version".to_owned(),
-    }
-}
-
-/// The bound values as written into (redacted) final arguments.
-fn bound_values(tool: &ToolVersion, arguments: &Value) -> Vec<BoundValue> {
-    tool.bindings
-        .iter()
-        .map(|binding| {
-            let mut at = Some(arguments);
-            for segment in &binding.path {
-                at = at.and_then(|v| v.get(segment));
-            }
-            BoundValue {
-                path: binding.dotted.clone(),
-                value: at.cloned().unwrap_or(Value::Null),
-                source: match binding.value {
-                    BindValue::CallerTenant => "${caller.tenant}",
-                    BindValue::CallerSubject => "${caller.subject}",
-                    BindValue::CallerAgent => "${caller.agent}",
-                    BindValue::Constant(_) => "constant",
-                },
-            }
-        })
-        .collect()
-}
-
 /// A condition's values as records show them: the arguments it read redacted by the tool's
 /// `redact` pointers, as the final arguments are.
 fn redact_read(mut evaluated: Evaluated, tool: Option<&std::sync::Arc<ToolVersion>>) -> Evaluated {
@@ -778,9 +688,4 @@ fn redact_read(mut evaluated: Evaluated, tool: Option<&std::sync::Arc<ToolVersio
         }
     }
     evaluated
-}
-
-/// What access is explained on without the call: the caller and the tool.
-fn listing<'a>(caller: &'a Caller, tool: &'a ToolVersion) -> Input<'a> {
-    Input::listing(caller, tool.facts())
 }

@@ -9,8 +9,9 @@ use std::{
     sync::{Arc, Mutex},
 };
 
+use super::explain::{StageResult, StageTrail};
 use crate::{
-    catalog::{Catalog, ResolveError, ToolVersion},
+    catalog::{Catalog, ResolveError, ToolVersion, VersionStatus},
     error::{Reason, Refusal, Stage},
     identity::Caller,
 };
@@ -169,5 +170,37 @@ fn stale(shown: &str, now: &str, why: &str) -> Refusal {
         format!(
             "{why}; the current revision is {now}: list the tools again (shown {shown}, current {now})"
         ),
+    )
+}
+
+/// What stage 3 resolved and why, for an explanation; `shown` is the revision the caller says
+/// its model was shown, when it was checked.
+pub(super) fn explain_passed(
+    tool: &ToolVersion,
+    pinned: bool,
+    tenant: &str,
+    shown: Option<&str>,
+) -> StageTrail {
+    let why = if pinned {
+        "the pinned version".to_owned()
+    } else {
+        match (&tool.status, &tool.canary) {
+            (VersionStatus::Canary, Some(canary)) if canary.tenants.contains(tenant) => {
+                format!("a canary; tenant {tenant} is listed")
+            }
+            (VersionStatus::Canary, Some(canary)) => format!(
+                "a canary; tenant {tenant} falls in its {}% of tenants",
+                canary.percent
+            ),
+            _ => "the active version".to_owned(),
+        }
+    };
+    let revision = shown
+        .map(|shown| format!("; the shown revision {shown} has this definition"))
+        .unwrap_or_default();
+    StageTrail::new(
+        Stage::Resolve,
+        StageResult::Passed,
+        format!("{} version {} ({why}){revision}", tool.name, tool.version),
     )
 }

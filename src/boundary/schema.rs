@@ -4,7 +4,10 @@
 
 use serde_json::Value;
 
-use super::bind;
+use super::{
+    bind,
+    explain::{StageResult, StageTrail},
+};
 use crate::{
     catalog::ToolVersion,
     error::{Reason, Refusal, Stage},
@@ -155,4 +158,13 @@ pub fn check_bound_listing(
     );
     found.extend(violations);
     Err(refusal)
+}
+
+/// What stage 6 checked, for an explanation of a call that passed it.
+pub(super) fn explain_passed() -> StageTrail {
+    StageTrail::new(
+        Stage::Schema,
+        StageResult::Passed,
+        "the arguments match the tool's input schema",
+    )
 }

@@ -9,6 +9,7 @@ use std::{borrow::Cow, sync::Arc};
 use serde_json::Value;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use super::explain::{StageResult, StageTrail};
 use crate::{
     error::{Reason, Refusal, Stage},
     settings::{LimitsConfig, parsed_arguments_bytes},
@@ -262,6 +263,15 @@ fn kind(value: &Value) -> &'static str {
         Value::Array(_) => "an array",
         Value::Object(_) => "an object",
     }
+}
+
+/// What stage 1 checked, for an explanation of a call that passed it.
+pub(super) fn explain_passed() -> StageTrail {
+    StageTrail::new(
+        Stage::Structure,
+        StageResult::Passed,
+        "identifiers are printable and within their limits; the arguments are one JSON object within the size, depth and value limits",
+    )
 }
 
 #[cfg(test)]
