@@ -15,4 +15,5 @@ pub(crate) mod output_guard;
 pub(crate) mod properties;
 pub(crate) mod quota_cost;
 pub(crate) mod rate_limits;
+pub(crate) mod sidecar_budgets;
 pub(crate) mod stages;

@@ -5,6 +5,7 @@ pub(crate) mod audit_under_pressure;
 pub(crate) mod binary;
 pub(crate) mod config;
 pub(crate) mod examples;
+pub(crate) mod hostile_requests;
 pub(crate) mod metrics;
 pub(crate) mod observability;
 pub(crate) mod reliability;

@@ -6,7 +6,9 @@ use std::time::Duration;
 use futures::future::join_all;
 use toolgate::proto::{self, ToolStatus};
 
-use crate::support::{Backend, STAGES, TestServer, call, exec, on_both_backends, visible, who};
+use crate::support::{
+    Backend, STAGES, TestServer, call, exec, on_both_backends, visible, wait_until, who,
+};
 
 async fn revision(server: &TestServer) -> String {
     let mut client = server.client().await;
@@ -423,4 +425,75 @@ async fn a_reload_cannot_turn_dev_identity_on_where_a_listener_is_off_loopback()
     std::fs::write(&file, &dev).unwrap();
     running.reload().await.expect("dev identity on loopback");
     running.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_tools_concurrency_cap_survives_a_reload() {
+    let catalog = r#"version: 1
+identity: { dev_identity: true }
+tenants: { acme: {} }
+tools:
+  - { name: single, description: One at a time., risk_level: read_only, timeout: 30s, max_concurrency: 1, executor: { builtin: slow_task }, input_schema: { type: object, properties: { ms: { type: integer } } } }
+"#;
+    let server = TestServer::start_file(catalog).await;
+    let mut first = server.client().await;
+    let running = tokio::spawn(async move {
+        exec(&mut first, &who("acme"), call("single", r#"{"ms":30000}"#)).await
+    });
+    wait_until(server.builtins().watch_slow_in_flight(), |n| n == 1).await;
+    // An unrelated change: the cap of `single` is the same, and so are its calls in flight.
+    let changed = catalog.to_owned()
+        + "  - { name: other, description: Other., risk_level: read_only, executor: { builtin: echo }, input_schema: { type: object } }\n";
+    server.write_catalog(&server.catalog_file(), &changed);
+    server.reload().await.expect("reloaded");
+    let mut second = server.client().await;
+    assert_eq!(
+        visible(&mut second, &who("acme")).await,
+        ["other", "single"]
+    );
+    let r = exec(&mut second, &who("acme"), call("single", r#"{"ms":1}"#)).await;
+    assert_eq!(
+        (r.status(), r.error_type.as_str()),
+        (ToolStatus::Unavailable, "overloaded"),
+        "a reload let a second call past a cap of one"
+    );
+    running.abort();
+    wait_until(server.builtins().watch_slow_in_flight(), |n| n == 0).await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_refused_reload_is_retried_when_the_file_it_references_arrives() {
+    let base = "version: 1\nserver: { reload_interval: 50ms }\nidentity: { dev_identity: true }\ntenants: { acme: {} }\ntools:\n  - { name: echo, description: Echo., risk_level: read_only, executor: { builtin: echo }, input_schema: { type: object } }\n";
+    let server = TestServer::start_file(base).await;
+    let secret = server.dir().join("billing.token");
+    // The ConfigMap arrives first: it names a Secret that is not there yet.
+    let next = base.replace(
+        "tools:\n",
+        &format!(
+            "upstreams:\n  billing: {{ url: \"https://billing.example.com/\", headers: {{ authorization: {{ file: {} }} }} }}\ntools:\n  - {{ name: invoice, description: Invoice., risk_level: read_only, executor: {{ http: {{ upstream: billing }} }}, input_schema: {{ type: object }} }}\n",
+            secret.display()
+        ),
+    );
+    server.write_catalog(&server.catalog_file(), &next);
+    let err = server.reload().await.unwrap_err();
+    assert!(err.contains("billing.token"), "{err}");
+    // Then the Secret: the watcher tries the same catalog again, without a SIGHUP.
+    std::fs::write(&secret, "Bearer s3cret").unwrap();
+    let mut grpc = server.client().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if visible(&mut grpc, &who("acme"))
+            .await
+            .contains(&"invoice".to_owned())
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the catalog was not applied once its Secret arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.stop().await;
 }

@@ -783,3 +783,14 @@ pub fn info_text(info: redis::Value) -> String {
         other => panic!("INFO answered {other:?}"),
     }
 }
+
+/// Fails the test instead of hanging it.
+pub async fn within<T>(
+    limit: std::time::Duration,
+    what: &str,
+    future: impl Future<Output = T>,
+) -> T {
+    tokio::time::timeout(limit, future)
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not finish within {limit:?}"))
+}
