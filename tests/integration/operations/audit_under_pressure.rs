@@ -2,9 +2,15 @@
 //! anything runs, so a stuck sink with cancelling clients loses nothing; a panic is an internal
 //! error; refused callers are audited, bounded in rate, without token material; a backend's own
 //! words reach records only for tools that record arguments; a partial write is continued, never
-//! repeated or torn.
+//! repeated or torn. Nothing is lost through a tiny queue and a slow sink, a stuck sink refuses
+//! calls when configured to fail closed, and OTLP logs retry a failing collector.
 
-use std::{collections::HashSet, io::Read, time::Duration};
+use std::{
+    collections::{HashMap, HashSet},
+    io::Read,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use serde_json::Value;
 use tonic::Code;
@@ -15,6 +21,7 @@ use toolgate::{
 
 use crate::support::python;
 use crate::{
+    otlp_collector::string_attribute,
     support::binary::spawn,
     support::{
         STAGES, TestServer, Who, call, exec, execute_request, http_get, metric, mkfifo,
@@ -457,4 +464,218 @@ async fn a_partial_write_is_continued_never_repeated_or_torn() {
         })
         .collect();
     assert_eq!(ids, (0..=5).map(|i| format!("w-{i}")).collect::<Vec<_>>());
+}
+
+#[tokio::test]
+async fn nothing_is_lost_through_a_tiny_queue_and_a_slow_sink() {
+    // The sink is a FIFO that this test drains slowly: writers must wait, not drop.
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("audit.fifo");
+    crate::support::mkfifo(&fifo);
+    let reader_path = fifo.clone();
+    let reader = std::thread::spawn(move || {
+        let mut file = std::fs::File::open(reader_path).unwrap();
+        let mut all = Vec::new();
+        let mut chunk = [0u8; 512];
+        loop {
+            match file.read(&mut chunk) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    all.extend_from_slice(&chunk[..n]);
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            }
+        }
+        String::from_utf8(all).unwrap()
+    });
+    let yaml = STAGES.replacen(
+        "version: 1\n",
+        &format!(
+            "version: 1\naudit: {{ sink: file, path: {}, queue_capacity: 1 }}\n",
+            fifo.display()
+        ),
+        1,
+    );
+    let server = TestServer::start_raw(&yaml).await;
+    let client = server.client().await;
+    let results = futures::future::join_all((0..40).map(|i| {
+        let mut client = client.clone();
+        async move {
+            exec(
+                &mut client,
+                &who("acme"),
+                call("echo", &format!(r#"{{"text":"{i}"}}"#)),
+            )
+            .await
+        }
+    }))
+    .await;
+    assert!(results.iter().all(|r| r.status() == ToolStatus::Ok));
+    server.stop().await;
+    let written = reader.join().unwrap();
+    let events: Vec<serde_json::Value> = written
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(events.len(), 40, "one event per call, none lost");
+    assert!(
+        events
+            .iter()
+            .all(|e| e["kind"] == "tool_call" && e["status"] == "OK")
+    );
+}
+
+#[tokio::test]
+async fn fail_closed_refuses_calls_when_the_sink_is_stuck() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("audit.fifo");
+    crate::support::mkfifo(&fifo);
+    // A reader that opens the pipe and never reads: once the pipe buffer fills, writes block.
+    let stuck = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&fifo)
+            .unwrap()
+    };
+    let yaml = STAGES.replacen(
+        "version: 1\n",
+        &format!(
+            "version: 1\nserver: {{ shutdown_grace: 1s }}\naudit: {{ sink: file, path: {}, queue_capacity: 4, when_full: refuse }}\n",
+            fifo.display()
+        ),
+        1,
+    );
+    let server = TestServer::start_raw(&yaml).await;
+    let mut client = server.client().await;
+    let mut statuses: HashMap<&'static str, usize> = HashMap::new();
+    let mut first_refusal = None;
+    // Each event is a few hundred bytes; a 64 KiB pipe fills within a few hundred calls.
+    for i in 0..2000 {
+        let r = exec(
+            &mut client,
+            &who("acme"),
+            call("echo", &format!(r#"{{"text":"{i}"}}"#)),
+        )
+        .await;
+        let key = match r.status() {
+            ToolStatus::Ok => "ok",
+            ToolStatus::Unavailable => {
+                first_refusal.get_or_insert(r.clone());
+                "refused"
+            }
+            _ => "other",
+        };
+        *statuses.entry(key).or_default() += 1;
+        if statuses.get("refused").copied().unwrap_or(0) >= 5 {
+            break;
+        }
+    }
+    let refusal = first_refusal.expect("calls were refused once the sink stuck");
+    assert_eq!(
+        (refusal.error_type.as_str(), refusal.retryable),
+        ("audit_unavailable", true)
+    );
+    assert_eq!(statuses.get("other"), None);
+    assert!(statuses["ok"] > 10, "{statuses:?}");
+    // The refused calls did not run: builtin executions equal the calls that returned OK.
+    assert_eq!(server.builtins().executions() as usize, statuses["ok"]);
+    // Shutdown gives up draining the stuck sink after the grace period, loudly.
+    server.stop().await;
+    drop(stuck);
+}
+
+/// An OTLP logs receiver that refuses its first export, to prove the sink retries.
+#[derive(Clone, Default)]
+struct LogsReceiver {
+    records: Arc<Mutex<Vec<opentelemetry_proto::tonic::logs::v1::LogRecord>>>,
+    refused_once: Arc<std::sync::atomic::AtomicBool>,
+}
+
+#[tonic::async_trait]
+impl opentelemetry_proto::tonic::collector::logs::v1::logs_service_server::LogsService
+    for LogsReceiver
+{
+    async fn export(
+        &self,
+        request: tonic::Request<
+            opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest,
+        >,
+    ) -> Result<
+        tonic::Response<opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceResponse>,
+        tonic::Status,
+    > {
+        if !self
+            .refused_once
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err(tonic::Status::unavailable("collector warming up"));
+        }
+        let records = request
+            .into_inner()
+            .resource_logs
+            .into_iter()
+            .flat_map(|r| r.scope_logs)
+            .flat_map(|s| s.log_records);
+        self.records.lock().unwrap().extend(records);
+        Ok(tonic::Response::new(Default::default()))
+    }
+}
+
+#[tokio::test]
+async fn audit_events_go_to_otlp_logs_and_a_failing_collector_is_retried() {
+    let receiver = LogsReceiver::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let service = opentelemetry_proto::tonic::collector::logs::v1::logs_service_server::LogsServiceServer::new(receiver.clone());
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+            .await
+            .unwrap()
+    });
+    let yaml = STAGES.replacen(
+        "version: 1\n",
+        &format!("version: 1\naudit: {{ sink: otlp, endpoint: \"http://{addr}\" }}\n"),
+        1,
+    );
+    let server = TestServer::start_raw(&yaml).await;
+    let mut client = server.client().await;
+    for text in ["a", "b", "c"] {
+        assert_eq!(
+            exec(
+                &mut client,
+                &who("acme"),
+                call("echo", &format!(r#"{{"text":"{text}"}}"#))
+            )
+            .await
+            .status(),
+            ToolStatus::Ok
+        );
+    }
+    exec(&mut client, &who("acme"), call("nope", "{}")).await;
+    server.stop().await;
+    let records = receiver.records.lock().unwrap().clone();
+    assert_eq!(
+        records.len(),
+        4,
+        "every event arrived once, after the refused export was retried"
+    );
+    let bodies: Vec<serde_json::Value> = records
+        .iter()
+        .map(|r| match r.body.as_ref().and_then(|b| b.value.clone()) {
+            Some(opentelemetry_proto::tonic::common::v1::any_value::Value::StringValue(json)) => {
+                serde_json::from_str(&json).unwrap()
+            }
+            other => panic!("unexpected body {other:?}"),
+        })
+        .collect();
+    assert_eq!(bodies.iter().filter(|b| b["status"] == "OK").count(), 3);
+    assert_eq!(bodies[3]["error_type"], "tool_not_found");
+    assert_eq!(
+        string_attribute(&records[0].attributes, "toolgate.tenant").as_deref(),
+        Some("acme")
+    );
 }

@@ -314,7 +314,11 @@ impl TestServer {
             Some(state) => with_state(yaml, state),
             None => yaml.to_owned(),
         };
-        std::fs::write(path, with_audit_file(&yaml, &self.audit_path)).unwrap();
+        // Replaced whole, as a ConfigMap update swaps it: a poll in the middle of a plain write
+        // would read half a file, refuse it and parse once more than the test counts on.
+        let next = path.with_extension("yaml.next");
+        std::fs::write(&next, with_audit_file(&yaml, &self.audit_path)).unwrap();
+        std::fs::rename(&next, path).unwrap();
     }
 
     /// The test's scratch directory.
