@@ -23,7 +23,12 @@ command -v perf >/dev/null 2>&1 || { echo "needs perf (apt-get install linux-per
 work="$(mktemp -d)"
 perf_pid=""
 trap '[[ -n "$perf_pid" ]] && kill "$perf_pid" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$work"' EXIT
-load() { cargo bench --locked --quiet --bench load -- "$@"; }
+# A copy: the harness is built below, and a build must not replace the binary being measured. The
+# harness is built as BINARY was (hot-first), so its build reuses BINARY's instead of rebuilding
+# everything for another linker.
+cp "$BINARY" "$work/toolgate"
+BINARY="$work/toolgate"
+load() { deploy/link/build-hot-first.sh --quiet --bench load -- "$@"; }
 load write-catalog "$work" >/dev/null
 
 TOOLGATE_BENCH_JWT_SECRET=toolgate-bench-hs256-secret-0123456789abcdef OTEL_SDK_DISABLED=true \
