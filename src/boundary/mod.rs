@@ -409,6 +409,15 @@ impl Boundary {
             Some(upstreams) => previous.executors.with_upstreams(upstreams),
             None => previous.executors.clone(),
         };
+        // The catalog and its upstreams are joined by name only: one built from another file
+        // than the upstreams kept would fail its HTTP calls at run time.
+        debug_assert!(
+            catalog.versions().all(|tool| match &tool.backend {
+                crate::catalog::BackendSpec::Http(target) => executors.http.has(&target.upstream),
+                _ => true,
+            }),
+            "a catalog names an upstream its executors do not have"
+        );
         let rate_limits = Quotas::build(
             &quota_plan(&catalog),
             self.clock.clone(),

@@ -390,6 +390,11 @@ pub struct HttpExecutor {
 }
 
 impl HttpExecutor {
+    /// Whether an upstream of this name is configured.
+    pub fn has(&self, upstream: &str) -> bool {
+        self.upstreams.contains_key(upstream)
+    }
+
     /// The executor for a catalog with `fresh` upstreams, taking over this one's slots for
     /// requests in flight where an upstream keeps its name and cap: a reload in the middle of
     /// load cannot let twice the cap through.
