@@ -233,7 +233,8 @@ async fn reload(
         shadow_catalog,
         ..
     } = config;
-    // The catalog built at load is rebuilt below with live state carried over.
+    // The catalog built at load is rebuilt below with live state carried over; let go of this
+    // one first, so a large catalog is not held twice while the next is built.
     drop(catalog);
     // The MCP servers themselves were started with the process; keep their connection settings.
     next.mcp_servers = inputs.mcp_servers.clone();
