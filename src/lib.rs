@@ -14,7 +14,7 @@
 //!
 //! | floor | modules | what lives there |
 //! |---|---|---|
-//! | 0 | `canonical`, `clock`, `error`, `gcra`, `outcome`, `settings`, `tasks`, `tls` | foundations: canonical JSON, time, the outcome table and a call's outcome, the GCRA arithmetic, plain configuration values (a tool's risk level among them), tasks with an owner, TLS setup |
+//! | 0 | `canonical`, `clock`, `error`, `gcra`, `outbound`, `outcome`, `settings`, `tasks`, `tls` | foundations: canonical JSON, time, the outcome table and a call's outcome, the GCRA arithmetic, the guarded client every outbound HTTP request goes through, plain configuration values (a tool's risk level among them), tasks with an owner, TLS setup |
 //! | 1 | `conditions`, `identity`, `metrics`, `output_guard`, `state`, `telemetry` | CEL conditions over a call (compiled at load, evaluated by the stages), who is calling, the metrics registry, the detectors screening tool output, the shared state's connections, the tracer and its exporter |
 //! | 2 | `catalog`, `executor` | tool definitions as plain data (each names its backend: a builtin, an upstream by name, a program, an MCP server's tool), and the registry of live backends that run them (`executor` reads the catalog's specs; the catalog knows no executor) |
 //! | 3 | `approvals`, `audit`, `emergency`, `flow`, `limits` | what calls leave behind and what stops them: approvals, audit events, emergency denies, what each flow scope has seen, quotas |
@@ -68,6 +68,7 @@ pub mod identity;
 pub mod limits;
 pub mod mcp_door;
 pub mod metrics;
+pub mod outbound;
 pub mod outcome;
 pub mod output_guard;
 pub mod server;

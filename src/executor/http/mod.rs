@@ -1,166 +1,28 @@
 //! The `http` backend: POST a permitted call's bound arguments as JSON to an upstream named in the
-//! server's config. The model never supplies a URL, host or port.
-//!
-//! Every outbound HTTP request toolgate makes — to upstreams here, and to MCP servers over
-//! Streamable HTTP — goes through a [`guarded_client`]: environment proxies are ignored, every
-//! address a host resolves to must pass the destination's [`AddressPolicy`] (the check runs in
-//! the client's resolver, so the addresses checked are the addresses connected to; IP-literal
-//! hosts, which skip resolvers, are checked with [`check_literal`] before the request), and
-//! redirects are followed only within the request's origin (scheme, host and port), so headers
-//! configured for an upstream never reach anyone else. The response body is capped.
+//! server's config. The model never supplies a URL, host or port. Requests go through
+//! [`crate::outbound`]'s guarded client.
 
-mod ssrf;
-
-use std::{
-    collections::{BTreeMap, HashMap},
-    net::{IpAddr, SocketAddr},
-    path::Path,
-    sync::Arc,
-    time::Duration,
-};
+use std::{collections::BTreeMap, path::Path, sync::Arc, time::Duration};
 
 use futures::{FutureExt, future::BoxFuture};
 use reqwest::{
     StatusCode,
-    dns::{Addrs, Name, Resolve, Resolving},
     header::{HeaderMap, HeaderName, HeaderValue},
 };
 use tokio::sync::Semaphore;
 use url::Url;
 
-pub use ssrf::{AddressPolicy, non_public_reason};
-
 use super::{ExecError, Executor};
 use crate::{
     boundary::Permit,
     catalog::{BackendSpec, HttpTarget},
+    outbound::{BodyError, Destination, guarded_client, read_capped, refusal_in},
     settings::{
         Env, FieldError, check_url, parse_duration,
         raw::{RawHeaderValue, RawUpstream},
         resolve_path,
     },
 };
-
-/// Where a guarded client may go: its name in messages and logs, the addresses it may reach,
-/// and static name resolution.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Destination {
-    /// How messages name it, e.g. `upstream billing` or `MCP server docs`.
-    pub label: String,
-    pub policy: AddressPolicy,
-    /// Host (lowercase) -> addresses, like curl's `--resolve`; checked like DNS answers.
-    pub overrides: HashMap<String, Vec<IpAddr>>,
-}
-
-impl Destination {
-    /// Validates the address settings shared by upstreams and MCP servers; `at` names a field.
-    pub fn build(
-        label: String,
-        allow_private: bool,
-        allow_private_cidrs: &[String],
-        resolve: &BTreeMap<String, Vec<String>>,
-        at: impl Fn(&str) -> String,
-    ) -> Result<Self, FieldError> {
-        let policy = AddressPolicy::build(
-            allow_private,
-            allow_private_cidrs,
-            &at("allow_private_cidrs"),
-        )?;
-        let mut overrides = HashMap::new();
-        for (host, addresses) in resolve {
-            let ips = addresses
-                .iter()
-                .map(|a| {
-                    a.parse::<IpAddr>().map_err(|_| {
-                        FieldError::new(
-                            at(&format!("resolve.{host}")),
-                            format!("{a:?} is not an IP address"),
-                        )
-                    })
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            overrides.insert(host.to_ascii_lowercase(), ips);
-        }
-        Ok(Destination {
-            label,
-            policy,
-            overrides,
-        })
-    }
-
-    /// Refuses an IP-literal host that the policy does not allow. Resolvers never see such hosts,
-    /// so this runs before every request to one.
-    pub fn check_literal(&self, url: &Url) -> Result<(), AddressRefused> {
-        let ip = match url.host() {
-            Some(url::Host::Ipv4(ip)) => IpAddr::V4(ip),
-            Some(url::Host::Ipv6(ip)) => IpAddr::V6(ip),
-            _ => return Ok(()),
-        };
-        match self.policy.refusal(ip) {
-            Some(why) => {
-                tracing::warn!(destination = %self.label, address = %ip, reason = why, "refused a non-public address");
-                Err(AddressRefused::NonPublic {
-                    destination: self.label.clone(),
-                    why,
-                })
-            }
-            None => Ok(()),
-        }
-    }
-}
-
-/// Why a destination may not be reached at an address.
-#[derive(Debug, thiserror::Error)]
-pub enum AddressRefused {
-    /// The address is not public and the destination's policy does not allow it.
-    #[error("{destination} is a non-public address ({why})")]
-    NonPublic {
-        /// The destination's label, e.g. `upstream billing`.
-        destination: String,
-        /// What kind of non-public address it is.
-        why: &'static str,
-    },
-}
-
-/// The HTTP client for one destination. Proxies from the environment are ignored, names resolve
-/// through the destination's address policy, and redirects stay within the origin of the
-/// request (at most 5), so nothing configured for one origin is ever sent to another.
-pub fn guarded_client(
-    destination: &Destination,
-    connect_timeout: Duration,
-) -> Result<reqwest::Client, reqwest::Error> {
-    crate::tls::install_crypto_provider();
-    reqwest::Client::builder()
-        .no_proxy()
-        .connect_timeout(connect_timeout)
-        .dns_resolver(CheckedResolver {
-            destination: Arc::new(destination.clone()),
-        })
-        .redirect(reqwest::redirect::Policy::custom(|attempt| {
-            let to = attempt.url();
-            let elsewhere = match attempt.previous().first() {
-                None => Some("another origin"),
-                Some(from) if from.scheme() != to.scheme() => {
-                    Some("another origin (another scheme)")
-                }
-                Some(from) if from.host_str() != to.host_str() => {
-                    Some("another origin (another host)")
-                }
-                Some(from) if from.port_or_known_default() != to.port_or_known_default() => {
-                    Some("another origin (another port)")
-                }
-                Some(_) => None,
-            };
-            if let Some(elsewhere) = elsewhere {
-                attempt.error(RedirectRefused(elsewhere))
-            } else if attempt.previous().len() > 5 {
-                attempt.error(RedirectRefused("too many places"))
-            } else {
-                attempt.follow()
-            }
-        }))
-        .build()
-}
 
 /// A configured upstream and its client.
 pub struct Upstream {
@@ -311,78 +173,6 @@ fn header_value(
     Ok(format!("{}{text}", value.prefix.as_deref().unwrap_or("")))
 }
 
-/// Resolves names (or takes them from the destination's static table) and refuses the lookup if
-/// any address is one the destination may not reach.
-struct CheckedResolver {
-    destination: Arc<Destination>,
-}
-
-impl Resolve for CheckedResolver {
-    fn resolve(&self, name: Name) -> Resolving {
-        let host = name.as_str().to_ascii_lowercase();
-        let destination = self.destination.clone();
-        Box::pin(async move {
-            let addresses: Vec<SocketAddr> = match destination.overrides.get(&host) {
-                Some(ips) => ips.iter().map(|ip| SocketAddr::new(*ip, 0)).collect(),
-                None => tokio::net::lookup_host((host.as_str(), 0)).await?.collect(),
-            };
-            if addresses.is_empty() {
-                return Err(format!("{}: {host} has no addresses", destination.label).into());
-            }
-            if let Some((ip, why)) = addresses
-                .iter()
-                .find_map(|a| destination.policy.refusal(a.ip()).map(|w| (a.ip(), w)))
-            {
-                tracing::warn!(destination = %destination.label, host = %host, address = %ip, reason = why, "refused a non-public address");
-                return Err(Box::new(Refused(format!(
-                    "{} resolves to a non-public address ({why})",
-                    destination.label
-                ))) as _);
-            }
-            Ok(Box::new(addresses.into_iter()) as Addrs)
-        })
-    }
-}
-
-/// An SSRF refusal, recognised in the error chain so it is reported as a refusal, not an outage.
-#[derive(Debug)]
-pub struct Refused(pub String);
-
-impl std::fmt::Display for Refused {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Refused {}
-
-/// A redirect the guarded client would not follow, and where it pointed (in words).
-#[derive(Debug)]
-struct RedirectRefused(&'static str);
-
-impl std::fmt::Display for RedirectRefused {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "redirected to {}", self.0)
-    }
-}
-
-impl std::error::Error for RedirectRefused {}
-
-/// The SSRF refusal somewhere in an error's chain, if any: in the resolver, or a redirect.
-pub fn refusal_in(err: &(dyn std::error::Error + 'static)) -> Option<String> {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
-    while let Some(e) = source {
-        if let Some(refused) = e.downcast_ref::<Refused>() {
-            return Some(refused.0.clone());
-        }
-        if let Some(redirect) = e.downcast_ref::<RedirectRefused>() {
-            return Some(redirect.to_string());
-        }
-        source = e.source();
-    }
-    None
-}
-
 /// Runs `http` tools on the upstreams of one catalog, found by the name the catalog gives.
 #[derive(Debug, Default)]
 pub struct HttpExecutor {
@@ -459,26 +249,21 @@ impl HttpExecutor {
         if let Some(traceparent) = permit.traceparent() {
             request = request.header("traceparent", traceparent);
         }
-        let mut response = request
+        let response = request
             .body(body)
             .send()
             .await
             .map_err(|err| classify(&upstream.name, &err))?;
         let status = response.status();
-        let mut body = Vec::new();
-        while let Some(chunk) = response
-            .chunk()
+        let body = read_capped(response, upstream.max_response_bytes)
             .await
-            .map_err(|err| classify(&upstream.name, &err))?
-        {
-            if body.len() + chunk.len() > upstream.max_response_bytes {
-                return Err(ExecError::OutputTooLarge(format!(
-                    "upstream {} answered with more than {} bytes",
-                    upstream.name, upstream.max_response_bytes
-                )));
-            }
-            body.extend_from_slice(&chunk);
-        }
+            .map_err(|err| match err {
+                BodyError::TooLarge(max) => ExecError::OutputTooLarge(format!(
+                    "upstream {} answered with more than {max} bytes",
+                    upstream.name
+                )),
+                BodyError::Read(err) => classify(&upstream.name, &err),
+            })?;
         let text = String::from_utf8_lossy(&body).into_owned();
         if status.is_server_error() {
             return Err(ExecError::Unavailable(format!(

@@ -11,7 +11,7 @@ use std::{
 use url::Url;
 
 use crate::{
-    executor::http::Destination,
+    outbound::Destination,
     settings::{
         Env, FieldError, check_url, parse_duration, program_path, raw::RawMcpServer, runnable,
     },

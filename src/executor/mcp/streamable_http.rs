@@ -23,7 +23,7 @@ use super::{
     errors::oversized_error,
     supervisor::{Connection, ListChanged},
 };
-use crate::executor::http::{Destination, guarded_client};
+use crate::outbound::{Destination, guarded_client};
 
 /// Connects to the server's URL, refusing an address its destination policy does not allow.
 pub(super) async fn connect(
