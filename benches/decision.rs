@@ -137,7 +137,13 @@ fn load(yaml: &str) -> Config {
 const DEV_IDENTITY: &str = "version: 1\nidentity: { dev_identity: true }\n";
 
 static DEV_RESOLVER: LazyLock<IdentityResolver> = LazyLock::new(|| {
-    IdentityResolver::new(&load(DEV_IDENTITY).identity, SharedClock::system(), 1 << 22)
+    IdentityResolver::new(
+        &load(DEV_IDENTITY).identity,
+        SharedClock::system(),
+        1 << 22,
+        None,
+    )
+    .unwrap()
 });
 
 /// Dev identity metadata of a caller in `tenant`.
@@ -477,7 +483,7 @@ fn jwt_resolver_caching(cache_bytes: usize) -> IdentityResolver {
         &Env::default().with("BENCH_SECRET", JWT_SECRET),
     )
     .unwrap_or_else(|e| panic!("jwt catalog: {e}"));
-    IdentityResolver::new(&config.identity, SharedClock::system(), cache_bytes)
+    IdentityResolver::new(&config.identity, SharedClock::system(), cache_bytes, None).unwrap()
 }
 
 /// `authorization` metadata with a valid token; `run` makes each token distinct.

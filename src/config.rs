@@ -121,12 +121,7 @@ fn build(
     let identity = IdentityConfig {
         dev_identity: raw.identity.dev_identity,
         dev_identity_on_network: raw.identity.allow_unauthenticated_network_callers,
-        jwt: raw
-            .identity
-            .jwt
-            .as_ref()
-            .map(|jwt| JwtSettings::build(jwt, base_dir, env))
-            .transpose()?,
+        jwt: JwtSettings::build(&raw.identity.jwt, base_dir, env)?,
         max_identity_bytes: limits.max_identity_bytes,
         mcp_resource: server.mcp.as_ref().map(|mcp| mcp.resource.clone()),
     };

@@ -42,7 +42,7 @@ pub mod refusals;
 
 use crate::{
     audit::{AuditLog, RefusedCallers},
-    identity::{Caller, IdentityError, IdentityHandle},
+    identity::{Caller, IdentityError, IdentityHandle, RemoteKeys},
     settings::LimitsConfig,
     tasks::Tasks,
 };
@@ -203,12 +203,15 @@ pub enum IdentifiedBy {
 impl AdmissionLayer {
     /// Steps 1-4 of the module docs for a request of any door; what it holds is given back when
     /// the returned value is dropped (once the answer is sent).
-    pub fn admit<B>(
+    pub async fn admit<B>(
         &self,
         request: &mut http::Request<B>,
         by: IdentifiedBy,
     ) -> Result<Admitted, Refused> {
-        self.shared.admit(request, by).map(Admitted)
+        self.shared
+            .admit_refetching(request, by)
+            .await
+            .map(Admitted)
     }
 
     /// `body`, counted against `limits.max_request_bytes_in_flight` and bounded in time by
@@ -230,27 +233,80 @@ pub struct HeldBytes(#[expect(dead_code, reason = "held for its drop")] BytesHel
 /// What an admitted request holds until its answer is sent.
 pub struct Admitted(#[expect(dead_code, reason = "held for its drop")] Held);
 
+/// Why [`Shared::admit`] did not admit a request.
+enum Refusal {
+    Refused(Refused),
+    /// The caller's token may verify once its issuer's keys are fetched again (it names a key
+    /// not seen yet): fetch, then admit once more.
+    Refetch(Arc<RemoteKeys>),
+}
+
+impl From<Refused> for Refusal {
+    fn from(refused: Refused) -> Self {
+        Refusal::Refused(refused)
+    }
+}
+
 impl Shared {
-    /// Steps 1-4 of the module docs; the refusal otherwise.
-    fn admit<B>(&self, request: &mut http::Request<B>, by: IdentifiedBy) -> Result<Held, Refused> {
+    /// [`Shared::admit`], fetching the issuer's keys again (within its rate limit) for a token
+    /// that names a key not seen yet, then admitting once more.
+    async fn admit_refetching<B>(
+        &self,
+        request: &mut http::Request<B>,
+        by: IdentifiedBy,
+    ) -> Result<Held, Refused> {
+        match self.admit(request, by, true) {
+            Ok(held) => Ok(held),
+            Err(Refusal::Refused(refused)) => Err(refused),
+            Err(Refusal::Refetch(keys)) => {
+                keys.refetch_for_unknown_key().await;
+                self.admit_again(request, by)
+            }
+        }
+    }
+
+    /// A request admitted again after its issuer's keys were fetched (no second fetch).
+    fn admit_again<B>(
+        &self,
+        request: &mut http::Request<B>,
+        by: IdentifiedBy,
+    ) -> Result<Held, Refused> {
+        self.admit(request, by, false)
+            .map_err(|refusal| match refusal {
+                Refusal::Refused(refused) => refused,
+                Refusal::Refetch(_) => Refused::Unauthenticated(IdentityError::KeysUnavailable(
+                    "the issuer's keys are being fetched; retry".into(),
+                )),
+            })
+    }
+
+    /// Steps 1-4 of the module docs; the refusal otherwise. With `may_refetch`, a token naming
+    /// a key not seen yet is answered with [`Refusal::Refetch`] instead of a refusal.
+    fn admit<B>(
+        &self,
+        request: &mut http::Request<B>,
+        by: IdentifiedBy,
+        may_refetch: bool,
+    ) -> Result<Held, Refusal> {
         let connection = request.extensions().get::<Connection>().cloned();
         let listener = connection.as_ref().map_or(Listener::Tcp, |c| c.listener);
         if self.draining.load(Ordering::SeqCst) {
             self.refusals.rpc_counted(listener, "draining");
             return Err(Refused::Draining(
                 "the sidecar is shutting down; retry on another instance or after it restarts",
-            ));
+            )
+            .into());
         }
-        let caller = self.identify(request, by, listener, connection.as_ref())?;
+        let caller = self.identify(request, by, listener, connection.as_ref(), may_refetch)?;
         let tcp_slot = match listener {
             Listener::Unix => None,
             Listener::Tcp | Listener::Mcp => match self.tcp_slots.clone().try_acquire_owned() {
                 Ok(slot) => Some(slot),
-                Err(_) => return Err(self.full(listener, self.tcp_max)),
+                Err(_) => return Err(self.full(listener, self.tcp_max).into()),
             },
         };
         let Ok(slot) = self.slots.clone().try_acquire_owned() else {
-            return Err(self.full(listener, self.max));
+            return Err(self.full(listener, self.max).into());
         };
         let Some(share) = self.tenants.try_take(&caller.tenant) else {
             self.refusals.rpc(
@@ -264,7 +320,8 @@ impl Shared {
             return Err(Refused::Exhausted(format!(
                 "tenant {} has {} calls in flight (limits.max_in_flight_per_tenant); retry shortly",
                 caller.tenant, self.tenants.max
-            )));
+            ))
+            .into());
         };
         request.extensions_mut().insert(Identified(caller));
         Ok(Held {
@@ -284,13 +341,21 @@ impl Shared {
         by: IdentifiedBy,
         listener: Listener,
         connection: Option<&Connection>,
-    ) -> Result<Arc<Caller>, Refused> {
+        may_refetch: bool,
+    ) -> Result<Arc<Caller>, Refusal> {
         let identity = self.identity.load();
-        let resolved = match by {
-            IdentifiedBy::Grpc => identity.resolve(request.headers()),
-            IdentifiedBy::McpResource => identity.resolve_for_mcp(request.headers()),
+        let for_mcp = by == IdentifiedBy::McpResource;
+        let resolved = if for_mcp {
+            identity.resolve_for_mcp(request.headers())
+        } else {
+            identity.resolve(request.headers())
         };
         resolved.map_err(|err| {
+            if may_refetch
+                && let Some(keys) = identity.keys_to_refetch(&err, request.headers(), for_mcp)
+            {
+                return Refusal::Refetch(keys);
+            }
             let rpc = request.uri().path().rsplit('/').next().unwrap_or_default();
             self.refusals.rpc(
                 listener,
@@ -303,7 +368,7 @@ impl Shared {
                 connection.and_then(|c| c.peer).map(|a| a.to_string()),
                 &err.to_string(),
             );
-            Refused::Unauthenticated(err)
+            Refused::Unauthenticated(err).into()
         })
     }
 
@@ -350,7 +415,9 @@ where
     S: tower::Service<
             http::Request<tonic::body::Body>,
             Response = http::Response<tonic::body::Body>,
-        >,
+        > + Clone
+        + Send
+        + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
 {
@@ -366,10 +433,33 @@ where
         if !request.uri().path().starts_with(LIMITED_PREFIX) {
             return Box::pin(self.inner.call(request));
         }
-        let held = match self.shared.admit(&mut request, IdentifiedBy::Grpc) {
+        let held = match self.shared.admit(&mut request, IdentifiedBy::Grpc, true) {
             Ok(held) => held,
-            Err(refused) => {
+            Err(Refusal::Refused(refused)) => {
                 return Box::pin(std::future::ready(Ok(refused.status().into_http())));
+            }
+            Err(Refusal::Refetch(keys)) => {
+                // The rare path: fetch the issuer's keys, then admit once more. The service
+                // polled ready goes with the request (tower's contract); a clone stays.
+                let ready = self.inner.clone();
+                let mut inner = std::mem::replace(&mut self.inner, ready);
+                let shared = self.shared.clone();
+                return Box::pin(async move {
+                    keys.refetch_for_unknown_key().await;
+                    let held = match shared.admit_again(&mut request, IdentifiedBy::Grpc) {
+                        Ok(held) => held,
+                        Err(refused) => return Ok(refused.status().into_http()),
+                    };
+                    let (parts, body) = request.into_parts();
+                    let listener = parts
+                        .extensions
+                        .get::<Connection>()
+                        .map_or(Listener::Tcp, |c| c.listener);
+                    let (body, bytes_held) = shared.clone().metered(body, listener);
+                    let response = inner.call(http::Request::from_parts(parts, body)).await;
+                    drop((held, bytes_held));
+                    response
+                });
             }
         };
         let listener = request

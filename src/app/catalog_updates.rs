@@ -245,16 +245,26 @@ async fn reload(
     };
     if loaded.identity_fingerprint != watched.served.identity_fingerprint {
         identity.mcp_resource = updater.mcp_resource.clone();
-        updater.identity.store(Arc::new(IdentityResolver::new(
+        let previous = updater.identity.load_full();
+        match IdentityResolver::new(
             &identity,
             updater.clock.clone(),
             limits.token_cache_max_bytes,
-        )));
-        tracing::info!(
-            dev_identity = identity.dev_identity,
-            jwt = identity.jwt.is_some(),
-            "identity settings reloaded; tokens verified under the previous settings are verified again"
-        );
+            Some(&previous),
+        ) {
+            Ok(resolver) => {
+                resolver.start_refreshing();
+                updater.identity.store(Arc::new(resolver));
+                tracing::info!(
+                    dev_identity = identity.dev_identity,
+                    jwt = identity.jwt.is_some(),
+                    "identity settings reloaded; tokens verified under the previous settings are verified again"
+                );
+            }
+            Err(err) => {
+                tracing::error!(error = %err, "identity settings not applied; the previous ones keep serving");
+            }
+        }
     }
     // The shadow candidate is read again too (its path may have changed).
     updater.shadow.configure(shadow_catalog);

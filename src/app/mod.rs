@@ -53,6 +53,8 @@ pub enum StartError {
     Insecure(#[from] crate::identity::ListenerError),
     #[error("cannot set up the state backend: {0}")]
     State(crate::state::StateError),
+    #[error("cannot set up identity: {0}")]
+    Identity(String),
 }
 
 /// Options that are not part of the catalog file.
@@ -326,11 +328,15 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         )
         .with_tracer(options.tracer.clone()),
     );
-    let identity: IdentityHandle = Arc::new(ArcSwap::from_pointee(IdentityResolver::new(
+    let resolver = IdentityResolver::new(
         &config.identity,
         clock.clone(),
         limits.token_cache_max_bytes,
-    )));
+        None,
+    )
+    .map_err(StartError::Identity)?;
+    resolver.start_refreshing();
+    let identity: IdentityHandle = Arc::new(ArcSwap::from_pointee(resolver));
     let refused = Arc::new(RefusedCallers::new(
         config.audit.authentication_failures,
         clock.clone(),

@@ -336,6 +336,7 @@ mod tests {
             scopes: scopes.iter().map(|s| s.to_string()).collect(),
             method: AuthMethod::Dev,
             claims: Default::default(),
+            token: None,
         }
     }
 

@@ -310,6 +310,7 @@ mod tests {
                 scopes: ["tools:read".to_owned()].into(),
                 method: AuthMethod::Dev,
                 claims: Default::default(),
+                token: None,
             })),
             ..full.clone()
         };
@@ -343,6 +344,7 @@ mod tests {
                 scopes: Default::default(),
                 method: AuthMethod::Dev,
                 claims: Default::default(),
+                token: None,
             })),
             tool: "echo".into(),
             tool_version: "1.0.0".into(),

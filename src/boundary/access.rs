@@ -289,6 +289,7 @@ mod tests {
             scopes: Default::default(),
             method: AuthMethod::Dev,
             claims: Default::default(),
+            token: None,
         };
         let tool = config.catalog.resolve("send_email", None, "acme").unwrap();
         let input = Input::listing(&caller, tool.facts());

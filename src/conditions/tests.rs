@@ -21,6 +21,7 @@ fn caller() -> Caller {
         scopes: BTreeSet::from(["refunds:write".to_owned()]),
         method: AuthMethod::Dev,
         claims: Default::default(),
+        token: None,
     }
 }
 

@@ -11,6 +11,7 @@ fn caller() -> Caller {
         scopes: Default::default(),
         method: crate::identity::AuthMethod::Dev,
         claims: Default::default(),
+        token: None,
     }
 }
 

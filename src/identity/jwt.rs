@@ -1,5 +1,7 @@
-//! JWT verification with jsonwebtoken: HS256 shared secrets, RS256/ES256 PEM public keys, or a
-//! JWKS file. `exp` is required; `nbf`, `iss` and `aud` are checked; claims map to a [`Caller`].
+//! JWT verification with jsonwebtoken: HS256 shared secrets, RS256/ES256 PEM public keys, a
+//! JWKS file, or the keys an issuer publishes ([`super::jwks`]); one issuer or several, each
+//! with its own claim mapping. `exp` is required; `nbf`, `iss` and `aud` are checked; claims map
+//! to a [`Caller`].
 
 use std::{fmt, path::Path, sync::Arc, time::Duration};
 
@@ -7,7 +9,10 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation, jwk::JwkSet};
 use serde_json::Value;
 
 use super::{
-    AuthMethod, Caller, Claims, IdentityError, split_scopes,
+    AuthMethod, BearerToken, Caller, Claims, IdentityError,
+    jwks::{JwksSettings, RemoteKeys},
+    keys::{Key, signature_keys},
+    split_scopes,
     token_cache::{self, TokenCache, Validity, Verified},
 };
 use crate::{
@@ -15,18 +20,19 @@ use crate::{
     settings::{Env, FieldError, parse_duration, raw::RawJwt, resolve_path},
 };
 
-/// One verification key and the algorithm it is used with.
-#[derive(Clone)]
-struct Key {
-    kid: Option<String>,
-    algorithm: Algorithm,
-    key: DecodingKey,
+/// Validated JWT settings: one issuer, or several (each with its own keys, audience and claim
+/// mapping; a token goes to the one its `iss` names).
+#[derive(Debug, Clone)]
+pub struct JwtSettings {
+    issuers: Vec<IssuerSettings>,
 }
 
-/// Validated JWT settings, keys loaded.
+/// One issuer's settings, its fixed keys loaded.
 #[derive(Clone)]
-pub struct JwtSettings {
+pub struct IssuerSettings {
     keys: Vec<Key>,
+    /// Keys fetched from the issuer, besides the fixed ones.
+    jwks: Option<JwksSettings>,
     issuer: Vec<String>,
     audience: Vec<String>,
     leeway: Duration,
@@ -38,11 +44,12 @@ pub struct JwtSettings {
     exposed_claims: Vec<String>,
 }
 
-impl fmt::Debug for JwtSettings {
+impl fmt::Debug for IssuerSettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Never print key material.
-        f.debug_struct("JwtSettings")
+        f.debug_struct("IssuerSettings")
             .field("keys", &self.keys.len())
+            .field("jwks", &self.jwks)
             .field("issuer", &self.issuer)
             .field("audience", &self.audience)
             .finish_non_exhaustive()
@@ -50,14 +57,102 @@ impl fmt::Debug for JwtSettings {
 }
 
 impl JwtSettings {
-    /// Loads keys from files or the environment; paths are relative to the config file.
-    pub fn build(raw: &RawJwt, base_dir: &Path, env: &Env) -> Result<Self, FieldError> {
+    /// Loads keys from files or the environment (paths relative to the config file); `None`
+    /// when no issuer is configured. Several issuers must each name theirs, once.
+    pub fn build(raws: &[RawJwt], base_dir: &Path, env: &Env) -> Result<Option<Self>, FieldError> {
+        let several = raws.len() > 1;
+        let mut issuers: Vec<IssuerSettings> = Vec::new();
+        for (i, raw) in raws.iter().enumerate() {
+            let at = if several {
+                format!("identity.jwt[{i}]")
+            } else {
+                "identity.jwt".to_owned()
+            };
+            let settings = IssuerSettings::build(raw, &at, base_dir, env)?;
+            if several {
+                if settings.issuer.is_empty() {
+                    return Err(FieldError::new(
+                        format!("{at}.issuer"),
+                        "with several issuers, each must name its iss value(s): a token is verified by the one its iss names",
+                    ));
+                }
+                if let Some(taken) = settings
+                    .issuer
+                    .iter()
+                    .find(|iss| issuers.iter().any(|other| other.issuer.contains(iss)))
+                {
+                    return Err(FieldError::new(
+                        format!("{at}.issuer"),
+                        format!("{taken:?} is named by another issuer too"),
+                    ));
+                }
+            }
+            issuers.push(settings);
+        }
+        Ok((!issuers.is_empty()).then_some(JwtSettings { issuers }))
+    }
+
+    /// The same issuers, keys and claims, with `resource` as the only audience accepted.
+    pub fn for_audience(&self, resource: &str) -> JwtSettings {
+        JwtSettings {
+            issuers: self
+                .issuers
+                .iter()
+                .map(|issuer| IssuerSettings {
+                    audience: vec![resource.to_owned()],
+                    ..issuer.clone()
+                })
+                .collect(),
+        }
+    }
+
+    /// Where each issuer's keys are fetched from, if they are.
+    pub fn remote_keys(&self) -> impl Iterator<Item = Option<&JwksSettings>> {
+        self.issuers.iter().map(|issuer| issuer.jwks.as_ref())
+    }
+
+    /// The caller a verified token's claims name, through the claim names of the issuer its
+    /// `iss` names (also used by `toolgate test` for cases written as claims).
+    pub fn caller_from_claims(
+        &self,
+        claims: &Value,
+        max_identity_bytes: usize,
+    ) -> Result<Caller, IdentityError> {
+        let iss = claims.get("iss").and_then(Value::as_str);
+        let issuers: Vec<&IssuerSettings> = self.issuers.iter().collect();
+        self.issuers[route_refs(&issuers, iss)?].caller_from_claims(claims, max_identity_bytes)
+    }
+}
+
+/// The issuer a token with this `iss` goes to: the only one, or the one naming it.
+fn route_refs(issuers: &[&IssuerSettings], iss: Option<&str>) -> Result<usize, IdentityError> {
+    if issuers.len() == 1 {
+        return Ok(0);
+    }
+    let iss = iss.ok_or_else(|| {
+        IdentityError::InvalidToken(
+            "missing required claim \"iss\" (this sidecar trusts several issuers)".into(),
+        )
+    })?;
+    issuers
+        .iter()
+        .position(|issuer| issuer.issuer.iter().any(|name| name == iss))
+        .ok_or_else(|| {
+            IdentityError::InvalidToken(format!(
+                "issuer {:?} is not one this sidecar trusts",
+                echoed(iss)
+            ))
+        })
+}
+
+impl IssuerSettings {
+    fn build(raw: &RawJwt, at: &str, base_dir: &Path, env: &Env) -> Result<Self, FieldError> {
         let mut keys = Vec::new();
         let read = |field: &str, file: &str| {
             let path = resolve_path(base_dir, file);
             std::fs::read(&path).map_err(|err| {
                 FieldError::new(
-                    format!("identity.jwt.{field}"),
+                    format!("{at}.{field}"),
                     format!("cannot read {}: {err}", path.display()),
                 )
             })
@@ -66,19 +161,19 @@ impl JwtSettings {
             let secret = read("hs256_secret_file", file)?;
             keys.push(hs256_key(
                 trim_secret(&secret),
-                "identity.jwt.hs256_secret_file",
+                &format!("{at}.hs256_secret_file"),
             )?);
         }
         if let Some(var) = &raw.hs256_secret_env {
             let secret = env.get(var).ok_or_else(|| {
                 FieldError::new(
-                    "identity.jwt.hs256_secret_env",
+                    format!("{at}.hs256_secret_env"),
                     format!("environment variable {var} is not set"),
                 )
             })?;
             keys.push(hs256_key(
                 secret.trim().as_bytes(),
-                "identity.jwt.hs256_secret_env",
+                &format!("{at}.hs256_secret_env"),
             )?);
         }
         for (i, file) in raw.public_key_files.iter().enumerate() {
@@ -97,7 +192,7 @@ impl JwtSettings {
                 }
             } else {
                 return Err(FieldError::new(
-                    format!("identity.jwt.public_key_files[{i}]"),
+                    format!("{at}.public_key_files[{i}]"),
                     format!("{file} is not an RSA or EC public key in PEM form"),
                 ));
             };
@@ -107,49 +202,39 @@ impl JwtSettings {
             let bytes = read("jwks_file", file)?;
             let set: JwkSet = serde_json::from_slice(&bytes).map_err(|err| {
                 FieldError::new(
-                    "identity.jwt.jwks_file",
+                    format!("{at}.jwks_file"),
                     format!("not a JWKS document: {err}"),
                 )
             })?;
-            for (i, jwk) in set.keys.iter().enumerate() {
-                let at = format!("identity.jwt.jwks_file: keys[{i}]");
-                // A key published for encryption must never verify a signature (RFC 7517 `use`).
-                if matches!(
-                    jwk.common.public_key_use,
-                    Some(jsonwebtoken::jwk::PublicKeyUse::Encryption)
-                        | Some(jsonwebtoken::jwk::PublicKeyUse::Other(_))
-                ) {
-                    tracing::info!(key = i, kid = ?jwk.common.key_id, "JWKS key is not for signatures (use); skipped");
-                    continue;
-                }
-                let algorithm = jwk_algorithm(jwk).ok_or_else(|| {
-                    FieldError::new(&at, "key has no usable algorithm (RS256, ES256)")
-                })?;
-                let key = DecodingKey::from_jwk(jwk)
-                    .map_err(|err| FieldError::new(&at, format!("unusable key: {err}")))?;
-                keys.push(Key {
-                    kid: jwk.common.key_id.clone(),
-                    algorithm,
-                    key,
-                });
+            for (i, key) in signature_keys(&set) {
+                // A file is the operator's own: a key in it that cannot be used is a mistake.
+                keys.push(key.map_err(|err| {
+                    FieldError::new(format!("{at}.jwks_file: keys[{i}]"), err.to_string())
+                })?);
             }
         }
-        if keys.is_empty() {
+        let jwks = raw
+            .jwks
+            .as_ref()
+            .map(|jwks| JwksSettings::build(jwks, &format!("{at}.jwks")))
+            .transpose()?;
+        if keys.is_empty() && jwks.is_none() {
             return Err(FieldError::new(
-                "identity.jwt",
-                "no verification key: set hs256_secret_file, hs256_secret_env, public_key_files or jwks_file (with at least one key whose use is sig)",
+                at,
+                "no verification key: set jwks (the issuer's published keys), hs256_secret_file, hs256_secret_env, public_key_files or jwks_file (with at least one key whose use is sig)",
             ));
         }
         let leeway = match &raw.leeway {
             Some(text) => parse_duration(text)
-                .map_err(|err| FieldError::new("identity.jwt.leeway", err.to_string()))?,
+                .map_err(|err| FieldError::new(format!("{at}.leeway"), err.to_string()))?,
             None => Duration::from_secs(30),
         };
         let claim = |value: &Option<String>, default: &str| {
             value.clone().unwrap_or_else(|| default.to_owned())
         };
-        Ok(JwtSettings {
+        Ok(IssuerSettings {
             keys,
+            jwks,
             issuer: raw.issuer.clone(),
             audience: raw.audience.clone(),
             leeway,
@@ -157,18 +242,8 @@ impl JwtSettings {
             subject_claim: claim(&raw.claims.subject, "sub"),
             agent_claim: claim(&raw.claims.agent, "agent"),
             scopes_claim: claim(&raw.claims.scopes, "scope"),
-            exposed_claims: exposed_claims(&raw.claims.expose)?,
+            exposed_claims: exposed_claims(&raw.claims.expose, at)?,
         })
-    }
-}
-
-impl JwtSettings {
-    /// The same keys, issuer and claims, with `resource` as the only audience accepted.
-    pub fn for_audience(&self, resource: &str) -> JwtSettings {
-        JwtSettings {
-            audience: vec![resource.to_owned()],
-            ..self.clone()
-        }
     }
 }
 
@@ -197,56 +272,63 @@ fn hs256_key(secret: &[u8], path: &str) -> Result<Key, FieldError> {
     })
 }
 
-fn jwk_algorithm(jwk: &jsonwebtoken::jwk::Jwk) -> Option<Algorithm> {
-    use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, KeyAlgorithm};
-    match jwk.common.key_algorithm {
-        Some(KeyAlgorithm::RS256) => return Some(Algorithm::RS256),
-        Some(KeyAlgorithm::ES256) => return Some(Algorithm::ES256),
-        Some(_) => return None,
-        None => {}
-    }
-    match &jwk.algorithm {
-        AlgorithmParameters::RSA(_) => Some(Algorithm::RS256),
-        AlgorithmParameters::EllipticCurve(ec) if ec.curve == EllipticCurve::P256 => {
-            Some(Algorithm::ES256)
-        }
-        _ => None,
-    }
-}
-
-/// Verifies bearer tokens against the configured keys. Token lifetimes (`exp`, `nbf`) are read
-/// on the injected clock, like every other time-dependent decision.
+/// Verifies bearer tokens against the configured issuers' keys. Token lifetimes (`exp`, `nbf`)
+/// are read on the injected clock, like every other time-dependent decision.
 #[derive(Debug)]
 pub struct JwtVerifier {
-    settings: JwtSettings,
+    issuers: Vec<IssuerVerifier>,
     clock: SharedClock,
     cache: TokenCache,
     max_identity_bytes: usize,
 }
 
-/// Most bytes of a token's `kid` a refusal repeats: enough to tell keys apart, not a megabyte.
-const MAX_ECHOED_KID: usize = 64;
+/// One issuer's settings and, when they are fetched, its published keys.
+#[derive(Debug)]
+struct IssuerVerifier {
+    settings: IssuerSettings,
+    remote: Option<Arc<RemoteKeys>>,
+}
 
-/// The start of a token's `kid`, cut on a character boundary.
-fn echoed_kid(kid: &str) -> &str {
-    let mut cut = kid.len().min(MAX_ECHOED_KID);
-    while !kid.is_char_boundary(cut) {
+/// Most bytes of a token's own text (`kid`, `iss`) a refusal repeats: enough to tell values
+/// apart, not a megabyte.
+const MAX_ECHOED: usize = 64;
+
+/// The start of a token's text, cut on a character boundary.
+fn echoed(text: &str) -> &str {
+    let mut cut = text.len().min(MAX_ECHOED);
+    while !text.is_char_boundary(cut) {
         cut -= 1;
     }
-    &kid[..cut]
+    &text[..cut]
+}
+
+/// Only the claim a token is routed by, read before its signature is checked.
+#[derive(serde::Deserialize)]
+struct Routing {
+    iss: Option<String>,
 }
 
 impl JwtVerifier {
     /// A verifier with its own, empty token cache: tokens verified under other settings (keys,
-    /// audience) are never trusted by it.
+    /// audience) are never trusted by it. `remote` holds each issuer's fetched keys, in the
+    /// order of `settings` (see [`JwtSettings::remote_keys`]).
     pub fn new(
         settings: &JwtSettings,
+        remote: &[Option<Arc<RemoteKeys>>],
         clock: SharedClock,
         cache_bytes: usize,
         max_identity_bytes: usize,
     ) -> Self {
         JwtVerifier {
-            settings: settings.clone(),
+            issuers: settings
+                .issuers
+                .iter()
+                .enumerate()
+                .map(|(i, settings)| IssuerVerifier {
+                    settings: settings.clone(),
+                    remote: remote.get(i).cloned().flatten(),
+                })
+                .collect(),
             clock,
             cache: TokenCache::new(cache_bytes),
             max_identity_bytes,
@@ -260,45 +342,77 @@ impl JwtVerifier {
 
     pub fn verify(&self, token: &str) -> Result<Arc<Caller>, IdentityError> {
         let now = u64::try_from(self.clock.unix_ms() / 1000).unwrap_or(0);
-        let leeway = self.settings.leeway.as_secs();
         let key = token_cache::key_of(token);
-        if let Some(cached) = self.cache.get(&key, now, leeway) {
-            return cached;
+        if let Some(cached) = self.cache.get(&key, now) {
+            let verified = cached?;
+            let current = match &self.issuers[verified.issuer].remote {
+                None => true,
+                // Keys past keep_last_good vouch for no token, cached or not; a key the issuer
+                // has withdrawn since no longer vouches for the token it verified.
+                Some(remote) => remote.keys()?.generation == verified.generation,
+            };
+            if current {
+                return Ok(verified.caller);
+            }
         }
         let verified = self.verify_uncached(token)?;
-        verified.validity.check(now, leeway)?;
+        verified.validity.check(now, verified.leeway)?;
         let caller = verified.caller.clone();
-        self.cache.insert(key, verified, now, leeway);
+        self.cache.insert(key, verified, now);
         Ok(caller)
+    }
+
+    /// The fetched keys of the issuer `token` would be verified by, if they are fetched.
+    pub fn remote_keys_for(&self, token: &str) -> Option<&Arc<RemoteKeys>> {
+        self.issuers[self.route(token).ok()?].remote.as_ref()
+    }
+
+    fn route(&self, token: &str) -> Result<usize, IdentityError> {
+        if self.issuers.len() == 1 {
+            return Ok(0);
+        }
+        let routing: Routing = jsonwebtoken::dangerous::insecure_decode_claims(token)
+            .map_err(|err| IdentityError::InvalidToken(format!("unreadable claims ({err})")))?;
+        let settings: Vec<&IssuerSettings> = self.issuers.iter().map(|i| &i.settings).collect();
+        route_refs(&settings, routing.iss.as_deref())
     }
 
     /// Signature, algorithm, issuer, audience and claims; the time window is checked by the caller.
     fn verify_uncached(&self, token: &str) -> Result<Verified, IdentityError> {
-        let s = &self.settings;
+        let issuer = self.route(token)?;
+        let IssuerVerifier {
+            settings: s,
+            remote,
+        } = &self.issuers[issuer];
         // jsonwebtoken has no `none` algorithm: such a header fails here and nothing is trusted.
         let header = jsonwebtoken::decode_header(token).map_err(|err| {
             IdentityError::InvalidToken(format!(
                 "unreadable header or unsupported algorithm ({err})"
             ))
         })?;
+        let fetched = remote.as_ref().map(|remote| remote.keys()).transpose();
+        let (fetched, unavailable) = match fetched {
+            Ok(set) => (set, None),
+            Err(err) => (None, Some(err)),
+        };
+        let generation = fetched.as_ref().map_or(0, |set| set.generation);
+        let kid = header.kid.as_deref();
         let candidates: Vec<&Key> = s
             .keys
             .iter()
-            .filter(|k| k.algorithm == header.alg)
-            .filter(|k| match (&header.kid, &k.kid) {
-                (Some(want), Some(have)) => want == have,
-                _ => true,
-            })
+            .chain(fetched.iter().flat_map(|set| set.keys.iter()))
+            .filter(|k| k.matches(header.alg, kid))
             .collect();
         if candidates.is_empty() {
-            return Err(IdentityError::InvalidToken(format!(
+            // Keys that could not be fetched explain the refusal better than their absence.
+            if let Some(unavailable) = unavailable {
+                return Err(unavailable);
+            }
+            return Err(IdentityError::NoKey(format!(
                 "no key for algorithm {:?}{}",
                 header.alg,
-                header
-                    .kid
-                    .as_deref()
-                    // The kid is the caller's text: only its start is echoed.
-                    .map(|k| format!(" and kid {:?}", echoed_kid(k)))
+                // The kid is the caller's text: only its start is echoed.
+                kid.map(|k| format!(" and kid {:?}", echoed(k)))
                     .unwrap_or_default()
             )));
         }
@@ -327,9 +441,19 @@ impl JwtVerifier {
             validation.set_required_spec_claims(&required);
             match jsonwebtoken::decode::<Value>(token, &key.key, &validation) {
                 Ok(data) => {
+                    let validity = validity_of(&data.claims)?;
+                    let mut caller = s.caller_from_claims(&data.claims, self.max_identity_bytes)?;
+                    caller.token = Some(BearerToken::new(
+                        token,
+                        audience_of(&data.claims),
+                        validity.expires,
+                    ));
                     return Ok(Verified {
-                        validity: validity_of(&data.claims)?,
-                        caller: Arc::new(self.caller_from(&data.claims)?),
+                        validity,
+                        caller: Arc::new(caller),
+                        issuer,
+                        generation,
+                        leeway: s.leeway.as_secs(),
                     });
                 }
                 Err(err) => last_error = Some(err),
@@ -339,17 +463,11 @@ impl JwtVerifier {
             last_error.map(|e| describe(&e)).unwrap_or_default(),
         ))
     }
-
-    fn caller_from(&self, claims: &Value) -> Result<Caller, IdentityError> {
-        self.settings
-            .caller_from_claims(claims, self.max_identity_bytes)
-    }
 }
 
-impl JwtSettings {
-    /// The caller a verified token's claims name, through the configured claim names (also used
-    /// by `toolgate test` for cases written as claims).
-    pub fn caller_from_claims(
+impl IssuerSettings {
+    /// The caller a verified token's claims name, through this issuer's claim names.
+    fn caller_from_claims(
         &self,
         claims: &Value,
         max_identity_bytes: usize,
@@ -375,6 +493,7 @@ impl JwtSettings {
             scopes,
             method: AuthMethod::Jwt,
             claims: self.exposed(claims, max_identity_bytes)?,
+            token: None,
         };
         super::check_lengths(&caller, max_identity_bytes)?;
         Ok(caller)
@@ -403,10 +522,10 @@ impl JwtSettings {
 }
 
 /// `identity.jwt.claims.expose`: claim names, each once.
-fn exposed_claims(names: &[String]) -> Result<Vec<String>, FieldError> {
+fn exposed_claims(names: &[String], at: &str) -> Result<Vec<String>, FieldError> {
     let mut seen = std::collections::BTreeSet::new();
     for (i, name) in names.iter().enumerate() {
-        let at = format!("identity.jwt.claims.expose[{i}]");
+        let at = format!("{at}.claims.expose[{i}]");
         if name.trim().is_empty() {
             return Err(FieldError::new(at, "a claim name cannot be empty"));
         }
@@ -415,6 +534,19 @@ fn exposed_claims(names: &[String]) -> Result<Vec<String>, FieldError> {
         }
     }
     Ok(names.to_vec())
+}
+
+/// The token's `aud`: one string or several.
+fn audience_of(claims: &Value) -> Vec<String> {
+    match claims.get("aud") {
+        Some(Value::String(aud)) => vec![aud.clone()],
+        Some(Value::Array(items)) => items
+            .iter()
+            .filter_map(Value::as_str)
+            .map(str::to_owned)
+            .collect(),
+        _ => Vec::new(),
+    }
 }
 
 /// The token's `exp` (required, checked present by jsonwebtoken) and optional `nbf`.

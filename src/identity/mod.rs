@@ -3,14 +3,17 @@
 //! Production callers present `authorization: Bearer <JWT>`, verified by [`jwt`]. When the config
 //! turns dev identity on, the unauthenticated `x-toolgate-*` headers are accepted instead.
 
+mod jwks;
 mod jwt;
+mod keys;
 mod token_cache;
 
 use std::{collections::BTreeSet, net::SocketAddr, sync::Arc};
 
 use http::HeaderName;
 
-pub use jwt::{JwtSettings, JwtVerifier};
+pub use jwks::{JwksSettings, JwksSource, RemoteKeys};
+pub use jwt::{IssuerSettings, JwtSettings, JwtVerifier};
 
 use crate::{clock::SharedClock, settings::FieldError};
 
@@ -134,6 +137,71 @@ pub struct Caller {
     /// The verified token's claims that the catalog exposes to conditions
     /// (`identity.jwt.claims.expose`); none for other identities.
     pub claims: Claims,
+    /// The bearer token the caller was verified by; none for other identities.
+    pub token: Option<BearerToken>,
+}
+
+/// The bearer token a caller was verified by, for the backends that take the person's own
+/// credential (exchanged for one of theirs, or passed through where the operator says it is
+/// theirs: docs/executors.md). Never printed: its `Debug` shows a fingerprint.
+#[derive(Clone, PartialEq, Eq)]
+pub struct BearerToken {
+    text: Arc<str>,
+    /// Its `aud` claim, one or several.
+    audience: Arc<[String]>,
+    /// Its `exp` claim (Unix seconds).
+    expires: u64,
+}
+
+impl BearerToken {
+    pub fn new(text: &str, audience: Vec<String>, expires: u64) -> Self {
+        BearerToken {
+            text: text.into(),
+            audience: audience.into(),
+            expires,
+        }
+    }
+
+    /// The token itself, for the request that carries it.
+    pub fn secret(&self) -> &str {
+        &self.text
+    }
+
+    pub fn len(&self) -> usize {
+        self.text.len() + self.audience.iter().map(String::len).sum::<usize>()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.text.is_empty()
+    }
+
+    pub fn audience(&self) -> &[String] {
+        &self.audience
+    }
+
+    /// When it expires (Unix seconds).
+    pub fn expires(&self) -> u64 {
+        self.expires
+    }
+
+    /// Its SHA-256, the first 16 hex digits: names it in logs, spans and audit events.
+    pub fn fingerprint(&self) -> String {
+        fingerprint(&self.text)
+    }
+}
+
+/// The first 16 hex digits of a secret's SHA-256: enough to tell two apart in a log, nothing
+/// to use.
+pub fn fingerprint(secret: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(secret.as_bytes());
+    hex::encode(&digest[..8])
+}
+
+impl std::fmt::Debug for BearerToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BearerToken(sha256:{})", self.fingerprint())
+    }
 }
 
 /// Claims of a verified token that conditions may read (`caller.claims`): only those the
@@ -173,6 +241,12 @@ pub enum IdentityError {
     InvalidMetadata(&'static str),
     #[error("invalid token: {0}")]
     InvalidToken(String),
+    /// No configured or fetched key matches the token's algorithm and `kid`.
+    #[error("invalid token: {0}")]
+    NoKey(String),
+    /// The issuer's keys were never fetched, or too long ago.
+    #[error("cannot verify the token: {0}")]
+    KeysUnavailable(String),
     #[error("token has no tenant claim {0:?}")]
     MissingTenantClaim(String),
     #[error("missing tenant: send the x-toolgate-tenant header (gRPC metadata)")]
@@ -236,18 +310,47 @@ pub struct IdentityResolver {
     /// The same keys and claims, with the MCP door's resource as the only audience; its own
     /// token cache, so a token verified for one door is never taken as verified for the other.
     mcp_jwt: Option<JwtVerifier>,
+    /// Each issuer's fetched keys (shared by both verifiers), in the config's order.
+    remote: Vec<Option<Arc<RemoteKeys>>>,
     max_identity_bytes: usize,
 }
 
 impl IdentityResolver {
     /// `clock` is what token lifetimes are checked against; verified tokens are remembered within
-    /// `cache_bytes`.
-    pub fn new(config: &IdentityConfig, clock: SharedClock, cache_bytes: usize) -> Self {
-        IdentityResolver {
+    /// `cache_bytes`. An issuer's fetched keys are taken over from `previous` (the resolver a
+    /// reload replaces) when they come from the same place with the same settings, so a reload
+    /// neither fetches them again nor loses the last good set while the issuer is down.
+    pub fn new(
+        config: &IdentityConfig,
+        clock: SharedClock,
+        cache_bytes: usize,
+        previous: Option<&IdentityResolver>,
+    ) -> Result<Self, String> {
+        let carried: Vec<&Arc<RemoteKeys>> = previous
+            .into_iter()
+            .flat_map(|p| p.remote.iter().flatten())
+            .collect();
+        let remote = config
+            .jwt
+            .iter()
+            .flat_map(|jwt| jwt.remote_keys())
+            .map(|settings| {
+                settings
+                    .map(
+                        |settings| match carried.iter().find(|keys| keys.settings() == settings) {
+                            Some(keys) => Ok(Arc::clone(keys)),
+                            None => RemoteKeys::new(settings.clone(), clock.clone()).map(Arc::new),
+                        },
+                    )
+                    .transpose()
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(IdentityResolver {
             dev_identity: config.dev_identity,
             jwt: config.jwt.as_ref().map(|settings| {
                 JwtVerifier::new(
                     settings,
+                    &remote,
                     clock.clone(),
                     cache_bytes,
                     config.max_identity_bytes,
@@ -257,14 +360,45 @@ impl IdentityResolver {
                 |(settings, resource)| {
                     JwtVerifier::new(
                         &settings.for_audience(resource),
+                        &remote,
                         clock,
                         cache_bytes,
                         config.max_identity_bytes,
                     )
                 },
             ),
+            remote,
             max_identity_bytes: config.max_identity_bytes,
+        })
+    }
+
+    /// Starts fetching the issuers' keys (at once, then on their schedule); keys taken over
+    /// from a previous resolver are already being fetched.
+    pub fn start_refreshing(&self) {
+        for keys in self.remote.iter().flatten() {
+            keys.start_refreshing();
         }
+    }
+
+    /// For a request refused with `err`: the fetched keys that a refetch might let verify it
+    /// (the token named a key not in the set, or came before the first fetch), if a refetch is
+    /// allowed now or one is under way.
+    pub fn keys_to_refetch(
+        &self,
+        err: &IdentityError,
+        metadata: &http::HeaderMap,
+        for_mcp: bool,
+    ) -> Option<Arc<RemoteKeys>> {
+        if !matches!(
+            err,
+            IdentityError::NoKey(_) | IdentityError::KeysUnavailable(_)
+        ) {
+            return None;
+        }
+        let verifier = if for_mcp { &self.mcp_jwt } else { &self.jwt };
+        let token = bearer(text(metadata, &http::header::AUTHORIZATION).ok()??).ok()?;
+        let keys = verifier.as_ref()?.remote_keys_for(token)?;
+        keys.refetch_allowed().then(|| keys.clone())
     }
 
     pub fn dev_identity(&self) -> bool {
@@ -301,12 +435,7 @@ impl IdentityResolver {
         metadata: &http::HeaderMap,
     ) -> Result<Arc<Caller>, IdentityError> {
         if let Some(auth) = text(metadata, &http::header::AUTHORIZATION)? {
-            let token = auth
-                .strip_prefix("Bearer ")
-                .or_else(|| auth.strip_prefix("bearer "))
-                .map(str::trim)
-                .filter(|t| !t.is_empty())
-                .ok_or(IdentityError::MalformedAuthorization)?;
+            let token = bearer(auth)?;
             let verifier = jwt.ok_or(IdentityError::JwtNotConfigured)?;
             return verifier.verify(token);
         }
@@ -328,10 +457,20 @@ impl IdentityResolver {
             scopes: split_scopes(text(metadata, &SCOPES)?.unwrap_or("")),
             method: AuthMethod::Dev,
             claims: Default::default(),
+            token: None,
         };
         check_lengths(&caller, self.max_identity_bytes)?;
         Ok(Arc::new(caller))
     }
+}
+
+/// The token of an `authorization: Bearer <token>` value.
+fn bearer(auth: &str) -> Result<&str, IdentityError> {
+    auth.strip_prefix("Bearer ")
+        .or_else(|| auth.strip_prefix("bearer "))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .ok_or(IdentityError::MalformedAuthorization)
 }
 
 fn text<'a>(
@@ -372,7 +511,9 @@ mod tests {
             },
             SharedClock::system(),
             1 << 20,
+            None,
         )
+        .unwrap()
     }
 
     fn metadata(pairs: &[(&'static str, &str)]) -> http::HeaderMap {

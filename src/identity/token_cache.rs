@@ -56,12 +56,19 @@ pub struct Verified {
     /// Shared: every call with this token holds the same caller, not a copy of it.
     pub caller: Arc<Caller>,
     pub validity: Validity,
+    /// Which of the configured issuers verified it.
+    pub issuer: usize,
+    /// The issuer's fetched keys' generation it was verified under (0 for fixed keys).
+    pub generation: u64,
+    /// The issuer's clock-skew allowance, in seconds.
+    pub leeway: u64,
 }
 
 impl Verified {
     fn bytes(&self) -> usize {
         let c = &self.caller;
         ENTRY_OVERHEAD
+            + c.token.as_ref().map_or(0, |t| t.len())
             + c.tenant.len()
             + c.subject.len()
             + c.agent.len()
@@ -98,16 +105,11 @@ impl TokenCache {
 
     /// The cached caller for this token, if it verified before and may be used at `now`. An
     /// expired entry is dropped and reported as expired: its signature was good, its time is up.
-    pub fn get(
-        &self,
-        key: &TokenKey,
-        now: u64,
-        leeway: u64,
-    ) -> Option<Result<Arc<Caller>, IdentityError>> {
+    pub fn get(&self, key: &TokenKey, now: u64) -> Option<Result<Verified, IdentityError>> {
         let mut entries = self.lock();
         let entry = entries.map.get(key)?;
-        match entry.validity.check(now, leeway) {
-            Ok(()) => Some(Ok(entry.caller.clone())),
+        match entry.validity.check(now, entry.leeway) {
+            Ok(()) => Some(Ok(entry.clone())),
             Err(err) => {
                 if let Some(gone) = entries.map.remove(key) {
                     entries.bytes -= gone.bytes();
@@ -121,7 +123,7 @@ impl TokenCache {
     /// to three quarters of the budget, so a flood of distinct tokens pays for that scan once per
     /// quarter of the budget rather than on each insert. A token larger than the whole budget is
     /// not kept (it is verified on every call).
-    pub fn insert(&self, key: TokenKey, verified: Verified, now: u64, leeway: u64) {
+    pub fn insert(&self, key: TokenKey, verified: Verified, now: u64) {
         let size = verified.bytes();
         if size > self.max_bytes {
             return;
@@ -133,7 +135,7 @@ impl TokenCache {
         if entries.bytes + size > self.max_bytes {
             entries
                 .map
-                .retain(|_, entry| entry.validity.check(now, leeway).is_ok());
+                .retain(|_, entry| entry.validity.check(now, entry.leeway).is_ok());
             entries.bytes = entries.map.values().map(Verified::bytes).sum();
             let target = (self.max_bytes / 4 * 3).min(self.max_bytes - size);
             if entries.bytes > target {
@@ -177,11 +179,15 @@ mod tests {
                 scopes: Default::default(),
                 method: AuthMethod::Jwt,
                 claims: Default::default(),
+                token: None,
             }),
             validity: Validity {
                 not_before: None,
                 expires,
             },
+            issuer: 0,
+            generation: 0,
+            leeway: 0,
         }
     }
 
@@ -201,25 +207,28 @@ mod tests {
     fn hits_are_checked_against_their_expiry_and_dropped_when_expired() {
         let cache = TokenCache::new(4096);
         let key = key_of("token");
-        cache.insert(key, verified("acme", 100), 50, 0);
-        assert_eq!(&*cache.get(&key, 100, 0).unwrap().unwrap().tenant, "acme");
-        let expired = cache.get(&key, 101, 0).unwrap();
+        cache.insert(key, verified("acme", 100), 50);
+        assert_eq!(
+            &*cache.get(&key, 100).unwrap().unwrap().caller.tenant,
+            "acme"
+        );
+        let expired = cache.get(&key, 101).unwrap();
         assert!(expired.unwrap_err().to_string().contains("expired"));
-        assert!(cache.get(&key, 101, 0).is_none());
-        assert!(cache.get(&key_of("token2"), 50, 0).is_none());
+        assert!(cache.get(&key, 101).is_none());
+        assert!(cache.get(&key_of("token2"), 50).is_none());
     }
 
     #[test]
     fn the_cache_never_grows_past_its_budget() {
         let budget = verified("t", 0).bytes() * 8;
         let cache = TokenCache::new(budget);
-        cache.insert(key_of("old"), verified("old", 10), 0, 0);
+        cache.insert(key_of("old"), verified("old", 10), 0);
         for i in 0..100 {
-            cache.insert(key_of(&format!("t{i}")), verified("t", 1_000), 20, 0);
+            cache.insert(key_of(&format!("t{i}")), verified("t", 1_000), 20);
             assert!(cache.len() <= 8 && cache.bytes() <= budget);
         }
         // The expired entry was the first to go.
-        assert!(cache.get(&key_of("old"), 20, 0).is_none());
-        assert!(cache.get(&key_of("t99"), 20, 0).is_some());
+        assert!(cache.get(&key_of("old"), 20).is_none());
+        assert!(cache.get(&key_of("t99"), 20).is_some());
     }
 }

@@ -99,6 +99,7 @@ mod tests {
             scopes: Default::default(),
             method: crate::identity::AuthMethod::Dev,
             claims: Default::default(),
+            token: None,
         }
     }
 

@@ -203,6 +203,7 @@ mod tests {
             scopes: Default::default(),
             method: AuthMethod::Dev,
             claims: Default::default(),
+            token: None,
         }
     }
 

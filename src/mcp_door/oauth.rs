@@ -104,6 +104,7 @@ pub async fn admit(State(gate): State<Arc<Gate>>, mut request: Request, next: Ne
     let admitted = match gate
         .admission
         .admit(&mut request, IdentifiedBy::McpResource)
+        .await
     {
         Ok(admitted) => admitted,
         Err(refused) => return gate.refusal(&refused, sent_token),

@@ -218,7 +218,6 @@ pub fn refusal_in(err: &(dyn std::error::Error + 'static)) -> Option<String> {
     None
 }
 
-
 /// A response body longer than the reader's limit.
 #[derive(Debug, thiserror::Error)]
 pub enum BodyError {
@@ -230,8 +229,14 @@ pub enum BodyError {
 
 /// The whole body of `response`, refused as soon as it passes `max` bytes (a declared length
 /// over it is refused before reading).
-pub async fn read_capped(mut response: reqwest::Response, max: usize) -> Result<Vec<u8>, BodyError> {
-    if response.content_length().is_some_and(|len| len > max as u64) {
+pub async fn read_capped(
+    mut response: reqwest::Response,
+    max: usize,
+) -> Result<Vec<u8>, BodyError> {
+    if response
+        .content_length()
+        .is_some_and(|len| len > max as u64)
+    {
         return Err(BodyError::TooLarge(max));
     }
     let mut body = Vec::new();

@@ -36,7 +36,9 @@ pub use mcp_door::McpDoorConfig;
 use raw::RawConfig;
 use sha2::Digest;
 pub use state::{OnUnavailable, RedisConfig, Secret, StateBackend, StateConfig};
-pub use targets::{NotRunnable, check_url, program_path, runnable};
+pub use targets::{
+    NotRunnable, check_secure_url, check_url, is_loopback_host, program_path, runnable,
+};
 pub use watch::{CatalogWatch, Polled};
 
 /// The embedded demo catalog, served when no config is given.
@@ -259,7 +261,7 @@ impl Sections {
         traces_grpc: Option<&str>,
         service_name: &str,
     ) -> Result<Sections, FieldError> {
-        let server = build_server(&raw.server, raw.identity.jwt.is_some(), base_dir, env)?;
+        let server = build_server(&raw.server, !raw.identity.jwt.is_empty(), base_dir, env)?;
         let limits = build_limits(&raw.limits)?;
         let approvals = build_approvals(&raw.approvals)?;
         let audit = build_audit(&raw.audit, base_dir, traces_grpc, service_name)?;

@@ -38,6 +38,32 @@ pub fn check_url(url: &Url, at: &str) -> Result<(), FieldError> {
     Ok(())
 }
 
+/// A URL secrets or keys are sent to or read from (an issuer's keys, a token endpoint): as
+/// [`check_url`], and `https` unless its host is a loopback address, so a key set or a token
+/// cannot be read or replaced on the way.
+pub fn check_secure_url(text: &str, at: &str) -> Result<Url, FieldError> {
+    let url = Url::parse(text)
+        .map_err(|err| FieldError::new(at, format!("invalid URL {text:?}: {err}")))?;
+    check_url(&url, at)?;
+    if url.scheme() != "https" && !is_loopback_host(&url) {
+        return Err(FieldError::new(
+            at,
+            "must be an https URL (http is accepted only on a loopback address)",
+        ));
+    }
+    Ok(url)
+}
+
+/// Whether the URL's host is a loopback IP address or `localhost`.
+pub fn is_loopback_host(url: &Url) -> bool {
+    match url.host() {
+        Some(url::Host::Ipv4(ip)) => super::is_loopback(ip.into()),
+        Some(url::Host::Ipv6(ip)) => super::is_loopback(ip.into()),
+        Some(url::Host::Domain(name)) => name.eq_ignore_ascii_case("localhost"),
+        None => false,
+    }
+}
+
 /// The program to run: a relative path with a slash is relative to the catalog's directory, a
 /// bare name is looked up on `search` (a PATH value).
 pub fn program_path(command: &str, base_dir: &Path, search: Option<&str>) -> PathBuf {

@@ -399,6 +399,7 @@ mod tests {
                 scopes: Default::default(),
                 method: crate::identity::AuthMethod::Dev,
                 claims: Default::default(),
+                token: None,
             }),
             door: crate::identity::Door::Grpc,
             run_id: "r".into(),

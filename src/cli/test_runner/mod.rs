@@ -229,6 +229,7 @@ fn caller(
             .map_err(|err| err.to_string());
     }
     Ok(Caller {
+        token: None,
         tenant: identity.tenant.as_deref().unwrap_or_default().into(),
         subject: identity.subject.clone().unwrap_or_default(),
         agent: identity.agent.as_deref().unwrap_or_default().into(),

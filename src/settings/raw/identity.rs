@@ -15,8 +15,11 @@ pub struct RawIdentity {
     /// anyone who can reach the port can claim any tenant, subject and scopes.
     #[serde(default)]
     pub allow_unauthenticated_network_callers: bool,
-    /// Verify `authorization: Bearer <JWT>`.
-    pub jwt: Option<RawJwt>,
+    /// Verify `authorization: Bearer <JWT>`: one issuer's settings, or a list of issuers (each
+    /// with its own keys and claim mapping; a token is verified by the one its `iss` names).
+    #[serde(default, deserialize_with = "one_or_many")]
+    #[schemars(with = "Option<OneOrMany<RawJwt>>")]
+    pub jwt: Vec<RawJwt>,
     /// Tenants whose admins (scope `toolgate:admin`) are the platform's operators: in the
     /// Controls service they set, list and clear emergency denies on every tenant and for every
     /// tenant. Any other tenant's admin acts on its own tenant's denies only. Name tenants no
@@ -25,7 +28,41 @@ pub struct RawIdentity {
     pub platform_tenants: Vec<String>,
 }
 
-/// JWT verification settings. Exactly one key source is required.
+/// One value, or a list of them.
+#[derive(JsonSchema)]
+#[serde(untagged)]
+pub enum OneOrMany<T> {
+    One(T),
+    Many(Vec<T>),
+}
+
+/// A mapping (one item) or a sequence (several), each item with its own fields' errors (an
+/// untagged enum would say only that neither shape matched).
+fn one_or_many<'de, D, T>(deserializer: D) -> Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    struct Shape<T>(std::marker::PhantomData<T>);
+    impl<'de, T: serde::Deserialize<'de>> serde::de::Visitor<'de> for Shape<T> {
+        type Value = Vec<T>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a mapping or a list of mappings")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+            T::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(|one| vec![one])
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+            Vec::<T>::deserialize(serde::de::value::SeqAccessDeserializer::new(seq))
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(Vec::new())
+        }
+    }
+    deserializer.deserialize_any(Shape(std::marker::PhantomData))
+}
+
+/// One issuer's JWT verification settings. At least one key source is required.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawJwt {
@@ -38,6 +75,9 @@ pub struct RawJwt {
     pub public_key_files: Vec<String>,
     /// A JWKS file of public keys, selected by `kid`.
     pub jwks_file: Option<String>,
+    /// Keys fetched from the issuer (its JWKS URL, or found through its OpenID configuration),
+    /// refreshed on a schedule and when a token names a key not seen yet.
+    pub jwks: Option<RawRemoteJwks>,
     /// Required `iss` value(s).
     #[serde(default)]
     pub issuer: Vec<String>,
@@ -67,4 +107,26 @@ pub struct RawClaims {
     /// unless listed), and only from a verified token (docs/conditions.md).
     #[serde(default)]
     pub expose: Vec<String>,
+}
+
+/// Where and how an issuer's published keys are fetched (docs/identity.md).
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawRemoteJwks {
+    /// The JWKS document's URL. `https`, or `http` on a loopback address.
+    pub url: Option<String>,
+    /// The issuer's URL instead: `{discover}/.well-known/openid-configuration` names the JWKS
+    /// URL, and its `issuer` must be this URL.
+    pub discover: Option<String>,
+    /// How often the keys are fetched again (default 10m).
+    pub refresh: Option<String>,
+    /// Least time between fetches that a token naming an unknown `kid` causes (default 30s).
+    pub min_refresh_interval: Option<String>,
+    /// How long the last good keys keep verifying tokens while the issuer cannot be reached
+    /// (default 24h); past it, this issuer's tokens are refused until a fetch succeeds.
+    pub keep_last_good: Option<String>,
+    /// Each request's time limit (default 5s).
+    pub timeout: Option<String>,
+    /// Largest document accepted, in bytes (default 256 KiB).
+    pub max_bytes: Option<usize>,
 }

@@ -97,7 +97,7 @@ impl RawConfig {
     /// ConfigMap at different times.
     pub fn referenced_files(&self, base_dir: &std::path::Path) -> Vec<std::path::PathBuf> {
         let mut files = Vec::new();
-        if let Some(jwt) = &self.identity.jwt {
+        for jwt in &self.identity.jwt {
             files.extend(jwt.hs256_secret_file.iter().cloned());
             files.extend(jwt.public_key_files.iter().cloned());
             files.extend(jwt.jwks_file.iter().cloned());

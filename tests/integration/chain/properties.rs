@@ -454,6 +454,7 @@ proptest! {
             scopes: BTreeSet::new(),
             method: AuthMethod::Dev,
             claims: Default::default(),
+            token: None,
         };
         let tenant = &catalog.tenants["t"].access;
         for name in lists.tools.iter().chain(&lists.probes) {

@@ -1,5 +1,6 @@
 //! Caller identity from metadata: JWTs (HS256, RS256, ES256) and dev identity.
 
+pub(crate) mod issuer_keys;
 pub(crate) mod jwt_settings;
 pub(crate) mod under_attack;
 

@@ -622,6 +622,7 @@ async fn the_per_call_future_stays_small() {
             scopes: Default::default(),
             method: toolgate::identity::AuthMethod::Dev,
             claims: Default::default(),
+            token: None,
         }),
         run_id: "run".into(),
         step: 0,

@@ -4,6 +4,7 @@
 #![allow(dead_code, reason = "each test module uses part of the helpers")]
 
 pub mod binary;
+pub mod idp;
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
