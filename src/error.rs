@@ -132,6 +132,8 @@ pub enum Reason {
     UpstreamUnavailable,
     BackendMisconfigured,
     DestinationRefused,
+    CredentialsUnavailable,
+    CredentialsRefused,
     ToolUnavailable,
     DefinitionChanged,
     OutputTooLarge,
@@ -197,6 +199,10 @@ impl Reason {
             UpstreamUnavailable => ("upstream_unavailable", S::Error, true),
             BackendMisconfigured => ("backend_misconfigured", S::Error, false),
             DestinationRefused => ("destination_refused", S::Denied, false),
+            // No credential for the backend: its token endpoint failed (nothing was sent), or
+            // refused this caller.
+            CredentialsUnavailable => ("credentials_unavailable", S::Unavailable, true),
+            CredentialsRefused => ("credentials_refused", S::Denied, false),
             ToolUnavailable => ("tool_unavailable", S::Unavailable, true),
             // A pinned MCP tool withdrawn: no retry helps until an operator acts.
             DefinitionChanged => ("definition_changed", S::Unavailable, false),
@@ -341,7 +347,7 @@ mod tests {
     /// from the shared state decodes to what was written, for every variant.
     #[test]
     fn every_reason_and_stage_reads_back_from_its_name() {
-        assert_eq!(Reason::ALL.len(), 45);
+        assert_eq!(Reason::ALL.len(), 47);
         for &reason in Reason::ALL {
             assert_eq!(Reason::from_code(reason.code()), Some(reason));
         }
@@ -374,6 +380,7 @@ mod tests {
                 "idempotency_in_progress",
                 "timeout",
                 "upstream_unavailable",
+                "credentials_unavailable",
                 "tool_unavailable",
                 "overloaded",
                 "audit_unavailable",

@@ -312,6 +312,7 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
     let discovered = mcp.watch_discovered();
     let executors = Executors {
         mcp,
+        http: Arc::new(crate::executor::HttpExecutor::with_clock(clock.clone())),
         ..Executors::default()
     }
     .with_upstreams(config.upstreams);

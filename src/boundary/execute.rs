@@ -150,6 +150,8 @@ pub(super) fn exec_refusal(err: ExecError, permit: &Permit) -> Refusal {
         ExecError::Refused(m) => (Reason::DestinationRefused, m, None),
         ExecError::Misconfigured(m) => (Reason::BackendMisconfigured, m, None),
         ExecError::OutputTooLarge(m) => (Reason::OutputTooLarge, m, None),
+        ExecError::CredentialsUnavailable(m) => (Reason::CredentialsUnavailable, m, None),
+        ExecError::CredentialsRefused(m) => (Reason::CredentialsRefused, m, None),
     };
     let stage = match reason {
         Reason::OutputTooLarge => Stage::Result,

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::{catalog::ToolVersion, identity::Caller};
+use crate::{catalog::ToolVersion, credentials::CredentialUsed, identity::Caller};
 
 /// A call the boundary decided may run, with its final (bound) arguments.
 #[derive(Debug)]
@@ -17,6 +17,8 @@ pub struct Permit {
     arguments: Value,
     /// W3C trace context to carry to the backend.
     traceparent: Option<String>,
+    /// The credential the executor called the backend with, for the call's records.
+    credential: std::sync::OnceLock<CredentialUsed>,
     /// Private: nothing outside `boundary` can build a permit.
     _sealed: Sealed,
 }
@@ -39,6 +41,7 @@ impl Permit {
             caller,
             arguments,
             traceparent: None,
+            credential: std::sync::OnceLock::new(),
             _sealed: Sealed,
         }
     }
@@ -67,6 +70,17 @@ impl Permit {
 
     pub fn caller(&self) -> &Caller {
         &self.caller
+    }
+
+    /// Records which credential the backend is called with (the executor says so once it has
+    /// one), for the call's span and audit event; never the token.
+    pub fn record_credential(&self, used: CredentialUsed) {
+        let _ = self.credential.set(used);
+    }
+
+    /// The credential the backend was called with, if the executor recorded one.
+    pub fn credential(&self) -> Option<&CredentialUsed> {
+        self.credential.get()
     }
 
     /// The arguments after validation and binding: what the backend receives.

@@ -61,6 +61,24 @@ pub enum ExecError {
     /// The backend's output is over the tool's limit.
     #[error("{0}")]
     OutputTooLarge(String),
+    /// No credential for the backend could be had (its token endpoint down, slow, or answering
+    /// nonsense): retryable, and the backend was not called.
+    #[error("{0}")]
+    CredentialsUnavailable(String),
+    /// The token endpoint refused this caller a credential for the backend (or the caller's
+    /// token may not be passed on): not retryable, and the backend was not called.
+    #[error("{0}")]
+    CredentialsRefused(String),
+}
+
+impl From<crate::credentials::CredentialError> for ExecError {
+    fn from(err: crate::credentials::CredentialError) -> Self {
+        use crate::credentials::CredentialError;
+        match err {
+            CredentialError::Unavailable(m) => ExecError::CredentialsUnavailable(m),
+            CredentialError::Refused(m) => ExecError::CredentialsRefused(m),
+        }
+    }
 }
 
 impl ExecError {

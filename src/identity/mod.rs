@@ -190,6 +190,11 @@ impl BearerToken {
     }
 }
 
+/// The SHA-256 of a token: what caches of things issued for it are keyed by.
+pub fn token_key(token: &str) -> [u8; 32] {
+    token_cache::key_of(token)
+}
+
 /// The first 16 hex digits of a secret's SHA-256: enough to tell two apart in a log, nothing
 /// to use.
 pub fn fingerprint(secret: &str) -> String {

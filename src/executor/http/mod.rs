@@ -16,6 +16,8 @@ use super::{ExecError, Executor};
 use crate::{
     boundary::Permit,
     catalog::{BackendSpec, HttpTarget},
+    clock::SharedClock,
+    credentials::{CredentialSpec, Credentials},
     outbound::{BodyError, Destination, guarded_client, read_capped, refusal_in},
     settings::{
         Env, FieldError, check_url, parse_duration,
@@ -35,6 +37,9 @@ pub struct Upstream {
     max_response_bytes: usize,
     max_concurrency: usize,
     in_flight: Arc<Semaphore>,
+    /// How each call authenticates, as configured; made live by the executor that runs it.
+    credential_spec: Option<CredentialSpec>,
+    credentials: Option<Arc<Credentials>>,
 }
 
 impl std::fmt::Debug for Upstream {
@@ -92,6 +97,22 @@ impl Upstream {
             &raw.resolve,
             at,
         )?;
+        let credential_spec = raw
+            .credentials
+            .as_ref()
+            .map(|c| CredentialSpec::build(c, &at("credentials"), base_dir))
+            .transpose()?;
+        if credential_spec.is_some()
+            && let Some(header) = raw
+                .headers
+                .keys()
+                .find(|h| h.eq_ignore_ascii_case("authorization"))
+        {
+            return Err(FieldError::new(
+                at(&format!("headers.{header}")),
+                "credentials set the authorization header of each call; a static one cannot be set too",
+            ));
+        }
         let mut headers = HeaderMap::new();
         for (header, value) in &raw.headers {
             let path = at(&format!("headers.{header}"));
@@ -132,7 +153,16 @@ impl Upstream {
             max_response_bytes: raw.max_response_bytes.unwrap_or(1024 * 1024),
             max_concurrency,
             in_flight: Arc::new(Semaphore::new(max_concurrency)),
+            credential_spec,
+            credentials: None,
         })
+    }
+
+    /// The kind and audience of the credential each call is made with, if any (for explain).
+    pub fn credential(&self) -> Option<(&'static str, Option<&str>)> {
+        self.credential_spec
+            .as_ref()
+            .map(|spec| (spec.kind(), spec.audience()))
     }
 
     /// The URL tools' paths are joined to.
@@ -173,10 +203,15 @@ fn header_value(
     Ok(format!("{}{text}", value.prefix.as_deref().unwrap_or("")))
 }
 
+/// The tokens one upstream's credentials keep, in bytes.
+const CREDENTIAL_CACHE_BYTES: usize = 4 * 1024 * 1024;
+
 /// Runs `http` tools on the upstreams of one catalog, found by the name the catalog gives.
 #[derive(Debug, Default)]
 pub struct HttpExecutor {
     upstreams: BTreeMap<String, Arc<Upstream>>,
+    /// What issued credentials' lifetimes are read on.
+    clock: SharedClock,
 }
 
 impl HttpExecutor {
@@ -197,10 +232,37 @@ impl HttpExecutor {
                 {
                     upstream.in_flight = previous.in_flight.clone();
                 }
+                upstream.credentials = upstream.credential_spec.clone().and_then(|spec| {
+                    Credentials::new(
+                        spec,
+                        format!("upstream {name}"),
+                        self.clock.clone(),
+                        CREDENTIAL_CACHE_BYTES,
+                    )
+                    .map(Arc::new)
+                    .inspect_err(|err| tracing::error!(upstream = %name, error = %err, "cannot set up the upstream's credentials; its calls are refused"))
+                    .ok()
+                });
                 (name, Arc::new(upstream))
             })
             .collect();
-        HttpExecutor { upstreams }
+        HttpExecutor {
+            upstreams,
+            clock: self.clock.clone(),
+        }
+    }
+
+    /// An executor with no upstreams whose credentials read time on `clock`.
+    pub fn with_clock(clock: SharedClock) -> HttpExecutor {
+        HttpExecutor {
+            upstreams: BTreeMap::new(),
+            clock,
+        }
+    }
+
+    /// The upstream of this name.
+    pub fn upstream(&self, name: &str) -> Option<&Upstream> {
+        self.upstreams.get(name).map(Arc::as_ref)
     }
 
     async fn run(&self, tool: &HttpTarget, permit: &Permit) -> Result<String, ExecError> {
@@ -233,6 +295,22 @@ impl HttpExecutor {
             .destination
             .check_literal(&tool.url)
             .map_err(|err| ExecError::Refused(err.to_string()))?;
+        // The caller's credential for this upstream, before anything is sent: without one, the
+        // upstream is not called.
+        let credential = match (&upstream.credential_spec, &upstream.credentials) {
+            (None, _) => None,
+            (Some(_), None) => {
+                return Err(ExecError::Misconfigured(format!(
+                    "upstream {}'s credentials could not be set up",
+                    upstream.name
+                )));
+            }
+            (Some(_), Some(credentials)) => {
+                let credential = credentials.for_call(permit.caller()).await?;
+                permit.record_credential(credential.used.clone());
+                Some(credential)
+            }
+        };
         let body = serde_json::to_vec(permit.arguments())
             .map_err(|err| ExecError::failed(format!("cannot encode arguments: {err}")))?;
         // A fresh id per request: call ids repeat (every first call of a turn without one is
@@ -248,6 +326,17 @@ impl HttpExecutor {
         }
         if let Some(traceparent) = permit.traceparent() {
             request = request.header("traceparent", traceparent);
+        }
+        if let Some(credential) = &credential {
+            let mut value = HeaderValue::try_from(format!("Bearer {}", credential.secret()))
+                .map_err(|_| {
+                    ExecError::CredentialsUnavailable(format!(
+                        "the credential for upstream {} cannot be sent in a header",
+                        upstream.name
+                    ))
+                })?;
+            value.set_sensitive(true);
+            request = request.header(reqwest::header::AUTHORIZATION, value);
         }
         let response = request
             .body(body)

@@ -30,6 +30,56 @@ pub struct RawUpstream {
     /// `["10.1.2.0/24"]`. Cloud metadata addresses stay refused unless an entry is exactly one.
     #[serde(default)]
     pub allow_private_cidrs: Vec<String>,
+    /// How each call authenticates to this upstream: the caller's token exchanged for one of
+    /// the upstream's (RFC 8693), the sidecar's own short-lived token, or the caller's token
+    /// passed through where it is the upstream's (docs/executors.md).
+    pub credentials: Option<RawCredentials>,
+}
+
+/// Per-call credentials for a backend. Exactly one of the three.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawCredentials {
+    /// RFC 8693 token exchange: the caller's verified token as `subject_token`.
+    pub token_exchange: Option<RawTokenGrant>,
+    /// The sidecar's own token from the client credentials grant, refreshed before it expires.
+    pub client_credentials: Option<RawTokenGrant>,
+    /// The caller's own token, only when its `aud` names `audience`.
+    pub pass_through: Option<RawPassThrough>,
+}
+
+/// A grant at the operator's token endpoint.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawTokenGrant {
+    /// The token endpoint. `https`, or `http` on a loopback address.
+    pub token_endpoint: String,
+    pub client_id: String,
+    /// File holding the client secret (client_secret_basic).
+    pub client_secret_file: Option<String>,
+    /// Or a PEM private key (RSA or P-256) signing a client assertion (private_key_jwt).
+    pub client_key_file: Option<String>,
+    /// The `kid` put in the client assertion's header.
+    pub client_key_id: Option<String>,
+    /// The `audience` parameter: the backend the token is for.
+    pub audience: Option<String>,
+    /// The `resource` parameter (RFC 8707).
+    pub resource: Option<String>,
+    /// The `scope` parameter.
+    pub scope: Option<String>,
+    /// Token exchange only: the sidecar's workload token (e.g. a projected service-account
+    /// token), sent as `actor_token`, read at each exchange.
+    pub actor_token_file: Option<String>,
+    /// Each request to the token endpoint (default 5s).
+    pub timeout: Option<String>,
+}
+
+/// The caller's token, passed on as it came.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawPassThrough {
+    /// The audience the caller's token must name (`aud`) to be passed on.
+    pub audience: String,
 }
 
 /// A header value: a literal, or read from an environment variable or a file.

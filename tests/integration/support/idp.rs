@@ -97,3 +97,43 @@ impl Idp {
         self.post("/test/mode", mode).await;
     }
 }
+
+/// tests/fixtures/idp/whoami_upstream.py: verifies each bearer token against the IdP's keys
+/// (audience `audience`) and answers what it saw; `GET /seen` lists every token's SHA-256.
+pub struct Whoami {
+    pub url: String,
+    http: reqwest::Client,
+    _child: tokio::process::Child,
+}
+
+impl Whoami {
+    pub async fn start(idp: &Idp, audience: &str) -> Whoami {
+        let (port, child) = super::spawn_listening(
+            tokio::process::Command::new(super::python())
+                .arg(concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/tests/fixtures/idp/whoami_upstream.py"
+                ))
+                .args(["--port", "0", "--jwks-url", &idp.jwks_url()])
+                .args(["--audience", audience, "--issuer", &idp.issuer])
+                .stderr(std::process::Stdio::null()),
+        )
+        .await;
+        Whoami {
+            url: format!("http://127.0.0.1:{port}"),
+            http: reqwest::Client::builder().no_proxy().build().unwrap(),
+            _child: child,
+        }
+    }
+
+    /// The SHA-256 (hex) of every bearer token the upstream received.
+    pub async fn seen(&self) -> Vec<String> {
+        let response = self
+            .http
+            .get(format!("{}/seen", self.url))
+            .send()
+            .await
+            .unwrap();
+        serde_json::from_str(&response.text().await.unwrap()).unwrap()
+    }
+}

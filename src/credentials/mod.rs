@@ -1,0 +1,349 @@
+//! Per-call credentials for backends: how the person behind a call reaches the tool
+//! (docs/executors.md#credentials). A backend configured with `credentials:` gets, on each
+//! call, a token for that call's caller — the caller's token exchanged at the operator's token
+//! endpoint (RFC 8693, optionally with the sidecar's workload token as the actor), the sidecar's
+//! own short-lived token (client credentials), or the caller's token itself where it names the
+//! backend as its audience — never the sidecar's static secret for everyone.
+//!
+//! Issued tokens are cached per caller token (the audience and scope are the backend's) until
+//! shortly before they expire, within a byte budget, and one request per key is in flight: the
+//! calls that need the same token while it is being fetched wait for that one. A credential is
+//! never shown to the model, and logs, spans and audit events name it by [`CredentialUsed`]:
+//! kind, subject, actor, audience and a fingerprint, never the token.
+
+mod endpoint;
+mod settings;
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, PoisonError},
+};
+
+use futures::{
+    FutureExt,
+    future::{BoxFuture, Shared},
+};
+
+pub use settings::{ClientAuth, CredentialSpec, Grant, MAX_TOKEN_RESPONSE_BYTES};
+
+use crate::{
+    clock::SharedClock,
+    identity::{Caller, fingerprint},
+    outbound::{Destination, guarded_client},
+};
+
+/// Why a call has no credential for its backend; the backend is never called without one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CredentialError {
+    /// The token endpoint could not be reached, was slow, or answered with something unusable:
+    /// retryable, nothing was sent to the backend.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The token endpoint (or the rule for passing the caller's token on) refused this caller:
+    /// not retryable. Carries the endpoint's error code, never its description.
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// Which credential a call was made with, as records name it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct CredentialUsed {
+    pub kind: &'static str,
+    /// Who the token says the call is made as (its `sub`), when it says.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+    /// Who acts for them (`act.sub`), when the token says.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub actor: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub audience: Option<String>,
+    /// The first 16 hex digits of the token's SHA-256.
+    pub fingerprint: String,
+}
+
+/// A token for one call's backend.
+#[derive(Clone)]
+pub struct Credential {
+    token: Arc<str>,
+    /// When it stops being used (Unix ms): shortly before it expires.
+    use_until_ms: i64,
+    pub used: CredentialUsed,
+}
+
+impl Credential {
+    /// The token, for the `authorization` header of the request that carries it.
+    pub fn secret(&self) -> &str {
+        &self.token
+    }
+
+    fn bytes(&self) -> usize {
+        // The key, the entry and its strings.
+        160 + self.token.len()
+            + self.used.subject.as_ref().map_or(0, String::len)
+            + self.used.actor.as_ref().map_or(0, String::len)
+            + self.used.audience.as_ref().map_or(0, String::len)
+    }
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credential")
+            .field("used", &self.used)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The cache key: the SHA-256 of the caller's token (all zeros for the sidecar's own).
+type Key = [u8; 32];
+
+type Fetch = Shared<BoxFuture<'static, Result<Credential, CredentialError>>>;
+
+/// One backend's credentials: its spec, the client for its token endpoint, and the tokens it
+/// was issued.
+pub struct Credentials {
+    spec: CredentialSpec,
+    /// `upstream tickets`, `MCP server docs`: how messages name the backend.
+    label: String,
+    client: Option<reqwest::Client>,
+    clock: SharedClock,
+    cache: Mutex<Cache>,
+    in_flight: Mutex<HashMap<Key, Fetch>>,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("kind", &self.spec.kind())
+            .field("backend", &self.label)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Default)]
+struct Cache {
+    entries: HashMap<Key, Credential>,
+    bytes: usize,
+    max_bytes: usize,
+}
+
+impl Credentials {
+    /// `max_bytes` bounds the cached tokens of this backend.
+    pub fn new(
+        spec: CredentialSpec,
+        label: String,
+        clock: SharedClock,
+        max_bytes: usize,
+    ) -> Result<Self, String> {
+        let client = match &spec {
+            CredentialSpec::TokenExchange(grant) | CredentialSpec::ClientCredentials(grant) => {
+                // The operator named the endpoint: it may be private (an in-cluster IdP).
+                let destination = Destination::build(
+                    format!("the token endpoint of {label}"),
+                    true,
+                    &[],
+                    &Default::default(),
+                    |field| field.to_owned(),
+                )
+                .map_err(|err| err.message)?;
+                Some(
+                    guarded_client(&destination, grant.timeout)
+                        .map_err(|err| format!("cannot build the HTTP client: {err}"))?,
+                )
+            }
+            CredentialSpec::PassThrough { .. } => None,
+        };
+        Ok(Credentials {
+            spec,
+            label,
+            client,
+            clock,
+            cache: Mutex::new(Cache {
+                max_bytes,
+                ..Cache::default()
+            }),
+            in_flight: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn spec(&self) -> &CredentialSpec {
+        &self.spec
+    }
+
+    /// Bytes held by the cache of issued tokens.
+    pub fn cache_bytes(&self) -> usize {
+        lock(&self.cache).bytes
+    }
+
+    /// The token `caller`'s call to this backend is made with: from the cache, or fetched
+    /// (once, however many calls need it at the same time).
+    pub async fn for_call(
+        self: &Arc<Self>,
+        caller: &Caller,
+    ) -> Result<Credential, CredentialError> {
+        let key: Key = match &self.spec {
+            CredentialSpec::PassThrough { audience } => return self.pass_through(caller, audience),
+            CredentialSpec::ClientCredentials(_) => [0; 32],
+            CredentialSpec::TokenExchange(_) => {
+                let token = caller.token.as_ref().ok_or_else(|| {
+                    CredentialError::Refused(format!(
+                        "{} takes the caller's own credential (token exchange), and this caller was not identified by a token",
+                        self.label
+                    ))
+                })?;
+                crate::identity::token_key(token.secret())
+            }
+        };
+        if let Some(hit) = self.cached(&key) {
+            return Ok(hit);
+        }
+        let fetch = {
+            let mut in_flight = lock(&self.in_flight);
+            in_flight
+                .entry(key)
+                .or_insert_with(|| {
+                    let this = Arc::clone(self);
+                    // Only an exchange sends the caller's token anywhere.
+                    let subject = matches!(self.spec, CredentialSpec::TokenExchange(_))
+                        .then(|| caller.token.as_ref().map(|t| t.secret().to_owned()))
+                        .flatten();
+                    async move { this.fetch(subject).await }.boxed().shared()
+                })
+                .clone()
+        };
+        let result = fetch.await;
+        {
+            let mut in_flight = lock(&self.in_flight);
+            in_flight.remove(&key);
+            if let Ok(credential) = &result {
+                self.store(key, credential.clone());
+            }
+        }
+        result
+    }
+
+    fn cached(&self, key: &Key) -> Option<Credential> {
+        let mut cache = lock(&self.cache);
+        let now = self.clock.unix_ms();
+        match cache.entries.get(key) {
+            Some(hit) if hit.use_until_ms > now => Some(hit.clone()),
+            Some(_) => {
+                if let Some(gone) = cache.entries.remove(key) {
+                    cache.bytes -= gone.bytes();
+                }
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Keeps a token: when over the budget, expired ones go first, then arbitrary ones.
+    fn store(&self, key: Key, credential: Credential) {
+        let mut cache = lock(&self.cache);
+        let size = credential.bytes();
+        if size > cache.max_bytes {
+            return;
+        }
+        if let Some(old) = cache.entries.remove(&key) {
+            cache.bytes -= old.bytes();
+        }
+        if cache.bytes + size > cache.max_bytes {
+            let now = self.clock.unix_ms();
+            cache.entries.retain(|_, c| c.use_until_ms > now);
+            cache.bytes = cache.entries.values().map(Credential::bytes).sum();
+            while cache.bytes + size > cache.max_bytes {
+                let Some(victim) = cache.entries.keys().next().copied() else {
+                    break;
+                };
+                if let Some(gone) = cache.entries.remove(&victim) {
+                    cache.bytes -= gone.bytes();
+                }
+            }
+        }
+        cache.bytes += size;
+        cache.entries.insert(key, credential);
+    }
+
+    /// The caller's own token, when it names this backend as its audience.
+    fn pass_through(&self, caller: &Caller, audience: &str) -> Result<Credential, CredentialError> {
+        let token = caller.token.as_ref().ok_or_else(|| {
+            CredentialError::Refused(format!(
+                "{} takes the caller's own token, and this caller was not identified by a token",
+                self.label
+            ))
+        })?;
+        if !token.audience().iter().any(|aud| aud == audience) {
+            return Err(CredentialError::Refused(format!(
+                "the caller's token is not for {} (its audience does not name {audience:?}), so it is not passed on",
+                self.label
+            )));
+        }
+        Ok(Credential {
+            token: token.secret().into(),
+            use_until_ms: i64::try_from(token.expires())
+                .unwrap_or(i64::MAX / 1000)
+                .saturating_mul(1000),
+            used: CredentialUsed {
+                kind: self.spec.kind(),
+                subject: (!caller.subject.is_empty()).then(|| caller.subject.clone()),
+                actor: None,
+                audience: Some(audience.to_owned()),
+                fingerprint: fingerprint(token.secret()),
+            },
+        })
+    }
+
+    async fn fetch(&self, subject_token: Option<String>) -> Result<Credential, CredentialError> {
+        let (CredentialSpec::TokenExchange(grant) | CredentialSpec::ClientCredentials(grant)) =
+            &self.spec
+        else {
+            return Err(CredentialError::Unavailable(format!(
+                "{} has no token endpoint",
+                self.label
+            )));
+        };
+        let Some(client) = &self.client else {
+            return Err(CredentialError::Unavailable(format!(
+                "{} has no token endpoint client",
+                self.label
+            )));
+        };
+        let started = std::time::Instant::now();
+        let issued = endpoint::request(
+            client,
+            grant,
+            &self.label,
+            subject_token.as_deref(),
+            &self.clock,
+        )
+        .await;
+        let elapsed_ms = started.elapsed().as_millis();
+        match &issued {
+            Ok(issued) => tracing::info!(
+                backend = %self.label,
+                kind = self.spec.kind(),
+                subject = issued.used.subject.as_deref().unwrap_or(""),
+                actor = issued.used.actor.as_deref().unwrap_or(""),
+                audience = issued.used.audience.as_deref().unwrap_or(""),
+                fingerprint = %issued.used.fingerprint,
+                elapsed_ms,
+                "credential issued"
+            ),
+            Err(err) => {
+                tracing::warn!(backend = %self.label, kind = self.spec.kind(), error = %err, elapsed_ms, "no credential");
+            }
+        }
+        issued.map(|issued| Credential {
+            token: issued.token.into(),
+            use_until_ms: issued.use_until_ms,
+            used: CredentialUsed {
+                kind: self.spec.kind(),
+                ..issued.used
+            },
+        })
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Neither map holds an invariant a panicking holder could break halfway.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}

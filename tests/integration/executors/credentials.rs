@@ -1,0 +1,316 @@
+//! Per-call credentials to upstreams (docs/executors.md#credentials), through real parts: the
+//! `oidc-provider` IdP on loopback (tests/fixtures/idp) issues the people's tokens and exchanges
+//! them (RFC 8693), and an upstream that verifies every token against the IdP's keys says whom
+//! it saw. Two people reach the upstream as themselves, with the sidecar as the actor; an
+//! exchanged token is reused until shortly before it expires; concurrent first calls share one
+//! exchange; an endpoint that is down, slow, refusing or answering nonsense keeps the call from
+//! the upstream with a clear, structured refusal; tokens never reach the model or the audit log.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use toolgate::proto::{self, ToolStatus};
+
+use crate::support::{
+    START_UNIX_MS, TestServer, Who, call, execute_request,
+    idp::{Idp, Whoami},
+};
+
+const AUDIENCE: &str = "https://tickets.test";
+
+struct Setup {
+    idp: Idp,
+    upstream: Whoami,
+    server: TestServer,
+    _dir: tempfile::TempDir,
+}
+
+/// The IdP, the upstream, and a sidecar with three tools on it: `tickets` (token exchange with
+/// the sidecar's workload token as actor), `tickets_as_sidecar` (client credentials) and
+/// `tickets_passed_through` (the caller's own token, when it is for the upstream).
+async fn setup() -> Setup {
+    let idp = Idp::start().await;
+    let upstream = Whoami::start(&idp, AUDIENCE).await;
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("client-secret");
+    std::fs::write(&secret, "toolgate-secret-0123456789abcdef\n").unwrap();
+    let actor = dir.path().join("workload-token");
+    let workload = idp
+        .mint(json!({"sub": "system:serviceaccount:agents:support-bot",
+                     "aud": idp.issuer, "exp": START_UNIX_MS / 1000 + 24 * 3600}))
+        .await;
+    std::fs::write(&actor, workload).unwrap();
+    let grant = |extra: &str| {
+        format!(
+            "{{ token_endpoint: \"{}\", client_id: toolgate, client_secret_file: \"{}\", audience: \"{AUDIENCE}\", scope: tickets:read, timeout: 1s{extra} }}",
+            idp.token_endpoint(),
+            secret.display()
+        )
+    };
+    let upstream_at = |credentials: String| {
+        format!(
+            "    url: {}\n    allow_schemes: [http]\n    allow_private_addresses: true\n    credentials: {credentials}\n",
+            upstream.url
+        )
+    };
+    let catalog = format!(
+        r#"version: 1
+identity:
+  jwt: {{ jwks: {{ url: "{issuer}/jwks" }}, issuer: ["{issuer}"], audience: [toolgate] }}
+tenants: {{ acme: {{}} }}
+upstreams:
+  tickets:
+{exchange}  tickets_sidecar:
+{client}  tickets_own:
+{pass}tools:
+  - {{ name: tickets, description: d, risk_level: read_only, timeout: 5s, executor: {{ http: {{ upstream: tickets, path: /whoami }} }}, input_schema: {{ type: object }} }}
+  - {{ name: tickets_as_sidecar, description: d, risk_level: read_only, timeout: 5s, executor: {{ http: {{ upstream: tickets_sidecar, path: /whoami }} }}, input_schema: {{ type: object }} }}
+  - {{ name: tickets_passed_through, description: d, risk_level: read_only, timeout: 5s, executor: {{ http: {{ upstream: tickets_own, path: /whoami }} }}, input_schema: {{ type: object }} }}
+"#,
+        issuer = idp.issuer,
+        exchange = upstream_at(format!(
+            "{{ token_exchange: {} }}",
+            grant(&format!(", actor_token_file: \"{}\"", actor.display()))
+        )),
+        client = upstream_at(format!("{{ client_credentials: {} }}", grant(""))),
+        pass = upstream_at(format!(
+            "{{ pass_through: {{ audience: \"{AUDIENCE}\" }} }}"
+        )),
+    );
+    let server = TestServer::start(&catalog).await;
+    Setup {
+        idp,
+        upstream,
+        server,
+        _dir: dir,
+    }
+}
+
+impl Setup {
+    /// A person's token, valid for an hour on both clocks (the test server's and the IdP's).
+    async fn person(&self, sub: &str) -> String {
+        self.idp
+            .mint(json!({"sub": sub, "tenant": "acme", "aud": "toolgate",
+                         "exp": START_UNIX_MS / 1000 + 3600}))
+            .await
+    }
+
+    async fn call(&self, tool: &str, token: &str) -> proto::ToolResult {
+        let mut client = self.server.client().await;
+        client
+            .execute_tool(Who::token(token).request(execute_request(call(tool, "{}"))))
+            .await
+            .unwrap()
+            .into_inner()
+            .result
+            .unwrap()
+    }
+
+    /// What the upstream saw, for a call that reached it.
+    async fn seen_by_upstream(&self, tool: &str, token: &str) -> Value {
+        let result = self.call(tool, token).await;
+        assert_eq!(result.status(), ToolStatus::Ok, "{result:?}");
+        assert!(
+            !result.model_text.contains("eyJ"),
+            "a token in model text: {}",
+            result.model_text
+        );
+        serde_json::from_str(&result.model_text).unwrap()
+    }
+
+    async fn exchanges(&self) -> u64 {
+        self.idp.stats().await["token"]["urn:ietf:params:oauth:grant-type:token-exchange"]
+            .as_u64()
+            .unwrap_or(0)
+    }
+
+    /// A call refused before the upstream was reached: its status, error type and message.
+    async fn refused(&self, tool: &str, token: &str) -> proto::ToolResult {
+        let before = self.upstream.seen().await.len();
+        let result = self.call(tool, token).await;
+        assert_ne!(result.status(), ToolStatus::Ok, "{result:?}");
+        assert_eq!(
+            self.upstream.seen().await.len(),
+            before,
+            "the upstream was called: {result:?}"
+        );
+        result
+    }
+}
+
+#[tokio::test]
+async fn each_person_reaches_the_upstream_as_themselves_with_the_agent_as_actor() {
+    let s = setup().await;
+    let alice = s.person("alice").await;
+    let bob = s.person("bob").await;
+    let saw_alice = s.seen_by_upstream("tickets", &alice).await;
+    let saw_bob = s.seen_by_upstream("tickets", &bob).await;
+    for (saw, who) in [(&saw_alice, "alice"), (&saw_bob, "bob")] {
+        assert_eq!(saw["sub"], who, "{saw}");
+        assert_eq!(saw["aud"], AUDIENCE, "{saw}");
+        assert_eq!(saw["scope"], "tickets:read", "{saw}");
+        assert_eq!(saw["tenant"], "acme", "{saw}");
+        assert_eq!(
+            saw["act"],
+            json!({"sub": "system:serviceaccount:agents:support-bot"}),
+            "{saw}"
+        );
+    }
+    // Two people, two tokens, neither of them the caller's own.
+    assert_ne!(saw_alice["token_sha256"], saw_bob["token_sha256"]);
+    let own = hex_sha256(&alice);
+    assert!(
+        !s.upstream.seen().await.contains(&own),
+        "the caller's own token was forwarded"
+    );
+
+    // The sidecar's own token (client credentials): the upstream sees the client, not a person.
+    let saw = s.seen_by_upstream("tickets_as_sidecar", &alice).await;
+    assert_eq!(
+        (saw["sub"].as_str(), saw["act"].as_str()),
+        (Some("toolgate"), None),
+        "{saw}"
+    );
+
+    // Pass-through: only a token whose audience names the upstream is passed on.
+    let refused = s.refused("tickets_passed_through", &alice).await;
+    assert_eq!(
+        (
+            refused.status(),
+            refused.error_type.as_str(),
+            refused.retryable
+        ),
+        (ToolStatus::Denied, "credentials_refused", false),
+        "{refused:?}"
+    );
+    assert!(
+        refused.error_message.contains("its audience does not name"),
+        "{refused:?}"
+    );
+    let for_both = s
+        .idp
+        .mint(
+            json!({"sub": "carol", "tenant": "acme", "aud": ["toolgate", AUDIENCE],
+                     "exp": START_UNIX_MS / 1000 + 3600}),
+        )
+        .await;
+    let saw = s
+        .seen_by_upstream("tickets_passed_through", &for_both)
+        .await;
+    assert_eq!(saw["token_sha256"], hex_sha256(&for_both));
+
+    // No token in the audit log.
+    let audit = std::fs::read_to_string(&s.server.audit_path).unwrap();
+    assert!(!audit.contains("eyJ"), "a token in the audit log");
+    s.server.stop().await;
+}
+
+#[tokio::test]
+async fn one_exchange_per_person_until_it_nears_expiry_and_concurrent_first_calls_share_it() {
+    let s = setup().await;
+    let alice = s.person("alice").await;
+    let before = s.exchanges().await;
+    for _ in 0..3 {
+        s.seen_by_upstream("tickets", &alice).await;
+    }
+    assert_eq!(
+        s.exchanges().await,
+        before + 1,
+        "one exchange for three calls"
+    );
+    // The IdP's tokens live 300 s; past 270 s on the sidecar's clock, a new one is fetched.
+    s.server.clock.advance(Duration::from_secs(271));
+    s.seen_by_upstream("tickets", &alice).await;
+    assert_eq!(s.exchanges().await, before + 2);
+
+    // Ten calls at once for a person with no token yet, while the endpoint takes its time: one
+    // exchange, and every call gets its result.
+    s.idp.mode(json!({"token": "slow", "delay_ms": 400})).await;
+    let dave = s.person("dave").await;
+    let before = s.exchanges().await;
+    let calls = (0..10).map(|_| s.seen_by_upstream("tickets", &dave));
+    for saw in futures::future::join_all(calls).await {
+        assert_eq!(saw["sub"], "dave");
+    }
+    assert_eq!(
+        s.exchanges().await,
+        before + 1,
+        "concurrent first calls shared one exchange"
+    );
+    s.server.stop().await;
+}
+
+#[tokio::test]
+async fn a_failing_token_endpoint_keeps_the_call_from_the_upstream() {
+    let s = setup().await;
+    for (i, (mode, error_type, status, retryable, says)) in [
+        (
+            "down",
+            "credentials_unavailable",
+            ToolStatus::Unavailable,
+            true,
+            "the token endpoint answered 503",
+        ),
+        (
+            "hang",
+            "credentials_unavailable",
+            ToolStatus::Unavailable,
+            true,
+            "the token endpoint did not answer within 1s",
+        ),
+        (
+            "garbage",
+            "credentials_unavailable",
+            ToolStatus::Unavailable,
+            true,
+            "the token endpoint answered with no JSON",
+        ),
+        (
+            "huge",
+            "credentials_unavailable",
+            ToolStatus::Unavailable,
+            true,
+            "the token endpoint answered with more than 65536 bytes",
+        ),
+        (
+            "refuse",
+            "credentials_refused",
+            ToolStatus::Denied,
+            false,
+            "the token endpoint refused (400 access_denied)",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        s.idp.mode(json!({ "token": mode })).await;
+        // A person with no cached token, so the endpoint is asked.
+        let person = s.person(&format!("person-{i}")).await;
+        let result = s.refused("tickets", &person).await;
+        assert_eq!(
+            (
+                result.status(),
+                result.error_type.as_str(),
+                result.retryable
+            ),
+            (status, error_type, retryable),
+            "{mode}: {result:?}"
+        );
+        assert!(result.error_message.contains(says), "{mode}: {result:?}");
+        // The endpoint's description is its own: never passed on.
+        assert!(
+            !result.error_message.contains("secret detail"),
+            "{result:?}"
+        );
+    }
+    // The endpoint recovers: the next call gets its credential.
+    s.idp.mode(json!({ "token": "normal" })).await;
+    let saw = s.seen_by_upstream("tickets", &s.person("erin").await).await;
+    assert_eq!(saw["sub"], "erin");
+    s.server.stop().await;
+}
+
+fn hex_sha256(text: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(text.as_bytes()))
+}
