@@ -87,6 +87,9 @@ impl AuditEvent {
             out.push(b']');
         }
         object.strings(key!("flow_labels"), &self.flow_labels);
+        if let Some(credential) = &self.credential {
+            serde_json::to_writer(&mut *object.key(key!("credential")), credential)?;
+        }
         object.number(key!("duration_ms"), self.duration_ms);
         if let Some(trace_id) = self.trace_id {
             object.hex(key!("trace_id"), &trace_id.to_bytes());
@@ -263,6 +266,13 @@ mod tests {
                 },
             ],
             flow_labels: vec!["private_data".into(), tricky.into()],
+            credential: Some(Box::new(crate::credentials::CredentialUsed {
+                kind: "token_exchange",
+                subject: Some(tricky.into()),
+                actor: None,
+                audience: Some("https://tickets.test".into()),
+                fingerprint: "0123456789abcdef".into(),
+            })),
             duration_ms: u64::MAX,
             trace_id: Some(TraceId::from_bytes([
                 0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e,

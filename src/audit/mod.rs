@@ -101,6 +101,10 @@ pub struct AuditEvent {
     /// The flow labels the call added to its flow scope, once it ran.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub flow_labels: Vec<String>,
+    /// The credential the backend was called with: kind, subject, actor, audience and the
+    /// token's fingerprint, never the token.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub credential: Option<Box<crate::credentials::CredentialUsed>>,
     pub duration_ms: u64,
     /// The call's trace, when traced (lowercase hex).
     #[serde(skip_serializing_if = "Option::is_none", serialize_with = "as_display")]

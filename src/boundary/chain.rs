@@ -198,6 +198,7 @@ impl Boundary {
                     turn.door,
                     guard.names(),
                     None,
+                    None,
                     &outcome,
                 );
                 self.metrics.observe(&outcome, None);
@@ -251,6 +252,7 @@ impl Boundary {
                 turn.door,
                 guard.names(),
                 trail.tool.as_deref(),
+                trail.credential.as_deref(),
                 &outcome,
             );
             let known = !outcome.tool_version.is_empty()
@@ -515,6 +517,7 @@ impl Boundary {
                             &started,
                         )
                         .await;
+                    trail.credential = admitted.permit.credential().cloned().map(Box::new);
                     trail.steps.reached(Step::Result);
                     // 12b. The output guard, before anything keeps or returns the result.
                     trail.steps.reached(Step::OutputGuard);
@@ -573,6 +576,8 @@ impl Boundary {
                                                 &started,
                                             )
                                             .await;
+                                        trail.credential =
+                                            admitted.permit.credential().cloned().map(Box::new);
                                         trail.steps.reached(Step::Result);
                                         result
                                     }

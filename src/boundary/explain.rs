@@ -396,6 +396,26 @@ pub(super) enum Ending {
 }
 
 impl Explainer<'_> {
+    /// Which credential the backend would be called with, in words; none is fetched.
+    fn credential_of(&self, tool: &crate::catalog::ToolVersion) -> Option<String> {
+        let crate::catalog::BackendSpec::Http(target) = &tool.backend else {
+            return None;
+        };
+        let state = self.boundary.state.load();
+        let (kind, audience) = state
+            .executors
+            .http
+            .upstream(&target.upstream)?
+            .credential()?;
+        Some(format!(
+            ", with a {kind} credential{} for upstream {} (fetched when the call runs; explain fetches none)",
+            audience
+                .map(|a| format!(" for audience {a}"))
+                .unwrap_or_default(),
+            target.upstream
+        ))
+    }
+
     // Async because the stores it reads may live elsewhere (a shared backend answers later).
     async fn explain(&self, turn: &Turn, call: &CallRequest, index: usize) -> Explanation {
         let limits = &self.boundary.limits;
@@ -499,6 +519,9 @@ impl Explainer<'_> {
                 "execution would now hand the final arguments to the {} backend",
                 tool.backend.kind()
             );
+            if let Some(said) = self.credential_of(tool) {
+                execute.detail.push_str(&said);
+            }
         }
         let would_execute = matches!(ending, Ending::Execute { .. });
         let outcome = match ending {

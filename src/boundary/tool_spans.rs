@@ -8,6 +8,7 @@ use opentelemetry::trace::Status as OtelStatus;
 
 use crate::{
     catalog::ToolVersion,
+    credentials::CredentialUsed,
     error::Status,
     identity::{Caller, Door},
     outcome::CallOutcome,
@@ -29,10 +30,28 @@ pub fn record_call(
     door: Door,
     names: CallNames<'_>,
     tool: Option<&ToolVersion>,
+    credential: Option<&CredentialUsed>,
     outcome: &CallOutcome,
 ) {
     if !span.is_recording() {
         return;
+    }
+    // Who the backend was called as: never the token, its fingerprint.
+    if let Some(credential) = credential {
+        span.set("toolgate.credential.kind", credential.kind);
+        span.set(
+            "toolgate.credential.fingerprint",
+            credential.fingerprint.clone(),
+        );
+        for (key, value) in [
+            ("toolgate.credential.subject", &credential.subject),
+            ("toolgate.credential.actor", &credential.actor),
+            ("toolgate.credential.audience", &credential.audience),
+        ] {
+            if let Some(value) = value {
+                span.set(key, value.clone());
+            }
+        }
     }
     span.set("gen_ai.operation.name", "execute_tool");
     span.set("gen_ai.tool.name", names.tool.clone());

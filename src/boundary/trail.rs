@@ -7,6 +7,7 @@ use opentelemetry::trace::{SpanId, TraceId};
 use tokio::time::Instant;
 
 use super::Turn;
+use crate::credentials::CredentialUsed;
 use crate::{
     audit::{AuditEvent, EventKind, EventTime, Party, Reservation},
     catalog::ToolVersion,
@@ -34,6 +35,8 @@ pub(crate) struct CallTrail {
     pub output_guard: Vec<Finding>,
     /// The flow labels the call added to its scope.
     pub flow_labels: Vec<String>,
+    /// The credential its backend was called with (boxed: few backends take one).
+    pub credential: Option<Box<CredentialUsed>>,
     /// The chain's steps the call reached, in order (checked in builds with debug assertions).
     pub steps: super::chain::Steps,
 }
@@ -132,6 +135,7 @@ impl AuditGuard<'_> {
             bound_override_attempts: trail.bound_override_attempts,
             output_guard: trail.output_guard,
             flow_labels: trail.flow_labels,
+            credential: trail.credential,
             duration_ms: u64::try_from(duration.as_millis()).unwrap_or(u64::MAX),
             trace_id: self
                 .trace

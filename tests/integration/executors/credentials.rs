@@ -156,6 +156,19 @@ async fn each_person_reaches_the_upstream_as_themselves_with_the_agent_as_actor(
             "{saw}"
         );
     }
+    // The audit event names the credential the upstream was called with (its fingerprint is
+    // the start of the SHA-256 the upstream computed), never the token.
+    let event = s
+        .server
+        .wait_for_audit(|e| e["tool"] == "tickets" && e["credential"]["subject"] == "bob")
+        .await;
+    assert_eq!(
+        event["credential"],
+        json!({"kind": "token_exchange", "subject": "bob",
+               "actor": "system:serviceaccount:agents:support-bot", "audience": AUDIENCE,
+               "fingerprint": saw_bob["token_sha256"].as_str().unwrap()[..16]}),
+        "{event}"
+    );
     // Two people, two tokens, neither of them the caller's own.
     assert_ne!(saw_alice["token_sha256"], saw_bob["token_sha256"]);
     let own = hex_sha256(&alice);
@@ -198,6 +211,40 @@ async fn each_person_reaches_the_upstream_as_themselves_with_the_agent_as_actor(
         .seen_by_upstream("tickets_passed_through", &for_both)
         .await;
     assert_eq!(saw["token_sha256"], hex_sha256(&for_both));
+
+    // Explain says which credential a call would use, and fetches none.
+    let exchanges = s.exchanges().await;
+    let explainer = s
+        .idp
+        .mint(
+            json!({"sub": "frank", "tenant": "acme", "aud": "toolgate", "scope": "toolgate:explain",
+                     "exp": START_UNIX_MS / 1000 + 3600}),
+        )
+        .await;
+    let explained = s
+        .server
+        .client()
+        .await
+        .explain_tool(Who::token(&explainer).request(proto::ExplainToolRequest {
+            call: Some(call("tickets", "{}")),
+            ..Default::default()
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(explained.would_execute, "{explained:?}");
+    let execute = explained.stages.last().unwrap();
+    assert!(
+        execute.detail.contains(&format!(
+            "with a token_exchange credential for audience {AUDIENCE} for upstream tickets"
+        )),
+        "{execute:?}"
+    );
+    assert_eq!(
+        s.exchanges().await,
+        exchanges,
+        "explain fetched a credential"
+    );
 
     // No token in the audit log.
     let audit = std::fs::read_to_string(&s.server.audit_path).unwrap();
