@@ -17,6 +17,8 @@ use crate::support::{
 };
 
 const AUDIENCE: &str = "https://tickets.test";
+/// The MCP door's resource: the audience its callers' tokens name.
+const MCP_RESOURCE: &str = "http://toolgate.test/mcp";
 
 struct Setup {
     idp: Idp,
@@ -55,6 +57,8 @@ async fn setup() -> Setup {
     };
     let catalog = format!(
         r#"version: 1
+server:
+  mcp: {{ listen: "127.0.0.1:0", resource: "{MCP_RESOURCE}" }}
 identity:
   jwt: {{ jwks: {{ url: "{issuer}/jwks" }}, issuer: ["{issuer}"], audience: [toolgate] }}
 tenants: {{ acme: {{}} }}
@@ -354,6 +358,50 @@ async fn a_failing_token_endpoint_keeps_the_call_from_the_upstream() {
     s.idp.mode(json!({ "token": "normal" })).await;
     let saw = s.seen_by_upstream("tickets", &s.person("erin").await).await;
     assert_eq!(saw["sub"], "erin");
+    s.server.stop().await;
+}
+
+/// An MCP host's caller: their bearer token (for the door's resource) is the subject token
+/// exchanged for the upstream, as for a gRPC caller.
+#[tokio::test]
+async fn an_mcp_host_s_caller_reaches_the_upstream_as_themselves() {
+    let s = setup().await;
+    let token = s
+        .idp
+        .mint(
+            json!({"sub": "grace", "tenant": "acme", "aud": MCP_RESOURCE,
+                     "exp": START_UNIX_MS / 1000 + 3600}),
+        )
+        .await;
+    let door = s.server.mcp_addr().unwrap();
+    let answer: Value = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{}/mcp", door.port()))
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2025-11-25")
+        .header("host", "localhost")
+        .bearer_auth(&token)
+        .body(
+            json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                   "params": {"name": "tickets", "arguments": {}}})
+            .to_string(),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let text = answer["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(!text.contains("eyJ"), "{answer}");
+    let saw: Value = serde_json::from_str(text).unwrap_or_else(|_| panic!("{answer}"));
+    assert_eq!(saw["sub"], "grace", "{saw}");
+    assert_eq!(
+        saw["act"]["sub"], "system:serviceaccount:agents:support-bot",
+        "{saw}"
+    );
     s.server.stop().await;
 }
 

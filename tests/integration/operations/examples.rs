@@ -232,3 +232,22 @@ async fn mcp_example_serves_both_servers_with_the_catalogs_settings() {
     crate::support::binary::stop(spawned).await;
     let _ = everything.kill().await;
 }
+
+/// examples/identity.yaml (issuers' published keys, a token exchange and client credentials)
+/// passes `toolgate check` as written: loading validates every setting and fetches nothing (the
+/// example's hosts do not exist), so a catalog can be checked where its IdP cannot be reached.
+#[test]
+fn the_identity_example_checks_without_reaching_its_issuers() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["check", "--config", "examples/identity.yaml"])
+        .env_remove("TOOLGATE_CONFIG")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("examples/identity.yaml: ok (2 tools"),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
