@@ -1,10 +1,21 @@
 //! The features program (`features`): what each capability added in this round of work costs a
 //! call, as the same binary with and without it, interleaved round by round the way `ab` does
-//! it: run-level flow rules (state in memory, then in Redis), ten conditional access rules, and
-//! the output guard on 4 KiB outputs. The MCP door has its own program (`doors`). Prints, per
+//! it: run-level flow rules (state in memory, then in Redis), ten conditional access rules, the
+//! output guard on 4 KiB outputs, and a per-call credential (a token exchange, cached) against a
+//! static header on the same HTTP tool. The MCP door has its own program (`doors`). Prints, per
 //! feature, each round and the medians with `with / without` taken per round.
 
-use std::{path::Path, time::Duration};
+use std::{
+    net::SocketAddr,
+    path::Path,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use axum::{Router, body::Bytes, routing::post};
 
 use crate::{
     ab::{Side, interleave, print_each_round, print_medians},
@@ -30,8 +41,52 @@ struct Feature {
     what: &'static str,
     /// The echoed text's bytes, when the feature needs its own (else `--payload`).
     payload: Option<usize>,
-    /// The catalogs without and with it, auditing to the given files; the harness's Redis URL.
-    catalogs: fn(without: &Path, with: &Path, redis_url: &str) -> (String, String),
+    /// The catalogs without and with it, auditing to the given files.
+    catalogs: fn(without: &Path, with: &Path, places: &Places) -> (String, String),
+}
+
+/// What the harness runs beside the binaries for the features to use.
+struct Places {
+    redis_url: String,
+    /// An HTTP upstream answering each call with its `text` argument.
+    upstream: SocketAddr,
+    /// A token endpoint answering every request with the same token.
+    token_endpoint: SocketAddr,
+    /// A file holding the client secret the token endpoint is sent.
+    client_secret: std::path::PathBuf,
+}
+
+/// An access token as long as an IdP's (a signed JWT with a few claims), so the header each
+/// call carries costs what a real one would.
+fn access_token() -> String {
+    format!("eyJhbGciOiJSUzI1NiJ9.{}.{}", "c".repeat(300), "s".repeat(342))
+}
+
+/// `echo` as an HTTP tool on the harness's upstream, called with `credentials` (YAML) or, with
+/// `None`, a static `authorization` header as long as an issued token.
+fn catalog_with_http_echo(yaml: &str, places: &Places, credentials: Option<&str>) -> String {
+    let echo = "    executor: { builtin: echo }\n";
+    assert!(yaml.contains(echo) && yaml.contains("\ntools:\n"));
+    let auth = match credentials {
+        Some(credentials) => format!("    credentials: {credentials}\n"),
+        None => format!(
+            "    headers: {{ authorization: {{ value: \"Bearer {}\" }} }}\n",
+            access_token()
+        ),
+    };
+    yaml.replacen(
+        echo,
+        "    executor: { http: { upstream: echo, path: /echo } }\n",
+        1,
+    )
+    .replacen(
+        "\ntools:\n",
+        &format!(
+            "\nupstreams:\n  echo:\n    url: http://{}\n    allow_schemes: [http]\n    allow_private_addresses: true\n{auth}tools:\n",
+            places.upstream
+        ),
+        1,
+    )
 }
 
 const FEATURES: &[Feature] = &[
@@ -48,10 +103,10 @@ const FEATURES: &[Feature] = &[
                other) in the harness's redis-server: one more script to read the scope and \
                one to record",
         payload: None,
-        catalogs: |without, with, url| {
+        catalogs: |without, with, places| {
             (
-                catalog_with_redis(without, url),
-                catalog_with_flow(&catalog_with_redis(with, url)),
+                catalog_with_redis(without, &places.redis_url),
+                catalog_with_flow(&catalog_with_redis(with, &places.redis_url)),
             )
         },
     },
@@ -74,10 +129,70 @@ const FEATURES: &[Feature] = &[
             )
         },
     },
+    Feature {
+        name: "a per-call credential, cached",
+        what: "echo is an HTTP tool on the harness's upstream; each call carries a token \
+               exchanged (RFC 8693) for the caller's, from the credential cache after the first \
+               call, where the other binary sends a static header of the same length",
+        payload: None,
+        catalogs: |without, with, places| {
+            let exchange = format!(
+                "{{ token_exchange: {{ token_endpoint: \"http://{}/token\", client_id: bench, client_secret_file: \"{}\", audience: echo }} }}",
+                places.token_endpoint,
+                places.client_secret.display()
+            );
+            (
+                catalog_with_http_echo(&catalog(without), places, None),
+                catalog_with_http_echo(&catalog(with), places, Some(&exchange)),
+            )
+        },
+    },
 ];
 
+/// The HTTP upstream: answers each POST with the `text` of its JSON body.
+async fn start_upstream() -> anyhow::Result<SocketAddr> {
+    let app = Router::new().route(
+        "/echo",
+        post(|body: Bytes| async move {
+            serde_json::from_slice::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|v| v["text"].as_str().map(str::to_owned))
+                .unwrap_or_default()
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok(addr)
+}
+
+/// The token endpoint: the same token, valid for an hour, to every request; counts them.
+async fn start_token_endpoint(requests: Arc<AtomicU64>) -> anyhow::Result<SocketAddr> {
+    let app = Router::new().route(
+        "/token",
+        post(move || {
+            requests.fetch_add(1, Ordering::Relaxed);
+            async move {
+                (
+                    [("content-type", "application/json")],
+                    serde_json::json!({
+                        "access_token": access_token(), "token_type": "Bearer",
+                        "issued_token_type": "urn:ietf:params:oauth:token-type:access_token",
+                        "expires_in": 3600,
+                    })
+                    .to_string(),
+                )
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok(addr)
+}
+
 /// Runs every feature's rounds and prints their tables; `Ok(false)` when calls failed.
-pub fn features(options: &Options) -> anyhow::Result<bool> {
+pub fn features(options: &Options, only: Option<&str>) -> anyhow::Result<bool> {
     let (collector_listener, otlp_endpoint) = reserve_collector()?;
     let load_at_start = load_average();
     let dir = tempfile::tempdir()?;
@@ -86,15 +201,27 @@ pub fn features(options: &Options) -> anyhow::Result<bool> {
     let collector = collector_rt.block_on(otlp_collector::start_on(collector_listener, 10_000));
     let endpoint = [("OTEL_EXPORTER_OTLP_ENDPOINT", otlp_endpoint.as_str())];
     let redis = start_redis()?;
+    let token_requests = Arc::new(AtomicU64::new(0));
+    let client_secret = dir.path().join("client-secret");
+    std::fs::write(&client_secret, "bench-client-secret")?;
+    let places = Places {
+        redis_url: redis.url(),
+        upstream: collector_rt.block_on(start_upstream())?,
+        token_endpoint: collector_rt.block_on(start_token_endpoint(token_requests.clone()))?,
+        client_secret,
+    };
     println!(
         "toolgate binary: {}; load average at start: {load_at_start}",
         options.binary.display()
     );
     let mut ok = true;
     for (i, feature) in FEATURES.iter().enumerate() {
+        if only.is_some_and(|only| !feature.name.contains(only)) {
+            continue;
+        }
         println!("\n## {}\n\n{}.\n", feature.name, feature.what);
         let audit = |side: &str| dir.path().join(format!("audit-{i}-{side}.jsonl"));
-        let (without, with) = (feature.catalogs)(&audit(WITHOUT), &audit(WITH), &redis.url());
+        let (without, with) = (feature.catalogs)(&audit(WITHOUT), &audit(WITH), &places);
         let call = EchoCall::new(feature.payload.unwrap_or(options.payload))?;
         let measured = interleave(
             options,
@@ -121,6 +248,10 @@ pub fn features(options: &Options) -> anyhow::Result<bool> {
         print_each_round("binary", &measured.rows, &measured.rounds);
         print_medians(options, &measured.rows, WITHOUT, WITH, "with / without");
     }
+    println!(
+        "\nthe token endpoint was asked {} times (once per binary start and caller token: the rest came from the cache)",
+        token_requests.load(Ordering::Relaxed)
+    );
     collector_rt.block_on(collector.wait_until_quiet(options.span_quiet, Duration::from_secs(60)));
     println!("\nload average at end: {}", load_average());
     collector_rt.block_on(collector.shutdown());

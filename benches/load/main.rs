@@ -129,7 +129,10 @@ enum Program {
     /// on 4 KiB outputs, each as two binaries (--binary) whose catalogs differ only by it,
     /// measured in turn every round (the order swapped each round). Prints each round, then the
     /// medians and with / without.
-    Features,
+    Features {
+        /// Only the features whose name contains this text (e.g. `credential`)
+        only: Option<String>,
+    },
     /// How fast an emergency deny reaches another sidecar sharing Redis
     ///
     /// Three binaries (--binary) with their state in one redis-server; each round sets a deny
@@ -182,7 +185,9 @@ fn main() -> ExitCode {
         Some(Program::Ab(args)) => harness(options, |o| ab::ab(o, &args.binary_b)),
         Some(Program::VsBare) => harness(options, ab::vs_bare),
         Some(Program::Doors) => harness(options, doors::doors),
-        Some(Program::Features) => harness(options, features::features),
+        Some(Program::Features { only }) => harness(options, |options| {
+            features::features(options, only.as_deref())
+        }),
         Some(Program::Emergency) => harness(options, emergency::emergency),
         Some(Program::SendOnly(args)) => harness(options, |o| helpers::send_only(o, &args)),
         // The servers and the catalog writer take none of the harness's options.
