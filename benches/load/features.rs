@@ -59,7 +59,11 @@ struct Places {
 /// An access token as long as an IdP's (a signed JWT with a few claims), so the header each
 /// call carries costs what a real one would.
 fn access_token() -> String {
-    format!("eyJhbGciOiJSUzI1NiJ9.{}.{}", "c".repeat(300), "s".repeat(342))
+    format!(
+        "eyJhbGciOiJSUzI1NiJ9.{}.{}",
+        "c".repeat(300),
+        "s".repeat(342)
+    )
 }
 
 /// `echo` as an HTTP tool on the harness's upstream, called with `credentials` (YAML) or, with

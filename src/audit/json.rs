@@ -266,7 +266,7 @@ mod tests {
                 },
             ],
             flow_labels: vec!["private_data".into(), tricky.into()],
-            credential: Some(Box::new(crate::credentials::CredentialUsed {
+            credential: Some(std::sync::Arc::new(crate::credentials::CredentialUsed {
                 kind: "token_exchange",
                 subject: Some(tricky.into()),
                 actor: None,

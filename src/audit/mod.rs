@@ -104,7 +104,7 @@ pub struct AuditEvent {
     /// The credential the backend was called with: kind, subject, actor, audience and the
     /// token's fingerprint, never the token.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub credential: Option<Box<crate::credentials::CredentialUsed>>,
+    pub credential: Option<std::sync::Arc<crate::credentials::CredentialUsed>>,
     pub duration_ms: u64,
     /// The call's trace, when traced (lowercase hex).
     #[serde(skip_serializing_if = "Option::is_none", serialize_with = "as_display")]

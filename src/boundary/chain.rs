@@ -517,7 +517,7 @@ impl Boundary {
                             &started,
                         )
                         .await;
-                    trail.credential = admitted.permit.credential().cloned().map(Box::new);
+                    trail.credential = admitted.permit.credential().cloned();
                     trail.steps.reached(Step::Result);
                     // 12b. The output guard, before anything keeps or returns the result.
                     trail.steps.reached(Step::OutputGuard);
@@ -576,8 +576,7 @@ impl Boundary {
                                                 &started,
                                             )
                                             .await;
-                                        trail.credential =
-                                            admitted.permit.credential().cloned().map(Box::new);
+                                        trail.credential = admitted.permit.credential().cloned();
                                         trail.steps.reached(Step::Result);
                                         result
                                     }

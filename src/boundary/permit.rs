@@ -18,7 +18,7 @@ pub struct Permit {
     /// W3C trace context to carry to the backend.
     traceparent: Option<String>,
     /// The credential the executor called the backend with, for the call's records.
-    credential: std::sync::OnceLock<CredentialUsed>,
+    credential: std::sync::OnceLock<Arc<CredentialUsed>>,
     /// Private: nothing outside `boundary` can build a permit.
     _sealed: Sealed,
 }
@@ -74,12 +74,12 @@ impl Permit {
 
     /// Records which credential the backend is called with (the executor says so once it has
     /// one), for the call's span and audit event; never the token.
-    pub fn record_credential(&self, used: CredentialUsed) {
+    pub fn record_credential(&self, used: Arc<CredentialUsed>) {
         let _ = self.credential.set(used);
     }
 
     /// The credential the backend was called with, if the executor recorded one.
-    pub fn credential(&self) -> Option<&CredentialUsed> {
+    pub fn credential(&self) -> Option<&Arc<CredentialUsed>> {
         self.credential.get()
     }
 

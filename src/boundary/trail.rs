@@ -35,8 +35,8 @@ pub(crate) struct CallTrail {
     pub output_guard: Vec<Finding>,
     /// The flow labels the call added to its scope.
     pub flow_labels: Vec<String>,
-    /// The credential its backend was called with (boxed: few backends take one).
-    pub credential: Option<Box<CredentialUsed>>,
+    /// The credential its backend was called with (shared with the credential cache).
+    pub credential: Option<Arc<CredentialUsed>>,
     /// The chain's steps the call reached, in order (checked in builds with debug assertions).
     pub steps: super::chain::Steps,
 }

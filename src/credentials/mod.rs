@@ -65,15 +65,38 @@ pub struct CredentialUsed {
 #[derive(Clone)]
 pub struct Credential {
     token: Arc<str>,
+    /// `Bearer <token>`, made once (marked sensitive): each call clones a reference.
+    header: http::HeaderValue,
     /// When it stops being used (Unix ms): shortly before it expires.
     use_until_ms: i64,
-    pub used: CredentialUsed,
+    /// Shared: every call with this token records the same value.
+    pub used: Arc<CredentialUsed>,
 }
 
 impl Credential {
-    /// The token, for the `authorization` header of the request that carries it.
-    pub fn secret(&self) -> &str {
-        &self.token
+    /// The `authorization` header value that carries it.
+    pub fn header(&self) -> &http::HeaderValue {
+        &self.header
+    }
+
+    fn new(
+        token: Arc<str>,
+        use_until_ms: i64,
+        used: CredentialUsed,
+        label: &str,
+    ) -> Result<Self, CredentialError> {
+        let mut header = http::HeaderValue::try_from(format!("Bearer {token}")).map_err(|_| {
+            CredentialError::Unavailable(format!(
+                "the credential for {label} cannot be sent in a header"
+            ))
+        })?;
+        header.set_sensitive(true);
+        Ok(Credential {
+            token,
+            header,
+            use_until_ms,
+            used: Arc::new(used),
+        })
     }
 
     fn bytes(&self) -> usize {
@@ -190,7 +213,7 @@ impl Credentials {
                         self.label
                     ))
                 })?;
-                crate::identity::token_key(token.secret())
+                *token.key()
             }
         };
         if let Some(hit) = self.cached(&key) {
@@ -277,19 +300,20 @@ impl Credentials {
                 self.label
             )));
         }
-        Ok(Credential {
-            token: token.secret().into(),
-            use_until_ms: i64::try_from(token.expires())
+        Credential::new(
+            token.secret().into(),
+            i64::try_from(token.expires())
                 .unwrap_or(i64::MAX / 1000)
                 .saturating_mul(1000),
-            used: CredentialUsed {
+            CredentialUsed {
                 kind: self.spec.kind(),
                 subject: (!caller.subject.is_empty()).then(|| caller.subject.clone()),
                 actor: None,
                 audience: Some(audience.to_owned()),
                 fingerprint: fingerprint(token.secret()),
             },
-        })
+            &self.label,
+        )
     }
 
     async fn fetch(&self, subject_token: Option<String>) -> Result<Credential, CredentialError> {
@@ -316,7 +340,7 @@ impl Credentials {
             &self.clock,
         )
         .await;
-        let elapsed_ms = started.elapsed().as_millis();
+        let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
         match &issued {
             Ok(issued) => tracing::info!(
                 backend = %self.label,
@@ -332,14 +356,16 @@ impl Credentials {
                 tracing::warn!(backend = %self.label, kind = self.spec.kind(), error = %err, elapsed_ms, "no credential");
             }
         }
-        issued.map(|issued| Credential {
-            token: issued.token.into(),
-            use_until_ms: issued.use_until_ms,
-            used: CredentialUsed {
+        let issued = issued?;
+        Credential::new(
+            issued.token.into(),
+            issued.use_until_ms,
+            CredentialUsed {
                 kind: self.spec.kind(),
                 ..issued.used
             },
-        })
+            &self.label,
+        )
     }
 }
 

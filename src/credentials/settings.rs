@@ -12,7 +12,7 @@ use crate::settings::{
 };
 
 /// How the sidecar authenticates each call to one backend.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub enum CredentialSpec {
     /// RFC 8693: the caller's verified token exchanged for one for this backend.
     TokenExchange(Grant),
@@ -44,7 +44,7 @@ impl CredentialSpec {
 }
 
 /// A grant at the operator's token endpoint.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct Grant {
     pub token_endpoint: Url,
     pub client_id: String,
@@ -58,7 +58,7 @@ pub struct Grant {
     pub timeout: Duration,
 }
 
-/// How the sidecar proves it is the client.
+/// How the sidecar proves it is the client. Its `Debug` names the method, never the secret.
 #[derive(Clone)]
 pub enum ClientAuth {
     /// `client_secret_basic`.
@@ -69,6 +69,17 @@ pub enum ClientAuth {
         algorithm: Algorithm,
         kid: Option<String>,
     },
+}
+
+impl std::fmt::Debug for ClientAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClientAuth::Secret(_) => f.write_str("client_secret_basic"),
+            ClientAuth::PrivateKeyJwt { algorithm, kid, .. } => {
+                write!(f, "private_key_jwt({algorithm:?}, kid {kid:?})")
+            }
+        }
+    }
 }
 
 /// Largest answer read from a token endpoint.

@@ -147,6 +147,8 @@ pub struct Caller {
 #[derive(Clone, PartialEq, Eq)]
 pub struct BearerToken {
     text: Arc<str>,
+    /// Its SHA-256, computed once when it was verified.
+    key: [u8; 32],
     /// Its `aud` claim, one or several.
     audience: Arc<[String]>,
     /// Its `exp` claim (Unix seconds).
@@ -157,9 +159,15 @@ impl BearerToken {
     pub fn new(text: &str, audience: Vec<String>, expires: u64) -> Self {
         BearerToken {
             text: text.into(),
+            key: token_cache::key_of(text),
             audience: audience.into(),
             expires,
         }
+    }
+
+    /// Its SHA-256: what caches of things issued for it are keyed by.
+    pub fn key(&self) -> &[u8; 32] {
+        &self.key
     }
 
     /// The token itself, for the request that carries it.
@@ -188,11 +196,6 @@ impl BearerToken {
     pub fn fingerprint(&self) -> String {
         fingerprint(&self.text)
     }
-}
-
-/// The SHA-256 of a token: what caches of things issued for it are keyed by.
-pub fn token_key(token: &str) -> [u8; 32] {
-    token_cache::key_of(token)
 }
 
 /// The first 16 hex digits of a secret's SHA-256: enough to tell two apart in a log, nothing

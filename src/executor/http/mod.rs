@@ -39,6 +39,9 @@ pub struct Upstream {
     in_flight: Arc<Semaphore>,
     /// How each call authenticates, as configured; made live by the executor that runs it.
     credential_spec: Option<CredentialSpec>,
+    /// What the credentials were built from (their settings and the secret files' contents):
+    /// a reload that leaves it unchanged keeps the issued tokens.
+    credential_source: Option<String>,
     credentials: Option<Arc<Credentials>>,
 }
 
@@ -48,6 +51,7 @@ impl std::fmt::Debug for Upstream {
         f.debug_struct("Upstream")
             .field("name", &self.name)
             .field("base", &self.base.as_str())
+            .field("credentials", &self.credential_spec)
             .finish_non_exhaustive()
     }
 }
@@ -153,6 +157,20 @@ impl Upstream {
             max_response_bytes: raw.max_response_bytes.unwrap_or(1024 * 1024),
             max_concurrency,
             in_flight: Arc::new(Semaphore::new(max_concurrency)),
+            credential_source: raw.credentials.as_ref().map(|raw| {
+                let digest = |file: &Option<String>| {
+                    file.as_ref()
+                        .and_then(|f| std::fs::read(resolve_path(base_dir, f)).ok())
+                        .map(|bytes| crate::identity::fingerprint(&String::from_utf8_lossy(&bytes)))
+                };
+                let grants = [&raw.token_exchange, &raw.client_credentials];
+                let secrets: Vec<_> = grants
+                    .iter()
+                    .filter_map(|g| g.as_ref())
+                    .map(|g| (digest(&g.client_secret_file), digest(&g.client_key_file)))
+                    .collect();
+                format!("{raw:?} {secrets:?}")
+            }),
             credential_spec,
             credentials: None,
         })
@@ -231,6 +249,15 @@ impl HttpExecutor {
                     && previous.max_concurrency == upstream.max_concurrency
                 {
                     upstream.in_flight = previous.in_flight.clone();
+                }
+                let kept = self
+                    .upstreams
+                    .get(&name)
+                    .filter(|previous| previous.credential_source == upstream.credential_source)
+                    .and_then(|previous| previous.credentials.clone());
+                if kept.is_some() {
+                    upstream.credentials = kept;
+                    return (name, Arc::new(upstream));
                 }
                 upstream.credentials = upstream.credential_spec.clone().and_then(|spec| {
                     Credentials::new(
@@ -328,15 +355,7 @@ impl HttpExecutor {
             request = request.header("traceparent", traceparent);
         }
         if let Some(credential) = &credential {
-            let mut value = HeaderValue::try_from(format!("Bearer {}", credential.secret()))
-                .map_err(|_| {
-                    ExecError::CredentialsUnavailable(format!(
-                        "the credential for upstream {} cannot be sent in a header",
-                        upstream.name
-                    ))
-                })?;
-            value.set_sensitive(true);
-            request = request.header(reqwest::header::AUTHORIZATION, value);
+            request = request.header(reqwest::header::AUTHORIZATION, credential.header().clone());
         }
         let response = request
             .body(body)

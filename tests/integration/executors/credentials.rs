@@ -34,9 +34,21 @@ async fn setup() -> Setup {
     let idp = Idp::start().await;
     let upstream = Whoami::start(&idp, AUDIENCE).await;
     let dir = tempfile::tempdir().unwrap();
-    let secret = dir.path().join("client-secret");
+    let catalog = catalog(&idp, &upstream, dir.path()).await;
+    let server = TestServer::start(&catalog).await;
+    Setup {
+        idp,
+        upstream,
+        server,
+        _dir: dir,
+    }
+}
+
+/// The catalog [`setup`] serves; its client secret and workload token are written to `dir`.
+async fn catalog(idp: &Idp, upstream: &Whoami, dir: &std::path::Path) -> String {
+    let secret = dir.join("client-secret");
     std::fs::write(&secret, "toolgate-secret-0123456789abcdef\n").unwrap();
-    let actor = dir.path().join("workload-token");
+    let actor = dir.join("workload-token");
     let workload = idp
         .mint(json!({"sub": "system:serviceaccount:agents:support-bot",
                      "aud": idp.issuer, "exp": START_UNIX_MS / 1000 + 24 * 3600}))
@@ -55,7 +67,7 @@ async fn setup() -> Setup {
             upstream.url
         )
     };
-    let catalog = format!(
+    format!(
         r#"version: 1
 server:
   mcp: {{ listen: "127.0.0.1:0", resource: "{MCP_RESOURCE}" }}
@@ -80,14 +92,7 @@ upstreams:
         pass = upstream_at(format!(
             "{{ pass_through: {{ audience: \"{AUDIENCE}\" }} }}"
         )),
-    );
-    let server = TestServer::start(&catalog).await;
-    Setup {
-        idp,
-        upstream,
-        server,
-        _dir: dir,
-    }
+    )
 }
 
 impl Setup {
@@ -361,6 +366,124 @@ async fn a_failing_token_endpoint_keeps_the_call_from_the_upstream() {
     s.server.stop().await;
 }
 
+/// The sidecar proves it is the client with a signed assertion (`private_key_jwt`) instead of a
+/// secret: the IdP knows only its public key.
+#[tokio::test]
+async fn the_client_can_authenticate_with_a_private_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let jwks: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/jwks.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let clients = dir.path().join("clients.json");
+    std::fs::write(
+        &clients,
+        json!([{"client_id": "toolgate-pk", "token_endpoint_auth_method": "private_key_jwt",
+                "jwks": jwks}])
+        .to_string(),
+    )
+    .unwrap();
+    let idp = Idp::start_with(&[("IDP_CLIENTS", clients.to_str().unwrap())]).await;
+    let upstream = Whoami::start(&idp, AUDIENCE).await;
+    let server = TestServer::start(&format!(
+        r#"version: 1
+identity:
+  jwt: {{ jwks: {{ url: "{issuer}/jwks" }}, issuer: ["{issuer}"], audience: [toolgate] }}
+tenants: {{ acme: {{}} }}
+upstreams:
+  reports:
+    url: {url}
+    allow_schemes: [http]
+    allow_private_addresses: true
+    credentials:
+      client_credentials:
+        token_endpoint: "{issuer}/token"
+        client_id: toolgate-pk
+        client_key_file: {key}
+        client_key_id: test-rsa
+        audience: "{AUDIENCE}"
+tools:
+  - {{ name: report, description: d, risk_level: read_only, executor: {{ http: {{ upstream: reports, path: /r }} }}, input_schema: {{ type: object }} }}
+"#,
+        issuer = idp.issuer,
+        url = upstream.url,
+        key = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/rsa_private.pem"),
+    ))
+    .await;
+    let token = idp
+        .mint(json!({"sub": "ivan", "tenant": "acme", "aud": "toolgate", "exp": START_UNIX_MS / 1000 + 3600}))
+        .await;
+    let result = server
+        .client()
+        .await
+        .execute_tool(Who::token(&token).request(execute_request(call("report", "{}"))))
+        .await
+        .unwrap()
+        .into_inner()
+        .result
+        .unwrap();
+    assert_eq!(result.status(), ToolStatus::Ok, "{result:?}");
+    let saw: Value = serde_json::from_str(&result.model_text).unwrap();
+    assert_eq!(
+        (saw["sub"].as_str(), saw["aud"].as_str()),
+        (Some("toolgate-pk"), Some(AUDIENCE)),
+        "{saw}"
+    );
+    server.stop().await;
+}
+
+/// A reload of the catalog file that leaves an upstream's credentials alone keeps its issued
+/// tokens (no new exchange); one that changes them (another scope) starts afresh.
+#[tokio::test]
+async fn a_reload_keeps_issued_tokens_unless_the_credentials_change() {
+    let idp = Idp::start().await;
+    let upstream = Whoami::start(&idp, AUDIENCE).await;
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = catalog(&idp, &upstream, dir.path()).await;
+    let server = TestServer::start_file(&yaml).await;
+    let s = Setup {
+        idp,
+        upstream,
+        server,
+        _dir: dir,
+    };
+    let alice = s.person("alice").await;
+    s.seen_by_upstream("tickets", &alice).await;
+    let exchanges = s.exchanges().await;
+    let file = s.server.catalog_file();
+    // Another tool's description changes: the same credentials, the same token.
+    s.server.write_catalog(
+        &file,
+        &yaml.replacen("description: d,", "description: changed,", 1),
+    );
+    s.server.reload().await.unwrap();
+    assert_eq!(s.seen_by_upstream("tickets", &alice).await["sub"], "alice");
+    assert_eq!(
+        s.exchanges().await,
+        exchanges,
+        "the reload dropped the issued token"
+    );
+    // The scope changes: a new token, with it.
+    let rescoped = yaml.replacen(
+        "scope: tickets:read, timeout: 1s, actor",
+        "scope: tickets:write, timeout: 1s, actor",
+        1,
+    );
+    assert_ne!(rescoped, yaml);
+    s.server.write_catalog(&file, &rescoped);
+    s.server.reload().await.unwrap();
+    assert_eq!(
+        s.seen_by_upstream("tickets", &alice).await["scope"],
+        "tickets:write"
+    );
+    assert_eq!(s.exchanges().await, exchanges + 1);
+    s.server.stop().await;
+}
+
 /// An MCP host's caller: their bearer token (for the door's resource) is the subject token
 /// exchanged for the upstream, as for a gRPC caller.
 #[tokio::test]
@@ -403,6 +526,65 @@ async fn an_mcp_host_s_caller_reaches_the_upstream_as_themselves() {
         "{saw}"
     );
     s.server.stop().await;
+}
+
+/// The real binary's logs (debug for the credentials and the boundary), and stdout, where its
+/// audit events go: neither holds the caller's token or the one issued for the upstream, while
+/// the logs do say a credential was issued and by which fingerprint.
+#[tokio::test]
+async fn no_token_reaches_the_binary_s_logs_or_audit() {
+    let idp = Idp::start().await;
+    let upstream = Whoami::start(&idp, AUDIENCE).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("catalog.yaml");
+    std::fs::write(&config, catalog(&idp, &upstream, dir.path()).await).unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let text = std::fs::read_to_string(&config).unwrap().replacen(
+        "version: 1\n",
+        &format!(
+            "version: 1\naudit: {{ sink: file, path: \"{}\" }}\n",
+            audit.display()
+        ),
+        1,
+    );
+    std::fs::write(&config, text).unwrap();
+    let spawned = crate::support::binary::spawn_with_env(
+        &["--config", config.to_str().unwrap()],
+        &[(
+            "RUST_LOG",
+            "debug,h2=info,hyper=info,reqwest=info,rustls=info,tower=info",
+        )],
+    );
+    // The binary's clock is the machine's: tokens valid from now.
+    let token = idp
+        .mint(json!({"sub": "heidi", "tenant": "acme", "aud": "toolgate"}))
+        .await;
+    let mut client = crate::support::binary::client(&spawned.addr).await;
+    let result = client
+        .execute_tool(Who::token(&token).request(execute_request(call("tickets", "{}"))))
+        .await
+        .unwrap()
+        .into_inner()
+        .result
+        .unwrap();
+    assert_eq!(result.status(), ToolStatus::Ok, "{result:?}");
+    let saw: Value = serde_json::from_str(&result.model_text).unwrap();
+    assert_eq!(saw["sub"], "heidi");
+    let issued_sha256 = saw["token_sha256"].as_str().unwrap().to_owned();
+    drop(client);
+    let logs = crate::support::binary::stop(spawned).await;
+    let audit = std::fs::read_to_string(&audit).unwrap();
+    assert!(
+        logs.contains("credential issued") && logs.contains(&issued_sha256[..16]),
+        "the logs do not say which credential was issued:\n{logs}"
+    );
+    for (what, text) in [("logs", &logs), ("audit", &audit)] {
+        assert!(
+            !text.contains(&token),
+            "the caller's token is in the {what}"
+        );
+        assert!(!text.contains("eyJ"), "a token is in the {what}");
+    }
 }
 
 fn hex_sha256(text: &str) -> String {

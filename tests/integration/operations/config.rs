@@ -270,6 +270,7 @@ fn every_default_the_format_states_is_the_one_the_loader_applies() {
         ("http.yaml", read("http.yaml")),
         ("process.yaml", read("process.yaml")),
         ("mcp.yaml", read("mcp.yaml")),
+        ("identity.yaml", read("identity.yaml")),
         ("jwt and redis", jwt_and_redis.to_owned()),
     ];
     let env = Env::default().with("BILLING_API_TOKEN", "x").with(
@@ -282,7 +283,7 @@ fn every_default_the_format_states_is_the_one_the_loader_applies() {
             Config::from_yaml(&text, "test", &examples, &env).map_err(|err| format!("{err}"))?;
         // What the running parts are built from; not where the text came from.
         Ok(format!(
-            "{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}",
+            "{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}",
             config.server,
             config.identity,
             config.limits,
@@ -292,6 +293,7 @@ fn every_default_the_format_states_is_the_one_the_loader_applies() {
             config.telemetry,
             config.catalog,
             config.catalog_inputs.mcp_servers,
+            config.upstreams,
         ))
     };
     let mut checked = std::collections::BTreeSet::new();
