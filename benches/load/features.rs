@@ -86,7 +86,7 @@ fn catalog_with_http_echo(yaml: &str, places: &Places, credentials: Option<&str>
     .replacen(
         "\ntools:\n",
         &format!(
-            "\nupstreams:\n  echo:\n    url: http://{}\n    allow_schemes: [http]\n    allow_private_addresses: true\n{auth}tools:\n",
+            "\nupstreams:\n  echo:\n    url: http://{}\n    allow_schemes: [http]\n    allow_private_addresses: true\n    max_concurrency: 4096\n{auth}tools:\n",
             places.upstream
         ),
         1,
