@@ -50,6 +50,7 @@ fuzz_target!(|data: &[u8]| {
                 .cloned()
                 .unwrap_or_default(),
         ),
+        token: None,
     };
     let tool = ToolFacts {
         name: "refund",

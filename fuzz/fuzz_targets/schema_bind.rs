@@ -119,6 +119,7 @@ fn caller(choice: u8) -> Caller {
             .collect::<BTreeSet<_>>(),
         method: AuthMethod::Dev,
         claims: Default::default(),
+        token: None,
     }
 }
 

@@ -221,27 +221,43 @@ impl Credentials {
         }
         let fetch = {
             let mut in_flight = lock(&self.in_flight);
-            in_flight
-                .entry(key)
-                .or_insert_with(|| {
+            match in_flight.get(&key) {
+                Some(running) => running.clone(),
+                None => {
                     let this = Arc::clone(self);
                     // Only an exchange sends the caller's token anywhere.
                     let subject = matches!(self.spec, CredentialSpec::TokenExchange(_))
                         .then(|| caller.token.as_ref().map(|t| t.secret().to_owned()))
                         .flatten();
-                    async move { this.fetch(subject).await }.boxed().shared()
-                })
-                .clone()
-        };
-        let result = fetch.await;
-        {
-            let mut in_flight = lock(&self.in_flight);
-            in_flight.remove(&key);
-            if let Ok(credential) = &result {
-                self.store(key, credential.clone());
+                    // Spawned: the request finishes (bounded by the grant's timeout), is cached
+                    // and leaves the map even when every call waiting for it is dropped first (a
+                    // deadline, a cancel); the map's lock, held here until the entry is in, makes
+                    // its removal come after.
+                    let task = tokio::spawn(async move {
+                        let result = this.fetch(subject).await;
+                        let mut in_flight = lock(&this.in_flight);
+                        in_flight.remove(&key);
+                        if let Ok(credential) = &result {
+                            this.store(key, credential.clone());
+                        }
+                        result
+                    });
+                    let label = self.label.clone();
+                    let shared = async move {
+                        task.await.unwrap_or_else(|_| {
+                            Err(CredentialError::Unavailable(format!(
+                                "no credential for {label}: its request ended unexpectedly"
+                            )))
+                        })
+                    }
+                    .boxed()
+                    .shared();
+                    in_flight.insert(key, shared.clone());
+                    shared
+                }
             }
-        }
-        result
+        };
+        fetch.await
     }
 
     fn cached(&self, key: &Key) -> Option<Credential> {

@@ -30,6 +30,9 @@ use crate::{
     settings::{FieldError, check_secure_url, parse_duration, raw::RawRemoteJwks},
 };
 
+/// Most requests waiting at once for one issuer's keys to be fetched again.
+const MAX_WAITING: usize = 64;
+
 /// Where an issuer's keys are published.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JwksSource {
@@ -134,6 +137,9 @@ pub struct RemoteKeys {
     finished: AtomicU64,
     /// When the last fetch began (Unix ms), for `min_refresh_interval`.
     last_attempt: AtomicI64,
+    /// Requests waiting for a refetch: a few at a time, so a flood of unknown `kid`s while the
+    /// issuer is slow is refused at once instead of piling up behind the fetch.
+    waiting: tokio::sync::Semaphore,
     refresher_started: AtomicBool,
 }
 
@@ -170,6 +176,7 @@ impl RemoteKeys {
             fetching: tokio::sync::Mutex::new(()),
             finished: AtomicU64::new(0),
             last_attempt: AtomicI64::new(i64::MIN),
+            waiting: tokio::sync::Semaphore::new(MAX_WAITING),
             refresher_started: AtomicBool::new(false),
         })
     }
@@ -214,6 +221,17 @@ impl RemoteKeys {
     /// if the last fetch began at least `min_refresh_interval` ago. Whether keys newer than the
     /// caller's look may now be in the set.
     pub async fn refetch_for_unknown_key(&self) -> bool {
+        let Ok(_waiting) = self.waiting.try_acquire() else {
+            return false;
+        };
+        // A fetch under way and this one, each at most two requests (discovery, then keys).
+        let most = self.settings.timeout.saturating_mul(4);
+        tokio::time::timeout(most, self.refetch_waited())
+            .await
+            .unwrap_or(false)
+    }
+
+    async fn refetch_waited(&self) -> bool {
         let seen = self.finished.load(Ordering::Acquire);
         let _fetching = self.fetching.lock().await;
         if self.finished.load(Ordering::Acquire) != seen {

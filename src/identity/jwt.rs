@@ -232,10 +232,19 @@ impl IssuerSettings {
         let claim = |value: &Option<String>, default: &str| {
             value.clone().unwrap_or_else(|| default.to_owned())
         };
+        // Keys found through an issuer's discovery are that issuer's: its tokens must say so,
+        // or a key set shared by several issuers would verify the others' tokens too.
+        let issuer = match (
+            &raw.issuer[..],
+            raw.jwks.as_ref().and_then(|j| j.discover.as_ref()),
+        ) {
+            ([], Some(discovered)) => vec![discovered.clone()],
+            (named, _) => named.to_vec(),
+        };
         Ok(IssuerSettings {
             keys,
             jwks,
-            issuer: raw.issuer.clone(),
+            issuer,
             audience: raw.audience.clone(),
             leeway,
             tenant_claim: claim(&raw.claims.tenant, "tenant"),
@@ -345,11 +354,12 @@ impl JwtVerifier {
         let key = token_cache::key_of(token);
         if let Some(cached) = self.cache.get(&key, now) {
             let verified = cached?;
-            let current = match &self.issuers[verified.issuer].remote {
-                None => true,
-                // Keys past keep_last_good vouch for no token, cached or not; a key the issuer
-                // has withdrawn since no longer vouches for the token it verified.
-                Some(remote) => remote.keys()?.generation == verified.generation,
+            let current = match (&self.issuers[verified.issuer].remote, verified.generation) {
+                // Fetched keys past keep_last_good vouch for no token, cached or not; a key the
+                // issuer has withdrawn since no longer vouches for the token it verified.
+                (Some(remote), Some(generation)) => remote.keys()?.generation == generation,
+                // Verified by a fixed key: what becomes of the fetched ones does not matter.
+                _ => true,
             };
             if current {
                 return Ok(verified.caller);
@@ -395,13 +405,19 @@ impl JwtVerifier {
             Ok(set) => (set, None),
             Err(err) => (None, Some(err)),
         };
-        let generation = fetched.as_ref().map_or(0, |set| set.generation);
+        let generation = fetched.as_ref().map(|set| set.generation);
         let kid = header.kid.as_deref();
-        let candidates: Vec<&Key> = s
+        // Each with whether it was fetched (its tokens are tied to the fetched set's fate).
+        let candidates: Vec<(&Key, bool)> = s
             .keys
             .iter()
-            .chain(fetched.iter().flat_map(|set| set.keys.iter()))
-            .filter(|k| k.matches(header.alg, kid))
+            .map(|k| (k, false))
+            .chain(
+                fetched
+                    .iter()
+                    .flat_map(|set| set.keys.iter().map(|k| (k, true))),
+            )
+            .filter(|(k, _)| k.matches(header.alg, kid))
             .collect();
         if candidates.is_empty() {
             // Keys that could not be fetched explain the refusal better than their absence.
@@ -417,7 +433,7 @@ impl JwtVerifier {
             )));
         }
         let mut last_error = None;
-        for key in candidates {
+        for (key, was_fetched) in candidates {
             let mut validation = Validation::new(key.algorithm);
             // `exp` must be present (an integer); it and `nbf` are compared with the injected
             // clock in `verify`, not with jsonwebtoken's system time.
@@ -452,7 +468,7 @@ impl JwtVerifier {
                         validity,
                         caller: Arc::new(caller),
                         issuer,
-                        generation,
+                        generation: generation.filter(|_| was_fetched),
                         leeway: s.leeway.as_secs(),
                     });
                 }

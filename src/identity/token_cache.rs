@@ -58,8 +58,9 @@ pub struct Verified {
     pub validity: Validity,
     /// Which of the configured issuers verified it.
     pub issuer: usize,
-    /// The issuer's fetched keys' generation it was verified under (0 for fixed keys).
-    pub generation: u64,
+    /// The issuer's fetched keys' generation it was verified under; `None` when a fixed key
+    /// verified it.
+    pub generation: Option<u64>,
     /// The issuer's clock-skew allowance, in seconds.
     pub leeway: u64,
 }
@@ -186,7 +187,7 @@ mod tests {
                 expires,
             },
             issuer: 0,
-            generation: 0,
+            generation: None,
             leeway: 0,
         }
     }
