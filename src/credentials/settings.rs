@@ -8,7 +8,7 @@ use url::Url;
 use crate::settings::{
     FieldError, check_secure_url, parse_duration,
     raw::{RawCredentials, RawTokenGrant},
-    resolve_path,
+    read_file, resolve_path,
 };
 
 /// How the sidecar authenticates each call to one backend.
@@ -139,15 +139,7 @@ impl Grant {
                 "cannot be empty",
             ));
         }
-        let read = |field: &str, file: &str| {
-            let path = resolve_path(base_dir, file);
-            std::fs::read(&path).map_err(|err| {
-                FieldError::new(
-                    format!("{at}.{field}"),
-                    format!("cannot read {}: {err}", path.display()),
-                )
-            })
-        };
+        let read = |field: &str, file: &str| read_file(base_dir, file, &format!("{at}.{field}"));
         let client_auth = match (&raw.client_secret_file, &raw.client_key_file) {
             (Some(file), None) => {
                 let secret = read("client_secret_file", file)?;

@@ -17,7 +17,7 @@ use super::{
 };
 use crate::{
     clock::SharedClock,
-    settings::{Env, FieldError, parse_duration, raw::RawJwt, resolve_path},
+    settings::{Env, FieldError, parse_duration, raw::RawJwt, read_file},
 };
 
 /// Validated JWT settings: one issuer, or several (each with its own keys, audience and claim
@@ -148,15 +148,7 @@ fn route_refs(issuers: &[&IssuerSettings], iss: Option<&str>) -> Result<usize, I
 impl IssuerSettings {
     fn build(raw: &RawJwt, at: &str, base_dir: &Path, env: &Env) -> Result<Self, FieldError> {
         let mut keys = Vec::new();
-        let read = |field: &str, file: &str| {
-            let path = resolve_path(base_dir, file);
-            std::fs::read(&path).map_err(|err| {
-                FieldError::new(
-                    format!("{at}.{field}"),
-                    format!("cannot read {}: {err}", path.display()),
-                )
-            })
-        };
+        let read = |field: &str, file: &str| read_file(base_dir, file, &format!("{at}.{field}"));
         if let Some(file) = &raw.hs256_secret_file {
             let secret = read("hs256_secret_file", file)?;
             keys.push(hs256_key(

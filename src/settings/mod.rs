@@ -555,6 +555,13 @@ fn hash_files(hasher: &mut sha2::Sha256, files: &[PathBuf], digests: &[[u8; 32]]
 }
 
 /// A relative path in a config file is relative to that file.
+/// A file the catalog names (relative to `base_dir`), read whole; `at` names the field.
+pub fn read_file(base_dir: &Path, file: &str, at: &str) -> Result<Vec<u8>, FieldError> {
+    let path = resolve_path(base_dir, file);
+    std::fs::read(&path)
+        .map_err(|err| FieldError::new(at, format!("cannot read {}: {err}", path.display())))
+}
+
 pub fn resolve_path(base_dir: &Path, path: &str) -> PathBuf {
     let path = Path::new(path);
     if path.is_absolute() {
