@@ -308,7 +308,7 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         config.approvals.budget,
         config.limits.idempotency_budget(),
     );
-    let mcp = Arc::new(McpManager::start(&config.mcp_servers));
+    let mcp = Arc::new(McpManager::start(&config.mcp_servers, &clock));
     let discovered = mcp.watch_discovered();
     let executors = Executors {
         mcp,

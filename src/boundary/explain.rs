@@ -398,21 +398,24 @@ pub(super) enum Ending {
 impl Explainer<'_> {
     /// Which credential the backend would be called with, in words; none is fetched.
     fn credential_of(&self, tool: &crate::catalog::ToolVersion) -> Option<String> {
-        let crate::catalog::BackendSpec::Http(target) = &tool.backend else {
-            return None;
-        };
         let state = self.boundary.state.load();
-        let (kind, audience) = state
-            .executors
-            .http
-            .upstream(&target.upstream)?
-            .credential()?;
+        let executors = &state.executors;
+        let ((kind, audience), backend) = match &tool.backend {
+            crate::catalog::BackendSpec::Http(target) => (
+                executors.http.upstream(&target.upstream)?.credential()?,
+                format!("upstream {}", target.upstream),
+            ),
+            crate::catalog::BackendSpec::Mcp(target) => (
+                executors.mcp.credential(&target.server)?,
+                format!("MCP server {}", target.server),
+            ),
+            _ => return None,
+        };
         Some(format!(
-            ", with a {kind} credential{} for upstream {} (fetched when the call runs; explain fetches none)",
+            ", with a {kind} credential{} for {backend} (fetched when the call runs; explain fetches none)",
             audience
                 .map(|a| format!(" for audience {a}"))
                 .unwrap_or_default(),
-            target.upstream
         ))
     }
 

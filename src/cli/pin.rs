@@ -99,7 +99,7 @@ pub(super) async fn run(path: PathBuf, write: bool) -> Result<(), Failure> {
 /// timeout passed.
 async fn discover(config: &Config) -> Discovered {
     let servers = &config.mcp_servers;
-    let manager = McpManager::start(servers);
+    let manager = McpManager::start(servers, &crate::clock::SharedClock::system());
     let mut discovered = manager.watch_discovered();
     let wait = servers
         .iter()

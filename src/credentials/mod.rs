@@ -79,6 +79,11 @@ impl Credential {
         &self.header
     }
 
+    /// The token itself, for a client that writes the `Bearer` header (rmcp's).
+    pub fn bearer_token(&self) -> &str {
+        &self.token
+    }
+
     fn new(
         token: Arc<str>,
         use_until_ms: i64,
@@ -216,6 +221,34 @@ impl Credentials {
                 *token.key()
             }
         };
+        // Only an exchange sends the caller's token anywhere.
+        let subject = || {
+            matches!(self.spec, CredentialSpec::TokenExchange(_))
+                .then(|| caller.token.as_ref().map(|t| t.secret().to_owned()))
+                .flatten()
+        };
+        self.issued(key, subject).await
+    }
+
+    /// The sidecar's own token (client credentials), for requests made for no caller: an MCP
+    /// session's initialize and tools/list. Only a client credentials spec has one.
+    pub async fn own(self: &Arc<Self>) -> Result<Credential, CredentialError> {
+        match self.spec {
+            CredentialSpec::ClientCredentials(_) => self.issued([0; 32], || None).await,
+            _ => Err(CredentialError::Unavailable(format!(
+                "{} has no credential of the sidecar's own",
+                self.label
+            ))),
+        }
+    }
+
+    /// The token cached under `key`, or fetched with `subject()` as the subject token (once,
+    /// however many calls need it at the same time).
+    async fn issued(
+        self: &Arc<Self>,
+        key: Key,
+        subject: impl FnOnce() -> Option<String>,
+    ) -> Result<Credential, CredentialError> {
         if let Some(hit) = self.cached(&key) {
             return Ok(hit);
         }
@@ -225,10 +258,7 @@ impl Credentials {
                 Some(running) => running.clone(),
                 None => {
                     let this = Arc::clone(self);
-                    // Only an exchange sends the caller's token anywhere.
-                    let subject = matches!(self.spec, CredentialSpec::TokenExchange(_))
-                        .then(|| caller.token.as_ref().map(|t| t.secret().to_owned()))
-                        .flatten();
+                    let subject = subject();
                     // Spawned: the request finishes (bounded by the grant's timeout), is cached
                     // and leaves the map even when every call waiting for it is dropped first (a
                     // deadline, a cancel); the map's lock, held here until the entry is in, makes

@@ -11,6 +11,7 @@ use std::{
 use url::Url;
 
 use crate::{
+    credentials::CredentialSpec,
     outbound::Destination,
     settings::{
         Env, FieldError, check_url, parse_duration, program_path, raw::RawMcpServer, runnable,
@@ -18,7 +19,7 @@ use crate::{
 };
 
 /// How to reach a server.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum Transport {
     Stdio {
         program: PathBuf,
@@ -32,12 +33,14 @@ pub enum Transport {
 }
 
 /// A validated MCP server entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct McpServerConfig {
     pub name: String,
     pub transport: Transport,
     pub prefix: String,
     pub startup_timeout: Duration,
+    /// For a URL server: how each call (and the session) authenticates, if it does.
+    pub credentials: Option<CredentialSpec>,
     /// The largest single message accepted from the server.
     pub max_message_bytes: usize,
     /// The server-side names of the tools the catalog exposes.
@@ -81,6 +84,7 @@ impl McpServerConfig {
         env: &Env,
     ) -> Result<Self, FieldError> {
         let at = |field: &str| format!("mcp_servers.{name}.{field}");
+        let mut credentials = None;
         let transport = match (&raw.command, &raw.url) {
             (Some(command), None) => {
                 let (program, args) = command
@@ -107,6 +111,18 @@ impl McpServerConfig {
                     FieldError::new(at("url"), format!("invalid URL {url:?}: {err}"))
                 })?;
                 check_url(&parsed, &at("url"))?;
+                credentials = raw
+                    .credentials
+                    .as_ref()
+                    .map(|c| CredentialSpec::build(c, &at("credentials"), base_dir))
+                    .transpose()?;
+                if let Some(CredentialSpec::PassThrough { .. }) = credentials {
+                    // The session's own requests (initialize, tools/list) are made for no caller.
+                    return Err(FieldError::new(
+                        at("credentials.pass_through"),
+                        "an MCP server's session is shared by every caller, so its own requests would have no token to pass on; use token_exchange (the session then carries the sidecar's token from the same grant) or client_credentials",
+                    ));
+                }
                 Transport::Http {
                     url: parsed,
                     destination: Destination::build(
@@ -128,11 +144,12 @@ impl McpServerConfig {
         if matches!(transport, Transport::Stdio { .. })
             && (raw.allow_private_addresses
                 || !raw.allow_private_cidrs.is_empty()
-                || !raw.resolve.is_empty())
+                || !raw.resolve.is_empty()
+                || raw.credentials.is_some())
         {
             return Err(FieldError::new(
                 format!("mcp_servers.{name}"),
-                "allow_private_addresses, allow_private_cidrs and resolve apply to url servers only",
+                "allow_private_addresses, allow_private_cidrs, resolve and credentials apply to url servers only",
             ));
         }
         let prefix = raw.prefix.clone().unwrap_or_else(|| name.to_owned());
@@ -166,6 +183,7 @@ impl McpServerConfig {
             transport,
             prefix,
             startup_timeout,
+            credentials,
             max_message_bytes,
             tools: raw.tools.keys().cloned().collect(),
         })

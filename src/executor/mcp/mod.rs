@@ -20,6 +20,7 @@
 //! scanner the framing uses), `streamable_http` (the size-limited HTTP client) and `errors`
 //! (how a failed call maps to an [`ExecError`]).
 
+mod auth;
 mod config;
 mod errors;
 mod scan;
@@ -41,8 +42,10 @@ use super::{ExecError, Executor};
 use crate::{
     boundary::Permit,
     catalog::{BackendSpec, Discovered, DiscoveredTool, McpTarget},
+    clock::SharedClock,
     tasks::Tasks,
 };
+use auth::McpAuth;
 pub use config::{DEFAULT_MAX_MESSAGE_BYTES, McpServerConfig, Transport};
 pub use scan::IdScanner;
 pub use stdio::LineGuard;
@@ -52,7 +55,15 @@ pub use stdio::LineGuard;
 struct Slot {
     peer: RwLock<Option<Peer<RoleClient>>>,
     pid: RwLock<Option<u32>>,
+    /// Per-call credentials, kept across reconnects (with the tokens they were issued).
+    auth: Option<McpAuth>,
+    /// Set when the server's credentials are configured and could not be set up: it is not
+    /// connected to.
+    auth_failed: Option<String>,
 }
+
+/// The tokens one MCP server's credentials keep, in bytes.
+const CREDENTIAL_CACHE_BYTES: usize = 4 * 1024 * 1024;
 
 /// Connections to every configured MCP server.
 pub struct McpManager {
@@ -66,7 +77,7 @@ pub struct McpManager {
 
 impl Default for McpManager {
     fn default() -> Self {
-        Self::start(&[])
+        Self::start(&[], &SharedClock::default())
     }
 }
 
@@ -93,13 +104,24 @@ impl Drop for McpManager {
 }
 
 impl McpManager {
-    /// Starts a supervisor per server; tools appear as servers come up.
-    pub fn start(servers: &[McpServerConfig]) -> Self {
+    /// Starts a supervisor per server; tools appear as servers come up. Issued credentials'
+    /// lifetimes are read on `clock`.
+    pub fn start(servers: &[McpServerConfig], clock: &SharedClock) -> Self {
         let (discovered, _) = watch::channel(Discovered::new());
         let mut slots = BTreeMap::new();
         let tasks = Tasks::new();
         for config in servers {
-            let slot = Arc::new(Slot::default());
+            let mut slot = Slot::default();
+            if let Some(spec) = &config.credentials {
+                match McpAuth::new(&config.name, spec, clock, CREDENTIAL_CACHE_BYTES) {
+                    Ok(auth) => slot.auth = Some(auth),
+                    Err(err) => {
+                        tracing::error!(server = %config.name, error = %err, "cannot set up the MCP server's credentials; its calls are refused");
+                        slot.auth_failed = Some(err);
+                    }
+                }
+            }
+            let slot = Arc::new(slot);
             slots.insert(config.name.clone(), slot.clone());
             tasks.spawn(
                 "mcp-supervisor",
@@ -147,6 +169,13 @@ impl McpManager {
             .and_then(|s| s.pid.read().ok().and_then(|p| *p))
     }
 
+    /// The kind and audience of the credential each call to `server` is made with, if any
+    /// (for explain).
+    pub fn credential(&self, server: &str) -> Option<(&'static str, Option<&str>)> {
+        let spec = self.slots.get(server)?.auth.as_ref()?.calls.spec();
+        Some((spec.kind(), spec.audience()))
+    }
+
     /// Whether a server is connected now.
     pub fn connected(&self, server: &str) -> bool {
         self.slots
@@ -155,24 +184,40 @@ impl McpManager {
     }
 
     async fn run(&self, tool: &McpTarget, permit: &Permit) -> Result<String, ExecError> {
-        let peer = self
-            .slots
-            .get(&tool.server)
-            .and_then(|slot| slot.peer.read().ok().and_then(|p| p.clone()))
-            .ok_or_else(|| {
-                ExecError::NotReached(format!(
-                    "MCP server {} is not connected; retry later",
-                    tool.server
-                ))
-            })?;
+        let not_connected = || {
+            ExecError::NotReached(format!(
+                "MCP server {} is not connected; retry later",
+                tool.server
+            ))
+        };
+        let slot = self.slots.get(&tool.server).ok_or_else(not_connected)?;
+        let peer = slot
+            .peer
+            .read()
+            .ok()
+            .and_then(|p| p.clone())
+            .ok_or_else(not_connected)?;
+        // The caller's credential for this server, before anything is sent: without one, the
+        // server is not called.
+        let credential = match &slot.auth {
+            Some(auth) => {
+                let credential = auth.calls.for_call(permit.caller()).await?;
+                permit.record_credential(credential.used.clone());
+                Some((auth, credential))
+            }
+            None => None,
+        };
         let arguments = permit.arguments().as_object().cloned().unwrap_or_default();
         let _in_flight = InFlight::enter(&self.in_flight);
         // Dropping this future (deadline, client cancel) cancels the request on the server.
         let mut params = CallToolRequestParams::new(tool.tool.clone()).with_arguments(arguments);
+        let mut meta = serde_json::Map::new();
         // The W3C trace context travels in the request's _meta, as MCP's tracing convention has it.
         if let Some(traceparent) = permit.traceparent() {
-            let mut meta = serde_json::Map::new();
             meta.insert("traceparent".into(), Value::from(traceparent));
+        }
+        let _token = credential.map(|(auth, credential)| auth.attach(&credential, &mut meta));
+        if !meta.is_empty() {
             params.meta = Some(meta.into());
         }
         let result = peer

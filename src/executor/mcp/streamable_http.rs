@@ -20,6 +20,7 @@ use url::Url;
 
 use super::{
     McpServerConfig,
+    auth::{Bearer, McpAuth},
     errors::oversized_error,
     supervisor::{Connection, ListChanged},
 };
@@ -30,6 +31,7 @@ pub(super) async fn connect(
     config: &McpServerConfig,
     url: &Url,
     destination: &Destination,
+    auth: Option<McpAuth>,
     handler: ListChanged,
 ) -> Result<Connection, String> {
     destination.check_literal(url).map_err(|why| {
@@ -43,6 +45,7 @@ pub(super) async fn connect(
         LimitedHttp {
             inner: client,
             limit,
+            auth,
         },
         StreamableHttpClientTransportConfig::with_uri(url.as_str())
             .max_sse_event_size(limit)
@@ -69,6 +72,8 @@ pub(super) async fn connect(
 struct LimitedHttp {
     inner: reqwest::Client,
     limit: usize,
+    /// Per-call credentials: each request's token, instead of rmcp's (none).
+    auth: Option<McpAuth>,
 }
 
 type PostResult = Result<StreamableHttpPostResponse, StreamableHttpError<reqwest::Error>>;
@@ -80,6 +85,23 @@ impl LimitedHttp {
         limits.max_json_response_size = self.limit;
         limits
     }
+
+    /// The token a request that is not a call goes with.
+    async fn session_bearer(
+        &self,
+        given: Bearer,
+    ) -> Result<Bearer, StreamableHttpError<reqwest::Error>> {
+        match &self.auth {
+            Some(auth) => auth.session_bearer().await.map_err(no_credential),
+            None => Ok(given),
+        }
+    }
+}
+
+/// A request that cannot be authenticated is not sent; rmcp fails the request it carried.
+fn no_credential(err: crate::credentials::CredentialError) -> StreamableHttpError<reqwest::Error> {
+    tracing::warn!(error = %err, "an MCP request was not sent: no credential");
+    StreamableHttpError::UnexpectedServerResponse(format!("not sent: {err}").into())
 }
 
 /// Whether an SSE stream ended because an event was over the size limit. rmcp's error type for
@@ -113,12 +135,16 @@ impl StreamableHttpClient for LimitedHttp {
     async fn post_message_with_response_limits(
         &self,
         uri: Arc<str>,
-        message: ClientJsonRpcMessage,
+        mut message: ClientJsonRpcMessage,
         session_id: Option<Arc<str>>,
         auth_header: Option<String>,
         custom_headers: std::collections::HashMap<http::HeaderName, http::HeaderValue>,
         limits: StreamableHttpResponseLimits,
     ) -> PostResult {
+        let auth_header = match &self.auth {
+            Some(auth) => auth.bearer_for(&mut message).await.map_err(no_credential)?,
+            None => auth_header,
+        };
         let id = match &message {
             ClientJsonRpcMessage::Request(request) => Some(request.id.clone()),
             _ => None,
@@ -182,6 +208,7 @@ impl StreamableHttpClient for LimitedHttp {
         auth_header: Option<String>,
         custom_headers: std::collections::HashMap<http::HeaderName, http::HeaderValue>,
     ) -> Result<(), StreamableHttpError<Self::Error>> {
+        let auth_header = self.session_bearer(auth_header).await?;
         self.inner
             .delete_session(uri, session_id, auth_header, custom_headers)
             .await
@@ -198,6 +225,7 @@ impl StreamableHttpClient for LimitedHttp {
         futures::stream::BoxStream<'static, Result<sse_stream::Sse, SseError>>,
         StreamableHttpError<Self::Error>,
     > {
+        let auth_header = self.session_bearer(auth_header).await?;
         self.inner
             .get_stream_with_max_sse_event_size(
                 uri,
@@ -222,6 +250,7 @@ impl StreamableHttpClient for LimitedHttp {
         futures::stream::BoxStream<'static, Result<sse_stream::Sse, SseError>>,
         StreamableHttpError<Self::Error>,
     > {
+        let auth_header = self.session_bearer(auth_header).await?;
         self.inner
             .get_stream_with_max_sse_event_size(
                 uri,

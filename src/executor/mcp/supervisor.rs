@@ -152,8 +152,13 @@ async fn connect(
         Transport::Stdio { program, args, env } => {
             stdio::connect(config, program, args, env, slot, handler, tasks).await
         }
-        Transport::Http { url, destination } => {
-            streamable_http::connect(config, url, destination, handler).await
+        Transport::Http {
+            url, destination, ..
+        } => {
+            if let Some(why) = &slot.auth_failed {
+                return Err(format!("its credentials could not be set up: {why}"));
+            }
+            streamable_http::connect(config, url, destination, slot.auth.clone(), handler).await
         }
     }
 }

@@ -134,6 +134,11 @@ pub struct RawMcpServer {
     /// What happens when a pinned tool's definition differs from its pin, for this server's
     /// tools (default withdraw).
     pub on_definition_change: Option<RawDefinitionChange>,
+    /// For `url`: how each tool call authenticates, as for upstreams: the caller's token
+    /// exchanged for one of the server's (RFC 8693), or the sidecar's own short-lived token. The
+    /// session's own requests (initialize, tools/list) carry the sidecar's token from the same
+    /// grant (docs/executors.md#credentials).
+    pub credentials: Option<RawCredentials>,
 }
 
 /// What happens when the server lists a pinned tool with a definition other than its pin.

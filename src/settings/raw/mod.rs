@@ -105,6 +105,18 @@ impl RawConfig {
         for upstream in self.upstreams.values() {
             files.extend(upstream.headers.values().filter_map(|h| h.file.clone()));
         }
+        // An upstream's client secret or key rotated is a reload. (Actor tokens are read at each
+        // exchange; MCP servers' settings, theirs included, take a restart.)
+        let grants = self
+            .upstreams
+            .values()
+            .filter_map(|u| u.credentials.as_ref())
+            .flat_map(|c| [&c.token_exchange, &c.client_credentials])
+            .flatten();
+        for grant in grants {
+            files.extend(grant.client_secret_file.iter().cloned());
+            files.extend(grant.client_key_file.iter().cloned());
+        }
         let mut files: Vec<_> = files
             .iter()
             .map(|f| super::resolve_path(base_dir, f))

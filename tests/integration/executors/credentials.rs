@@ -11,9 +11,12 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use toolgate::proto::{self, ToolStatus};
 
-use crate::support::{
-    START_UNIX_MS, TestServer, Who, call, execute_request,
-    idp::{Idp, Whoami},
+use crate::{
+    executors::wait_for_tool,
+    support::{
+        START_UNIX_MS, TestServer, Who, call, execute_request,
+        idp::{Idp, Whoami, WhoamiMcp},
+    },
 };
 
 const AUDIENCE: &str = "https://tickets.test";
@@ -44,8 +47,10 @@ async fn setup() -> Setup {
     }
 }
 
-/// The catalog [`setup`] serves; its client secret and workload token are written to `dir`.
-async fn catalog(idp: &Idp, upstream: &Whoami, dir: &std::path::Path) -> String {
+/// The grants the catalogs use: the client secret and the sidecar's workload token are written
+/// to `dir`; `grant(extra)` is a grant for [`AUDIENCE`], `grant(&actor)` one with the workload
+/// token as the actor.
+async fn grants(idp: &Idp, dir: &std::path::Path) -> (impl Fn(&str) -> String, String) {
     let secret = dir.join("client-secret");
     std::fs::write(&secret, "toolgate-secret-0123456789abcdef\n").unwrap();
     let actor = dir.join("workload-token");
@@ -54,13 +59,22 @@ async fn catalog(idp: &Idp, upstream: &Whoami, dir: &std::path::Path) -> String 
                      "aud": idp.issuer, "exp": START_UNIX_MS / 1000 + 24 * 3600}))
         .await;
     std::fs::write(&actor, workload).unwrap();
-    let grant = |extra: &str| {
+    let endpoint = idp.token_endpoint();
+    let grant = move |extra: &str| {
         format!(
-            "{{ token_endpoint: \"{}\", client_id: toolgate, client_secret_file: \"{}\", audience: \"{AUDIENCE}\", scope: tickets:read, timeout: 1s{extra} }}",
-            idp.token_endpoint(),
+            "{{ token_endpoint: \"{endpoint}\", client_id: toolgate, client_secret_file: \"{}\", audience: \"{AUDIENCE}\", scope: tickets:read, timeout: 1s{extra} }}",
             secret.display()
         )
     };
+    (
+        grant,
+        format!(", actor_token_file: \"{}\"", actor.display()),
+    )
+}
+
+/// The catalog [`setup`] serves; its client secret and workload token are written to `dir`.
+async fn catalog(idp: &Idp, upstream: &Whoami, dir: &std::path::Path) -> String {
+    let (grant, actor) = grants(idp, dir).await;
     let upstream_at = |credentials: String| {
         format!(
             "    url: {}\n    allow_schemes: [http]\n    allow_private_addresses: true\n    credentials: {credentials}\n",
@@ -84,10 +98,7 @@ upstreams:
   - {{ name: tickets_passed_through, description: d, risk_level: read_only, timeout: 5s, executor: {{ http: {{ upstream: tickets_own, path: /whoami }} }}, input_schema: {{ type: object }} }}
 "#,
         issuer = idp.issuer,
-        exchange = upstream_at(format!(
-            "{{ token_exchange: {} }}",
-            grant(&format!(", actor_token_file: \"{}\"", actor.display()))
-        )),
+        exchange = upstream_at(format!("{{ token_exchange: {} }}", grant(&actor))),
         client = upstream_at(format!("{{ client_credentials: {} }}", grant(""))),
         pass = upstream_at(format!(
             "{{ pass_through: {{ audience: \"{AUDIENCE}\" }} }}"
@@ -526,6 +537,167 @@ async fn an_mcp_host_s_caller_reaches_the_upstream_as_themselves() {
         "{saw}"
     );
     s.server.stop().await;
+}
+
+/// An MCP server over Streamable HTTP that verifies every request's token: each person's call
+/// reaches it with their exchanged token (the agent as actor), a client-credentials server's
+/// with the sidecar's own, and the shared session's own requests (initialize, tools/list,
+/// notifications, the event stream) with the sidecar's token from the same grant: no request
+/// ever goes without one, and no caller's own token is sent. A person with no credential (the
+/// token endpoint down) never reaches the server.
+#[tokio::test]
+async fn an_mcp_server_sees_each_person_on_their_calls_and_the_sidecar_on_its_session() {
+    let idp = Idp::start().await;
+    let mcp = WhoamiMcp::start(&idp, AUDIENCE).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (grant, actor) = grants(&idp, dir.path()).await;
+    let server_at = |credentials: String| {
+        format!(
+            "{{ url: \"{}/mcp\", allow_private_addresses: true, credentials: {credentials}, tools: {{ whoami: {{ risk_level: read_only }} }} }}",
+            mcp.url
+        )
+    };
+    let yaml = format!(
+        r#"version: 1
+identity:
+  jwt: {{ jwks: {{ url: "{issuer}/jwks" }}, issuer: ["{issuer}"], audience: [toolgate] }}
+tenants: {{ acme: {{}} }}
+mcp_servers:
+  people: {people}
+  sidecar: {sidecar}
+"#,
+        issuer = idp.issuer,
+        people = server_at(format!("{{ token_exchange: {} }}", grant(&actor))),
+        sidecar = server_at(format!("{{ client_credentials: {} }}", grant(""))),
+    );
+    let server = TestServer::start(&yaml).await;
+    let person = |sub: &'static str| {
+        idp.mint(json!({"sub": sub, "tenant": "acme", "aud": "toolgate",
+                        "exp": START_UNIX_MS / 1000 + 3600}))
+    };
+    let (alice, bob) = (person("alice").await, person("bob").await);
+    wait_for_tool(&server, &Who::token(&alice), "people.whoami").await;
+    wait_for_tool(&server, &Who::token(&alice), "sidecar.whoami").await;
+    let run = |tool: &'static str, token: String| {
+        let server = &server;
+        async move {
+            server
+                .client()
+                .await
+                .execute_tool(Who::token(&token).request(execute_request(call(tool, "{}"))))
+                .await
+                .unwrap()
+                .into_inner()
+                .result
+                .unwrap()
+        }
+    };
+    let saw = |result: proto::ToolResult| -> Value {
+        assert_eq!(result.status(), ToolStatus::Ok, "{result:?}");
+        assert!(!result.model_text.contains("eyJ"), "{result:?}");
+        serde_json::from_str(&result.model_text).unwrap()
+    };
+    let exchanges = || async {
+        idp.stats().await["token"]["urn:ietf:params:oauth:grant-type:token-exchange"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let before = exchanges().await;
+    let saw_alice = saw(run("people.whoami", alice.clone()).await);
+    let saw_bob = saw(run("people.whoami", bob.clone()).await);
+    for (saw, who) in [(&saw_alice, "alice"), (&saw_bob, "bob")] {
+        assert_eq!(saw["sub"], who, "{saw}");
+        assert_eq!(saw["aud"], AUDIENCE, "{saw}");
+        assert_eq!(saw["tenant"], "acme", "{saw}");
+        assert_eq!(
+            saw["act"],
+            json!({"sub": "system:serviceaccount:agents:support-bot"}),
+            "{saw}"
+        );
+    }
+    // Alice again: her token is reused.
+    assert_eq!(saw(run("people.whoami", alice.clone()).await), saw_alice);
+    assert_eq!(exchanges().await, before + 2, "one exchange per person");
+    // The client-credentials server: the sidecar itself, whoever calls.
+    let own = saw(run("sidecar.whoami", bob.clone()).await);
+    assert_eq!(
+        (own["sub"].as_str(), own["act"].as_str()),
+        (Some("toolgate"), None),
+        "{own}"
+    );
+    let event = server
+        .wait_for_audit(|e| e["tool"] == "people.whoami" && e["credential"]["subject"] == "bob")
+        .await;
+    assert_eq!(
+        event["credential"]["fingerprint"],
+        saw_bob["token_sha256"].as_str().unwrap()[..16],
+        "{event}"
+    );
+
+    // The token endpoint is down: a person with no token yet is refused, retryably, and the
+    // server never sees their call.
+    let calls = |seen: &[Value]| seen.iter().filter(|r| r["method"] == "tools/call").count();
+    let calls_before = calls(&mcp.seen().await);
+    idp.mode(json!({ "token": "down" })).await;
+    let refused = run("people.whoami", person("carol").await).await;
+    assert_eq!(
+        (
+            refused.status(),
+            refused.error_type.as_str(),
+            refused.retryable
+        ),
+        (ToolStatus::Unavailable, "credentials_unavailable", true),
+        "{refused:?}"
+    );
+    idp.mode(json!({ "token": "normal" })).await;
+
+    let seen = mcp.seen().await;
+    assert_eq!(
+        calls(&seen),
+        calls_before,
+        "carol's call reached the server"
+    );
+    // Every request carried a valid token: the calls the person's (or, for the sidecar server,
+    // the sidecar's), everything else the sidecar's.
+    assert!(seen.iter().all(|r| r["valid"] == true), "{seen:#?}");
+    let call_tokens: Vec<&Value> = seen
+        .iter()
+        .filter(|r| r["method"] == "tools/call")
+        .map(|r| &r["token_sha256"])
+        .collect();
+    for saw in [&saw_alice, &saw_bob, &own] {
+        assert!(call_tokens.contains(&&saw["token_sha256"]), "{seen:#?}");
+    }
+    // The marker naming a call's token stays in the sidecar.
+    assert!(
+        seen.iter()
+            .flat_map(|r| r["meta_keys"].as_array().into_iter().flatten())
+            .all(|key| !key.as_str().unwrap_or_default().contains("toolgate")),
+        "{seen:#?}"
+    );
+    let session: Vec<&Value> = seen
+        .iter()
+        .filter(|r| r["method"] != "tools/call")
+        .collect();
+    let methods: Vec<&str> = session
+        .iter()
+        .filter_map(|r| r["method"].as_str())
+        .collect();
+    for method in ["initialize", "tools/list", "notifications/initialized"] {
+        assert!(methods.contains(&method), "{methods:?}");
+    }
+    assert!(
+        session.iter().all(|r| r["sub"] == "toolgate"),
+        "{session:#?}"
+    );
+    for token in [&alice, &bob] {
+        let own = json!(hex_sha256(token));
+        assert!(
+            seen.iter().all(|r| r["token_sha256"] != own),
+            "a caller's own token was sent"
+        );
+    }
+    server.stop().await;
 }
 
 /// The real binary's logs (debug for the credentials and the boundary), and stdout, where its

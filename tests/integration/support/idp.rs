@@ -137,3 +137,44 @@ impl Whoami {
         serde_json::from_str(&response.text().await.unwrap()).unwrap()
     }
 }
+
+/// tests/fixtures/idp/whoami_mcp_server.py: an MCP server over Streamable HTTP that verifies the
+/// bearer token of every request against the IdP's keys (audience `audience`); its tool `whoami`
+/// answers what the token of its call said, and `GET /seen` lists every request it received.
+pub struct WhoamiMcp {
+    pub url: String,
+    http: reqwest::Client,
+    _child: tokio::process::Child,
+}
+
+impl WhoamiMcp {
+    pub async fn start(idp: &Idp, audience: &str) -> WhoamiMcp {
+        let (port, child) = super::spawn_listening(
+            tokio::process::Command::new(super::python())
+                .arg(concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/tests/fixtures/idp/whoami_mcp_server.py"
+                ))
+                .args(["--jwks-url", &idp.jwks_url()])
+                .args(["--audience", audience, "--issuer", &idp.issuer])
+                .stderr(std::process::Stdio::null()),
+        )
+        .await;
+        WhoamiMcp {
+            url: format!("http://127.0.0.1:{port}"),
+            http: reqwest::Client::builder().no_proxy().build().unwrap(),
+            _child: child,
+        }
+    }
+
+    /// Every request the server received: `{method, sub, valid, token_sha256}`.
+    pub async fn seen(&self) -> Vec<Value> {
+        let response = self
+            .http
+            .get(format!("{}/seen", self.url))
+            .send()
+            .await
+            .unwrap();
+        serde_json::from_str(&response.text().await.unwrap()).unwrap()
+    }
+}
