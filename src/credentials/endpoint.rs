@@ -104,10 +104,22 @@ pub(super) async fn request(
                 code.len() <= 64 && code.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
             })
             .unwrap_or("no error code");
-        return Err(CredentialError::Refused(format!(
+        let said = format!(
             "no credential for {label}: the token endpoint refused ({} {code})",
             status.as_u16()
-        )));
+        );
+        // These name the sidecar's own setup, not the caller: the same for every caller until
+        // an operator fixes the client or the grant.
+        if matches!(
+            code,
+            "invalid_client" | "unauthorized_client" | "unsupported_grant_type" | "invalid_target"
+        ) {
+            tracing::error!(backend = %label, status = status.as_u16(), code, "the token endpoint refused the sidecar's client or grant: check its credentials settings");
+            return Err(CredentialError::Misconfigured(format!(
+                "{said}: the sidecar's client or grant is not accepted there; an operator must fix it"
+            )));
+        }
+        return Err(CredentialError::Refused(said));
     }
     let Some(answer) = answer else {
         return Err(unavailable("answered with no JSON".into()));

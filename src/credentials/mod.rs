@@ -43,6 +43,11 @@ pub enum CredentialError {
     /// not retryable. Carries the endpoint's error code, never its description.
     #[error("{0}")]
     Refused(String),
+    /// The token endpoint refused the sidecar's own client or grant (`invalid_client`,
+    /// `unauthorized_client`, `unsupported_grant_type`, `invalid_target`): an operator's to
+    /// fix, the same for every caller.
+    #[error("{0}")]
+    Misconfigured(String),
 }
 
 /// Which credential a call was made with, as records name it.

@@ -77,6 +77,7 @@ impl From<crate::credentials::CredentialError> for ExecError {
         match err {
             CredentialError::Unavailable(m) => ExecError::CredentialsUnavailable(m),
             CredentialError::Refused(m) => ExecError::CredentialsRefused(m),
+            CredentialError::Misconfigured(m) => ExecError::Misconfigured(m),
         }
     }
 }

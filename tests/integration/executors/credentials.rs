@@ -75,6 +75,20 @@ async fn grants(idp: &Idp, dir: &std::path::Path) -> (impl Fn(&str) -> String, S
 /// The catalog [`setup`] serves; its client secret and workload token are written to `dir`.
 async fn catalog(idp: &Idp, upstream: &Whoami, dir: &std::path::Path) -> String {
     let (grant, actor) = grants(idp, dir).await;
+    // A client the IdP does not allow to exchange tokens: the sidecar's setup is wrong.
+    let refused_secret = dir.join("refused-secret");
+    std::fs::write(&refused_secret, "refused-secret-0123456789abcdef").unwrap();
+    let misconfigured = grant("").replace(
+        &format!(
+            "client_id: toolgate, client_secret_file: \"{}\"",
+            dir.join("client-secret").display()
+        ),
+        &format!(
+            "client_id: refused-client, client_secret_file: \"{}\"",
+            refused_secret.display()
+        ),
+    );
+    assert!(misconfigured.contains("refused-client"));
     let upstream_at = |credentials: String| {
         format!(
             "    url: {}\n    allow_schemes: [http]\n    allow_private_addresses: true\n    credentials: {credentials}\n",
@@ -92,14 +106,17 @@ upstreams:
   tickets:
 {exchange}  tickets_sidecar:
 {client}  tickets_own:
-{pass}tools:
+{pass}  tickets_misconfigured:
+{misconfigured}tools:
   - {{ name: tickets, description: d, risk_level: read_only, timeout: 5s, executor: {{ http: {{ upstream: tickets, path: /whoami }} }}, input_schema: {{ type: object }} }}
   - {{ name: tickets_as_sidecar, description: d, risk_level: read_only, timeout: 5s, executor: {{ http: {{ upstream: tickets_sidecar, path: /whoami }} }}, input_schema: {{ type: object }} }}
+  - {{ name: tickets_misconfigured, description: d, risk_level: read_only, timeout: 5s, executor: {{ http: {{ upstream: tickets_misconfigured, path: /whoami }} }}, input_schema: {{ type: object }} }}
   - {{ name: tickets_passed_through, description: d, risk_level: read_only, timeout: 5s, executor: {{ http: {{ upstream: tickets_own, path: /whoami }} }}, input_schema: {{ type: object }} }}
 "#,
         issuer = idp.issuer,
         exchange = upstream_at(format!("{{ token_exchange: {} }}", grant(&actor))),
         client = upstream_at(format!("{{ client_credentials: {} }}", grant(""))),
+        misconfigured = upstream_at(format!("{{ token_exchange: {misconfigured} }}")),
         pass = upstream_at(format!(
             "{{ pass_through: {{ audience: \"{AUDIENCE}\" }} }}"
         )),
@@ -372,6 +389,25 @@ async fn a_failing_token_endpoint_keeps_the_call_from_the_upstream() {
     }
     // The endpoint recovers: the next call gets its credential.
     s.idp.mode(json!({ "token": "normal" })).await;
+    // The endpoint refuses the sidecar's own client: an operator's fault, not the caller's.
+    let result = s
+        .refused("tickets_misconfigured", &s.person("frank").await)
+        .await;
+    assert_eq!(
+        (
+            result.status(),
+            result.error_type.as_str(),
+            result.retryable
+        ),
+        (ToolStatus::Error, "backend_misconfigured", false),
+        "{result:?}"
+    );
+    assert!(
+        result
+            .error_message
+            .contains("the token endpoint refused (400 unauthorized_client)"),
+        "{result:?}"
+    );
     let saw = s.seen_by_upstream("tickets", &s.person("erin").await).await;
     assert_eq!(saw["sub"], "erin");
     s.server.stop().await;
