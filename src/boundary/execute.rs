@@ -103,6 +103,24 @@ impl Boundary {
                     })?,
                 None => None,
             };
+            let executor = state.executors.for_backend(&tool.backend);
+            // The backend's credential, before an approval is spent or anything is sent: a
+            // deadline that passes here leaves nothing unknown, so the call may be retried.
+            match tokio::time::timeout_at(deadline, executor.authenticate(permit)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(err)) => return Err(exec_refusal(err, permit)),
+                Err(_elapsed) => {
+                    return Err(Refusal::new(
+                        Stage::Execute,
+                        Reason::CredentialsUnavailable,
+                        format!(
+                            "no credential for {} before {}; nothing was sent",
+                            tool.name,
+                            deadline_name(tool, deadline == tool_deadline)
+                        ),
+                    ));
+                }
+            }
             let tenant = &permit.caller().tenant;
             if let Some(id) = approval_id {
                 self.approvals
@@ -112,7 +130,6 @@ impl Boundary {
                         Refusal::new(Stage::Approval, reason, message).with_approval_id(id)
                     })?;
             }
-            let executor = state.executors.for_backend(&tool.backend);
             tracing::debug!(call_id = permit.call_id(), tool = %tool.name, "executing");
             started.store(true, Ordering::Release);
             let output = match tokio::time::timeout_at(deadline, executor.execute(permit)).await {
@@ -176,12 +193,17 @@ pub(super) fn exec_refusal(err: ExecError, permit: &Permit) -> Refusal {
     refusal
 }
 
-fn timeout_refusal(tool: &ToolVersion, tool_timeout_hit: bool) -> Refusal {
-    let limit = if tool_timeout_hit {
+/// Which deadline passed: the tool's timeout, or the client's.
+fn deadline_name(tool: &ToolVersion, tool_timeout_hit: bool) -> String {
+    if tool_timeout_hit {
         format!("its timeout of {} ms", tool.timeout.as_millis())
     } else {
         "the client's deadline".to_owned()
-    };
+    }
+}
+
+fn timeout_refusal(tool: &ToolVersion, tool_timeout_hit: bool) -> Refusal {
+    let limit = deadline_name(tool, tool_timeout_hit);
     if tool.risk_level == RiskLevel::ReadOnly {
         Refusal::new(
             Stage::Execute,

@@ -5,7 +5,11 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::{catalog::ToolVersion, credentials::CredentialUsed, identity::Caller};
+use crate::{
+    catalog::ToolVersion,
+    credentials::{Credential, CredentialUsed},
+    identity::Caller,
+};
 
 /// A call the boundary decided may run, with its final (bound) arguments.
 #[derive(Debug)]
@@ -17,8 +21,9 @@ pub struct Permit {
     arguments: Value,
     /// W3C trace context to carry to the backend.
     traceparent: Option<String>,
-    /// The credential the executor called the backend with, for the call's records.
-    credential: std::sync::OnceLock<Arc<CredentialUsed>>,
+    /// The credential the backend is called with: fetched before the call is started, kept for
+    /// the executor and (by what it names) the call's records.
+    credential: std::sync::OnceLock<Credential>,
     /// Private: nothing outside `boundary` can build a permit.
     _sealed: Sealed,
 }
@@ -72,15 +77,20 @@ impl Permit {
         &self.caller
     }
 
-    /// Records which credential the backend is called with (the executor says so once it has
-    /// one), for the call's span and audit event; never the token.
-    pub fn record_credential(&self, used: Arc<CredentialUsed>) {
-        let _ = self.credential.set(used);
+    /// Keeps the credential the backend is called with (its executor fetched it), for the
+    /// executor and the call's span and audit event, which name it, never the token.
+    pub fn record_credential(&self, credential: Credential) {
+        let _ = self.credential.set(credential);
     }
 
-    /// The credential the backend was called with, if the executor recorded one.
-    pub fn credential(&self) -> Option<&Arc<CredentialUsed>> {
+    /// The credential the backend is called with, if one was fetched.
+    pub fn issued_credential(&self) -> Option<&Credential> {
         self.credential.get()
+    }
+
+    /// What names the credential the backend was called with, if one was fetched.
+    pub fn credential(&self) -> Option<&Arc<CredentialUsed>> {
+        self.credential.get().map(|c| &c.used)
     }
 
     /// The arguments after validation and binding: what the backend receives.

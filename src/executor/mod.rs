@@ -120,6 +120,14 @@ impl ExecError {
 
 /// A backend that runs permitted calls and returns their output text.
 pub trait Executor: Send + Sync {
+    /// Fetches the credential the backend is to be called with, if it takes one, and keeps it
+    /// on the permit; nothing is sent to the backend. The boundary calls it before the call is
+    /// started (before an approval is spent), so a slow token endpoint is a refusal, not an
+    /// unknown outcome; `execute` calls it again, which does nothing once the permit has one.
+    fn authenticate<'a>(&'a self, _permit: &'a Permit) -> BoxFuture<'a, Result<(), ExecError>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+
     fn execute<'a>(&'a self, permit: &'a Permit) -> BoxFuture<'a, Result<String, ExecError>>;
 }
 

@@ -292,11 +292,37 @@ impl HttpExecutor {
         self.upstreams.get(name).map(Arc::as_ref)
     }
 
+    /// The upstream a tool names. Built with the catalog that names it, so never missing;
+    /// refuse rather than guess.
+    fn upstream_of(&self, tool: &HttpTarget) -> Result<&Upstream, ExecError> {
+        self.upstreams
+            .get(&tool.upstream)
+            .map(Arc::as_ref)
+            .ok_or_else(|| {
+                ExecError::Misconfigured(format!("upstream {} is not configured", tool.upstream))
+            })
+    }
+
+    /// Fetches the caller's credential for `upstream` onto the permit, unless it has one.
+    async fn authenticate_on(&self, upstream: &Upstream, permit: &Permit) -> Result<(), ExecError> {
+        if permit.issued_credential().is_some() {
+            return Ok(());
+        }
+        match (&upstream.credential_spec, &upstream.credentials) {
+            (None, _) => Ok(()),
+            (Some(_), None) => Err(ExecError::Misconfigured(format!(
+                "upstream {}'s credentials could not be set up",
+                upstream.name
+            ))),
+            (Some(_), Some(credentials)) => {
+                permit.record_credential(credentials.for_call(permit.caller()).await?);
+                Ok(())
+            }
+        }
+    }
+
     async fn run(&self, tool: &HttpTarget, permit: &Permit) -> Result<String, ExecError> {
-        // Built with the catalog that names it, so never missing; refuse rather than guess.
-        let upstream = self.upstreams.get(&tool.upstream).ok_or_else(|| {
-            ExecError::Misconfigured(format!("upstream {} is not configured", tool.upstream))
-        })?;
+        let upstream = self.upstream_of(tool)?;
         let _slot = upstream
             .in_flight
             .clone()
@@ -324,20 +350,8 @@ impl HttpExecutor {
             .map_err(|err| ExecError::Refused(err.to_string()))?;
         // The caller's credential for this upstream, before anything is sent: without one, the
         // upstream is not called.
-        let credential = match (&upstream.credential_spec, &upstream.credentials) {
-            (None, _) => None,
-            (Some(_), None) => {
-                return Err(ExecError::Misconfigured(format!(
-                    "upstream {}'s credentials could not be set up",
-                    upstream.name
-                )));
-            }
-            (Some(_), Some(credentials)) => {
-                let credential = credentials.for_call(permit.caller()).await?;
-                permit.record_credential(credential.used.clone());
-                Some(credential)
-            }
-        };
+        self.authenticate_on(upstream, permit).await?;
+        let credential = permit.issued_credential();
         let body = serde_json::to_vec(permit.arguments())
             .map_err(|err| ExecError::failed(format!("cannot encode arguments: {err}")))?;
         // A fresh id per request: call ids repeat (every first call of a turn without one is
@@ -354,7 +368,7 @@ impl HttpExecutor {
         if let Some(traceparent) = permit.traceparent() {
             request = request.header("traceparent", traceparent);
         }
-        if let Some(credential) = &credential {
+        if let Some(credential) = credential {
             request = request.header(reqwest::header::AUTHORIZATION, credential.header().clone());
         }
         let response = request
@@ -395,6 +409,18 @@ impl HttpExecutor {
 }
 
 impl Executor for HttpExecutor {
+    fn authenticate<'a>(&'a self, permit: &'a Permit) -> BoxFuture<'a, Result<(), ExecError>> {
+        async move {
+            match &permit.tool().backend {
+                BackendSpec::Http(tool) => {
+                    self.authenticate_on(self.upstream_of(tool)?, permit).await
+                }
+                _ => Ok(()),
+            }
+        }
+        .boxed()
+    }
+
     fn execute<'a>(&'a self, permit: &'a Permit) -> BoxFuture<'a, Result<String, ExecError>> {
         async move {
             match &permit.tool().backend {

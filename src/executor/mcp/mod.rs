@@ -199,14 +199,8 @@ impl McpManager {
             .ok_or_else(not_connected)?;
         // The caller's credential for this server, before anything is sent: without one, the
         // server is not called.
-        let credential = match &slot.auth {
-            Some(auth) => {
-                let credential = auth.calls.for_call(permit.caller()).await?;
-                permit.record_credential(credential.used.clone());
-                Some((auth, credential))
-            }
-            None => None,
-        };
+        authenticate_on(slot, permit).await?;
+        let credential = slot.auth.as_ref().zip(permit.issued_credential());
         let arguments = permit.arguments().as_object().cloned().unwrap_or_default();
         let _in_flight = InFlight::enter(&self.in_flight);
         // Dropping this future (deadline, client cancel) cancels the request on the server.
@@ -216,7 +210,7 @@ impl McpManager {
         if let Some(traceparent) = permit.traceparent() {
             meta.insert("traceparent".into(), Value::from(traceparent));
         }
-        let _token = credential.map(|(auth, credential)| auth.attach(&credential, &mut meta));
+        let _token = credential.map(|(auth, credential)| auth.attach(credential, &mut meta));
         if !meta.is_empty() {
             params.meta = Some(meta.into());
         }
@@ -256,7 +250,28 @@ fn render_content<T: serde::Serialize>(blocks: &[T]) -> String {
         .join("\n")
 }
 
+/// Fetches the caller's credential for a server onto the permit, unless it has one.
+async fn authenticate_on(slot: &Slot, permit: &Permit) -> Result<(), ExecError> {
+    if let (Some(auth), None) = (&slot.auth, permit.issued_credential()) {
+        permit.record_credential(auth.calls.for_call(permit.caller()).await?);
+    }
+    Ok(())
+}
+
 impl Executor for McpManager {
+    fn authenticate<'a>(&'a self, permit: &'a Permit) -> BoxFuture<'a, Result<(), ExecError>> {
+        async move {
+            match &permit.tool().backend {
+                BackendSpec::Mcp(tool) => match self.slots.get(&tool.server) {
+                    Some(slot) => authenticate_on(slot, permit).await,
+                    None => Ok(()),
+                },
+                _ => Ok(()),
+            }
+        }
+        .boxed()
+    }
+
     fn execute<'a>(&'a self, permit: &'a Permit) -> BoxFuture<'a, Result<String, ExecError>> {
         async move {
             match &permit.tool().backend {

@@ -110,6 +110,7 @@ upstreams:
 {misconfigured}tools:
   - {{ name: tickets, description: d, risk_level: read_only, timeout: 5s, executor: {{ http: {{ upstream: tickets, path: /whoami }} }}, input_schema: {{ type: object }} }}
   - {{ name: tickets_as_sidecar, description: d, risk_level: read_only, timeout: 5s, executor: {{ http: {{ upstream: tickets_sidecar, path: /whoami }} }}, input_schema: {{ type: object }} }}
+  - {{ name: tickets_hurried, description: d, risk_level: write_draft, timeout: 300ms, executor: {{ http: {{ upstream: tickets, path: /whoami }} }}, input_schema: {{ type: object }} }}
   - {{ name: tickets_misconfigured, description: d, risk_level: read_only, timeout: 5s, executor: {{ http: {{ upstream: tickets_misconfigured, path: /whoami }} }}, input_schema: {{ type: object }} }}
   - {{ name: tickets_passed_through, description: d, risk_level: read_only, timeout: 5s, executor: {{ http: {{ upstream: tickets_own, path: /whoami }} }}, input_schema: {{ type: object }} }}
 "#,
@@ -387,6 +388,27 @@ async fn a_failing_token_endpoint_keeps_the_call_from_the_upstream() {
             "{result:?}"
         );
     }
+    // The endpoint is slower than a write tool's timeout: the call is refused for want of a
+    // credential, retryably, and not as a write whose outcome is unknown (nothing was sent).
+    s.idp
+        .mode(json!({ "token": "slow", "delay_ms": 900 }))
+        .await;
+    let result = s.refused("tickets_hurried", &s.person("hasty").await).await;
+    assert_eq!(
+        (
+            result.status(),
+            result.error_type.as_str(),
+            result.retryable
+        ),
+        (ToolStatus::Unavailable, "credentials_unavailable", true),
+        "{result:?}"
+    );
+    assert!(
+        result.error_message.contains(
+            "no credential for tickets_hurried before its timeout of 300 ms; nothing was sent"
+        ),
+        "{result:?}"
+    );
     // The endpoint recovers: the next call gets its credential.
     s.idp.mode(json!({ "token": "normal" })).await;
     // The endpoint refuses the sidecar's own client: an operator's fault, not the caller's.
