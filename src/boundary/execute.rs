@@ -106,19 +106,23 @@ impl Boundary {
             let executor = state.executors.for_backend(&tool.backend);
             // The backend's credential, before an approval is spent or anything is sent: a
             // deadline that passes here leaves nothing unknown, so the call may be retried.
-            match tokio::time::timeout_at(deadline, executor.authenticate(permit)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(err)) => return Err(exec_refusal(err, permit)),
-                Err(_elapsed) => {
-                    return Err(Refusal::new(
-                        Stage::Execute,
-                        Reason::CredentialsUnavailable,
-                        format!(
-                            "no credential for {} before {}; nothing was sent",
-                            tool.name,
-                            deadline_name(tool, deadline == tool_deadline)
-                        ),
-                    ));
+            // (Boxed with its timer: the calls that fetch one already allocate, and the others
+            // keep a small future.)
+            if let Some(fetch) = executor.authenticate(permit) {
+                match Box::pin(tokio::time::timeout_at(deadline, fetch)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(err)) => return Err(exec_refusal(err, permit)),
+                    Err(_elapsed) => {
+                        return Err(Refusal::new(
+                            Stage::Execute,
+                            Reason::CredentialsUnavailable,
+                            format!(
+                                "no credential for {} before {}; nothing was sent",
+                                tool.name,
+                                deadline_name(tool, deadline == tool_deadline)
+                            ),
+                        ));
+                    }
                 }
             }
             let tenant = &permit.caller().tenant;

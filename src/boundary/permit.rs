@@ -23,7 +23,7 @@ pub struct Permit {
     traceparent: Option<String>,
     /// The credential the backend is called with: fetched before the call is started, kept for
     /// the executor and (by what it names) the call's records.
-    credential: std::sync::OnceLock<Credential>,
+    credential: std::sync::OnceLock<Arc<Credential>>,
     /// Private: nothing outside `boundary` can build a permit.
     _sealed: Sealed,
 }
@@ -79,13 +79,13 @@ impl Permit {
 
     /// Keeps the credential the backend is called with (its executor fetched it), for the
     /// executor and the call's span and audit event, which name it, never the token.
-    pub fn record_credential(&self, credential: Credential) {
+    pub fn record_credential(&self, credential: Arc<Credential>) {
         let _ = self.credential.set(credential);
     }
 
     /// The credential the backend is called with, if one was fetched.
     pub fn issued_credential(&self) -> Option<&Credential> {
-        self.credential.get()
+        self.credential.get().map(Arc::as_ref)
     }
 
     /// What names the credential the backend was called with, if one was fetched.

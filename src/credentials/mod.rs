@@ -129,7 +129,7 @@ impl std::fmt::Debug for Credential {
 /// The cache key: the SHA-256 of the caller's token (all zeros for the sidecar's own).
 type Key = [u8; 32];
 
-type Fetch = Shared<BoxFuture<'static, Result<Credential, CredentialError>>>;
+type Fetch = Shared<BoxFuture<'static, Result<Arc<Credential>, CredentialError>>>;
 
 /// One backend's credentials: its spec, the client for its token endpoint, and the tokens it
 /// was issued.
@@ -154,7 +154,7 @@ impl std::fmt::Debug for Credentials {
 
 #[derive(Default)]
 struct Cache {
-    entries: HashMap<Key, Credential>,
+    entries: HashMap<Key, Arc<Credential>>,
     bytes: usize,
     max_bytes: usize,
 }
@@ -212,9 +212,11 @@ impl Credentials {
     pub async fn for_call(
         self: &Arc<Self>,
         caller: &Caller,
-    ) -> Result<Credential, CredentialError> {
+    ) -> Result<Arc<Credential>, CredentialError> {
         let key: Key = match &self.spec {
-            CredentialSpec::PassThrough { audience } => return self.pass_through(caller, audience),
+            CredentialSpec::PassThrough { audience } => {
+                return self.pass_through(caller, audience).map(Arc::new);
+            }
             CredentialSpec::ClientCredentials(_) => [0; 32],
             CredentialSpec::TokenExchange(_) => {
                 let token = caller.token.as_ref().ok_or_else(|| {
@@ -237,7 +239,7 @@ impl Credentials {
 
     /// The sidecar's own token (client credentials), for requests made for no caller: an MCP
     /// session's initialize and tools/list. Only a client credentials spec has one.
-    pub async fn own(self: &Arc<Self>) -> Result<Credential, CredentialError> {
+    pub async fn own(self: &Arc<Self>) -> Result<Arc<Credential>, CredentialError> {
         match self.spec {
             CredentialSpec::ClientCredentials(_) => self.issued([0; 32], || None).await,
             _ => Err(CredentialError::Unavailable(format!(
@@ -253,7 +255,7 @@ impl Credentials {
         self: &Arc<Self>,
         key: Key,
         subject: impl FnOnce() -> Option<String>,
-    ) -> Result<Credential, CredentialError> {
+    ) -> Result<Arc<Credential>, CredentialError> {
         if let Some(hit) = self.cached(&key) {
             return Ok(hit);
         }
@@ -269,7 +271,7 @@ impl Credentials {
                     // deadline, a cancel); the map's lock, held here until the entry is in, makes
                     // its removal come after.
                     let task = tokio::spawn(async move {
-                        let result = this.fetch(subject).await;
+                        let result = this.fetch(subject).await.map(Arc::new);
                         let mut in_flight = lock(&this.in_flight);
                         in_flight.remove(&key);
                         if let Ok(credential) = &result {
@@ -295,7 +297,7 @@ impl Credentials {
         fetch.await
     }
 
-    fn cached(&self, key: &Key) -> Option<Credential> {
+    fn cached(&self, key: &Key) -> Option<Arc<Credential>> {
         let mut cache = lock(&self.cache);
         let now = self.clock.unix_ms();
         match cache.entries.get(key) {
@@ -311,7 +313,7 @@ impl Credentials {
     }
 
     /// Keeps a token: when over the budget, expired ones go first, then arbitrary ones.
-    fn store(&self, key: Key, credential: Credential) {
+    fn store(&self, key: Key, credential: Arc<Credential>) {
         let mut cache = lock(&self.cache);
         let size = credential.bytes();
         if size > cache.max_bytes {
@@ -323,7 +325,7 @@ impl Credentials {
         if cache.bytes + size > cache.max_bytes {
             let now = self.clock.unix_ms();
             cache.entries.retain(|_, c| c.use_until_ms > now);
-            cache.bytes = cache.entries.values().map(Credential::bytes).sum();
+            cache.bytes = cache.entries.values().map(|c| c.bytes()).sum();
             while cache.bytes + size > cache.max_bytes {
                 let Some(victim) = cache.entries.keys().next().copied() else {
                     break;

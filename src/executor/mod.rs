@@ -120,12 +120,16 @@ impl ExecError {
 
 /// A backend that runs permitted calls and returns their output text.
 pub trait Executor: Send + Sync {
-    /// Fetches the credential the backend is to be called with, if it takes one, and keeps it
-    /// on the permit; nothing is sent to the backend. The boundary calls it before the call is
-    /// started (before an approval is spent), so a slow token endpoint is a refusal, not an
-    /// unknown outcome; `execute` calls it again, which does nothing once the permit has one.
-    fn authenticate<'a>(&'a self, _permit: &'a Permit) -> BoxFuture<'a, Result<(), ExecError>> {
-        Box::pin(std::future::ready(Ok(())))
+    /// When the backend takes a per-call credential: fetches it onto the permit, sending
+    /// nothing to the backend. The boundary runs it before the call is started (before an
+    /// approval is spent), so a slow token endpoint is a refusal, not an unknown outcome;
+    /// `execute` uses the credential on the permit (and fetches one itself if none is there).
+    /// `None` (nothing to fetch) costs a call nothing.
+    fn authenticate<'a>(
+        &'a self,
+        _permit: &'a Permit,
+    ) -> Option<BoxFuture<'a, Result<(), ExecError>>> {
+        None
     }
 
     fn execute<'a>(&'a self, permit: &'a Permit) -> BoxFuture<'a, Result<String, ExecError>>;

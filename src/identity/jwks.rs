@@ -21,6 +21,7 @@ use std::{
 use arc_swap::ArcSwap;
 use jsonwebtoken::jwk::{Jwk, JwkSet};
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 use url::Url;
 
 use super::{IdentityError, keys::Key};
@@ -114,6 +115,9 @@ impl JwksSettings {
 /// The keys last fetched, and what became of the fetches since.
 pub(super) struct KeySet {
     pub keys: Vec<Key>,
+    /// The SHA-256 of each key's published JSON: a key replaced under the same `kid`, or a
+    /// kid-less key replaced, is a key withdrawn.
+    published: BTreeSet<[u8; 32]>,
     /// When a fetch last succeeded (Unix ms); `None` before the first.
     fetched_at: Option<i64>,
     /// Why the last fetch failed, when it did (the good keys stay).
@@ -169,6 +173,7 @@ impl RemoteKeys {
             clock,
             state: ArcSwap::from_pointee(KeySet {
                 keys: Vec::new(),
+                published: BTreeSet::new(),
                 fetched_at: None,
                 last_error: None,
                 generation: 0,
@@ -179,6 +184,19 @@ impl RemoteKeys {
             waiting: tokio::sync::Semaphore::new(MAX_WAITING),
             refresher_started: AtomicBool::new(false),
         })
+    }
+
+    /// Keys from the same source as `previous` under new tunables (refresh, timeouts, limits):
+    /// they start with the keys `previous` holds, so a reload that changes only how keys are
+    /// fetched loses none (nor the last good set kept while the issuer is down).
+    pub fn taking_over(
+        previous: &RemoteKeys,
+        settings: JwksSettings,
+        clock: SharedClock,
+    ) -> Result<Self, String> {
+        let keys = RemoteKeys::new(settings, clock)?;
+        keys.state.store(previous.state.load_full());
+        Ok(keys)
     }
 
     pub fn settings(&self) -> &JwksSettings {
@@ -300,18 +318,14 @@ impl RemoteKeys {
         let previous = self.state.load_full();
         let ok = result.is_ok();
         let next = match result {
-            Ok(keys) => {
-                let kids = |keys: &[Key]| -> BTreeSet<Option<String>> {
-                    keys.iter().map(|k| k.kid.clone()).collect()
-                };
-                let before = kids(&previous.keys);
-                let after = kids(&keys);
-                let withdrawn = before.difference(&after).count();
-                if before != after {
+            Ok((keys, published)) => {
+                let withdrawn = previous.published.difference(&published).count();
+                if previous.published != published {
                     tracing::info!(source = %self.label, cause, keys = keys.len(), withdrawn, "issuer keys changed");
                 }
                 KeySet {
                     keys,
+                    published,
                     fetched_at: Some(self.clock.unix_ms()),
                     last_error: None,
                     generation: previous.generation + u64::from(withdrawn > 0),
@@ -321,6 +335,7 @@ impl RemoteKeys {
                 tracing::warn!(source = %self.label, cause, error = %err, kept = previous.keys.len(), "cannot fetch the issuer's keys; the last good ones stay in use");
                 KeySet {
                     keys: previous.keys.clone(),
+                    published: previous.published.clone(),
                     fetched_at: previous.fetched_at,
                     last_error: Some(err),
                     generation: previous.generation,
@@ -332,7 +347,8 @@ impl RemoteKeys {
         ok
     }
 
-    async fn fetch(&self) -> Result<Vec<Key>, String> {
+    /// The usable keys, and the SHA-256 of each one's published JSON.
+    async fn fetch(&self) -> Result<(Vec<Key>, BTreeSet<[u8; 32]>), String> {
         let jwks_url = match &self.settings.source {
             JwksSource::Url(url) => url.clone(),
             JwksSource::Discover(issuer) => self.discover(issuer).await?,
@@ -348,10 +364,17 @@ impl RemoteKeys {
             .iter()
             .filter_map(|key| serde_json::from_value(key.clone()).ok())
             .collect();
-        let mut keys = Vec::new();
+        let digests: Vec<[u8; 32]> = readable
+            .iter()
+            .map(|jwk| Sha256::digest(serde_json::to_vec(jwk).unwrap_or_default()).into())
+            .collect();
+        let (mut keys, mut published) = (Vec::new(), BTreeSet::new());
         for (i, key) in super::keys::signature_keys(&JwkSet { keys: readable }) {
             match key {
-                Ok(key) => keys.push(key),
+                Ok(key) => {
+                    keys.push(key);
+                    published.extend(digests.get(i));
+                }
                 Err(err) => {
                     tracing::debug!(source = %self.label, key = i, error = %err, "published key skipped")
                 }
@@ -363,7 +386,7 @@ impl RemoteKeys {
                 published.len()
             ));
         }
-        Ok(keys)
+        Ok((keys, published))
     }
 
     /// The JWKS URL the issuer's OpenID configuration names; the configuration must be the

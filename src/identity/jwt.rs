@@ -424,6 +424,7 @@ impl JwtVerifier {
                     .unwrap_or_default()
             )));
         }
+        let only_fetched = candidates.iter().all(|(_, was_fetched)| *was_fetched);
         let mut last_error = None;
         for (key, was_fetched) in candidates {
             let mut validation = Validation::new(key.algorithm);
@@ -467,9 +468,15 @@ impl JwtVerifier {
                 Err(err) => last_error = Some(err),
             }
         }
-        Err(IdentityError::InvalidToken(
-            last_error.map(|e| describe(&e)).unwrap_or_default(),
-        ))
+        let bad_signature = last_error
+            .as_ref()
+            .is_some_and(|e| *e.kind() == jsonwebtoken::errors::ErrorKind::InvalidSignature);
+        let said = last_error.map(|e| describe(&e)).unwrap_or_default();
+        if bad_signature && only_fetched {
+            // Worth one look at the issuer's current keys (rate-limited like an unknown kid).
+            return Err(IdentityError::SignatureMismatch(said));
+        }
+        Err(IdentityError::InvalidToken(said))
     }
 }
 

@@ -252,6 +252,10 @@ pub enum IdentityError {
     /// No configured or fetched key matches the token's algorithm and `kid`.
     #[error("invalid token: {0}")]
     NoKey(String),
+    /// The signature matches none of the fetched keys the token could be under (and no
+    /// configured one): the issuer may have replaced a key under the same `kid`.
+    #[error("invalid token: {0}")]
+    SignatureMismatch(String),
     /// The issuer's keys were never fetched, or too long ago.
     #[error("cannot verify the token: {0}")]
     KeysUnavailable(String),
@@ -344,12 +348,19 @@ impl IdentityResolver {
             .flat_map(|jwt| jwt.remote_keys())
             .map(|settings| {
                 settings
-                    .map(
-                        |settings| match carried.iter().find(|keys| keys.settings() == settings) {
-                            Some(keys) => Ok(Arc::clone(keys)),
+                    .map(|settings| {
+                        let same_source = carried
+                            .iter()
+                            .find(|keys| keys.settings().source == settings.source);
+                        match same_source {
+                            Some(keys) if keys.settings() == settings => Ok(Arc::clone(keys)),
+                            Some(keys) => {
+                                RemoteKeys::taking_over(keys, settings.clone(), clock.clone())
+                                    .map(Arc::new)
+                            }
                             None => RemoteKeys::new(settings.clone(), clock.clone()).map(Arc::new),
-                        },
-                    )
+                        }
+                    })
                     .transpose()
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -389,8 +400,8 @@ impl IdentityResolver {
     }
 
     /// For a request refused with `err`: the fetched keys that a refetch might let verify it
-    /// (the token named a key not in the set, or came before the first fetch), if a refetch is
-    /// allowed now or one is under way.
+    /// (the token named a key not in the set, came before the first fetch, or is signed by a
+    /// key replaced under a known `kid`), if a refetch is allowed now or one is under way.
     pub fn keys_to_refetch(
         &self,
         err: &IdentityError,
@@ -399,7 +410,9 @@ impl IdentityResolver {
     ) -> Option<Arc<RemoteKeys>> {
         if !matches!(
             err,
-            IdentityError::NoKey(_) | IdentityError::KeysUnavailable(_)
+            IdentityError::NoKey(_)
+                | IdentityError::KeysUnavailable(_)
+                | IdentityError::SignatureMismatch(_)
         ) {
             return None;
         }

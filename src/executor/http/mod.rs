@@ -409,16 +409,17 @@ impl HttpExecutor {
 }
 
 impl Executor for HttpExecutor {
-    fn authenticate<'a>(&'a self, permit: &'a Permit) -> BoxFuture<'a, Result<(), ExecError>> {
-        async move {
-            match &permit.tool().backend {
-                BackendSpec::Http(tool) => {
-                    self.authenticate_on(self.upstream_of(tool)?, permit).await
-                }
-                _ => Ok(()),
-            }
-        }
-        .boxed()
+    fn authenticate<'a>(
+        &'a self,
+        permit: &'a Permit,
+    ) -> Option<BoxFuture<'a, Result<(), ExecError>>> {
+        let BackendSpec::Http(tool) = &permit.tool().backend else {
+            return None;
+        };
+        // A missing upstream is execute's to report.
+        let upstream = self.upstream_of(tool).ok()?;
+        upstream.credential_spec.as_ref()?;
+        Some(self.authenticate_on(upstream, permit).boxed())
     }
 
     fn execute<'a>(&'a self, permit: &'a Permit) -> BoxFuture<'a, Result<String, ExecError>> {

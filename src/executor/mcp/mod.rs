@@ -259,17 +259,16 @@ async fn authenticate_on(slot: &Slot, permit: &Permit) -> Result<(), ExecError> 
 }
 
 impl Executor for McpManager {
-    fn authenticate<'a>(&'a self, permit: &'a Permit) -> BoxFuture<'a, Result<(), ExecError>> {
-        async move {
-            match &permit.tool().backend {
-                BackendSpec::Mcp(tool) => match self.slots.get(&tool.server) {
-                    Some(slot) => authenticate_on(slot, permit).await,
-                    None => Ok(()),
-                },
-                _ => Ok(()),
-            }
-        }
-        .boxed()
+    fn authenticate<'a>(
+        &'a self,
+        permit: &'a Permit,
+    ) -> Option<BoxFuture<'a, Result<(), ExecError>>> {
+        let BackendSpec::Mcp(tool) = &permit.tool().backend else {
+            return None;
+        };
+        let slot = self.slots.get(&tool.server)?;
+        slot.auth.as_ref()?;
+        Some(authenticate_on(slot, permit).boxed())
     }
 
     fn execute<'a>(&'a self, permit: &'a Permit) -> BoxFuture<'a, Result<String, ExecError>> {

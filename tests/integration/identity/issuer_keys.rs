@@ -102,6 +102,59 @@ async fn keys_found_through_discovery_follow_a_rotation_and_a_withdrawal_without
     server.stop().await;
 }
 
+/// The issuer replaces a key under the same `kid` (new key material, same name). A token
+/// signed with the new key fails against the old one, which makes the sidecar look at the
+/// issuer's keys again (rate-limited like an unknown kid) and accept it; tokens verified under the
+/// replaced key are then verified again, and refused, rather than served from the token cache.
+#[tokio::test]
+async fn a_key_replaced_under_the_same_kid_is_fetched_and_no_longer_vouches_for_its_tokens() {
+    let idp = Idp::start().await;
+    let server = TestServer::start(&catalog(
+        &idp,
+        &format!(
+            "{{ url: \"{}\", refresh: 1h, min_refresh_interval: 1s }}",
+            idp.jwks_url()
+        ),
+    ))
+    .await;
+    let alice = person(&idp, "alice", 1).await;
+    assert_eq!(whoami(&server, &alice).await.unwrap()["subject"], "alice");
+    let before = idp.jwks_fetches().await;
+    idp.replace_key_under_same_kid().await;
+    server.clock.advance(Duration::from_secs(1));
+    let bob = person(&idp, "bob", 1).await;
+    assert_eq!(whoami(&server, &bob).await.unwrap()["subject"], "bob");
+    assert_eq!(idp.jwks_fetches().await, before + 1);
+    let message = refused(&server, &alice).await;
+    assert!(message.contains("invalid token"), "{message}");
+    // Within the interval, a failing signature fetches nothing more.
+    assert_eq!(idp.jwks_fetches().await, before + 1);
+    server.stop().await;
+}
+
+/// A reload that changes only how keys are fetched (here `refresh`) keeps the keys already
+/// fetched: with the issuer down, tokens still verify after it.
+#[tokio::test]
+async fn a_reload_of_the_fetch_settings_keeps_the_fetched_keys() {
+    let idp = Idp::start().await;
+    let jwks = |refresh: &str| {
+        format!(
+            "{{ url: \"{}\", refresh: {refresh}, min_refresh_interval: 1s }}",
+            idp.jwks_url()
+        )
+    };
+    let server = TestServer::start_file(&catalog(&idp, &jwks("1h"))).await;
+    let alice = person(&idp, "alice", 1).await;
+    assert_eq!(whoami(&server, &alice).await.unwrap()["subject"], "alice");
+    idp.mode(json!({ "jwks": "down" })).await;
+    server.write_catalog(&server.catalog_file(), &catalog(&idp, &jwks("2h")));
+    server.reload().await.unwrap();
+    // The new verifier's token cache is empty: Alice's token is verified again, with the keys
+    // carried over.
+    assert_eq!(whoami(&server, &alice).await.unwrap()["subject"], "alice");
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn a_flood_of_unknown_kids_fetches_nothing_within_the_interval() {
     let idp = Idp::start().await;

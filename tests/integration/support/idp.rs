@@ -76,6 +76,11 @@ impl Idp {
             .to_owned()
     }
 
+    /// New key material under the current kid, replacing the current key.
+    pub async fn replace_key_under_same_kid(&self) {
+        self.post("/test/rotate", json!({ "same_kid": true })).await;
+    }
+
     /// Requests served so far: `jwks`, `discovery`, `token` (by grant type), `token_requests`.
     pub async fn stats(&self) -> Value {
         let response = self
