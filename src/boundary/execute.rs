@@ -173,6 +173,7 @@ pub(super) fn exec_refusal(err: ExecError, permit: &Permit) -> Refusal {
         ExecError::OutputTooLarge(m) => (Reason::OutputTooLarge, m, None),
         ExecError::CredentialsUnavailable(m) => (Reason::CredentialsUnavailable, m, None),
         ExecError::CredentialsRefused(m) => (Reason::CredentialsRefused, m, None),
+        ExecError::BadArguments(m) => (Reason::SchemaViolation, m, None),
     };
     let stage = match reason {
         Reason::OutputTooLarge => Stage::Result,

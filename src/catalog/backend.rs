@@ -5,7 +5,7 @@
 //! dropped without touching them.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
     sync::Arc,
 };
@@ -13,9 +13,10 @@ use std::{
 use serde_json::Value;
 use url::Url;
 
+pub use super::http_request::{BuiltRequest, MappingError, RequestMapping};
 use crate::settings::{
     Env, FieldError, check_url, program_path,
-    raw::{RawExecutor, RawProcessExecutor},
+    raw::{RawExecutor, RawHttpExecutor, RawProcessExecutor},
     resolve_path, runnable,
 };
 
@@ -23,6 +24,8 @@ use crate::settings::{
 pub struct BackendContext<'a> {
     /// Each upstream's base URL, by name (validated with the upstream).
     pub upstreams: &'a BTreeMap<String, Url>,
+    /// Each upstream's configured header names, by upstream name: arguments may not set them.
+    pub upstream_headers: BTreeMap<&'a str, BTreeSet<String>>,
     pub base_dir: &'a Path,
     pub env: &'a Env,
 }
@@ -31,14 +34,17 @@ pub struct BackendContext<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BackendSpec {
     Builtin(BuiltinTool),
-    Http(HttpTarget),
+    Http(Arc<HttpTarget>),
     Process(Arc<ProcessSpec>),
     Mcp(McpTarget),
 }
 
 impl BackendSpec {
+    /// A tool's backend; `input_schema` is the tool's (an HTTP tool's request is checked
+    /// against it).
     pub fn build(
         raw: &RawExecutor,
+        input_schema: &Value,
         path: &str,
         ctx: &BackendContext<'_>,
     ) -> Result<Self, FieldError> {
@@ -66,13 +72,8 @@ impl BackendSpec {
                 builtin: None,
                 http: Some(http),
                 process: None,
-            } => HttpTarget::build(
-                ctx.upstreams,
-                &http.upstream,
-                &http.path,
-                &format!("{path}.http"),
-            )
-            .map(BackendSpec::Http),
+            } => HttpTarget::build(ctx, http, input_schema, &format!("{path}.http"))
+                .map(|target| BackendSpec::Http(Arc::new(target))),
             RawExecutor {
                 builtin: None,
                 http: None,
@@ -161,34 +162,47 @@ impl BuiltinTool {
     }
 }
 
-/// An HTTP tool: which upstream (by name), and the URL under it.
+/// An HTTP tool: which upstream (by name), its URL, and how arguments become the request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpTarget {
     pub upstream: String,
+    /// The upstream's URL: the request's path and query are built under it.
     pub url: Url,
+    pub request: RequestMapping,
 }
 
 impl HttpTarget {
-    /// The URL for a tool's `path` under a configured upstream; it must stay on the upstream's
+    /// A tool's request under a configured upstream; its path must stay on the upstream's
     /// origin.
     pub fn build(
-        upstreams: &BTreeMap<String, Url>,
-        upstream: &str,
-        path: &str,
+        ctx: &BackendContext<'_>,
+        raw: &RawHttpExecutor,
+        input_schema: &Value,
         at: &str,
     ) -> Result<Self, FieldError> {
-        let base = upstreams.get(upstream).ok_or_else(|| {
+        let upstream = &raw.upstream;
+        let base = ctx.upstreams.get(upstream).ok_or_else(|| {
             FieldError::new(
                 format!("{at}.upstream"),
                 format!(
                     "unknown upstream {upstream:?}; configured: {}",
-                    upstreams.keys().cloned().collect::<Vec<_>>().join(", ")
+                    ctx.upstreams.keys().cloned().collect::<Vec<_>>().join(", ")
                 ),
             )
         })?;
+        let static_headers = ctx
+            .upstream_headers
+            .get(upstream.as_str())
+            .cloned()
+            .unwrap_or_default();
+        let request = RequestMapping::build(raw, input_schema, &static_headers, at)?;
+        // With each slot as one plain segment, the path stays on the upstream's origin.
+        let sample = request.path_template().replace(['{', '}'], "");
+        url_under(base, &sample, &format!("{at}.path"))?;
         Ok(HttpTarget {
             upstream: upstream.to_owned(),
-            url: url_under(base, path, &format!("{at}.path"))?,
+            url: base.clone(),
+            request,
         })
     }
 }

@@ -34,6 +34,11 @@ impl CatalogInputs {
         let raw = &self.raw;
         let ctx = BackendContext {
             upstreams: &self.upstreams,
+            upstream_headers: raw
+                .upstreams
+                .iter()
+                .map(|(name, u)| (name.as_str(), u.headers.keys().cloned().collect()))
+                .collect(),
             base_dir: &self.base_dir,
             env: &self.env,
         };
@@ -54,8 +59,12 @@ impl CatalogInputs {
         let mut seen: BTreeMap<(String, String), usize> = BTreeMap::new();
         for (index, raw_tool) in raw.tools.iter().enumerate() {
             let path = format!("tools[{index}]");
-            let backend =
-                BackendSpec::build(&raw_tool.executor, &format!("{path}.executor"), &ctx)?;
+            let backend = BackendSpec::build(
+                &raw_tool.executor,
+                &raw_tool.input_schema,
+                &format!("{path}.executor"),
+                &ctx,
+            )?;
             let tool = build_tool(raw_tool, &path, &shared, backend)?;
             let key = (tool.name.clone(), tool.version.to_string());
             if let Some(first) = seen.insert(key, index) {

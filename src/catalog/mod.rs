@@ -6,6 +6,7 @@
 mod access_lists;
 mod backend;
 pub mod flow;
+mod http_request;
 mod load;
 pub mod pins;
 mod schema;
@@ -33,8 +34,8 @@ use crate::{
 };
 pub use access_lists::{AccessList, Decision, Pattern, TenantPolicy, Verdict};
 pub use backend::{
-    BackendContext, BackendSpec, BuiltinTool, Discovered, DiscoveredTool, HttpTarget, McpSource,
-    McpTarget, ProcessSpec,
+    BackendContext, BackendSpec, BuiltRequest, BuiltinTool, Discovered, DiscoveredTool, HttpTarget,
+    MappingError, McpSource, McpTarget, ProcessSpec, RequestMapping,
 };
 pub use flow::{FlowPolicy, LabelSet};
 pub use load::CatalogInputs;

@@ -148,6 +148,21 @@ pub(super) async fn check(
             crate::conditions::MAX_EVALUATION_STEPS
         );
     }
+    for tool in loaded.catalog.versions() {
+        if let crate::catalog::BackendSpec::Http(target) = &tool.backend
+            && tool.risk_level == crate::settings::RiskLevel::ReadOnly
+            // (POST is the default, and RPC-style APIs read with it.)
+            && matches!(
+                target.request.method,
+                http::Method::DELETE | http::Method::PUT | http::Method::PATCH
+            )
+        {
+            eprintln!(
+                "warning: {}: tool {} version {}: a {} request marked read_only: if it can change anything, raise its risk_level (read-only tools run without approval and are retried freely)",
+                loaded.source, tool.name, tool.version, target.request.method
+            );
+        }
+    }
     // The shadow candidate is checked too: served, a broken one is only refused (logged).
     if let Some(candidate) = &loaded.shadow_catalog {
         let shadow = Config::load_file(candidate, &Env::from_process())

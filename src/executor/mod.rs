@@ -69,6 +69,10 @@ pub enum ExecError {
     /// token may not be passed on): not retryable, and the backend was not called.
     #[error("{0}")]
     CredentialsRefused(String),
+    /// The arguments cannot be sent as the tool's request mapping asks (a path segment that
+    /// would move the path, a header value with a line break): nothing was sent.
+    #[error("{0}")]
+    BadArguments(String),
 }
 
 impl From<crate::credentials::CredentialError> for ExecError {

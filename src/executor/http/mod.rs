@@ -352,16 +352,25 @@ impl HttpExecutor {
         // upstream is not called.
         self.authenticate_on(upstream, permit).await?;
         let credential = permit.issued_credential();
-        let body = serde_json::to_vec(permit.arguments())
-            .map_err(|err| ExecError::failed(format!("cannot encode arguments: {err}")))?;
+        let built = tool
+            .request
+            .request(&tool.url, permit.arguments())
+            .map_err(|err| ExecError::BadArguments(err.0))?;
         // A fresh id per request: call ids repeat (every first call of a turn without one is
         // tool_step_0_0), so the call id travels in a header of its own.
         let mut request = upstream
             .client
-            .post(tool.url.clone())
+            .request(tool.request.method.clone(), built.url)
             .headers(upstream.headers.clone())
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
             .header("x-request-id", uuid::Uuid::new_v4().to_string());
+        for (name, value) in built.headers {
+            request = request.header(name, value);
+        }
+        if let Some(body) = built.body {
+            request = request
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body);
+        }
         if let Ok(call_id) = HeaderValue::from_str(permit.call_id()) {
             request = request.header("x-toolgate-call-id", call_id);
         }
@@ -372,7 +381,6 @@ impl HttpExecutor {
             request = request.header(reqwest::header::AUTHORIZATION, credential.header().clone());
         }
         let response = request
-            .body(body)
             .send()
             .await
             .map_err(|err| classify(&upstream.name, &err))?;
@@ -387,6 +395,9 @@ impl HttpExecutor {
                 BodyError::Read(err) => classify(&upstream.name, &err),
             })?;
         let text = String::from_utf8_lossy(&body).into_owned();
+        if tool.request.is_success(status.as_u16()) {
+            return Ok(text);
+        }
         if status.is_server_error() {
             return Err(ExecError::Unavailable(format!(
                 "upstream {} answered {}",
@@ -394,17 +405,14 @@ impl HttpExecutor {
                 short_status(status)
             )));
         }
-        if !status.is_success() {
-            return Err(ExecError::failed_with(
-                format!(
-                    "upstream {} answered {}",
-                    upstream.name,
-                    short_status(status)
-                ),
-                summary(&text),
-            ));
-        }
-        Ok(text)
+        Err(ExecError::failed_with(
+            format!(
+                "upstream {} answered {}",
+                upstream.name,
+                short_status(status)
+            ),
+            summary(&text),
+        ))
     }
 }
 

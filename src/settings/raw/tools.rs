@@ -149,7 +149,8 @@ pub struct RawQuota {
 pub struct RawExecutor {
     /// A tool built into toolgate, by name (e.g. `echo`).
     pub builtin: Option<String>,
-    /// POST the arguments as JSON to a configured upstream.
+    /// Call a configured upstream: by default POST the arguments as JSON; a method, a path
+    /// template, query parameters, headers and a body mapping make any REST call.
     pub http: Option<RawHttpExecutor>,
     /// Run a local program with the arguments as JSON on stdin.
     pub process: Option<RawProcessExecutor>,
@@ -161,9 +162,98 @@ pub struct RawExecutor {
 pub struct RawHttpExecutor {
     /// The upstream's name in `upstreams`.
     pub upstream: String,
-    /// Path appended to the upstream's URL (default: none).
+    /// Path appended to the upstream's URL (default: none). `{name}` slots take the argument of
+    /// that name, percent-encoded as one path segment.
     #[serde(default)]
     pub path: String,
+    /// The request's method (default POST).
+    pub method: Option<RawHttpMethod>,
+    /// Query parameters, by name: each takes an argument (of the same name unless `argument`
+    /// says otherwise).
+    #[serde(default)]
+    pub query: BTreeMap<String, RawQueryParam>,
+    /// Headers set from arguments, by header name (non-secret values only: secrets belong in
+    /// the upstream's `headers` or `credentials`).
+    #[serde(default)]
+    pub headers: BTreeMap<String, RawHeaderParam>,
+    /// The body: `arguments` (the arguments not sent in the path, query or headers, as a JSON
+    /// object; the default for POST, PUT and PATCH), `none` (the default for GET, HEAD and
+    /// DELETE) or `{ argument: NAME }` (that argument's value as the JSON body).
+    pub body: Option<RawHttpBody>,
+    /// The statuses that mean success (default: any 2xx).
+    pub success_statuses: Option<Vec<u16>>,
+}
+
+/// An HTTP method.
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum RawHttpMethod {
+    Get,
+    Post,
+    Put,
+    Patch,
+    Delete,
+    Head,
+}
+
+/// One query parameter.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawQueryParam {
+    /// The argument that fills it (default: the parameter's name).
+    pub argument: Option<String>,
+    /// How arrays and objects are written (OpenAPI's styles; default form).
+    pub style: Option<RawQueryStyle>,
+    /// Arrays and objects as one parameter per item (default true for form, false otherwise).
+    pub explode: Option<bool>,
+}
+
+/// OpenAPI's query styles.
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RawQueryStyle {
+    /// `?id=1&id=2` (explode) or `?id=1,2`; objects `?a=1&b=2` or `?point=a,1,b,2`.
+    Form,
+    /// `?filter[status]=open&filter[team]=7`.
+    DeepObject,
+    /// `?id=1|2`.
+    PipeDelimited,
+    /// `?id=1%202`.
+    SpaceDelimited,
+}
+
+/// A header set from an argument.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawHeaderParam {
+    /// The argument that fills it (default: the header's name).
+    pub argument: Option<String>,
+}
+
+/// What an HTTP tool's request body is: `arguments`, `none` or `{ argument: NAME }`.
+#[derive(Debug, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum RawHttpBody {
+    Keyword(RawHttpBodyKeyword),
+    /// One argument's value, as the JSON body.
+    Argument(RawHttpBodyArgument),
+}
+
+/// `arguments` or `none`.
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RawHttpBodyKeyword {
+    /// The arguments not sent in the path, query or headers, as a JSON object.
+    Arguments,
+    /// No body.
+    None,
+}
+
+/// One argument's value as the body.
+#[derive(Debug, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RawHttpBodyArgument {
+    pub argument: String,
 }
 
 /// A process tool. No shell is involved: `command` is run directly with `args`.

@@ -10,6 +10,7 @@ pub(crate) mod mcp;
 pub(crate) mod mcp_hostile;
 pub(crate) mod pins;
 pub(crate) mod process_backend;
+pub(crate) mod rest;
 
 use std::{
     net::SocketAddr,

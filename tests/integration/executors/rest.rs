@@ -1,0 +1,389 @@
+//! HTTP tools that make real REST calls (docs/executors.md#request-mapping), against a real API:
+//! a FastAPI application (tests/fixtures/rest/invoices_api.py) that validates every request
+//! itself. Path slots, query parameters, headers and JSON bodies on GET, POST, PUT and DELETE;
+//! the caller's tenant bound into the path; success statuses; a plain-text answer; and the
+//! attacks: path traversal and encoded separators in a path slot, a header with a line break, an
+//! oversized query, none of which reaches the API as something else.
+
+use serde_json::{Value, json};
+use toolgate::proto::{self, ToolStatus};
+
+use crate::support::{TestServer, call, execute_request, python, spawn_listening, who};
+
+struct Api {
+    url: String,
+    http: reqwest::Client,
+    _child: tokio::process::Child,
+}
+
+impl Api {
+    async fn start() -> Api {
+        let (port, child) = spawn_listening(
+            tokio::process::Command::new(python())
+                .arg(concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/tests/fixtures/rest/invoices_api.py"
+                ))
+                .stderr(std::process::Stdio::null()),
+        )
+        .await;
+        toolgate::tls::install_crypto_provider();
+        Api {
+            url: format!("http://127.0.0.1:{port}"),
+            http: reqwest::Client::builder().no_proxy().build().unwrap(),
+            _child: child,
+        }
+    }
+
+    /// Every request the API received.
+    async fn seen(&self) -> Vec<Value> {
+        self.http
+            .get(format!("{}/_seen", self.url))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+}
+
+fn catalog(api: &Api) -> String {
+    format!(
+        r#"version: 1
+identity: {{ dev_identity: true }}
+tenants: {{ acme: {{}}, globex: {{}} }}
+upstreams:
+  billing:
+    url: {url}
+    allow_schemes: [http]
+    allow_private_addresses: true
+    headers: {{ x-api-key: {{ value: billing-key }} }}
+tools:
+  - name: create_invoice
+    description: Creates an invoice.
+    risk_level: write_confirmed
+    requires_approval: false
+    executor:
+      http:
+        upstream: billing
+        method: POST
+        path: /tenants/{{tenant}}/invoices
+    input_schema:
+      type: object
+      properties:
+        tenant: {{ type: string }}
+        customer: {{ type: string }}
+        amount_cents: {{ type: integer }}
+      required: [tenant, customer, amount_cents]
+    bind: {{ tenant: "${{caller.tenant}}" }}
+  - name: get_invoice
+    description: Reads an invoice.
+    risk_level: read_only
+    executor:
+      http:
+        upstream: billing
+        method: GET
+        path: /tenants/{{tenant}}/invoices/{{invoice_id}}
+        query: {{ expand: {{}} }}
+        headers: {{ x-request-source: {{ argument: source }} }}
+    input_schema:
+      type: object
+      properties:
+        tenant: {{ type: string }}
+        invoice_id: {{ type: string }}
+        expand: {{ type: array, items: {{ type: string }} }}
+        source: {{ type: string }}
+      required: [tenant, invoice_id]
+    bind: {{ tenant: "${{caller.tenant}}" }}
+  - name: get_invoice_or_none
+    description: Reads an invoice; a missing one is an answer too.
+    risk_level: read_only
+    executor:
+      http: {{ upstream: billing, method: GET, path: "/tenants/{{tenant}}/invoices/{{invoice_id}}", success_statuses: [200, 404] }}
+    input_schema:
+      type: object
+      properties: {{ tenant: {{ type: string }}, invoice_id: {{ type: string }} }}
+      required: [tenant, invoice_id]
+    bind: {{ tenant: "${{caller.tenant}}" }}
+  - name: update_invoice
+    description: Changes an invoice.
+    risk_level: write_confirmed
+    requires_approval: false
+    executor:
+      http: {{ upstream: billing, method: PUT, path: "/invoices/{{invoice_id}}", body: {{ argument: changes }} }}
+    input_schema:
+      type: object
+      properties:
+        invoice_id: {{ type: string }}
+        changes: {{ type: object }}
+      required: [invoice_id, changes]
+  - name: delete_invoice
+    description: Deletes an invoice.
+    risk_level: destructive
+    requires_approval: false
+    executor:
+      http: {{ upstream: billing, method: DELETE, path: "/invoices/{{invoice_id}}" }}
+    input_schema:
+      type: object
+      properties: {{ invoice_id: {{ type: string }} }}
+      required: [invoice_id]
+  - name: get_file
+    description: Reads a file by name.
+    risk_level: read_only
+    executor:
+      http: {{ upstream: billing, method: GET, path: "/files/{{name}}", query: {{ q: {{}} }} }}
+    input_schema:
+      type: object
+      properties: {{ name: {{ type: string }}, q: {{ type: string }} }}
+      required: [name]
+  - name: get_report
+    description: The plain-text report.
+    risk_level: read_only
+    executor:
+      http: {{ upstream: billing, method: GET, path: /report }}
+    input_schema: {{ type: object }}
+"#,
+        url = api.url
+    )
+}
+
+async fn run(server: &TestServer, tenant: &str, tool: &str, args: Value) -> proto::ToolResult {
+    server
+        .client()
+        .await
+        .execute_tool(who(tenant).request(execute_request(call(tool, &args.to_string()))))
+        .await
+        .unwrap()
+        .into_inner()
+        .result
+        .unwrap()
+}
+
+fn ok(result: &proto::ToolResult) -> Value {
+    assert_eq!(result.status(), ToolStatus::Ok, "{result:?}");
+    serde_json::from_str(&result.model_text).unwrap_or(Value::Null)
+}
+
+#[tokio::test]
+async fn rest_calls_map_arguments_to_path_query_headers_and_body() {
+    let api = Api::start().await;
+    let server = TestServer::start(&catalog(&api)).await;
+
+    // POST with the caller's tenant in the path and the other arguments as the body; FastAPI
+    // validates the body (201).
+    let created = ok(&run(
+        &server,
+        "acme",
+        "create_invoice",
+        json!({"customer": "Ada", "amount_cents": 1250}),
+    )
+    .await);
+    assert_eq!(
+        created,
+        json!({"id": "INV-1", "tenant": "acme", "customer": "Ada", "amount_cents": 1250})
+    );
+    let post = api.seen().await.pop().unwrap();
+    assert_eq!(
+        (post["method"].as_str(), post["raw_path"].as_str()),
+        (Some("POST"), Some("/tenants/acme/invoices"))
+    );
+    assert_eq!(post["headers"]["x-api-key"], "billing-key");
+    assert_eq!(post["headers"]["content-type"], "application/json");
+
+    // GET with a repeated query parameter and a header from an argument.
+    let read = ok(&run(
+        &server,
+        "acme",
+        "get_invoice",
+        json!({"invoice_id": "INV-1", "expand": ["lines", "payments"], "source": "agent"}),
+    )
+    .await);
+    assert_eq!(read["expand"], json!(["lines", "payments"]));
+    assert_eq!(read["source"], "agent");
+    let get = api.seen().await.pop().unwrap();
+    assert_eq!(get["query"], "expand=lines&expand=payments");
+    assert_eq!(get["body"], "");
+    assert!(get["headers"].get("content-type").is_none(), "{get}");
+
+    // The model cannot pick the tenant in the path: another tenant's caller finds nothing, and
+    // sending the bound argument is refused before anything is sent.
+    let other = run(
+        &server,
+        "globex",
+        "get_invoice",
+        json!({"invoice_id": "INV-1"}),
+    )
+    .await;
+    assert_eq!(other.status(), ToolStatus::Error, "{other:?}");
+    assert!(other.error_message.contains("404"), "{other:?}");
+    let overridden = run(
+        &server,
+        "globex",
+        "get_invoice",
+        json!({"invoice_id": "INV-1", "tenant": "acme"}),
+    )
+    .await;
+    assert_eq!(overridden.error_type, "bound_argument_override");
+    // A 404 is an answer where the tool says so.
+    let none = run(
+        &server,
+        "globex",
+        "get_invoice_or_none",
+        json!({"invoice_id": "INV-1"}),
+    )
+    .await;
+    assert_eq!(ok(&none), json!({"detail": "no such invoice"}));
+
+    // PUT with one argument as the body; FastAPI refuses what does not match (422), and the
+    // model hears why.
+    let updated = ok(&run(
+        &server,
+        "acme",
+        "update_invoice",
+        json!({"invoice_id": "INV-1", "changes": {"amount_cents": 900, "note": "discount"}}),
+    )
+    .await);
+    assert_eq!(updated["amount_cents"], 900);
+    assert_eq!(
+        api.seen().await.pop().unwrap()["body"],
+        r#"{"amount_cents":900,"note":"discount"}"#
+    );
+    let invalid = run(
+        &server,
+        "acme",
+        "update_invoice",
+        json!({"invoice_id": "INV-1", "changes": {"amount_cents": -5}}),
+    )
+    .await;
+    assert_eq!(invalid.status(), ToolStatus::Error, "{invalid:?}");
+    assert!(invalid.error_message.contains("422"), "{invalid:?}");
+
+    // DELETE: 204 and no body either way.
+    let deleted = run(
+        &server,
+        "acme",
+        "delete_invoice",
+        json!({"invoice_id": "INV-1"}),
+    )
+    .await;
+    assert_eq!(deleted.status(), ToolStatus::Ok, "{deleted:?}");
+    let delete = api.seen().await.pop().unwrap();
+    assert_eq!(
+        (
+            delete["method"].as_str(),
+            delete["raw_path"].as_str(),
+            delete["body"].as_str()
+        ),
+        (Some("DELETE"), Some("/invoices/INV-1"), Some(""))
+    );
+
+    // A plain-text answer comes back as text.
+    let report = run(&server, "acme", "get_report", json!({})).await;
+    assert_eq!(report.status(), ToolStatus::Ok, "{report:?}");
+    assert_eq!(report.model_text, "Invoices: all paid.\n");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn arguments_cannot_change_the_request_s_path_or_headers() {
+    let api = Api::start().await;
+    let server = TestServer::start(&catalog(&api)).await;
+    // Traversal and encoded separators stay inside one segment, percent-encoded: the API
+    // never routes them anywhere but /files/ (Starlette decodes %2F before routing, so a name
+    // holding a slash finds no file rather than another route).
+    for (name, sent) in [
+        ("../admin", "/files/..%2Fadmin"),
+        ("..%2Fadmin", "/files/..%252Fadmin"),
+        ("a/../../admin", "/files/a%2F..%2F..%2Fadmin"),
+        ("x?admin=1#top", "/files/x%3Fadmin%3D1%23top"),
+        ("%2e%2e", "/files/%252e%252e"),
+        ("report 1.pdf", "/files/report%201.pdf"),
+    ] {
+        let result = run(&server, "acme", "get_file", json!({ "name": name })).await;
+        assert!(!result.model_text.contains("admin\":true"), "{result:?}");
+        let request = api.seen().await.pop().unwrap();
+        assert_eq!(request["raw_path"], sent, "{name}");
+        assert_eq!(request["query"], "", "{name}");
+        if !name.contains('/') {
+            assert_eq!(ok(&result), json!({ "name": name }), "{name}");
+        }
+    }
+    // What cannot be one segment, or one header, is refused and nothing is sent.
+    let before = api.seen().await.len();
+    for (tool, args, says) in [
+        (
+            "get_file",
+            json!({"name": ".."}),
+            "cannot be a path segment",
+        ),
+        ("get_file", json!({"name": "."}), "cannot be a path segment"),
+        ("get_file", json!({"name": ""}), "cannot be a path segment"),
+        (
+            "get_invoice",
+            json!({"invoice_id": "INV-1", "source": "agent\r\nx-admin: true"}),
+            "control character",
+        ),
+        (
+            "get_file",
+            json!({"name": "a", "q": "x".repeat(9000)}),
+            "the limit is 8192",
+        ),
+    ] {
+        let result = run(&server, "acme", tool, args).await;
+        assert_eq!(
+            (
+                result.status(),
+                result.error_type.as_str(),
+                result.retryable
+            ),
+            (ToolStatus::InvalidArguments, "schema_violation", false),
+            "{result:?}"
+        );
+        assert!(result.error_message.contains(says), "{result:?}");
+    }
+    assert_eq!(
+        api.seen().await.len(),
+        before,
+        "a refused call reached the API"
+    );
+    server.stop().await;
+}
+
+/// `toolgate check` warns of a DELETE, PUT or PATCH tool marked read_only, and still passes the
+/// catalog; the same tool marked destructive draws nothing.
+#[test]
+fn check_warns_of_a_delete_marked_read_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let check = |risk: &str| {
+        let file = dir.path().join("catalog.yaml");
+        let yaml = format!(
+            r#"version: 1
+identity: {{ dev_identity: true }}
+tenants: {{ acme: {{}} }}
+upstreams: {{ billing: {{ url: "https://billing.example.com" }} }}
+tools:
+  - name: delete_invoice
+    description: Deletes an invoice.
+    risk_level: {risk}
+    requires_approval: false
+    executor: {{ http: {{ upstream: billing, method: DELETE, path: "/invoices/{{invoice_id}}" }} }}
+    input_schema: {{ type: object, properties: {{ invoice_id: {{ type: string }} }}, required: [invoice_id] }}
+"#
+        );
+        std::fs::write(&file, yaml).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
+            .args(["check", "--config", file.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stderr).unwrap()
+    };
+    let warned = check("read_only");
+    assert!(
+        warned.contains("warning: ")
+            && warned.contains("tool delete_invoice version 1: a DELETE request marked read_only"),
+        "{warned}"
+    );
+    assert_eq!(check("destructive"), "");
+}
