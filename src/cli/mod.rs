@@ -17,6 +17,7 @@ mod client;
 mod client_verbs;
 mod controls;
 mod explain;
+mod import;
 mod mcp_stdio;
 mod pin;
 mod schema;
@@ -48,6 +49,30 @@ struct Cli {
     command: Option<Command>,
     #[command(flatten)]
     serve: ServeArgs,
+}
+
+/// Where `toolgate import` reads tools from.
+#[derive(Debug, Subcommand)]
+enum ImportSource {
+    /// An OpenAPI 3.0 or 3.1 description (JSON or YAML): each chosen operation becomes a tool
+    /// entry (name, description, input schema, request mapping, risk level from its method),
+    /// printed as YAML; operations that cannot be mapped are listed with why.
+    Openapi {
+        /// The description file.
+        spec: PathBuf,
+        /// The upstream (in the catalog's `upstreams`) the tools call.
+        #[arg(long)]
+        upstream: String,
+        /// Only these operations (by operationId, comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        operations: Vec<String>,
+        /// Only operations with this tag (repeatable).
+        #[arg(long)]
+        tag: Vec<String>,
+        /// Only operations whose path starts with this.
+        #[arg(long)]
+        path_prefix: Option<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -99,6 +124,11 @@ enum Command {
         /// Also fail unless every tool has a case and every deny rule decides one.
         #[arg(long)]
         coverage: bool,
+    },
+    /// Write catalog entries for a person to review, from a description of tools elsewhere.
+    Import {
+        #[command(subcommand)]
+        source: ImportSource,
     },
     /// Summarise the shadow catalog's differing decisions (`shadow_decision` events) in an audit
     /// file.
@@ -380,6 +410,24 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             coverage,
         }) => test_runner::run(config.as_deref(), &tests, coverage).await,
         Some(Command::ShadowReport { audit, json }) => shadow_report::run(&audit, json),
+        Some(Command::Import {
+            source:
+                ImportSource::Openapi {
+                    spec,
+                    upstream,
+                    operations,
+                    tag,
+                    path_prefix,
+                },
+        }) => import::openapi(
+            &spec,
+            &upstream,
+            &crate::openapi::Selection {
+                operations,
+                tags: tag,
+                path_prefix,
+            },
+        ),
         Some(Command::Explain {
             name,
             list,

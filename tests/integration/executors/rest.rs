@@ -387,3 +387,118 @@ tools:
     );
     assert_eq!(check("destructive"), "");
 }
+
+/// The FastAPI service's own OpenAPI 3.1 description, imported with `toolgate import openapi`
+/// by the real binary: the entries, once reviewed (here: the caller's tenant bound), load as
+/// they are, and every imported operation calls the service as its description says, which
+/// FastAPI checks.
+#[tokio::test]
+async fn tools_imported_from_the_api_s_openapi_description_call_it() {
+    let api = Api::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let spec = dir.path().join("openapi.json");
+    let description = api
+        .http
+        .get(format!("{}/openapi.json", api.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    std::fs::write(&spec, description).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args([
+            "import",
+            "openapi",
+            spec.to_str().unwrap(),
+            "--upstream",
+            "billing",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        stderr.contains("6 operations imported, 0 not imported"),
+        "{stderr}"
+    );
+    let imported: serde_yaml_ng::Value = serde_yaml_ng::from_slice(&out.stdout).unwrap();
+    let mut tools = imported["tools"].as_sequence().unwrap().clone();
+    let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "create_invoice",
+            "get_invoice",
+            "update_invoice",
+            "delete_invoice",
+            "get_file",
+            "get_report"
+        ]
+    );
+    // The review: the tenant is the caller's, never the model's; writes run without approval here.
+    for tool in &mut tools {
+        if tool["input_schema"]["properties"].get("tenant").is_some() {
+            tool["bind"] = serde_yaml_ng::from_str(r#"{ tenant: "${caller.tenant}" }"#).unwrap();
+        }
+        if tool["risk_level"] != "read_only" {
+            tool["requires_approval"] = false.into();
+        }
+    }
+    let yaml = format!(
+        "version: 1\nidentity: {{ dev_identity: true }}\ntenants: {{ acme: {{}} }}\nupstreams:\n  billing: {{ url: \"{}\", allow_schemes: [http], allow_private_addresses: true }}\ntools: {}",
+        api.url,
+        serde_json::to_string(&tools).unwrap()
+    );
+    let server = TestServer::start(&yaml).await;
+    let created = ok(&run(
+        &server,
+        "acme",
+        "create_invoice",
+        json!({"customer": "Ada", "amount_cents": 500}),
+    )
+    .await);
+    assert_eq!(created["tenant"], "acme");
+    let read = ok(&run(
+        &server,
+        "acme",
+        "get_invoice",
+        json!({"invoice_id": "INV-1", "expand": ["lines"], "x-request-source": "import"}),
+    )
+    .await);
+    assert_eq!(
+        (read["expand"].clone(), read["source"].clone()),
+        (json!(["lines"]), json!("import"))
+    );
+    let updated = ok(&run(
+        &server,
+        "acme",
+        "update_invoice",
+        json!({"invoice_id": "INV-1", "note": "imported"}),
+    )
+    .await);
+    assert_eq!(updated["note"], "imported");
+    // The schema FastAPI published is the one enforced before anything is sent.
+    let refused = run(
+        &server,
+        "acme",
+        "create_invoice",
+        json!({"customer": "Ada", "amount_cents": "five"}),
+    )
+    .await;
+    assert_eq!(refused.error_type, "schema_violation", "{refused:?}");
+    let deleted = run(
+        &server,
+        "acme",
+        "delete_invoice",
+        json!({"invoice_id": "INV-1"}),
+    )
+    .await;
+    assert_eq!(deleted.status(), ToolStatus::Ok, "{deleted:?}");
+    assert_eq!(
+        api.seen().await.pop().unwrap()["raw_path"],
+        "/invoices/INV-1"
+    );
+    server.stop().await;
+}
