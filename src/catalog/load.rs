@@ -65,6 +65,9 @@ impl CatalogInputs {
                 &format!("{path}.executor"),
                 &ctx,
             )?;
+            if let Some(source) = &raw_tool.openapi {
+                pins::parse(&source.sha256, &format!("{path}.openapi.sha256"))?;
+            }
             let tool = build_tool(raw_tool, &path, &shared, backend)?;
             let key = (tool.name.clone(), tool.version.to_string());
             if let Some(first) = seen.insert(key, index) {
@@ -290,6 +293,7 @@ fn mcp_raw_tool(name: &str, settings: &RawMcpTool, found: &DiscoveredTool) -> Ra
         labels: settings.labels.clone(),
         output_guard: settings.output_guard.clone(),
         flow_labels: settings.flow_labels.clone(),
+        openapi: None,
     }
 }
 

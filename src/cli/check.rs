@@ -103,8 +103,20 @@ pub(super) async fn check(
     portable: bool,
     connect: bool,
     strict_mcp: bool,
+    spec_drift: bool,
 ) -> Result<(), Failure> {
     let loaded = load(config.as_ref()).map_err(Failure::error)?;
+    if spec_drift {
+        let drifted = drifted(&loaded);
+        if !drifted.is_empty() {
+            return Err(Failure::Errors(
+                drifted
+                    .iter()
+                    .map(|line| format!("{}: {line}", loaded.source))
+                    .collect(),
+            ));
+        }
+    }
     if strict_mcp {
         let unpinned = unpinned(&loaded);
         if !unpinned.is_empty() {
@@ -174,4 +186,48 @@ pub(super) async fn check(
         );
     }
     Ok(())
+}
+
+/// The imported entries (`openapi:`) whose operation no longer imports as it did when reviewed,
+/// each with what changed; a description read once however many entries name it.
+fn drifted(loaded: &Config) -> Vec<String> {
+    let inputs = &loaded.catalog_inputs;
+    let mut documents: std::collections::BTreeMap<String, Result<serde_json::Value, String>> =
+        Default::default();
+    let mut found = Vec::new();
+    for (index, tool) in inputs.raw.tools.iter().enumerate() {
+        let Some(source) = &tool.openapi else {
+            continue;
+        };
+        let document = documents.entry(source.spec.clone()).or_insert_with(|| {
+            let path = crate::settings::resolve_path(&inputs.base_dir, &source.spec);
+            let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+            if size > crate::openapi::MAX_SPEC_BYTES as u64 {
+                return Err(format!(
+                    "{} is over {} bytes",
+                    path.display(),
+                    crate::openapi::MAX_SPEC_BYTES
+                ));
+            }
+            std::fs::read_to_string(&path)
+                .map_err(|err| format!("cannot read {}: {err}", path.display()))
+                .and_then(|text| crate::openapi::parse(&text).map_err(|err| err.to_string()))
+        });
+        let at = format!("tools[{index}] ({})", tool.name);
+        match document {
+            Err(why) => found.push(format!("{at}: {why}")),
+            Ok(document) => match crate::openapi::operation_digest(document, &source.operation) {
+                Ok(now) if now == source.sha256 => {}
+                Ok(now) => found.push(format!(
+                    "{at}: operation {} of {} changed since it was reviewed ({now}); import it again and review the difference",
+                    source.operation, source.spec
+                )),
+                Err(why) => found.push(format!(
+                    "{at}: operation {} of {}: {why}",
+                    source.operation, source.spec
+                )),
+            },
+        }
+    }
+    found
 }

@@ -24,8 +24,8 @@ pub(super) fn openapi(spec: &Path, upstream: &str, selection: &Selection) -> Res
     let yaml = serde_yaml_ng::to_string(&serde_json::json!({ "tools": imported.tools }))
         .map_err(|err| fail(err.to_string()))?;
     println!(
-        "# {} operations of {} ({}), imported by `toolgate import openapi` for upstream {upstream}.",
-        imported.tools.len(),
+        "# {} of {} ({}), imported by `toolgate import openapi` for upstream {upstream}.",
+        operations(imported.tools.len()),
         imported.title,
         spec.display()
     );
@@ -36,9 +36,13 @@ pub(super) fn openapi(spec: &Path, upstream: &str, selection: &Selection) -> Res
     }
     print!("{yaml}");
     eprintln!(
-        "{} operations imported, {} not imported",
-        imported.tools.len(),
+        "{} imported, {} not imported",
+        operations(imported.tools.len()),
         imported.skipped.len()
     );
     Ok(())
+}
+
+fn operations(n: usize) -> String {
+    format!("{n} operation{}", if n == 1 { "" } else { "s" })
 }

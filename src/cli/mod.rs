@@ -95,6 +95,10 @@ enum Command {
         /// Also fail unless every MCP tool is pinned (`pin:`; `toolgate pin` makes them).
         #[arg(long)]
         strict_mcp: bool,
+        /// Also fail when an entry imported from an OpenAPI description (`openapi:`) no longer
+        /// matches what its operation imports as now.
+        #[arg(long)]
+        spec_drift: bool,
     },
     /// Connect to the catalog's MCP servers and print the pin of each tool it lists from them
     /// (the hash of the definition the server lists now), to review and set as `pin:`.
@@ -401,7 +405,8 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             portable,
             connect,
             strict_mcp,
-        }) => check::check(config, portable, connect, strict_mcp).await,
+            spec_drift,
+        }) => check::check(config, portable, connect, strict_mcp, spec_drift).await,
         Some(Command::Pin { config, write }) => pin::run(config, write).await,
         Some(Command::Schema { tests }) => schema::schema(tests),
         Some(Command::Test {
@@ -426,6 +431,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 operations,
                 tags: tag,
                 path_prefix,
+                spec_name: Some(spec.display().to_string()),
             },
         ),
         Some(Command::Explain {

@@ -42,6 +42,56 @@ pub struct Selection {
     pub operations: Vec<String>,
     pub tags: Vec<String>,
     pub path_prefix: Option<String>,
+    /// The description's path as entries name it (`openapi.spec`); `None` writes no source.
+    pub spec_name: Option<String>,
+}
+
+/// `sha256:` and the SHA-256 of an imported entry's canonical JSON, its name, upstream and
+/// source aside: what the operation means as a tool, however the entry was renamed.
+pub fn digest(entry: &Value) -> String {
+    let mut meaning = entry.clone();
+    if let Some(object) = meaning.as_object_mut() {
+        object.remove("name");
+        object.remove("openapi");
+    }
+    if let Some(http) = meaning
+        .pointer_mut("/executor/http")
+        .and_then(Value::as_object_mut)
+    {
+        http.remove("upstream");
+    }
+    format!("sha256:{}", crate::canonical::sha256_hex(&meaning))
+}
+
+/// What the operation `key` (an operationId, or `METHOD /path`) of `document` imports as now,
+/// as its [`digest`]; why not, when it cannot be found or mapped.
+pub fn operation_digest(document: &Value, key: &str) -> Result<String, String> {
+    let mut selection = Selection::default();
+    let by_route = key
+        .split_once(' ')
+        .filter(|(m, p)| METHODS.contains(&m.to_ascii_lowercase().as_str()) && p.starts_with('/'));
+    if by_route.is_none() {
+        selection.operations = vec![key.to_owned()];
+    }
+    let imported = import(document, "u", &selection).map_err(|err| err.to_string())?;
+    let found = imported.tools.iter().find(|tool| match by_route {
+        Some((method, path)) => {
+            tool.pointer("/executor/http/method")
+                .and_then(Value::as_str)
+                == Some(&method.to_ascii_uppercase())
+                && tool.pointer("/executor/http/path").and_then(Value::as_str) == Some(path)
+        }
+        None => true,
+    });
+    match found {
+        Some(tool) => Ok(digest(tool)),
+        None => Err(imported
+            .skipped
+            .iter()
+            .find(|(label, _)| label.contains(key))
+            .map(|(_, why)| format!("it can no longer be imported: {why}"))
+            .unwrap_or_else(|| "the description no longer has it".into())),
+    }
 }
 
 /// What an import made.
@@ -163,7 +213,16 @@ pub fn import(
                     .unwrap_or_else(|| format!("{method}_{path}")),
             );
             match tool(&resolver, upstream, path, method, item, operation, &name) {
-                Ok(tool) => imported.tools.push(tool),
+                Ok(mut tool) => {
+                    let key = id
+                        .map(str::to_owned)
+                        .unwrap_or_else(|| format!("{} {path}", method.to_uppercase()));
+                    let digest = digest(&tool);
+                    if let Some(spec) = &selection.spec_name {
+                        tool["openapi"] = json!({"spec": spec, "operation": key, "sha256": digest});
+                    }
+                    imported.tools.push(tool)
+                }
                 Err(why) => {
                     names.remove(&name);
                     imported.skipped.push((label, why));

@@ -83,6 +83,22 @@ pub struct RawTool {
     /// once it ran, and that `flow.rules` match.
     #[serde(default)]
     pub flow_labels: Vec<String>,
+    /// The OpenAPI operation this entry was imported from (`toolgate import openapi` writes it):
+    /// `toolgate check --spec-drift` reports an operation whose definition changed since.
+    pub openapi: Option<RawOpenapiSource>,
+}
+
+/// Where an imported tool came from, and what it was then.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawOpenapiSource {
+    /// The description file, relative to the catalog file's directory.
+    pub spec: String,
+    /// The operation: its operationId, or `METHOD /path`.
+    pub operation: String,
+    /// `sha256:` and the hex SHA-256 of the entry the import made from it (its name and
+    /// upstream aside), as reviewed.
+    pub sha256: String,
 }
 
 /// Who gets a canary version.

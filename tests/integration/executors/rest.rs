@@ -501,4 +501,98 @@ async fn tools_imported_from_the_api_s_openapi_description_call_it() {
         "/invoices/INV-1"
     );
     server.stop().await;
+
+    // Each entry names where it came from; `check --spec-drift` passes while the description
+    // says the same, and names the operation whose definition changed once it does not.
+    assert_eq!(tools[0]["openapi"]["operation"], "create_invoice");
+    assert_eq!(tools[0]["openapi"]["spec"], spec.to_str().unwrap());
+    let catalog = dir.path().join("catalog.yaml");
+    std::fs::write(&catalog, &yaml).unwrap();
+    let drift = || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
+            .args([
+                "check",
+                "--spec-drift",
+                "--config",
+                catalog.to_str().unwrap(),
+            ])
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    assert_eq!(drift(), (true, String::new()));
+    let changed = std::fs::read_to_string(&spec).unwrap().replacen(
+        "Deletes an invoice.",
+        "Deletes an invoice, and every copy of it.",
+        1,
+    );
+    assert_ne!(changed, std::fs::read_to_string(&spec).unwrap());
+    std::fs::write(&spec, changed).unwrap();
+    let (passed, said) = drift();
+    assert!(!passed, "{said}");
+    assert!(
+        said.contains("tools[3] (delete_invoice): operation delete_invoice of")
+            && said.contains("changed since it was reviewed"),
+        "{said}"
+    );
+    assert_eq!(said.matches("changed since").count(), 1, "{said}");
+}
+
+/// GitHub's REST API description (13 MB, OpenAPI 3.0.3, 1,223 operations; `@octokit/openapi` from
+/// npm, fetched by .ci/run) imports within the bounds, each operation that cannot be mapped
+/// listed with why, and the 1,200-odd entries load as a catalog as they are.
+#[test]
+fn a_large_real_description_imports_and_loads() {
+    let spec = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/tools/specs/api.github.com.json");
+    assert!(
+        spec.exists(),
+        "{} is missing: .ci/run's install step fetches it (npm pack @octokit/openapi@23.0.2)",
+        spec.display()
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args([
+            "import",
+            "openapi",
+            spec.to_str().unwrap(),
+            "--upstream",
+            "github",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{:?}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    let summary = stderr.lines().last().unwrap();
+    let imported: usize = summary.split(' ').next().unwrap().parse().unwrap();
+    assert!(imported >= 1_200, "{summary}");
+    // What was left out says why: GitHub's release-asset upload takes raw bytes.
+    assert!(
+        stderr.contains("not imported: POST /repos/{owner}/{repo}/releases/{release_id}/assets (repos/upload-release-asset): its request body is not JSON"),
+        "{stderr}"
+    );
+    let tools = String::from_utf8(out.stdout).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let catalog = dir.path().join("catalog.yaml");
+    std::fs::write(
+        &catalog,
+        format!("version: 1\nidentity: {{ dev_identity: true }}\ntenants: {{ acme: {{}} }}\nupstreams: {{ github: {{ url: \"https://api.github.com\" }} }}\n{tools}"),
+    )
+    .unwrap();
+    let check = std::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args(["check", "--config", catalog.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        check.status.success() && said.contains(&format!("ok ({imported} tools")),
+        "{said} {}",
+        String::from_utf8_lossy(&check.stderr)
+    );
 }
