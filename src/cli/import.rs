@@ -1,6 +1,6 @@
 //! `toolgate import openapi`: catalog entries from an OpenAPI description, printed for a person
-//! to review and commit (docs/openapi.md). Operations left out are listed on stderr with why, and
-//! as comments in the output.
+//! to review and commit (docs/openapi.md). Entries are printed as they are made; operations left
+//! out are listed after them, as comments and on stderr, with why.
 
 use std::path::Path;
 
@@ -14,30 +14,44 @@ pub(super) fn openapi(spec: &Path, upstream: &str, selection: &Selection) -> Res
         .len();
     if size > openapi::MAX_SPEC_BYTES as u64 {
         return Err(fail(
-            openapi::ImportError::TooLarge(size as usize).to_string(),
+            openapi::ImportError::TooLarge(usize::try_from(size).unwrap_or(usize::MAX)).to_string(),
         ));
     }
     let text = std::fs::read_to_string(spec).map_err(|err| fail(err.to_string()))?;
     let document = openapi::parse(&text).map_err(|err| fail(err.to_string()))?;
-    let imported =
-        openapi::import(&document, upstream, selection).map_err(|err| fail(err.to_string()))?;
-    let yaml = serde_yaml_ng::to_string(&serde_json::json!({ "tools": imported.tools }))
-        .map_err(|err| fail(err.to_string()))?;
+    drop(text);
     println!(
-        "# {} of {} ({}), imported by `toolgate import openapi` for upstream {upstream}.",
-        operations(imported.tools.len()),
-        imported.title,
+        "# Imported from {} by `toolgate import openapi` for upstream {upstream}. Review each entry",
         spec.display()
     );
-    println!("# Review each entry (its risk level above all) before committing it to the catalog.");
+    println!("# (its risk level above all) before committing it to the catalog.");
+    println!("tools:");
+    let mut failed = None;
+    let imported = openapi::import_each(&document, upstream, selection, &mut |tool| {
+        if failed.is_some() {
+            return;
+        }
+        match serde_yaml_ng::to_string(&[tool]) {
+            Ok(yaml) => print!("{yaml}"),
+            Err(err) => failed = Some(err.to_string()),
+        }
+    })
+    .map_err(|err| fail(err.to_string()))?;
+    if let Some(err) = failed {
+        return Err(fail(err));
+    }
+    println!(
+        "# {} of {} imported.",
+        operations(imported.count),
+        imported.title
+    );
     for (operation, why) in &imported.skipped {
         println!("# not imported: {operation}: {why}");
         eprintln!("not imported: {operation}: {why}");
     }
-    print!("{yaml}");
     eprintln!(
         "{} imported, {} not imported",
-        operations(imported.tools.len()),
+        operations(imported.count),
         imported.skipped.len()
     );
     Ok(())

@@ -103,6 +103,8 @@ pub struct Imported {
     pub skipped: Vec<(String, String)>,
     /// The document's title and version, for the header.
     pub title: String,
+    /// How many entries were made.
+    pub count: usize,
 }
 
 /// Parses a description (JSON or YAML, by its first character) within the bounds.
@@ -124,6 +126,21 @@ pub fn import(
     document: &Value,
     upstream: &str,
     selection: &Selection,
+) -> Result<Imported, ImportError> {
+    let mut tools = Vec::new();
+    let mut imported = import_each(document, upstream, selection, &mut |tool| tools.push(tool))?;
+    imported.tools = tools;
+    Ok(imported)
+}
+
+/// As [`import`], handing each entry to `each` as it is made instead of keeping it (the
+/// returned [`Imported`] has no tools): a description of ten thousand operations is never held
+/// as ten thousand entries at once.
+pub fn import_each(
+    document: &Value,
+    upstream: &str,
+    selection: &Selection,
+    each: &mut dyn FnMut(Value),
 ) -> Result<Imported, ImportError> {
     let version = document
         .get("openapi")
@@ -221,7 +238,8 @@ pub fn import(
                     if let Some(spec) = &selection.spec_name {
                         tool["openapi"] = json!({"spec": spec, "operation": key, "sha256": digest});
                     }
-                    imported.tools.push(tool)
+                    imported.count += 1;
+                    each(tool)
                 }
                 Err(why) => {
                     names.remove(&name);
@@ -284,6 +302,8 @@ fn tool(
             parameters.push(parameter);
         }
     }
+    // Path parameters first: theirs are the names the path slots need.
+    parameters.sort_by_key(|p| p.get("in").and_then(Value::as_str) != Some("path"));
     let mut properties = Map::new();
     let mut required: Vec<Value> = Vec::new();
     let mut query = Map::new();
@@ -359,26 +379,51 @@ fn tool(
             "cookie" => return Err(format!("parameter {name} is a cookie")),
             other => return Err(format!("parameter {name} is in {other:?}")),
         }
-        if properties.contains_key(name) {
-            return Err(format!("two parameters are named {name}"));
+        // A query or header parameter named like another parameter takes the argument
+        // `{place}_{name}` (a path slot's argument is its name).
+        let mut argument = name.to_owned();
+        if properties.contains_key(&argument) {
+            argument = format!("{place}_{name}");
+            let entry = match place {
+                "query" => query.get_mut(name),
+                "header" => headers.get_mut(name),
+                _ => None,
+            };
+            let Some(Value::Object(entry)) = entry else {
+                return Err(format!("two parameters are named {name}"));
+            };
+            if properties.contains_key(&argument) {
+                return Err(format!("two parameters are named {name}"));
+            }
+            entry.insert("argument".into(), argument.clone().into());
         }
-        properties.insert(name.to_owned(), schema);
+        properties.insert(argument.clone(), schema);
         if place == "path" || parameter.get("required") == Some(&Value::Bool(true)) {
-            required.push(name.into());
+            required.push(argument.into());
         }
     }
     let mut body = None;
-    if let Some(request_body) = operation.get("requestBody") {
+    let request_body = match operation.get("requestBody") {
+        Some(body) => Some(resolver.deref(body).map_err(why)?),
+        None => None,
+    };
+    // A GET or HEAD "body" that declares nothing (Stripe's describe one) is no body.
+    let request_body = request_body
+        .filter(|body| !(matches!(method, "get" | "head") && declares_nothing(resolver, body)));
+    if let Some(request_body) = request_body {
         if matches!(method, "get" | "head") {
             return Err(format!("a {} request with a body", method.to_uppercase()));
         }
-        let request_body = resolver.deref(request_body).map_err(why)?;
         let content = request_body
             .get("content")
             .and_then(Value::as_object)
             .cloned()
             .unwrap_or_default();
-        let Some(media) = content.get("application/json") else {
+        // JSON, or anything (`*/*`, as Kubernetes' description says): sent as JSON.
+        let Some(media) = content
+            .get("application/json")
+            .or_else(|| content.get("*/*"))
+        else {
             let types: Vec<&String> = content.keys().collect();
             return Err(format!("its request body is not JSON ({types:?})"));
         };
@@ -456,6 +501,31 @@ fn tool(
     entry.insert("executor".into(), json!({ "http": http }));
     entry.insert("input_schema".into(), Value::Object(input_schema));
     Ok(Value::Object(entry))
+}
+
+/// Whether a request body declares no content worth sending: no media type, or only schemas
+/// without properties.
+fn declares_nothing(resolver: &Resolver<'_>, body: &Value) -> bool {
+    body.get("content")
+        .and_then(Value::as_object)
+        .is_none_or(|content| {
+            content.values().all(|media| {
+                let schema = media.get("schema").map(|s| resolver.deref(s));
+                match schema {
+                    None => true,
+                    Some(Ok(schema)) => {
+                        schema
+                            .get("properties")
+                            .and_then(Value::as_object)
+                            .is_none_or(Map::is_empty)
+                            && schema
+                                .get("additionalProperties")
+                                .is_none_or(|a| a == &Value::Bool(false))
+                    }
+                    Some(Err(_)) => false,
+                }
+            })
+        })
 }
 
 /// The operation's summary and description, bounded; `METHOD path` when it has neither.

@@ -7,9 +7,11 @@ use serde_json::{Map, Value};
 
 /// How deep `$ref`s may nest.
 pub const MAX_REF_DEPTH: usize = 32;
-/// How many JSON values one operation's input schema may expand to: a spec whose `$ref`s fan
-/// out (each definition naming the next twice, ten deep) is refused, not expanded.
-pub const MAX_EXPANDED_NODES: usize = 20_000;
+/// How many JSON values one operation's input schema may expand to. A model reads the schema
+/// with every call it considers, so one this large is already more than a tool should ask; and
+/// a spec whose `$ref`s fan out (each definition naming the next twice, ten deep) is refused,
+/// not expanded.
+pub const MAX_EXPANDED_NODES: usize = 2_000;
 
 /// Why a schema cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
