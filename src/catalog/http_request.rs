@@ -308,7 +308,10 @@ impl RequestMapping {
                 }
             }
         }
-        if !template.is_empty() {
+        if template.is_empty() {
+            // No path: the upstream's URL as configured (as it always was).
+            path = base.path().to_owned();
+        } else {
             path.push('/');
             path.push_str(template.trim_start_matches('/'));
         }
@@ -676,6 +679,25 @@ mod tests {
         ] {
             let err = mapping(yaml, s.clone()).unwrap_err();
             assert!(err.message.contains(says), "{yaml}: {}", err.message);
+        }
+    }
+
+    #[test]
+    fn a_tool_without_a_path_calls_the_upstream_s_url() {
+        let raw: RawHttpExecutor = serde_yaml_ng::from_str("{ upstream: u }").unwrap();
+        let mapping =
+            RequestMapping::build(&raw, &json!({"type": "object"}), &BTreeSet::new(), "t").unwrap();
+        for (base, url) in [
+            ("http://api.test", "http://api.test/"),
+            ("http://api.test/", "http://api.test/"),
+            ("http://api.test/v1", "http://api.test/v1"),
+            ("http://api.test/v1/", "http://api.test/v1/"),
+        ] {
+            let built = mapping
+                .request(&Url::parse(base).unwrap(), &json!({"a": 1}))
+                .unwrap();
+            assert_eq!(built.url.as_str(), url, "{base}");
+            assert_eq!(built.body.unwrap(), br#"{"a":1}"#);
         }
     }
 
