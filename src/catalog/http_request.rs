@@ -324,8 +324,10 @@ impl RequestMapping {
                 "the arguments would change the request's path".into(),
             ));
         }
-        let mut query = url::form_urlencoded::Serializer::new(String::new());
-        let mut any_query = false;
+        // The upstream URL's own query (an `api-version=…`, say) stays, first.
+        let base_query = base.query().unwrap_or("");
+        let mut query = url::form_urlencoded::Serializer::for_suffix(base_query.to_owned(), 0);
+        let mut any_query = !base_query.is_empty();
         for param in &self.query {
             let Some(value) = arguments.get(&param.argument).filter(|v| !v.is_null()) else {
                 continue;
@@ -699,6 +701,26 @@ mod tests {
             assert_eq!(built.url.as_str(), url, "{base}");
             assert_eq!(built.body.unwrap(), br#"{"a":1}"#);
         }
+    }
+
+    #[test]
+    fn the_upstream_url_s_own_query_stays() {
+        let raw: RawHttpExecutor =
+            serde_yaml_ng::from_str("{ upstream: u, method: GET, path: /items, query: { q: {} } }")
+                .unwrap();
+        let mapping =
+            RequestMapping::build(&raw, &schema(&["q"], &[]), &BTreeSet::new(), "t").unwrap();
+        let base = Url::parse("http://api.test/v1?api-version=2024-01").unwrap();
+        let with = mapping.request(&base, &json!({"q": "a b"})).unwrap();
+        assert_eq!(
+            with.url.as_str(),
+            "http://api.test/v1/items?api-version=2024-01&q=a+b"
+        );
+        let without = mapping.request(&base, &json!({})).unwrap();
+        assert_eq!(
+            without.url.as_str(),
+            "http://api.test/v1/items?api-version=2024-01"
+        );
     }
 
     #[test]
