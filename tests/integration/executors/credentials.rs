@@ -755,6 +755,9 @@ mcp_servers:
             "a caller's own token was sent"
         );
     }
+    // No token, the callers' or the issued ones, in the audit log.
+    let audit = std::fs::read_to_string(&server.audit_path).unwrap();
+    assert!(!audit.contains("eyJ"), "a token in the audit log");
     server.stop().await;
 }
 
