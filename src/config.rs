@@ -11,7 +11,8 @@ use std::{
 
 use crate::settings::{
     self, ApprovalsConfig, AuditConfig, ConfigError, DEMO_CATALOG, DEMO_SOURCE, Env, FieldError,
-    LimitsConfig, Loaded, Sections, ServerConfig, StateConfig, catalog_dir, raw, resolve_path,
+    LimitsConfig, Loaded, Sections, ServerConfig, SignIn, StateConfig, catalog_dir, raw,
+    resolve_path,
 };
 use crate::{
     catalog::{Catalog, CatalogInputs, Discovered, McpSource},
@@ -124,8 +125,28 @@ fn build(
         jwt: JwtSettings::build(&raw.identity.jwt, base_dir, env)?,
         max_identity_bytes: limits.max_identity_bytes,
         mcp_resource: server.mcp.as_ref().map(|mcp| mcp.resource.clone()),
+        console_client_id: server
+            .console
+            .as_ref()
+            .and_then(|console| match &console.sign_in {
+                SignIn::Oidc(oidc) => Some(oidc.client_id.clone()),
+                SignIn::Dev => None,
+            }),
     };
     identity.validate(server.listen)?;
+    if let Some(console) = &server.console
+        && let SignIn::Oidc(oidc) = &console.sign_in
+        && let Some(jwt) = &identity.jwt
+        && !jwt.trusts(oidc.issuer.as_str().trim_end_matches('/'))
+    {
+        return Err(FieldError::new(
+            "server.console.oidc.issuer",
+            format!(
+                "{} is not an issuer identity.jwt trusts: its keys and claims mapping verify the console's ID tokens",
+                oidc.issuer
+            ),
+        ));
+    }
     if let Some(mcp) = &server.mcp {
         identity
             .check_listener(mcp.listen)

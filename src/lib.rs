@@ -21,7 +21,7 @@
 //! | 4 | `config` | a catalog file assembled into the parts of a running sidecar |
 //! | 5 | `boundary` | the execution boundary: the chain of stages |
 //! | 6 | `admission`, `shadow` | who may come in through a door (identity from the headers, the caps on requests and connections, counted for both doors together); a candidate catalog compared with the boundary's decisions |
-//! | 7 | `mcp_door`, `server` | the doors: the MCP door (Streamable HTTP), and the gRPC services and the transport they are served behind |
+//! | 7 | `console`, `mcp_door`, `server` | the doors: the approvals console (web pages where approvers sign in and decide), the MCP door (Streamable HTTP), and the gRPC services and the transport they are served behind |
 //! | 8 | `app` | the composition root: the stores, the boundary, admission and the doors wired into a running sidecar, its listeners, upkeep, reload, admin endpoint and shutdown |
 //! | 9 | `cli` | the command line: runs the sidecar, and talks to one as a client |
 //!
@@ -59,6 +59,7 @@ pub mod cli;
 pub mod clock;
 pub mod conditions;
 pub mod config;
+pub mod console;
 pub mod credentials;
 pub mod emergency;
 pub mod error;

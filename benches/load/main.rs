@@ -8,6 +8,7 @@
 //! cargo bench --bench load -- doors [--rounds N]                          # MCP door vs gRPC door
 //! cargo bench --bench load -- features [--rounds N]                       # each new capability's cost
 //! cargo bench --bench load -- emergency [--rounds N]                      # deny propagation time
+//! cargo bench --bench load -- console [--rounds N]                        # the approvals console's pages
 //! cargo bench --bench load -- --help                                      # every option and helper
 //! ```
 //!
@@ -41,8 +42,8 @@
 //! name), [`processes`] (starting the servers, reading what `/proc` says of them), [`bare_echo`],
 //! [`load`] (the client: closed and open loops, slow calls), [`measure`] (one round against one
 //! target), [`mcp`] (a `tools/call` over Streamable HTTP), [`report`] (tables and verdicts), and
-//! the programs [`run`], [`ab`], [`doors`], [`features`], [`emergency`] and [`helpers`] (send-only, the collector, the catalog
-//! writer).
+//! the programs [`run`], [`ab`], [`doors`], [`features`], [`emergency`], [`console`] and
+//! [`helpers`] (send-only, the collector, the catalog writer).
 
 #![allow(
     clippy::unwrap_used,
@@ -62,6 +63,7 @@ mod redis_server;
 mod ab;
 mod bare_echo;
 mod catalog;
+mod console;
 mod doors;
 mod emergency;
 mod features;
@@ -139,6 +141,13 @@ enum Program {
     /// through the first and calls the third until it refuses, then clears it and calls until
     /// it runs again. Prints each round's times and their medians.
     Emergency,
+    /// What the approvals console's pages and decisions take, against /healthz and GetApproval
+    ///
+    /// One binary (--binary) on the embedded demo (its console with the development sign-in),
+    /// approvals made through the gRPC door, an approver signed in; each round times /healthz,
+    /// GetApproval over gRPC, the inbox page, an approval's page and a decision, one after
+    /// another. Prints medians, 99th percentiles, ratios to /healthz and page sizes.
+    Console,
     /// Profiling helper: send calls to a server started by hand (e.g. under valgrind), then exit
     #[command(long_flag_alias = "send-only")]
     SendOnly(helpers::SendArgs),
@@ -189,6 +198,7 @@ fn main() -> ExitCode {
             features::features(options, only.as_deref())
         }),
         Some(Program::Emergency) => harness(options, emergency::emergency),
+        Some(Program::Console) => harness(options, console::console),
         Some(Program::SendOnly(args)) => harness(options, |o| helpers::send_only(o, &args)),
         // The servers and the catalog writer take none of the harness's options.
         Some(Program::ServeBareEcho(at)) => helper("bare echo", bare_echo::serve_process(at.addr)),

@@ -42,6 +42,8 @@ pub struct Binary {
     pub admin: Option<SocketAddr>,
     /// The MCP door, when its catalog has one (`server.mcp`).
     pub mcp: Option<SocketAddr>,
+    /// The approvals console, when its catalog has one (`server.console`).
+    pub console: Option<SocketAddr>,
     /// The catalog it serves.
     pub config: PathBuf,
     /// Its stderr: JSON logs.
@@ -98,10 +100,11 @@ impl Spawned {
             let announced = |message| log.lines().find_map(|line| json_log_addr(line, message));
             let admin = announced("serving /metrics, /healthz and /readyz");
             let mcp = announced("serving MCP over Streamable HTTP");
-            Ok((addr, admin, mcp))
+            let console = announced("serving the approvals console");
+            Ok((addr, admin, mcp, console))
         });
         match serving {
-            Ok((addr, admin, mcp)) => {
+            Ok((addr, admin, mcp, console)) => {
                 let startup = Startup {
                     listening,
                     serving: self.spawned.elapsed(),
@@ -111,6 +114,7 @@ impl Spawned {
                     addr,
                     admin,
                     mcp,
+                    console,
                     config: self.config,
                     log: self.log,
                 };

@@ -46,6 +46,8 @@ pub enum Listener {
     Unix,
     /// The MCP door's (HTTP/1.1 or HTTP/2 over TCP): TCP callers, under a cap of its own.
     Mcp,
+    /// The approvals console's: people's browsers, under a cap of its own.
+    Console,
 }
 
 impl Listener {
@@ -54,6 +56,7 @@ impl Listener {
             Listener::Tcp => "tcp",
             Listener::Unix => "unix",
             Listener::Mcp => "mcp",
+            Listener::Console => "console",
         }
     }
 }
@@ -70,6 +73,11 @@ pub struct Admission {
 }
 
 impl Admission {
+    /// The listener it admits connections to.
+    pub fn listener(&self) -> Listener {
+        self.listener
+    }
+
     pub fn new(listener: Listener, limits: &LimitsConfig, refusals: Arc<Refusals>) -> Self {
         Admission {
             listener,

@@ -38,7 +38,9 @@ use tokio::{
 };
 
 pub mod connections;
+pub mod http_listener;
 pub mod refusals;
+mod self_wake;
 
 use crate::{
     audit::{AuditLog, RefusedCallers},
@@ -300,10 +302,12 @@ impl Shared {
         let caller = self.identify(request, by, listener, connection.as_ref(), may_refetch)?;
         let tcp_slot = match listener {
             Listener::Unix => None,
-            Listener::Tcp | Listener::Mcp => match self.tcp_slots.clone().try_acquire_owned() {
-                Ok(slot) => Some(slot),
-                Err(_) => return Err(self.full(listener, self.tcp_max).into()),
-            },
+            Listener::Tcp | Listener::Mcp | Listener::Console => {
+                match self.tcp_slots.clone().try_acquire_owned() {
+                    Ok(slot) => Some(slot),
+                    Err(_) => return Err(self.full(listener, self.tcp_max).into()),
+                }
+            }
         };
         let Ok(slot) = self.slots.clone().try_acquire_owned() else {
             return Err(self.full(listener, self.max).into());

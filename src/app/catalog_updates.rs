@@ -94,6 +94,8 @@ pub struct Updater {
     pub restart_required: Arc<AtomicBool>,
     /// The MCP door's resource as it was settled at start (reloads keep it).
     pub mcp_resource: Option<String>,
+    /// The console's client id as it started (a change takes a restart, like the console).
+    pub console_client_id: Option<String>,
     /// The TCP addresses served where callers are identified (the gRPC listener's, the MCP
     /// door's as bound, overrides included), whose exposure dev identity must respect.
     pub listeners: Vec<SocketAddr>,
@@ -245,6 +247,7 @@ async fn reload(
     };
     if loaded.identity_fingerprint != watched.served.identity_fingerprint {
         identity.mcp_resource = updater.mcp_resource.clone();
+        identity.console_client_id = updater.console_client_id.clone();
         let previous = updater.identity.load_full();
         match IdentityResolver::new(
             &identity,

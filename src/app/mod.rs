@@ -55,6 +55,8 @@ pub enum StartError {
     State(crate::state::StateError),
     #[error("cannot set up identity: {0}")]
     Identity(String),
+    #[error("cannot serve the approvals console: {0}")]
+    Console(String),
 }
 
 /// Options that are not part of the catalog file.
@@ -73,6 +75,9 @@ pub struct StartOptions {
     /// Overrides `server.mcp.listen` (e.g. `127.0.0.1:0` in tests); the door is served only
     /// when `server.mcp` is configured.
     pub mcp_listen: Option<SocketAddr>,
+    /// Overrides `server.console.listen`; the console is served only when `server.console` is
+    /// configured.
+    pub console_listen: Option<SocketAddr>,
 }
 
 /// A started server.
@@ -80,6 +85,8 @@ pub struct Running {
     local_addr: Option<SocketAddr>,
     /// The MCP door's address, when it is served.
     mcp_addr: Option<SocketAddr>,
+    /// The approvals console's address, when it is served.
+    console_addr: Option<SocketAddr>,
     unix_socket: Option<PathBuf>,
     boundary: Arc<Boundary>,
     /// Every task the server started, by what shutdown does with it.
@@ -136,6 +143,11 @@ impl Running {
     /// The MCP door's address (Streamable HTTP), when `server.mcp` is configured.
     pub fn mcp_addr(&self) -> Option<SocketAddr> {
         self.mcp_addr
+    }
+
+    /// The approvals console's address, when it is served.
+    pub fn console_addr(&self) -> Option<SocketAddr> {
+        self.console_addr
     }
 
     /// The admin HTTP address (/metrics, /healthz, /readyz), when enabled.
@@ -268,8 +280,31 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
     if let Some(addr) = options.mcp_listen {
         config.identity.check_listener(addr)?;
     }
-    // Let mut: the MCP door's resource is settled once it is bound.
+    // Let mut: the MCP door's resource is settled once it is bound, and its approvals URL once
+    // the console is.
     let mut config = config;
+    let console = match &config.server.console {
+        Some(console) => {
+            if let Some(addr) = options.console_listen {
+                check_console_listener(console, addr)?;
+            }
+            let bound = crate::console::bind(console, options.console_listen)
+                .await
+                .map_err(|source| StartError::Listen {
+                    addr: options.console_listen.unwrap_or(console.listen).to_string(),
+                    source,
+                })?;
+            // The MCP door sends people to the console's page of their approval, unless the
+            // operator named another place.
+            if let Some(mcp) = config.server.mcp.as_mut()
+                && mcp.approvals_url.is_none()
+            {
+                mcp.approvals_url = Some(bound.approvals_url());
+            }
+            Some(bound)
+        }
+        None => None,
+    };
     let mcp_door = match &config.server.mcp {
         Some(mcp) => {
             let bound = crate::mcp_door::bind(mcp, options.mcp_listen)
@@ -377,6 +412,7 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
                 restart_required: restart_required.clone(),
                 listeners,
                 mcp_resource,
+                console_client_id: config.identity.console_client_id.clone(),
                 shadow: shadow.clone(),
             },
             config.catalog_inputs,
@@ -496,6 +532,32 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
         }
         _ => None,
     };
+    let console_addr = match (&config.server.console, console) {
+        (Some(settings), Some(bound)) => {
+            let addr = bound.addr;
+            let parts = crate::console::Parts {
+                boundary: boundary.clone(),
+                identity: identity.clone(),
+                clock: clock.clone(),
+                connections: connections::Admission::new(
+                    Listener::Console,
+                    &limits,
+                    refusals.clone(),
+                ),
+                max_identity_bytes: limits.max_identity_bytes,
+            };
+            crate::console::start(
+                settings,
+                bound,
+                parts,
+                &tasks.listeners,
+                tasks.close_listeners.clone(),
+            )
+            .map_err(StartError::Console)?;
+            Some(addr)
+        }
+        _ => None,
+    };
     let admin = AdminBinding::start(
         options.admin_listen.or(config.server.admin_listen),
         admin::Readings {
@@ -565,6 +627,7 @@ pub async fn start(config: Config, options: StartOptions) -> Result<Running, Sta
     Ok(Running {
         local_addr,
         mcp_addr,
+        console_addr,
         unix_socket,
         boundary,
         tasks,
@@ -620,5 +683,27 @@ pub async fn run(
     tracing::info!("shutting down: no new calls accepted, in-flight calls finishing");
     running.shutdown().await;
     tracing::info!("stopped");
+    Ok(())
+}
+
+/// The console moved by `--console-listen` keeps its load-time rules: off loopback only with a
+/// public URL (its cookies Secure), and never with the development sign-in.
+fn check_console_listener(
+    console: &crate::settings::ConsoleConfig,
+    addr: SocketAddr,
+) -> Result<(), StartError> {
+    if crate::settings::is_loopback(addr.ip()) {
+        return Ok(());
+    }
+    if matches!(console.sign_in, crate::settings::SignIn::Dev) {
+        return Err(StartError::Console(format!(
+            "{addr} is not a loopback address, and the development sign-in lets anyone who reaches it be anyone"
+        )));
+    }
+    if console.public_url.is_none() {
+        return Err(StartError::Console(format!(
+            "{addr} is not a loopback address: set server.console.public_url (the https origin people open it at)"
+        )));
+    }
     Ok(())
 }

@@ -67,6 +67,7 @@ impl ApprovalStore {
             expires_at_ms: now
                 .saturating_add(i64::try_from(self.budget.ttl.as_millis()).unwrap_or(i64::MAX)),
             decided_by: String::new(),
+            decided_at_ms: 0,
             reason: String::new(),
             needed_because: super::bounded_reason(needed_because),
         };
@@ -163,22 +164,32 @@ impl ApprovalStore {
         &self,
         approver: &Caller,
         state: Option<ApprovalState>,
+        order: Order,
         page_size: usize,
         after: Option<&Cursor>,
     ) -> Result<Page, DecideError> {
         let mut approvals = self.lock();
         self.expire(&mut approvals);
         let want = state.unwrap_or(ApprovalState::Pending);
+        let beyond = |a: &Approval, c: &Cursor| {
+            let (at, cursor) = (
+                (a.created_at_ms, a.id.as_str()),
+                (c.created_at_ms, c.id.as_str()),
+            );
+            match order {
+                Order::OldestFirst => at > cursor,
+                Order::NewestFirst => at < cursor,
+            }
+        };
         let mut listed: Vec<&Approval> = approvals
             .values()
             .filter(|a| *a.binding.tenant == *approver.tenant && a.state == want)
-            .filter(|a| {
-                after.is_none_or(|c| {
-                    (a.created_at_ms, a.id.as_str()) > (c.created_at_ms, c.id.as_str())
-                })
-            })
+            .filter(|a| after.is_none_or(|c| beyond(a, c)))
             .collect();
         listed.sort_by(|a, b| a.created_at_ms.cmp(&b.created_at_ms).then(a.id.cmp(&b.id)));
+        if order == Order::NewestFirst {
+            listed.reverse();
+        }
         let more = listed.len() > page_size;
         let approvals: Vec<Approval> = listed.into_iter().take(page_size).cloned().collect();
         let next = more.then(|| approvals.last()).flatten().map(|last| Cursor {
@@ -231,6 +242,7 @@ impl ApprovalStore {
             ApprovalState::Rejected
         };
         approval.decided_by = approver.subject.clone();
+        approval.decided_at_ms = self.clock.unix_ms();
         approval.reason = reason.to_owned();
         let decided = approval.clone();
         let tenant = &decided.binding.tenant;
@@ -442,14 +454,26 @@ mod tests {
         ));
         assert!(
             store
-                .list(&caller("globex", "eve", &[APPROVE_SCOPE]), None, 10, None)
+                .list(
+                    &caller("globex", "eve", &[APPROVE_SCOPE]),
+                    None,
+                    Order::OldestFirst,
+                    10,
+                    None
+                )
                 .unwrap()
                 .approvals
                 .is_empty()
         );
         assert_eq!(
             store
-                .list(&caller("acme", "bob", &[APPROVE_SCOPE]), None, 10, None)
+                .list(
+                    &caller("acme", "bob", &[APPROVE_SCOPE]),
+                    None,
+                    Order::OldestFirst,
+                    10,
+                    None
+                )
                 .unwrap()
                 .approvals
                 .len(),
@@ -539,16 +563,21 @@ mod tests {
             clock.advance(Duration::from_millis(1));
         }
         let bob = caller("acme", "bob", &[APPROVE_SCOPE]);
-        let mut seen = Vec::new();
-        let mut after: Option<Cursor> = None;
-        for _ in 0..10 {
-            let page = store.list(&bob, None, 2, after.as_ref()).unwrap();
-            seen.extend(page.approvals.iter().map(|a| a.id.clone()));
-            match page.next {
-                Some(next) => after = Cursor::parse(&next.token()),
-                None => break,
+        let read_all = |order| {
+            let mut seen = Vec::new();
+            let mut after: Option<Cursor> = None;
+            for _ in 0..10 {
+                let page = store.list(&bob, None, order, 2, after.as_ref()).unwrap();
+                seen.extend(page.approvals.iter().map(|a| a.id.clone()));
+                match page.next {
+                    Some(next) => after = Cursor::parse(&next.token()),
+                    None => break,
+                }
             }
-        }
-        assert_eq!(seen, ids);
+            seen
+        };
+        assert_eq!(read_all(Order::OldestFirst), ids);
+        ids.reverse();
+        assert_eq!(read_all(Order::NewestFirst), ids);
     }
 }

@@ -35,6 +35,20 @@ pub enum ApprovalState {
     Invalidated,
 }
 
+impl ApprovalState {
+    /// Its name in lower case, as Redis keeps it and pages show it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApprovalState::Pending => "pending",
+            ApprovalState::Approved => "approved",
+            ApprovalState::Rejected => "rejected",
+            ApprovalState::Used => "used",
+            ApprovalState::Expired => "expired",
+            ApprovalState::Invalidated => "invalidated",
+        }
+    }
+}
+
 /// What a call that needs approval is bound to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Binding {
@@ -74,6 +88,9 @@ pub struct Approval {
     pub created_at_ms: i64,
     pub expires_at_ms: i64,
     pub decided_by: String,
+    /// When it was approved or rejected (Unix ms); 0 while pending, and for approvals decided
+    /// before this was kept.
+    pub decided_at_ms: i64,
     pub reason: String,
     /// Why the call needs an approval (the tool's risk level, its condition, a flow rule), for
     /// the approver; at most [`MAX_REASON_BYTES`].
@@ -208,6 +225,16 @@ impl Cursor {
     }
 }
 
+/// The order of a listing: creation time, then id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Order {
+    /// The gRPC service's order: a page token goes on to newer approvals.
+    #[default]
+    OldestFirst,
+    /// The console's inbox: what just arrived on top.
+    NewestFirst,
+}
+
 /// One page of a listing.
 #[derive(Debug, Clone)]
 pub struct Page {
@@ -313,19 +340,21 @@ impl Approvals {
         }
     }
 
-    /// One page of the approver's tenant's approvals in `state` (pending when `None`).
+    /// One page of the approver's tenant's approvals in `state` (pending when `None`), in
+    /// `order`, from just beyond `after`.
     pub async fn list(
         &self,
         approver: &Caller,
         state: Option<ApprovalState>,
+        order: Order,
         page_size: usize,
         after: Option<&Cursor>,
     ) -> Result<Page, DecideError> {
         match self {
-            Approvals::Memory(store) => store.list(approver, state, page_size, after),
+            Approvals::Memory(store) => store.list(approver, state, order, page_size, after),
             Approvals::Shared(store) => {
                 let state = state.unwrap_or(ApprovalState::Pending);
-                store.list(approver, state, page_size, after).await
+                store.list(approver, state, order, page_size, after).await
             }
         }
     }

@@ -18,8 +18,8 @@ use redis::Script;
 use tokio::time::Instant;
 
 use super::{
-    Approval, ApprovalState, Binding, Budget, Checked, Cursor, DECISION_RESERVE, DecideError, Page,
-    RedeemError, Served, bounded_reason, check_binding, not_found, state_error,
+    Approval, ApprovalState, Binding, Budget, Checked, Cursor, DECISION_RESERVE, DecideError,
+    Order, Page, RedeemError, Served, bounded_reason, check_binding, not_found, state_error,
 };
 use crate::{
     error::Reason,
@@ -76,6 +76,7 @@ impl RedisApprovals {
             created_at_ms: 0,
             expires_at_ms: 0,
             decided_by: String::new(),
+            decided_at_ms: 0,
             reason: String::new(),
             needed_because: super::bounded_reason(needed_because),
         };
@@ -230,16 +231,21 @@ impl RedisApprovals {
         &self,
         approver: &Caller,
         state: ApprovalState,
+        order: Order,
         page_size: usize,
         after: Option<&Cursor>,
     ) -> Result<Page, DecideError> {
         let op = self
             .op(&LIST_SCRIPT, &approver.tenant)
-            .arg(state_name(state))
+            .arg(ApprovalState::as_str(state))
             .arg(page_size)
             .arg(after.map(member).unwrap_or_default())
             // The page and the one after it, and as many more as may have expired unseen.
-            .arg(page_size + 1 + WORK);
+            .arg(page_size + 1 + WORK)
+            .arg(match order {
+                Order::OldestFirst => "oldest",
+                Order::NewestFirst => "newest",
+            });
         let reply = self.run(&op).await.map_err(decide_unavailable)?;
         let read = || -> Result<Page, StateError> {
             let more = reply.int(0)? == 1;
@@ -321,7 +327,7 @@ impl RedisApprovals {
                 for _ in 0..most_pages {
                     let op = self
                         .op(&INVALIDATE_SCRIPT, tenant)
-                        .arg(state_name(state))
+                        .arg(ApprovalState::as_str(state))
                         .arg(&after)
                         .args(&definitions);
                     let page = self.run(&op).await.and_then(|reply| {
@@ -372,16 +378,6 @@ fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
-fn state_name(state: ApprovalState) -> &'static str {
-    match state {
-        ApprovalState::Pending => "pending",
-        ApprovalState::Approved => "approved",
-        ApprovalState::Rejected => "rejected",
-        ApprovalState::Used => "used",
-        ApprovalState::Expired => "expired",
-        ApprovalState::Invalidated => "invalidated",
-    }
-}
 
 fn parse_state(name: &str) -> Result<ApprovalState, StateError> {
     [
@@ -393,7 +389,7 @@ fn parse_state(name: &str) -> Result<ApprovalState, StateError> {
         ApprovalState::Invalidated,
     ]
     .into_iter()
-    .find(|s| state_name(*s) == name)
+    .find(|s| ApprovalState::as_str(*s) == name)
     .ok_or_else(|| StateError::Malformed(format!("unknown approval state {name:?}")))
 }
 
@@ -434,6 +430,8 @@ fn parse(id: &str, reply: &Reply) -> Result<Approval, StateError> {
         created_at_ms: number(take("created"), "created")?,
         expires_at_ms: number(take("expires"), "expires")?,
         decided_by: take("decided_by"),
+        // Absent on approvals decided before it was kept.
+        decided_at_ms: number(take("decided"), "decided").unwrap_or(0),
         reason: bounded_reason(take("reason")),
         needed_because: bounded_reason(take("because")),
     })

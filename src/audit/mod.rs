@@ -67,7 +67,7 @@ pub struct AuditEvent {
     pub call_id: Arc<str>,
     pub run_id: Arc<str>,
     pub step: u32,
-    /// The door the call came in by (`grpc`, `mcp`); tool calls only.
+    /// The door the call or decision came in by (`grpc`, `mcp`, `console`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub door: Option<&'static str>,
     /// `tenant`, `subject` and `agent`.

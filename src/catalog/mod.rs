@@ -284,6 +284,14 @@ impl Catalog {
         self.tools.values().flatten()
     }
 
+    /// Version `version` of tool `name`, whatever its status.
+    pub fn version(&self, name: &str, version: &str) -> Option<&Arc<ToolVersion>> {
+        self.tools
+            .get(name)?
+            .iter()
+            .find(|v| *v.version == *version)
+    }
+
     /// A hash of the whole catalog, for logs and metrics.
     pub fn revision(&self) -> &str {
         &self.revision

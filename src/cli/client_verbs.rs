@@ -400,6 +400,7 @@ mod tests {
             created_at_unix_ms: 1,
             expires_at_unix_ms: -5,
             decided_by: String::new(),
+            decided_at_unix_ms: 0,
             reason: String::new(),
             needed_because: "its risk level is write_confirmed".into(),
             risk_level: 3,

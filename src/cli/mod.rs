@@ -248,6 +248,10 @@ struct ServeArgs {
     /// served only when the catalog configures `server.mcp`.
     #[arg(long, env = "TOOLGATE_MCP_LISTEN")]
     mcp_listen: Option<std::net::SocketAddr>,
+    /// Override the approvals console's address (`server.console.listen`), e.g. 127.0.0.1:8766;
+    /// the console is served only when the catalog configures `server.console`.
+    #[arg(long, env = "TOOLGATE_CONSOLE_LISTEN")]
+    console_listen: Option<std::net::SocketAddr>,
     /// Log format.
     #[arg(long, env = "TOOLGATE_LOG_FORMAT", value_enum, default_value = "human")]
     log_format: LogFormat,

@@ -38,6 +38,7 @@ pub(super) async fn serve(args: ServeArgs) -> Result<(), Failure> {
         admin_listen: args.admin_listen,
         tracer: telemetry.tracer(),
         mcp_listen: args.mcp_listen,
+        console_listen: args.console_listen,
     };
     let signal = shutdown_signal();
     let serving = async move {

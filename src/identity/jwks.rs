@@ -27,7 +27,7 @@ use url::Url;
 use super::{IdentityError, keys::Key};
 use crate::{
     clock::SharedClock,
-    outbound::{BodyError, Destination, guarded_client, read_capped},
+    outbound::{BodyError, read_capped},
     settings::{FieldError, check_secure_url, parse_duration, raw::RawRemoteJwks},
 };
 
@@ -158,14 +158,7 @@ impl std::fmt::Debug for RemoteKeys {
 impl RemoteKeys {
     pub fn new(settings: JwksSettings, clock: SharedClock) -> Result<Self, String> {
         let label = settings.label();
-        // The operator named this address: it may be private (an in-cluster issuer).
-        let destination =
-            Destination::build(label.clone(), true, &[], &Default::default(), |field| {
-                field.to_owned()
-            })
-            .map_err(|err| err.message)?;
-        let client = guarded_client(&destination, settings.timeout)
-            .map_err(|err| format!("cannot build the HTTP client for {label}: {err}"))?;
+        let client = crate::outbound::issuer_client(&label, settings.timeout)?;
         Ok(RemoteKeys {
             settings,
             label,
@@ -418,7 +411,7 @@ impl RemoteKeys {
                 .header(reqwest::header::ACCEPT, "application/json")
                 .send()
                 .await
-                .map_err(|err| format!("{url}: {}", describe(&err)))?;
+                .map_err(|err| format!("{url}: {}", crate::outbound::failure_in_words(&err)))?;
             let status = response.status();
             if !status.is_success() {
                 return Err(format!("{url} answered {}", status.as_u16()));
@@ -427,7 +420,7 @@ impl RemoteKeys {
                 .await
                 .map_err(|err| match err {
                     BodyError::TooLarge(max) => format!("{url}: the answer is over {max} bytes"),
-                    BodyError::Read(err) => format!("{url}: {}", describe(&err)),
+                    BodyError::Read(err) => format!("{url}: {}", crate::outbound::failure_in_words(&err)),
                 })
         };
         let body = tokio::time::timeout(self.settings.timeout, request)
@@ -442,15 +435,3 @@ impl RemoteKeys {
     }
 }
 
-/// A client error in words: what failed, not the whole chain.
-fn describe(err: &reqwest::Error) -> String {
-    if let Some(refused) = crate::outbound::refusal_in(err) {
-        refused
-    } else if err.is_connect() {
-        "cannot connect".to_owned()
-    } else if err.is_timeout() {
-        "timed out".to_owned()
-    } else {
-        "the connection broke".to_owned()
-    }
-}

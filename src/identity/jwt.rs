@@ -106,6 +106,19 @@ impl JwtSettings {
         }
     }
 
+    /// Whether a token naming `iss` would be verified by one of these issuers (one issuer that
+    /// names none takes any).
+    pub fn trusts(&self, iss: &str) -> bool {
+        let issuers: Vec<&IssuerSettings> = self.issuers.iter().collect();
+        route_refs(&issuers, Some(iss)).is_ok_and(|i| {
+            let named = &self.issuers[i].issuer;
+            named.is_empty()
+                || named
+                    .iter()
+                    .any(|n| n.trim_end_matches('/') == iss.trim_end_matches('/'))
+        })
+    }
+
     /// Where each issuer's keys are fetched from, if they are.
     pub fn remote_keys(&self) -> impl Iterator<Item = Option<&JwksSettings>> {
         self.issuers.iter().map(|issuer| issuer.jwks.as_ref())

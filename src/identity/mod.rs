@@ -29,6 +29,9 @@ pub struct IdentityConfig {
     /// The MCP door's resource (`server.mcp.resource`): the audience its callers' tokens must
     /// name (RFC 8707), instead of `jwt.audience`.
     pub mcp_resource: Option<String>,
+    /// The approvals console's OpenID Connect client id (`server.console.oidc.client_id`): the
+    /// audience of the ID tokens people sign in to it with.
+    pub console_client_id: Option<String>,
 }
 
 impl IdentityConfig {
@@ -114,6 +117,8 @@ pub enum Door {
     Grpc,
     /// MCP's Streamable HTTP transport (and `toolgate mcp-stdio`, which forwards to it).
     Mcp,
+    /// The approvals console: a person deciding approvals in a browser.
+    Console,
 }
 
 impl Door {
@@ -121,6 +126,7 @@ impl Door {
         match self {
             Door::Grpc => "grpc",
             Door::Mcp => "mcp",
+            Door::Console => "console",
         }
     }
 }
@@ -322,6 +328,8 @@ pub struct IdentityResolver {
     /// The same keys and claims, with the MCP door's resource as the only audience; its own
     /// token cache, so a token verified for one door is never taken as verified for the other.
     mcp_jwt: Option<JwtVerifier>,
+    /// The same keys and claims for the console's ID tokens, whose audience is its client id.
+    console_jwt: Option<JwtVerifier>,
     /// Each issuer's fetched keys (shared by both verifiers), in the config's order.
     remote: Vec<Option<Arc<RemoteKeys>>>,
     max_identity_bytes: usize,
@@ -380,12 +388,25 @@ impl IdentityResolver {
                     JwtVerifier::new(
                         &settings.for_audience(resource),
                         &remote,
-                        clock,
+                        clock.clone(),
                         cache_bytes,
                         config.max_identity_bytes,
                     )
                 },
             ),
+            console_jwt: config
+                .jwt
+                .as_ref()
+                .zip(config.console_client_id.as_deref())
+                .map(|(settings, client_id)| {
+                    JwtVerifier::new(
+                        &settings.for_audience(client_id),
+                        &remote,
+                        clock,
+                        cache_bytes,
+                        config.max_identity_bytes,
+                    )
+                }),
             remote,
             max_identity_bytes: config.max_identity_bytes,
         })
@@ -422,13 +443,19 @@ impl IdentityResolver {
         keys.refetch_allowed().then(|| keys.clone())
     }
 
+    /// The verifier of the console's ID tokens (audience: its client id), when it signs in
+    /// through an issuer.
+    pub fn console_verifier(&self) -> Option<&JwtVerifier> {
+        self.console_jwt.as_ref()
+    }
+
     pub fn dev_identity(&self) -> bool {
         self.dev_identity
     }
 
     /// Bytes held by the token cache.
     pub fn cache_bytes(&self) -> usize {
-        [&self.jwt, &self.mcp_jwt]
+        [&self.jwt, &self.mcp_jwt, &self.console_jwt]
             .into_iter()
             .flatten()
             .map(JwtVerifier::cache_bytes)
@@ -529,6 +556,7 @@ mod tests {
                 jwt: None,
                 max_identity_bytes: 256,
                 mcp_resource: None,
+                console_client_id: None,
             },
             SharedClock::system(),
             1 << 20,

@@ -13,10 +13,8 @@ mod approval_state;
 mod cancels;
 pub mod convert;
 mod handler;
-mod listener;
 mod oauth;
 mod plain_calls;
-mod self_wake;
 
 pub use handler::SERVED_REVISIONS;
 
@@ -30,7 +28,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    admission::{AdmissionLayer, connections},
+    admission::{AdmissionLayer, connections, http_listener},
     boundary::Boundary,
     settings::{LimitsConfig, McpDoorConfig},
     tasks::Tasks,
@@ -140,11 +138,11 @@ pub fn start(
         router = router.route(&metadata_path, get(oauth::metadata));
     }
     let router = router.with_state(gate).layer(TraceContextLayer);
-    let listener = listener::WatchedListener {
+    let listener = http_listener::WatchedListener {
         inner: listener,
         admission: parts.connections,
     };
-    listeners.spawn("mcp-http", listener::serve(listener, router, close));
+    listeners.spawn("mcp-http", http_listener::serve(listener, router, close));
     tracing::info!(addr = %bound, path = %config.path, "serving MCP over Streamable HTTP");
 }
 

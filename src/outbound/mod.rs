@@ -218,6 +218,31 @@ pub fn refusal_in(err: &(dyn std::error::Error + 'static)) -> Option<String> {
     None
 }
 
+/// The client for an identity provider the operator named (its keys, its endpoints): it may
+/// be on a private address (an in-cluster issuer); `label` names it in messages.
+pub fn issuer_client(label: &str, connect_timeout: Duration) -> Result<reqwest::Client, String> {
+    let destination = Destination::build(label.to_owned(), true, &[], &BTreeMap::new(), |field| {
+        field.to_owned()
+    })
+    .map_err(|err| err.message)?;
+    guarded_client(&destination, connect_timeout)
+        .map_err(|err| format!("cannot build the HTTP client for {label}: {err}"))
+}
+
+/// What went wrong with a request, in words: an SSRF refusal, or which part failed; never the
+/// address or the request.
+pub fn failure_in_words(err: &reqwest::Error) -> String {
+    if let Some(refused) = refusal_in(err) {
+        refused
+    } else if err.is_connect() {
+        "cannot connect".to_owned()
+    } else if err.is_timeout() {
+        "timed out".to_owned()
+    } else {
+        "the connection broke".to_owned()
+    }
+}
+
 /// A response body longer than the reader's limit.
 #[derive(Debug, thiserror::Error)]
 pub enum BodyError {

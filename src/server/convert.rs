@@ -172,6 +172,7 @@ pub fn approval(a: Approval) -> proto::Approval {
         created_at_unix_ms: a.created_at_ms,
         expires_at_unix_ms: a.expires_at_ms,
         decided_by: a.decided_by,
+        decided_at_unix_ms: a.decided_at_ms,
         reason: a.reason,
         risk_level: risk_level(a.risk_level) as i32,
         needed_because: a.needed_because,

@@ -11,7 +11,7 @@ use super::convert;
 use crate::{
     approvals,
     boundary::{Boundary, CallRequest, ResponseBudget, Turn},
-    identity::Caller,
+    identity::{Caller, Door},
     proto::{
         self, approvals_server::Approvals, controls_server::Controls, tool_gate_server::ToolGate,
     },
@@ -276,7 +276,13 @@ impl Approvals for ApprovalsService {
         let page = self
             .gate
             .boundary
-            .list_approvals(&approver, state, page_size, after.as_ref())
+            .list_approvals(
+                &approver,
+                state,
+                approvals::Order::OldestFirst,
+                page_size,
+                after.as_ref(),
+            )
             .await
             .map_err(|e| convert::decide_status(&e))?;
         Ok(Response::new(proto::ListApprovalsResponse {
@@ -319,6 +325,7 @@ impl Approvals for ApprovalsService {
                 &body.approval_id,
                 convert::decision(body.decision),
                 &body.reason,
+                Door::Grpc,
             )
             .await
             .map_err(|e| convert::decide_status(&e))?;

@@ -2,7 +2,7 @@
 
 use std::{fmt, net::SocketAddr, path::Path, time::Duration};
 
-use super::{Env, FieldError, opt_duration, raw::RawMcpDoor, resolve_path};
+use super::{Env, FieldError, opt_duration, raw::RawMcpDoor, secret_bytes};
 
 /// The MCP door: where it listens, what it tells OAuth clients, what it accepts.
 #[derive(Clone)]
@@ -160,43 +160,19 @@ fn request_state_key(
     base_dir: &Path,
     env: &Env,
 ) -> Result<Option<Vec<u8>>, FieldError> {
-    let (field, key) = match (&raw.request_state_key_file, &raw.request_state_key_env) {
-        (Some(_), Some(_)) => {
-            return Err(FieldError::new(
-                "server.mcp.request_state_key_file",
-                "set request_state_key_file or request_state_key_env, not both",
-            ));
-        }
-        (Some(file), None) => {
-            let path = resolve_path(base_dir, file);
-            let bytes = std::fs::read(&path).map_err(|err| {
-                FieldError::new(
-                    "server.mcp.request_state_key_file",
-                    format!("cannot read {}: {err}", path.display()),
-                )
-            })?;
-            ("request_state_key_file", bytes)
-        }
-        (None, Some(var)) => {
-            let value = env.get(var).ok_or_else(|| {
-                FieldError::new(
-                    "server.mcp.request_state_key_env",
-                    format!("environment variable {var} is not set"),
-                )
-            })?;
-            ("request_state_key_env", value.as_bytes().to_vec())
-        }
-        (None, None) => return Ok(None),
+    let Some((field, key)) = secret_bytes(
+        &raw.request_state_key_file,
+        &raw.request_state_key_env,
+        "server.mcp.request_state_key",
+        base_dir,
+        env,
+    )?
+    else {
+        return Ok(None);
     };
-    // Secret files usually end with a newline that is not part of the key.
-    let end = key
-        .iter()
-        .rposition(|b| !b.is_ascii_whitespace())
-        .map_or(0, |i| i + 1);
-    let key = key[..end].to_vec();
     if key.len() < MIN_KEY_BYTES {
         return Err(FieldError::new(
-            format!("server.mcp.{field}"),
+            field,
             format!("the key must be at least {MIN_KEY_BYTES} bytes"),
         ));
     }

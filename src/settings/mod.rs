@@ -5,6 +5,7 @@
 //! assembles the whole. Every error names the path inside the file and what is wrong. The
 //! process environment is passed in as an [`Env`], never read from globals here.
 
+mod console;
 mod limits;
 mod mcp_door;
 pub mod raw;
@@ -32,6 +33,7 @@ use std::{
     time::Duration,
 };
 
+pub use console::{ConsoleConfig, OidcClient, SignIn};
 pub use mcp_door::McpDoorConfig;
 use raw::RawConfig;
 use sha2::Digest;
@@ -104,6 +106,8 @@ pub struct ServerConfig {
     pub admin_listen: Option<SocketAddr>,
     /// The MCP door, when configured.
     pub mcp: Option<McpDoorConfig>,
+    /// The approvals console, when configured.
+    pub console: Option<ConsoleConfig>,
 }
 
 enum_with_all! {
@@ -261,7 +265,13 @@ impl Sections {
         traces_grpc: Option<&str>,
         service_name: &str,
     ) -> Result<Sections, FieldError> {
-        let server = build_server(&raw.server, !raw.identity.jwt.is_empty(), base_dir, env)?;
+        let server = build_server(
+            &raw.server,
+            !raw.identity.jwt.is_empty(),
+            raw.identity.dev_identity,
+            base_dir,
+            env,
+        )?;
         let limits = build_limits(&raw.limits)?;
         let approvals = build_approvals(&raw.approvals)?;
         let audit = build_audit(&raw.audit, base_dir, traces_grpc, service_name)?;
@@ -299,6 +309,7 @@ fn build_approvals(raw: &raw::RawApprovals) -> Result<ApprovalsConfig, FieldErro
 fn build_server(
     raw: &raw::RawServer,
     jwt_configured: bool,
+    dev_identity: bool,
     base_dir: &Path,
     env: &Env,
 ) -> Result<ServerConfig, FieldError> {
@@ -333,11 +344,17 @@ fn build_server(
         .as_ref()
         .map(|mcp| mcp_door::build(mcp, jwt_configured, base_dir, env))
         .transpose()?;
+    let console = raw
+        .console
+        .as_ref()
+        .map(|console| console::build(console, jwt_configured, dev_identity, base_dir, env))
+        .transpose()?;
     Ok(ServerConfig {
         listen,
         unix_socket,
         admin_listen,
         mcp,
+        console,
         shutdown_grace: opt_duration(
             &raw.shutdown_grace,
             "server.shutdown_grace",
@@ -577,6 +594,47 @@ fn positive(value: Option<usize>, path: &str, default: usize) -> Result<usize, F
         Some(0) => Err(FieldError::new(path, "must be greater than 0")),
         Some(v) => Ok(v),
     }
+}
+
+/// A secret read from a file (`{at}_file`) or an environment variable (`{at}_env`), at most one
+/// of them set, trailing whitespace removed (secret files usually end with a newline that is not
+/// part of the secret); with the field it came from, for later messages.
+fn secret_bytes(
+    file: &Option<String>,
+    var: &Option<String>,
+    at: &str,
+    base_dir: &Path,
+    env: &Env,
+) -> Result<Option<(String, Vec<u8>)>, FieldError> {
+    let (field, bytes) = match (file, var) {
+        (Some(_), Some(_)) => {
+            return Err(FieldError::new(
+                format!("{at}_file"),
+                format!("set {at}_file or {at}_env, not both"),
+            ));
+        }
+        (Some(file), None) => {
+            let field = format!("{at}_file");
+            let bytes = read_file(base_dir, file, &field)?;
+            (field, bytes)
+        }
+        (None, Some(var)) => {
+            let field = format!("{at}_env");
+            let value = env.get(var).ok_or_else(|| {
+                FieldError::new(
+                    field.clone(),
+                    format!("environment variable {var} is not set"),
+                )
+            })?;
+            (field, value.as_bytes().to_vec())
+        }
+        (None, None) => return Ok(None),
+    };
+    let end = bytes
+        .iter()
+        .rposition(|b| !b.is_ascii_whitespace())
+        .map_or(0, |i| i + 1);
+    Ok(Some((field, bytes[..end].to_vec())))
 }
 
 fn opt_duration(

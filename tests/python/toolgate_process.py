@@ -36,6 +36,7 @@ AUDIT_TIMEOUT_S = 10.0
 SERVING_ADDR_MESSAGE = "serving gRPC over TCP"
 MCP_ADDR_MESSAGE = "serving MCP over Streamable HTTP"
 ADMIN_ADDR_MESSAGE = "serving /metrics, /healthz and /readyz"
+CONSOLE_ADDR_MESSAGE = "serving the approvals console"
 READY_MESSAGE = "catalog loaded; SERVING"
 
 
@@ -49,6 +50,8 @@ class ToolgateServer:
     mcp_address: str | None = None
     # The admin endpoint's host:port (/metrics, /healthz, /readyz).
     admin_address: str | None = None
+    # The approvals console's host:port, when the catalog configures server.console (the demo does).
+    console_address: str | None = None
     stderr_lines: list[str] = field(default_factory=list)
     stdout_lines: list[str] = field(default_factory=list)
     # Notified (with its lock held) each time a stdout line is appended.
@@ -154,6 +157,8 @@ def _wait_until_serving(server: ToolgateServer, lines: queue.Queue) -> str:
             server.mcp_address = fields.get("addr")
         elif fields.get("message") == ADMIN_ADDR_MESSAGE:
             server.admin_address = fields.get("addr")
+        elif fields.get("message") == CONSOLE_ADDR_MESSAGE:
+            server.console_address = fields.get("addr")
         elif fields.get("message") == READY_MESSAGE:
             if address is None:
                 raise RuntimeError(
@@ -197,6 +202,7 @@ def start(
             *("--listen", "127.0.0.1:0"),
             *("--admin-listen", "127.0.0.1:0"),
             *("--mcp-listen", "127.0.0.1:0"),
+            *("--console-listen", "127.0.0.1:0"),
             *("--log-format", "json"),
             *args,
         ],

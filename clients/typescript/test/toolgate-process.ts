@@ -84,7 +84,7 @@ export class ToolgateProcess {
     );
     const child = spawn(
       toolgateBinary(),
-      ['serve', '--listen', '127.0.0.1:0', '--admin-listen', '127.0.0.1:0', '--mcp-listen', '127.0.0.1:0', '--log-format', 'json', ...(options.args ?? [])],
+      ['serve', '--listen', '127.0.0.1:0', '--admin-listen', '127.0.0.1:0', '--mcp-listen', '127.0.0.1:0', '--console-listen', '127.0.0.1:0', '--log-format', 'json', ...(options.args ?? [])],
       { cwd: REPO_ROOT, env: { ...env, ...options.env }, stdio: ['ignore', 'pipe', 'pipe'] },
     );
     const server = new ToolgateProcess(child);

@@ -244,7 +244,7 @@ if state ~= 'pending' then return {'not_pending', state} end
 local decided = 'rejected'
 if ARGV[4] == '1' then decided = 'approved' end
 move(key, redis.call('HGET', key, 'member'), 'pending', decided)
-redis.call('HSET', key, 'decided_by', ARGV[3], 'reason', ARGV[5])
+redis.call('HSET', key, 'decided_by', ARGV[3], 'reason', ARGV[5], 'decided', now_ms)
 local extra = #ARGV[3] + #ARGV[5] - tonumber(ARGV[6])
 if extra > 0 then
   redis.call('HINCRBY', key, 'bytes', extra)
@@ -255,14 +255,22 @@ return {'ok', redis.call('HGETALL', key)}
 "#;
 
 /// ARGV: prefix, state wanted, page size, index member to start after ('' from the start),
-/// most entries to read. {more (0/1), member the next page starts after, approvals' fields...}.
+/// most entries to read, `newest` for newest first (oldest first otherwise). {more (0/1),
+/// member the next page starts after, approvals' fields...}.
 const LIST: &str = r#"
 migrate()
 settle_due()
 local want, page, limit = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[5])
-local from = '-'
-if ARGV[4] ~= '' then from = '(' .. ARGV[4] end
-local members = redis.call('ZRANGE', at(want), from, '+', 'BYLEX', 'LIMIT', 0, limit)
+local members
+if ARGV[6] == 'newest' then
+  local from = '+'
+  if ARGV[4] ~= '' then from = '(' .. ARGV[4] end
+  members = redis.call('ZRANGE', at(want), from, '-', 'BYLEX', 'REV', 'LIMIT', 0, limit)
+else
+  local from = '-'
+  if ARGV[4] ~= '' then from = '(' .. ARGV[4] end
+  members = redis.call('ZRANGE', at(want), from, '+', 'BYLEX', 'LIMIT', 0, limit)
+end
 local found, last = {}, ''
 for _, member in ipairs(members) do
   local state = settle(id_of(member))

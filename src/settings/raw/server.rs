@@ -1,4 +1,4 @@
-//! Where the sidecar listens: the gRPC server and the MCP door.
+//! Where the sidecar listens: the gRPC server, the MCP door and the approvals console.
 
 use super::*;
 
@@ -18,6 +18,56 @@ pub struct RawServer {
     pub admin_listen: Option<String>,
     /// The MCP door: the same tools, served to MCP hosts over Streamable HTTP (default: off).
     pub mcp: Option<RawMcpDoor>,
+    /// The approvals console: web pages where approvers sign in and decide (default: off).
+    pub console: Option<RawConsole>,
+}
+
+/// The approvals console (docs/console.md), on a listener of its own.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawConsole {
+    /// TCP address to serve the console on (default 127.0.0.1:8766).
+    pub listen: Option<String>,
+    /// The URL people open the console at, an origin without a path (default http://{listen}).
+    /// Form posts must come from it; the MCP door's approvals_url defaults to
+    /// {public_url}/approvals/{approval_id}. https off loopback.
+    pub public_url: Option<String>,
+    /// How long a sign-in lasts (default 30m, at most 12h).
+    pub session_ttl: Option<String>,
+    /// File holding the key (at least 32 bytes) that signs session cookies; default: a random
+    /// key per process (sessions then end with it and reach only this replica).
+    pub session_key_file: Option<String>,
+    /// Environment variable holding that key.
+    pub session_key_env: Option<String>,
+    /// Sign-in with the company's OpenID Connect provider (authorization code flow with PKCE).
+    pub oidc: Option<RawConsoleOidc>,
+    /// Development only: a sign-in form that takes any tenant, subject and scopes, like
+    /// identity.dev_identity's headers (default false). Needs dev_identity and a loopback
+    /// listen address; cannot be combined with oidc.
+    #[serde(default)]
+    pub dev_sign_in: bool,
+}
+
+/// The console's OpenID Connect client.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawConsoleOidc {
+    /// The issuer's URL: `{issuer}/.well-known/openid-configuration` names its endpoints. It must
+    /// be one identity.jwt trusts: that issuer's keys verify the ID token and its claims mapping
+    /// makes the approver (tenant, subject, scopes).
+    pub issuer: String,
+    /// The console's client id at the issuer (the audience of its ID tokens).
+    pub client_id: String,
+    /// File holding the client secret (client_secret_basic); without one the console is a public
+    /// client (PKCE only).
+    pub client_secret_file: Option<String>,
+    /// Environment variable holding the client secret.
+    pub client_secret_env: Option<String>,
+    /// Scopes asked for besides openid; without any, only openid is asked for.
+    #[serde(default)]
+    pub scopes: Vec<String>,
+    /// Each request to the issuer's time limit (default 5s).
+    pub timeout: Option<String>,
 }
 
 /// The MCP door (MCP's Streamable HTTP transport), an OAuth 2.1 resource server.

@@ -36,8 +36,7 @@ async fn logs_of_refused_tokens(
     let file = dir.path().join("catalog.yaml");
     std::fs::write(
         &file,
-        toolgate::settings::DEMO_CATALOG.replace(
-            "  dev_identity: true\n",
+        crate::support::demo_with_identity(
             "  dev_identity: false\n  jwt:\n    hs256_secret_env: TEST_JWT_SECRET\n",
         ),
     )
@@ -215,6 +214,8 @@ fn a_busy_listen_address_is_reported_once() {
             "--admin-listen",
             "127.0.0.1:0",
             "--mcp-listen",
+            "127.0.0.1:0",
+            "--console-listen",
             "127.0.0.1:0",
         ])
         .output()

@@ -336,8 +336,7 @@ fn token_sends_a_jwt_and_schema_prints_the_published_schema() {
     let secret = "a-cli-test-secret-that-is-long-enough";
     std::fs::write(
         &config,
-        toolgate::settings::DEMO_CATALOG.replace(
-            "  dev_identity: true\n",
+        crate::support::demo_with_identity(
             "  dev_identity: false\n  jwt:\n    hs256_secret_env: CLI_TEST_SECRET\n",
         ),
     )

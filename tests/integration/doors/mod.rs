@@ -3,6 +3,7 @@
 //! it), must get the same status, `model_text`, `error_type` and stage, and leave audit events
 //! that differ in the door alone. A door only converts.
 
+pub(crate) mod console;
 pub(crate) mod grpc_wire;
 pub(crate) mod list_tools;
 pub(crate) mod listeners_under_attack;

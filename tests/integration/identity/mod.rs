@@ -44,8 +44,7 @@ fn hs256(claims: &Value) -> String {
 
 /// A catalog that accepts JWTs only: HS256 from the environment, RS256 and ES256 from PEM files.
 fn jwt_catalog() -> String {
-    toolgate::settings::DEMO_CATALOG.replace(
-        "  dev_identity: true\n",
+    crate::support::demo_with_identity(
         "  dev_identity: false\n  jwt:\n    hs256_secret_env: TEST_JWT_SECRET\n    public_key_files: [tests/fixtures/rsa_public.pem, tests/fixtures/ec_public.pem]\n    issuer: [\"https://issuer.test\"]\n    audience: [toolgate]\n",
     )
 }
@@ -216,8 +215,7 @@ async fn dev_identity_needs_a_tenant() {
 
 #[tokio::test]
 async fn jwks_keys_are_chosen_by_kid() {
-    let yaml = toolgate::settings::DEMO_CATALOG.replace(
-        "  dev_identity: true\n",
+    let yaml = crate::support::demo_with_identity(
         "  dev_identity: false\n  jwt:\n    jwks_file: tests/fixtures/jwks.json\n",
     );
     let server = TestServer::start(&yaml).await;

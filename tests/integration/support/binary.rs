@@ -122,6 +122,8 @@ fn spawn_full(
             "127.0.0.1:0",
             "--mcp-listen",
             "127.0.0.1:0",
+            "--console-listen",
+            "127.0.0.1:0",
         ])
         .args(args)
         .env("RUST_LOG", "info,toolgate::boundary=debug")

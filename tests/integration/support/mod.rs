@@ -39,6 +39,19 @@ pub const START_UNIX_MS: i64 = 1_800_000_000_000;
 /// The approvers' scope.
 pub const APPROVE: &str = "toolgate:approve";
 
+/// The demo catalog with `identity` (YAML lines under `identity:`) in place of its dev identity,
+/// and without its console, whose development sign-in needs dev identity.
+pub fn demo_with_identity(identity: &str) -> String {
+    let demo = toolgate::settings::DEMO_CATALOG;
+    let start = demo.find("  console:\n").expect("the demo has a console");
+    let end = demo[start..]
+        .find("\n\n")
+        .map_or(demo.len(), |n| start + n + 1);
+    let without_console = format!("{}{}", &demo[..start], &demo[end..]);
+    assert!(without_console.contains("  dev_identity: true\n"));
+    without_console.replace("  dev_identity: true\n", identity)
+}
+
 /// acme's alice: the caller of most tests.
 pub fn alice() -> Who {
     who("acme").subject("alice")
@@ -276,6 +289,8 @@ impl TestServer {
             admin_listen: Some("127.0.0.1:0".parse().unwrap()),
             // A catalog with `server.mcp` (the demo) gets an MCP door on a port of its own.
             mcp_listen: Some("127.0.0.1:0".parse().unwrap()),
+            // And its approvals console, too.
+            console_listen: Some("127.0.0.1:0".parse().unwrap()),
         };
         let running = toolgate::start(config, options)
             .await
@@ -302,6 +317,11 @@ impl TestServer {
     /// The MCP door's address, when the catalog configures `server.mcp`.
     pub fn mcp_addr(&self) -> Option<SocketAddr> {
         self.running.as_ref().and_then(Running::mcp_addr)
+    }
+
+    /// The approvals console's address, when the catalog configures `server.console`.
+    pub fn console_addr(&self) -> Option<SocketAddr> {
+        self.running.as_ref().and_then(Running::console_addr)
     }
 
     /// The catalog file of a server started with `start_file`.

@@ -92,7 +92,7 @@ export class Toolgate {
     const env = cleanEnv();
     const child = spawn(
       toolgateBinary(),
-      ['serve', '--listen', '127.0.0.1:0', '--admin-listen', '127.0.0.1:0', '--mcp-listen', '127.0.0.1:0', '--log-format', 'json'],
+      ['serve', '--listen', '127.0.0.1:0', '--admin-listen', '127.0.0.1:0', '--mcp-listen', '127.0.0.1:0', '--console-listen', '127.0.0.1:0', '--log-format', 'json'],
       { cwd: REPO_ROOT, env, stdio: ['ignore', 'pipe', 'pipe'] },
     );
     const server = new Toolgate(child);

@@ -1,7 +1,8 @@
-//! The door's TCP listener under the same connection rules as the gRPC door's: a cap of its own
-//! (`limits.max_connections_per_listener`), the handshake and idle timeouts, the connection
-//! counted in `toolgate_connections_*{listener="mcp"}`. Each request carries its [`Connection`],
-//! so admission counts it as the connection's activity.
+//! An HTTP door's TCP listener (the MCP door's, the console's) under the same connection rules
+//! as the gRPC door's: a cap of its own (`limits.max_connections_per_listener`), the handshake
+//! and idle timeouts, the connection counted in `toolgate_connections_*{listener="mcp"}` (or
+//! `"console"`). Each request carries its [`Connection`], so admission counts it as the
+//! connection's activity.
 //!
 //! Its connections are served here rather than by `axum::serve` so that each connection's task
 //! can be polled through [`RepollOnSelfWake`]: hyper's HTTP/1 connection wakes its own task for
@@ -19,8 +20,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tower::Layer;
 
-use super::self_wake::RepollOnSelfWake;
-use crate::admission::connections::{Admission, Connection, Watched};
+use super::{
+    connections::{Admission, Connection, Watched},
+    self_wake::RepollOnSelfWake,
+};
 
 pub struct WatchedListener {
     pub inner: TcpListener,
@@ -36,7 +39,7 @@ impl WatchedListener {
                 Err(err) => {
                     // Out of descriptors and the like: wait a moment rather than spin (as axum's
                     // own listener does).
-                    tracing::warn!(error = %err, "MCP listener: accept failed");
+                    tracing::warn!(listener = self.admission.listener().as_str(), error = %err, "accept failed");
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                     continue;
                 }
@@ -74,7 +77,7 @@ pub async fn serve(mut listener: WatchedListener, router: Router, close: Cancell
         let served = connections.watch(served);
         tokio::spawn(RepollOnSelfWake::new(async move {
             if let Err(err) = served.await {
-                tracing::trace!(error = %err, "MCP connection ended with an error");
+                tracing::trace!(error = %err, "an HTTP connection ended with an error");
             }
         }));
     }
