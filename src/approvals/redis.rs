@@ -378,7 +378,6 @@ fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
-
 fn parse_state(name: &str) -> Result<ApprovalState, StateError> {
     [
         ApprovalState::Pending,

@@ -280,7 +280,6 @@ fn form_encode(text: &str) -> String {
     url::form_urlencoded::byte_serialize(text.as_bytes()).collect()
 }
 
-
 /// At most 64 characters of an issuer's text.
 fn short(text: &str) -> String {
     text.chars().take(64).collect()

@@ -295,7 +295,6 @@ fn pretty(json: &str) -> String {
         .unwrap_or_else(|| json.to_owned())
 }
 
-
 fn state_text(a: &Approval) -> String {
     match a.state {
         ApprovalState::Pending => "Waiting for a decision".to_owned(),

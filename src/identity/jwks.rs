@@ -420,7 +420,9 @@ impl RemoteKeys {
                 .await
                 .map_err(|err| match err {
                     BodyError::TooLarge(max) => format!("{url}: the answer is over {max} bytes"),
-                    BodyError::Read(err) => format!("{url}: {}", crate::outbound::failure_in_words(&err)),
+                    BodyError::Read(err) => {
+                        format!("{url}: {}", crate::outbound::failure_in_words(&err))
+                    }
                 })
         };
         let body = tokio::time::timeout(self.settings.timeout, request)
@@ -434,4 +436,3 @@ impl RemoteKeys {
         serde_json::from_slice(&body).map_err(|err| format!("{url} answered with no JSON: {err}"))
     }
 }
-

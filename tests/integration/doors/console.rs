@@ -26,6 +26,7 @@ struct Answer {
 impl Visitor {
     fn new(server: &TestServer) -> Visitor {
         let addr = server.console_addr().expect("the demo serves its console");
+        toolgate::tls::install_crypto_provider();
         Visitor {
             base: format!("http://{addr}"),
             http: reqwest::Client::builder()
@@ -471,4 +472,76 @@ fn the_console_refuses_unsafe_settings_at_load() {
         let error = load(server, identity);
         assert!(error.contains(says), "{server}: {error}");
     }
+}
+
+/// The console is a door: a decision made in it and one made through DecideApproval leave the
+/// same audit event but for the door, and the same refusals come back from the same rules.
+#[tokio::test]
+async fn a_console_decision_and_a_grpc_decision_differ_in_the_door_alone() {
+    let server = TestServer::demo().await;
+    let by_grpc = refund_waiting(&server).await;
+    let by_console = refund_waiting(&server).await;
+    let mut approvals = server.approvals().await;
+    approvals
+        .decide_approval(bob().request(proto::DecideApprovalRequest {
+            approval_id: by_grpc.clone(),
+            decision: proto::ApprovalDecision::Approve as i32,
+            reason: "checked".into(),
+        }))
+        .await
+        .unwrap();
+    let mut console = Visitor::sign_in(&server, "acme", "bob", "toolgate:approve").await;
+    let csrf = console.csrf().await;
+    assert_eq!(
+        console.decide(&by_console, "approve", &csrf).await.status,
+        StatusCode::OK
+    );
+    let events = server.audit_events_of("approval_decision").await;
+    let event = |id: &str| {
+        let mut event = events
+            .iter()
+            .find(|e| e["approval_id"] == id)
+            .unwrap()
+            .clone();
+        let map = event.as_object_mut().unwrap();
+        let door = map.remove("door").unwrap();
+        for differs in ["time", "approval_id"] {
+            map.remove(differs);
+        }
+        (door, event)
+    };
+    let (grpc_door, grpc) = event(&by_grpc);
+    let (console_door, in_console) = event(&by_console);
+    assert_eq!(
+        (grpc_door.as_str(), console_door.as_str()),
+        (Some("grpc"), Some("console"))
+    );
+    assert_eq!(grpc, in_console);
+    // The same rules refuse alike: the requester, and an approver without the scope.
+    let by_alice = refund_waiting(&server).await;
+    let mut requester = Visitor::sign_in(&server, "acme", "alice", "toolgate:approve").await;
+    let token = requester.csrf().await;
+    let refused = requester.decide(&by_alice, "approve", &token).await;
+    let grpc_refused =
+        approvals
+            .decide_approval(alice().scopes("toolgate:approve").request(
+                proto::DecideApprovalRequest {
+                    approval_id: by_alice.clone(),
+                    decision: proto::ApprovalDecision::Approve as i32,
+                    reason: String::new(),
+                },
+            ))
+            .await
+            .unwrap_err();
+    assert_eq!(refused.status, StatusCode::FORBIDDEN);
+    assert_eq!(grpc_refused.code(), tonic::Code::PermissionDenied);
+    assert!(
+        refused.body.contains(grpc_refused.message()),
+        "{}",
+        refused.body
+    );
+    assert_eq!(
+        state_of(&server, &by_alice).await,
+        proto::ApprovalState::Pending
+    );
 }
