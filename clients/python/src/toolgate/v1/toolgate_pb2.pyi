@@ -386,7 +386,7 @@ class ExplainListToolsResponse(_message.Message):
     def __init__(self, tools: _Optional[_Iterable[_Union[ToolVisibility, _Mapping]]] = ..., catalog_revision: _Optional[str] = ...) -> None: ...
 
 class Approval(_message.Message):
-    __slots__ = ("approval_id", "tenant", "subject", "agent", "run_id", "tool", "tool_version", "arguments_sha256", "arguments_json", "state", "created_at_unix_ms", "expires_at_unix_ms", "decided_by", "reason", "risk_level", "arguments_preview", "arguments_truncated", "needed_because")
+    __slots__ = ("approval_id", "tenant", "subject", "agent", "run_id", "tool", "tool_version", "arguments_sha256", "arguments_json", "state", "created_at_unix_ms", "expires_at_unix_ms", "decided_by", "reason", "risk_level", "arguments_preview", "arguments_truncated", "needed_because", "decided_at_unix_ms")
     APPROVAL_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     SUBJECT_FIELD_NUMBER: _ClassVar[int]
@@ -405,6 +405,7 @@ class Approval(_message.Message):
     ARGUMENTS_PREVIEW_FIELD_NUMBER: _ClassVar[int]
     ARGUMENTS_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     NEEDED_BECAUSE_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     approval_id: str
     tenant: str
     subject: str
@@ -423,7 +424,8 @@ class Approval(_message.Message):
     arguments_preview: str
     arguments_truncated: bool
     needed_because: str
-    def __init__(self, approval_id: _Optional[str] = ..., tenant: _Optional[str] = ..., subject: _Optional[str] = ..., agent: _Optional[str] = ..., run_id: _Optional[str] = ..., tool: _Optional[str] = ..., tool_version: _Optional[str] = ..., arguments_sha256: _Optional[str] = ..., arguments_json: _Optional[str] = ..., state: _Optional[_Union[ApprovalState, str]] = ..., created_at_unix_ms: _Optional[int] = ..., expires_at_unix_ms: _Optional[int] = ..., decided_by: _Optional[str] = ..., reason: _Optional[str] = ..., risk_level: _Optional[_Union[RiskLevel, str]] = ..., arguments_preview: _Optional[str] = ..., arguments_truncated: _Optional[bool] = ..., needed_because: _Optional[str] = ...) -> None: ...
+    decided_at_unix_ms: int
+    def __init__(self, approval_id: _Optional[str] = ..., tenant: _Optional[str] = ..., subject: _Optional[str] = ..., agent: _Optional[str] = ..., run_id: _Optional[str] = ..., tool: _Optional[str] = ..., tool_version: _Optional[str] = ..., arguments_sha256: _Optional[str] = ..., arguments_json: _Optional[str] = ..., state: _Optional[_Union[ApprovalState, str]] = ..., created_at_unix_ms: _Optional[int] = ..., expires_at_unix_ms: _Optional[int] = ..., decided_by: _Optional[str] = ..., reason: _Optional[str] = ..., risk_level: _Optional[_Union[RiskLevel, str]] = ..., arguments_preview: _Optional[str] = ..., arguments_truncated: _Optional[bool] = ..., needed_because: _Optional[str] = ..., decided_at_unix_ms: _Optional[int] = ...) -> None: ...
 
 class ListApprovalsRequest(_message.Message):
     __slots__ = ("state", "page_size", "page_token")
