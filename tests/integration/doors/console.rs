@@ -545,3 +545,139 @@ async fn a_console_decision_and_a_grpc_decision_differ_in_the_door_alone() {
         proto::ApprovalState::Pending
     );
 }
+
+crate::support::on_both_backends!(the_inbox_pages_newest_first_and_says_when_each_was_decided);
+
+/// The inbox is the tenant's pending approvals of every replica (in Redis, all of them), newest
+/// first, 20 a page; a decision keeps its time.
+async fn the_inbox_pages_newest_first_and_says_when_each_was_decided(
+    backend: crate::support::Backend,
+) {
+    let demo =
+        toolgate::settings::DEMO_CATALOG.replace("rate_limit: 5/min", "rate_limit: 1000/min");
+    let server = TestServer::start_on(backend, &demo).await;
+    let mut made = Vec::new();
+    for _ in 0..25 {
+        made.push(refund_waiting(&server).await);
+    }
+    // The gRPC door's order: oldest first.
+    let mut approvals = server.approvals().await;
+    let listed: Vec<String> = approvals
+        .list_approvals(bob().request(proto::ListApprovalsRequest {
+            page_size: 100,
+            ..Default::default()
+        }))
+        .await
+        .unwrap()
+        .into_inner()
+        .approvals
+        .into_iter()
+        .map(|a| a.approval_id)
+        .collect();
+    assert_eq!(listed.len(), 25);
+    let mut approver = Visitor::sign_in(&server, "acme", "bob", "toolgate:approve").await;
+    let ids_on = |page: &str| -> Vec<String> {
+        page.split("data-approval=\"")
+            .skip(1)
+            .map(|rest| rest[..rest.find('"').unwrap()].to_owned())
+            .collect()
+    };
+    let first = approver.get("/approvals").await.body;
+    let mut seen = ids_on(&first);
+    assert_eq!(seen.len(), 20);
+    let next = first
+        .split("href=\"/approvals?after=")
+        .nth(1)
+        .map(|rest| rest[..rest.find('"').unwrap()].to_owned())
+        .expect("a link to the older requests");
+    let second = approver.get(&format!("/approvals?after={next}")).await.body;
+    seen.extend(ids_on(&second));
+    assert!(
+        !second.contains("?after="),
+        "the last page links no further"
+    );
+    let newest_first: Vec<String> = listed.iter().rev().cloned().collect();
+    assert_eq!(seen, newest_first);
+    // Decided: by whom, when (the server's clock), why.
+    let csrf = approver.csrf().await;
+    let decided = approver.decide(&seen[0], "reject", &csrf).await;
+    assert_eq!(decided.status, StatusCode::OK, "{}", decided.body);
+    let page = approver.get("/decided").await.body;
+    let row = page
+        .split("<tr>")
+        .find(|row| row.contains(&seen[0]))
+        .expect("the rejection is listed");
+    assert!(
+        row.contains("bob") && row.contains("checked") && row.contains(" UTC"),
+        "{row}"
+    );
+    let read = approvals
+        .get_approval(bob().request(proto::GetApprovalRequest {
+            approval_id: seen[0].clone(),
+        }))
+        .await
+        .unwrap()
+        .into_inner()
+        .approval
+        .unwrap();
+    assert!(read.decided_at_unix_ms > 0, "{read:?}");
+    assert!(!approver.get("/approvals").await.body.contains(&seen[0]));
+}
+
+/// Served at an https origin (TLS ended in front of it), the cookies are `Secure` and
+/// `__Host-` prefixed, and form posts must come from that origin.
+#[tokio::test]
+async fn behind_https_the_cookies_are_secure_and_host_only() {
+    let demo = toolgate::settings::DEMO_CATALOG.replace(
+        "    dev_sign_in: true\n",
+        "    dev_sign_in: true\n    public_url: https://approvals.example\n",
+    );
+    let server = TestServer::start(&demo).await;
+    let mut visitor = Visitor::new(&server);
+    let on_host = |request: reqwest::RequestBuilder| request.header("host", "approvals.example");
+    let page = visitor
+        .send(on_host(
+            visitor.http.get(format!("{}/sign-in", visitor.base)),
+        ))
+        .await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    let login = page.headers["set-cookie"].to_str().unwrap().to_owned();
+    assert!(
+        login.starts_with("__Host-toolgate-console-login=") && login.contains("; Secure"),
+        "{login}"
+    );
+    let state = hidden(&page.body, "state");
+    let form = format!(
+        "state={state}&next=%2Fapprovals&tenant=acme&subject=bob&scopes=toolgate%3Aapprove"
+    );
+    let (http, base) = (visitor.http.clone(), visitor.base.clone());
+    let post = |origin: &str| {
+        on_host(http.post(format!("{base}/sign-in/dev")))
+            .header("origin", origin)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(form.clone())
+    };
+    let elsewhere = visitor.send(post(&base)).await;
+    assert_eq!(
+        elsewhere.status,
+        StatusCode::FORBIDDEN,
+        "the loopback origin is not this console's"
+    );
+    let signed_in = visitor.send(post("https://approvals.example")).await;
+    assert_eq!(signed_in.status, StatusCode::OK, "{}", signed_in.body);
+    let session = signed_in
+        .headers
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap())
+        .find(|v| v.starts_with("__Host-toolgate-console="))
+        .unwrap()
+        .to_owned();
+    assert!(
+        session.contains("; Secure") && session.contains("SameSite=Strict"),
+        "{session}"
+    );
+    // The loopback name is not this console's any more: DNS rebinding gets nothing.
+    let direct = visitor.get("/sign-in").await;
+    assert_eq!(direct.status, StatusCode::MISDIRECTED_REQUEST);
+}
