@@ -108,6 +108,9 @@ struct Console {
     origins: BTreeSet<String>,
     secure: bool,
     session_ttl: Duration,
+    /// What session cookies are sealed for: this console's origin and way of signing in, so a
+    /// session of a development console sharing the key is no session here.
+    session_purpose: String,
     sign_in: Mode,
     max_identity_bytes: usize,
 }
@@ -154,6 +157,13 @@ pub fn start(
             origins.insert(format!("http://{host}:{}", addr.port()));
         }
     }
+    let session_purpose = format!(
+        "{SESSION_COOKIE}|{origin_text}|{}",
+        match sign_in {
+            Mode::Oidc(_) => "oidc",
+            Mode::Dev => "dev",
+        }
+    );
     let console = Arc::new(Console {
         boundary: parts.boundary,
         clock: parts.clock,
@@ -164,6 +174,7 @@ pub fn start(
         hosts,
         origins,
         session_ttl: config.session_ttl,
+        session_purpose,
         sign_in,
         max_identity_bytes: parts.max_identity_bytes,
     });
@@ -186,6 +197,10 @@ pub fn start(
         .layer(axum::middleware::from_fn_with_state(
             console.clone(),
             guard_host,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            console.clone(),
+            strict_transport,
         ))
         .layer(axum::middleware::map_response(security_headers))
         .with_state(console);
@@ -234,10 +249,10 @@ impl Console {
         let Some(text) = cookie(headers, &self.cookie_name(SESSION_COOKIE)) else {
             return Visitor::Out;
         };
-        let Some(session) = self.sealer.open::<Session>(SESSION_COOKIE, text) else {
+        let Some(session) = self.sealer.open::<Session>(&self.session_purpose, text) else {
             return Visitor::Out;
         };
-        if session.expires_ms <= self.clock.unix_ms() || self.revoked.contains(&session.sid) {
+        if session.expires_ms <= self.clock.unix_ms() || self.revoked.refuses(&session) {
             return Visitor::Expired;
         }
         Visitor::In(session)
@@ -403,7 +418,7 @@ impl Console {
     /// that moves on to `next` from this origin (a `SameSite=Strict` cookie set on the way back
     /// from the issuer is not sent on a redirect that the issuer's site began).
     fn signed_in(&self, session: &Session, next: &str) -> Response {
-        let sealed = self.sealer.seal(SESSION_COOKIE, session);
+        let sealed = self.sealer.seal(&self.session_purpose, session);
         let mut response = html(
             StatusCode::OK,
             format!(
@@ -435,13 +450,20 @@ impl Console {
         scopes: BTreeSet<String>,
         dev: bool,
     ) -> Session {
+        let now = self.clock.unix_ms();
         Session {
             sid: random_token(),
             tenant: tenant.to_owned(),
             subject: subject.to_owned(),
-            scopes,
+            // Only what a decision is checked against: a person's other scopes (groups, roles)
+            // would only make the cookie larger.
+            scopes: scopes
+                .into_iter()
+                .filter(|scope| scope == approvals::APPROVE_SCOPE)
+                .collect(),
             dev,
-            expires_ms: self.clock.unix_ms() + millis(self.session_ttl),
+            issued_ms: now,
+            expires_ms: now + millis(self.session_ttl),
         }
     }
 }
@@ -540,6 +562,22 @@ async fn security_headers(mut response: Response) -> Response {
     headers
         .entry(header::CACHE_CONTROL)
         .or_insert(HeaderValue::from_static("no-store"));
+    response
+}
+
+/// Over https, browsers are told to come back over https only.
+async fn strict_transport(
+    State(console): Shared,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let mut response = next.run(request).await;
+    if console.secure {
+        response.headers_mut().insert(
+            header::STRICT_TRANSPORT_SECURITY,
+            HeaderValue::from_static("max-age=31536000"),
+        );
+    }
     response
 }
 
@@ -911,6 +949,11 @@ async fn sign_in_start(
 
 fn idp_failed(console: &Console, headers: &HeaderMap, err: &OidcError, next: &str) -> Response {
     tracing::warn!(error = %err, "console sign-in failed");
+    // What was wrong with a token is for the operator's log, not for whoever is signing in.
+    let shown = match err {
+        OidcError::Token(_) => "The identity provider's answer did not name a person this console accepts; nothing was signed in. The sidecar's log says why.".to_owned(),
+        err => err.to_string(),
+    };
     let status = match err {
         OidcError::Unreachable { .. } => StatusCode::BAD_GATEWAY,
         OidcError::Refused(_) | OidcError::Token(_) => StatusCode::FORBIDDEN,
@@ -924,7 +967,7 @@ fn idp_failed(console: &Console, headers: &HeaderMap, err: &OidcError, next: &st
         headers,
         None,
         "Sign-in failed",
-        &err.to_string(),
+        &shown,
         Some((&again, "Try again")),
     )
 }
@@ -1062,7 +1105,12 @@ async fn sign_out(
     form: Result<Form<SignOut>, FormRejection>,
 ) -> Response {
     let Visitor::In(session) = console.visitor(&headers) else {
-        return see_other("/sign-in");
+        let mut response = see_other("/sign-in");
+        response.headers_mut().append(
+            header::SET_COOKIE,
+            console.cookie(SESSION_COOKIE, "", Duration::ZERO, "Strict"),
+        );
+        return response;
     };
     let csrf = form.map(|Form(f)| f.csrf).unwrap_or_default();
     if console.check_post(&headers, &session, &csrf).is_err() {

@@ -50,8 +50,19 @@ pub struct Provider {
     http: reqwest::Client,
     clock: SharedClock,
     identity: IdentityHandle,
-    endpoints: tokio::sync::Mutex<Option<Endpoints>>,
+    endpoints: tokio::sync::Mutex<Discovered>,
 }
+
+/// What discovery last found: the endpoints, or why not and when (a failure is given again for
+/// [`RETRY_DISCOVERY_MS`], so sign-ins while the issuer is down do not queue a fetch each).
+#[derive(Default)]
+struct Discovered {
+    endpoints: Option<Endpoints>,
+    failed: Option<(i64, String)>,
+}
+
+/// How long a failed discovery is answered from memory.
+const RETRY_DISCOVERY_MS: i64 = 5_000;
 
 impl Provider {
     pub fn new(
@@ -65,7 +76,7 @@ impl Provider {
             http,
             clock,
             identity,
-            endpoints: tokio::sync::Mutex::new(None),
+            endpoints: tokio::sync::Mutex::new(Discovered::default()),
         })
     }
 
@@ -178,6 +189,17 @@ impl Provider {
         // Verified above: the claims are the issuer's.
         let claims = jsonwebtoken::dangerous::insecure_decode_claims::<Value>(id_token)
             .map_err(|err| OidcError::Token(format!("unreadable claims ({err})")))?;
+        // This issuer's, not another one identity.jwt trusts with the same client id.
+        let iss = claims
+            .get("iss")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        if iss.trim_end_matches('/') != self.settings.issuer.as_str().trim_end_matches('/') {
+            return Err(OidcError::Token(format!(
+                "its issuer {:?} is not the console's",
+                short(iss)
+            )));
+        }
         if claims.get("nonce").and_then(Value::as_str) != Some(nonce) {
             return Err(OidcError::Token(
                 "its nonce is not the one this sign-in sent (a replayed token?)".into(),
@@ -222,11 +244,32 @@ impl Provider {
     async fn endpoints(&self) -> Result<Endpoints, OidcError> {
         let mut cached = self.endpoints.lock().await;
         let now = self.clock.unix_ms();
-        if let Some(endpoints) = cached.as_ref()
+        if let Some(endpoints) = cached.endpoints.as_ref()
             && now - endpoints.read_ms < REDISCOVER_MS
         {
             return Ok(endpoints.clone());
         }
+        if let Some((at, why)) = &cached.failed
+            && now - at < RETRY_DISCOVERY_MS
+        {
+            return Err(self.unreachable(why.clone()));
+        }
+        let found = self.discover(now).await;
+        match &found {
+            Ok(endpoints) => {
+                *cached = Discovered {
+                    endpoints: Some(endpoints.clone()),
+                    failed: None,
+                }
+            }
+            Err(OidcError::Unreachable { why, .. }) => cached.failed = Some((now, why.clone())),
+            Err(_) => {}
+        }
+        found
+    }
+
+    /// Reads the issuer's discovery document.
+    async fn discover(&self, now: i64) -> Result<Endpoints, OidcError> {
         let base = self.settings.issuer.as_str().trim_end_matches('/');
         let at = format!("{base}/.well-known/openid-configuration");
         let response = self
@@ -254,13 +297,11 @@ impl Provider {
                 .ok_or_else(|| self.unreachable(format!("{at} names no {name}")))?;
             check_secure_url(text, name).map_err(|err| self.unreachable(err.message))
         };
-        let endpoints = Endpoints {
+        Ok(Endpoints {
             authorization: endpoint("authorization_endpoint")?,
             token: endpoint("token_endpoint")?,
             read_ms: now,
-        };
-        *cached = Some(endpoints.clone());
-        Ok(endpoints)
+        })
     }
 
     async fn json(&self, response: reqwest::Response) -> Result<Value, OidcError> {

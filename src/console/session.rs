@@ -112,7 +112,8 @@ pub struct Session {
     pub scopes: BTreeSet<String>,
     /// Signed in with the development form, not an identity provider.
     pub dev: bool,
-    /// When it ends (Unix ms).
+    /// When it began and when it ends (Unix ms).
+    pub issued_ms: i64,
     pub expires_ms: i64,
 }
 
@@ -147,33 +148,41 @@ pub struct Login {
     pub expires_ms: i64,
 }
 
-/// Sessions signed out before their end, on this replica: id -> when it would have ended.
+/// Sessions signed out before their end, on this replica: id -> when it would have ended; and
+/// a time before which every session is refused, set when too many sign-outs are remembered (so
+/// a flood of sign-outs cannot push one out and bring its session back: it fails closed, by
+/// signing everyone on this replica out).
 #[derive(Default)]
-pub struct Revoked(Mutex<HashMap<String, i64>>);
+pub struct Revoked(Mutex<RevokedState>);
 
-/// Most sign-outs remembered; past it the one nearest its end is dropped first.
+#[derive(Default)]
+pub struct RevokedState {
+    ids: HashMap<String, i64>,
+    not_before_ms: i64,
+}
+
+/// Most sign-outs remembered.
 const MAX_REVOKED: usize = 10_000;
 
 impl Revoked {
     pub fn revoke(&self, session: &Session, now_ms: i64) {
         let mut revoked = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        revoked.retain(|_, ends| *ends > now_ms);
-        if revoked.len() >= MAX_REVOKED
-            && let Some(first) = revoked
-                .iter()
-                .min_by_key(|(_, ends)| **ends)
-                .map(|(sid, _)| sid.clone())
-        {
-            revoked.remove(&first);
+        revoked.ids.retain(|_, ends| *ends > now_ms);
+        if revoked.ids.len() >= MAX_REVOKED {
+            tracing::warn!(
+                remembered = MAX_REVOKED,
+                "console: too many sign-outs to remember; every session begun so far on this replica is signed out"
+            );
+            revoked.ids.clear();
+            revoked.not_before_ms = now_ms + 1;
+            return;
         }
-        revoked.insert(session.sid.clone(), session.expires_ms);
+        revoked.ids.insert(session.sid.clone(), session.expires_ms);
     }
 
-    pub fn contains(&self, sid: &str) -> bool {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains_key(sid)
+    pub fn refuses(&self, session: &Session) -> bool {
+        let revoked = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        session.issued_ms < revoked.not_before_ms || revoked.ids.contains_key(&session.sid)
     }
 }
 
@@ -209,6 +218,35 @@ mod tests {
         assert!(!sealer.csrf_matches("s2", &token));
         assert!(!sealer.csrf_matches("s1", ""));
         assert!(!sealer.csrf_matches("s1", "not base64!"));
+    }
+
+    fn session(sid: &str, issued_ms: i64) -> Session {
+        Session {
+            sid: sid.into(),
+            tenant: "acme".into(),
+            subject: "bob".into(),
+            scopes: BTreeSet::new(),
+            dev: false,
+            issued_ms,
+            expires_ms: issued_ms + 1_000_000,
+        }
+    }
+
+    #[test]
+    fn a_flood_of_sign_outs_signs_everyone_out_rather_than_forget_one() {
+        let revoked = Revoked::default();
+        let victim = session("victim", 10);
+        revoked.revoke(&victim, 100);
+        assert!(revoked.refuses(&victim));
+        let bystander = session("bystander", 50);
+        assert!(!revoked.refuses(&bystander));
+        for i in 0..MAX_REVOKED {
+            revoked.revoke(&session(&format!("s{i}"), 100), 200);
+        }
+        // The map is full: nothing is forgotten one by one; everything begun so far is refused.
+        assert!(revoked.refuses(&victim));
+        assert!(revoked.refuses(&bystander));
+        assert!(!revoked.refuses(&session("later", 202)));
     }
 
     #[test]

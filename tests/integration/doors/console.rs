@@ -677,6 +677,10 @@ async fn behind_https_the_cookies_are_secure_and_host_only() {
         session.contains("; Secure") && session.contains("SameSite=Strict"),
         "{session}"
     );
+    assert_eq!(
+        signed_in.headers["strict-transport-security"],
+        "max-age=31536000"
+    );
     // The loopback name is not this console's any more: DNS rebinding gets nothing.
     let direct = visitor.get("/sign-in").await;
     assert_eq!(direct.status, StatusCode::MISDIRECTED_REQUEST);
