@@ -455,11 +455,13 @@ impl Console {
             sid: random_token(),
             tenant: tenant.to_owned(),
             subject: subject.to_owned(),
-            // Only what a decision is checked against: a person's other scopes (groups, roles)
-            // would only make the cookie larger.
+            // Only what the console's pages are checked against: a person's other scopes
+            // (groups, roles) would only make the cookie larger.
             scopes: scopes
                 .into_iter()
-                .filter(|scope| scope == approvals::APPROVE_SCOPE)
+                .filter(|scope| {
+                    scope == approvals::APPROVE_SCOPE || scope == crate::emergency::ADMIN_SCOPE
+                })
                 .collect(),
             dev,
             issued_ms: now,
@@ -854,13 +856,16 @@ async fn decided(State(console): Shared, headers: HeaderMap) -> Response {
             Err(err) => return console.refused(&headers, &session, &err),
         }
     }
+    // The emergency denies in force, for those the Controls service would show them to (the
+    // admin scope: their tenant's, or every tenant's for the platform's operators); read only.
+    let denies = console.boundary.list_emergency_denies(&caller).ok();
     console.render(
         StatusCode::OK,
         &headers,
         "Decided",
         Some(&session),
         Nav::Decided,
-        &pages::decided(&sections),
+        &pages::decided(&sections, denies.as_deref()),
     )
 }
 

@@ -5,7 +5,10 @@
 
 use std::fmt::Write;
 
-use crate::approvals::{Approval, ApprovalState};
+use crate::{
+    approvals::{Approval, ApprovalState},
+    emergency::EmergencyDeny,
+};
 
 use super::session::Session;
 
@@ -309,8 +312,9 @@ fn state_text(a: &Approval) -> String {
     }
 }
 
-/// Recent decisions, a section per state.
-pub fn decided(sections: &[(&str, Vec<Approval>)]) -> String {
+/// Recent decisions, a section per state; and the emergency denies in force, when the person
+/// may see them.
+pub fn decided(sections: &[(&str, Vec<Approval>)], denies: Option<&[EmergencyDeny]>) -> String {
     let mut out = String::from(
         "<h1>Decided</h1><p class=\"muted\">The latest decisions of your tenant, newest first.</p>",
     );
@@ -341,6 +345,43 @@ pub fn decided(sections: &[(&str, Vec<Approval>)]) -> String {
             );
         }
         out.push_str("</tbody></table></div>");
+    }
+    if let Some(denies) = denies {
+        out.push_str(
+            "<h2>Emergency denies in force</h2><p class=\"muted\">Set and lifted with \
+             <code>toolgate deny</code> or the Controls service; shown here, not changed.</p>",
+        );
+        if denies.is_empty() {
+            out.push_str("<p class=\"empty\">None.</p>");
+        } else {
+            out.push_str(
+                "<div class=\"table\"><table class=\"denies\"><thead><tr><th scope=\"col\">Tools</th>\
+                 <th scope=\"col\">For</th><th scope=\"col\">Why</th><th scope=\"col\">Set by</th>\
+                 <th scope=\"col\">Until</th></tr></thead><tbody>",
+            );
+            for deny in denies {
+                let scope = match (&deny.tenant, &deny.agent) {
+                    (None, None) => "every tenant".to_owned(),
+                    (Some(t), None) => format!("tenant {t}"),
+                    (None, Some(a)) => format!("agent {a}"),
+                    (Some(t), Some(a)) => format!("tenant {t}, agent {a}"),
+                };
+                let _ = write!(
+                    out,
+                    "<tr><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}, {}</td><td>{}</td></tr>",
+                    esc(&deny.tools),
+                    esc(&scope),
+                    esc(&deny.reason),
+                    esc(&deny.set_by),
+                    time(deny.set_at_ms, false),
+                    match deny.expires_at_ms {
+                        Some(ms) => time(ms, true),
+                        None => "lifted by hand".to_owned(),
+                    },
+                );
+            }
+            out.push_str("</tbody></table></div>");
+        }
     }
     out
 }

@@ -7,7 +7,8 @@ consent pages people sign in on), and Debian's chromium, headless, driven throug
 chromedriver by Selenium. Each person has a browser of their own (their own cookies).
 
 People (IDP_ACCOUNTS): alice and erin approve for acme, bob approves for globex, carol is in acme
-without the approve scope, and dave is acme's agent user who asks for the calls.
+without the approve scope, dave is acme's agent user who asks for the calls, and olga approves
+and administers acme (emergency denies).
 
 Every wait is bounded (WebDriverWait, the audit helper); nothing sleeps to synchronize.
 """
@@ -52,6 +53,7 @@ ACCOUNTS = {
     "bob": {"tenant": "globex", "toolgate_scopes": "toolgate:approve"},
     "carol": {"tenant": "acme", "toolgate_scopes": "tickets:read"},
     "dave": {"tenant": "acme", "toolgate_scopes": "toolgate:approve payments:write"},
+    "olga": {"tenant": "acme", "toolgate_scopes": "toolgate:approve toolgate:admin"},
 }
 
 
@@ -514,6 +516,32 @@ def test_forged_stale_and_signed_out_posts_decide_nothing(sidecar, idp, api, bro
     status, page = post_form(alice, sidecar, path, {"csrf": csrf, "decision": "approve"})
     assert status == 401 and "Nothing was decided" in page, (status, page)
     assert approval_state(api, idp, approval_id) == "APPROVAL_STATE_PENDING"
+
+
+def test_emergency_denies_show_read_only_to_the_tenants_admins(sidecar, idp, api, browsers):
+    request_cls, call = api.unary("toolgate.v1.Controls", "SetEmergencyDeny")
+    call(
+        request_cls(tools="refund_*", tenant="acme", reason="refunds paused for the audit", ttl_seconds=600),
+        metadata=(("authorization", f"Bearer {idp.mint('olga', 'toolgate')}"),),
+        timeout=DEFAULT_RPC_DEADLINE_S,
+    )
+    try:
+        olga = browsers()
+        sign_in(olga, sidecar, "olga", "/decided")
+        table = wait(olga, ec.presence_of_element_located((By.CSS_SELECTOR, "table.denies")), "the denies")
+        assert "refund_*" in table.text and "refunds paused for the audit" in table.text, table.text
+        assert "olga" in table.text
+        assert not olga.find_elements(By.CSS_SELECTOR, "table.denies form, table.denies button")
+        alice = browsers()
+        sign_in(alice, sidecar, "alice", "/decided")
+        assert "Emergency denies" not in alice.page_source
+        assert "refund_*" not in alice.page_source
+    finally:
+        request_cls, call = api.unary("toolgate.v1.Controls", "ListEmergencyDenies")
+        admin = (("authorization", f"Bearer {idp.mint('olga', 'toolgate')}"),)
+        for deny in call(request_cls(), metadata=admin, timeout=DEFAULT_RPC_DEADLINE_S).denies:
+            clear_cls, clear = api.unary("toolgate.v1.Controls", "ClearEmergencyDeny")
+            clear(clear_cls(deny_id=deny.deny_id), metadata=admin, timeout=DEFAULT_RPC_DEADLINE_S)
 
 
 def test_an_identity_provider_that_is_down_gets_a_clear_page(sidecar, idp, browsers):

@@ -685,3 +685,43 @@ async fn behind_https_the_cookies_are_secure_and_host_only() {
     let direct = visitor.get("/sign-in").await;
     assert_eq!(direct.status, StatusCode::MISDIRECTED_REQUEST);
 }
+
+/// The decided page shows the emergency denies in force to those the Controls service would
+/// show them to, read only: the boundary decides who, and it takes dev identity (the demo's
+/// development sign-in too) for the platform's operators. With a provider's sign-in, an approver
+/// without the admin scope sees none (tests/python/test_console.py).
+#[tokio::test]
+async fn the_decided_page_shows_emergency_denies_as_the_controls_service_would() {
+    let server = TestServer::demo().await;
+    let mut controls =
+        toolgate::proto::controls_client::ControlsClient::new(server.channel().await);
+    controls
+        .set_emergency_deny(
+            crate::support::who("acme")
+                .scopes("toolgate:admin")
+                .request(proto::SetEmergencyDenyRequest {
+                    tools: "refund_*".into(),
+                    tenant: "acme".into(),
+                    reason: "refunds <paused> during the audit".into(),
+                    ..Default::default()
+                }),
+        )
+        .await
+        .unwrap();
+    let mut admin =
+        Visitor::sign_in(&server, "acme", "carol", "toolgate:approve toolgate:admin").await;
+    let page = admin.get("/decided").await.body;
+    assert!(page.contains("Emergency denies in force"), "{page}");
+    assert!(page.contains("<code>refund_*</code>"), "{page}");
+    assert!(
+        page.contains("refunds &lt;paused&gt; during the audit"),
+        "{page}"
+    );
+    assert!(!page.contains("<form class=\"deny"), "read only");
+    let mut globex = Visitor::sign_in(&server, "globex", "gus", "toolgate:approve").await;
+    let page = globex.get("/decided").await.body;
+    assert!(
+        page.contains("refund_*"),
+        "dev identity is a platform operator: {page}"
+    );
+}
