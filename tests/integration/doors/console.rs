@@ -725,3 +725,34 @@ async fn the_decided_page_shows_emergency_denies_as_the_controls_service_would()
         "dev identity is a platform operator: {page}"
     );
 }
+
+/// With approvals in Redis, the console of one sidecar lists and decides what an agent asked
+/// another for, and the other sees the decision: the inbox is the fleet's.
+#[tokio::test]
+async fn one_sidecars_console_decides_what_another_sidecar_is_waiting_for() {
+    let redis = crate::support::RedisServer::start();
+    let shared = toolgate::settings::DEMO_CATALOG.replacen(
+        "version: 1\n",
+        &format!("version: 1\n{}", crate::support::redis_state(&redis.url())),
+        1,
+    );
+    let agents_sidecar = TestServer::start(&shared).await;
+    let approvers_sidecar = TestServer::start(&shared).await;
+    let id = refund_waiting(&agents_sidecar).await;
+    let mut bob = Visitor::sign_in(&approvers_sidecar, "acme", "bob", "toolgate:approve").await;
+    assert!(bob.get("/approvals").await.body.contains(&id));
+    let csrf = bob.csrf().await;
+    assert_eq!(
+        bob.decide(&id, "approve", &csrf).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        state_of(&agents_sidecar, &id).await,
+        proto::ApprovalState::Approved
+    );
+    let mut client = agents_sidecar.client().await;
+    let mut repeat = call("refund_order", r#"{"order_id":"A-1","amount_cents":2500}"#);
+    repeat.approval_id = id.clone();
+    let result = exec(&mut client, &alice(), repeat).await;
+    assert_eq!(result.status(), ToolStatus::Ok, "{result:?}");
+}
