@@ -302,15 +302,19 @@ def ask(api, idp, amount: int = 2500, run_id: str = "run-1", **extra) -> str:
     return result.approval_id
 
 
-def approval_state(api, idp, approval_id: str, who: str = "erin") -> str:
+def get_approval(api, idp, approval_id: str, who: str = "erin"):
+    """The approval as the gRPC door's GetApproval returns it to an approver."""
     request_cls, call = api.unary("toolgate.v1.Approvals", "GetApproval")
-    response = call(
+    return call(
         request_cls(approval_id=approval_id),
         metadata=(("authorization", f"Bearer {idp.mint(who, 'toolgate')}"),),
         timeout=DEFAULT_RPC_DEADLINE_S,
-    )
+    ).approval
+
+
+def approval_state(api, idp, approval_id: str, who: str = "erin") -> str:
     states = api.pool.FindEnumTypeByName("toolgate.v1.ApprovalState")
-    return states.values_by_number[response.approval.state].name
+    return states.values_by_number[get_approval(api, idp, approval_id, who).state].name
 
 
 def post_form(browser, sidecar, path: str, fields: dict, origin: str | None = "same") -> tuple[int, str]:
@@ -353,6 +357,9 @@ def test_an_approver_signs_in_at_the_provider_and_approves_what_an_agent_asked_f
     assert "run-1" in text, text
     # As the audit log shows them: the catalog's redact applies.
     assert "4242" not in text and "[redacted]" in text, text
+    # The gRPC door shows the same arguments, redacted alike.
+    over_grpc = json.loads(get_approval(api, idp, approval_id).arguments_json)
+    assert over_grpc == {"amount_cents": 2500, "card_last4": "[redacted]", "order_id": "A-1"}, over_grpc
     card.find_element(By.CSS_SELECTOR, "h2 a").click()
     wait(alice, ec.presence_of_element_located((By.ID, "reason")), "the decision form")
     assert "4242" not in alice.page_source
@@ -379,6 +386,12 @@ def test_an_approver_signs_in_at_the_provider_and_approves_what_an_agent_asked_f
     assert decision["approver"] == "alice"
     assert decision["status"] == "APPROVED"
     assert decision["reason"] == "customer called; order checked"
+    # No credential of the sign-in reaches the audit log or the sidecar's logs: not the session
+    # cookie or its seal, not the client secret.
+    session = next(c["value"] for c in alice.get_cookies() if c["name"] == "toolgate-console")
+    records = "".join(sidecar.stdout_lines) + sidecar.stderr_text()
+    for secret in (session, session.split(".")[-1], CLIENT_SECRET):
+        assert secret not in records, f"{secret[:12]}… appears in the audit log or the logs"
 
 
 def test_the_open_inbox_follows_decisions_made_elsewhere_and_new_requests(sidecar, idp, api, browsers):
