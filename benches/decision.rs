@@ -179,6 +179,8 @@ struct Fixture {
     rate_limits: RateLimits,
     /// The same limiter behind the enum the boundary calls (memory backend).
     quotas: Quotas,
+    /// Budget spending; the bench catalog declares no budgets, so calls spend from none.
+    budgets: toolgate::budgets::Budgets,
     keys: Vec<Key>,
     arguments: Value,
     arguments_budget: structure::ArgumentsBudget,
@@ -229,6 +231,11 @@ impl Fixture {
             config,
             rate_limits,
             quotas,
+            budgets: toolgate::budgets::Budgets::on(
+                &state::Backend::Memory,
+                SharedClock::system(),
+                &Metrics::new(),
+            ),
             keys,
             arguments: serde_json::from_str(ARGUMENTS).expect("valid JSON"),
         }
@@ -236,6 +243,15 @@ impl Fixture {
 
     fn limits(&self) -> &LimitsConfig {
         &self.config.limits
+    }
+
+    /// What a call of a catalog without budgets spends: nothing.
+    fn no_budgets(&self) -> toolgate::limits::Spend<'_> {
+        toolgate::limits::Spend {
+            charges: &[],
+            budgets: &self.budgets,
+            max_entries: 0,
+        }
     }
 }
 
@@ -397,6 +413,7 @@ fn rate_limit_check(bencher: Bencher, tools: usize) {
                 quota_of(&key.tool),
                 key.tenant_rate,
                 Cost::ONE,
+                &f.no_budgets(),
             )
             .now_or_never()
             .expect("the memory limiter answers without waiting");
@@ -458,6 +475,7 @@ fn decision_chain(bencher: Bencher, tools: usize) {
                 quota_of(tool),
                 key.tenant_rate,
                 Cost::ONE,
+                &f.no_budgets(),
             )
             .now_or_never()
             .expect("the memory limiter answers without waiting");

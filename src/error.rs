@@ -115,6 +115,7 @@ pub enum Reason {
     BoundArgumentOverride,
     RateLimited,
     CostOverBurst,
+    RunBudgetExhausted,
     ApprovalRequired,
     ApprovalNotFound,
     ApprovalPending,
@@ -182,6 +183,8 @@ impl Reason {
             RateLimited => ("rate_limited", S::RateLimited, true),
             // More cells than the quota's burst: no wait admits it (docs/conditions.md).
             CostOverBurst => ("cost_over_burst", S::RateLimited, false),
+            // A budget of the run (or the caller's day) is spent: no wait within it admits more.
+            RunBudgetExhausted => ("run_budget_exhausted", S::Denied, false),
             ApprovalRequired => ("approval_required", S::ApprovalRequired, false),
             ApprovalNotFound => ("approval_not_found", S::Denied, false),
             ApprovalPending => ("approval_pending", S::Denied, true),
@@ -347,7 +350,7 @@ mod tests {
     /// from the shared state decodes to what was written, for every variant.
     #[test]
     fn every_reason_and_stage_reads_back_from_its_name() {
-        assert_eq!(Reason::ALL.len(), 47);
+        assert_eq!(Reason::ALL.len(), 48);
         for &reason in Reason::ALL {
             assert_eq!(Reason::from_code(reason.code()), Some(reason));
         }

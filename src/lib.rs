@@ -17,7 +17,7 @@
 //! | 0 | `canonical`, `clock`, `error`, `gcra`, `outbound`, `outcome`, `settings`, `tasks`, `tls` | foundations: canonical JSON, time, the outcome table and a call's outcome, the GCRA arithmetic, the guarded client every outbound HTTP request goes through, plain configuration values (a tool's risk level among them), tasks with an owner, TLS setup |
 //! | 1 | `conditions`, `credentials`, `identity`, `metrics`, `openapi`, `output_guard`, `state`, `telemetry` | CEL conditions over a call (compiled at load, evaluated by the stages), the per-call credentials backends are called with (exchanged for the caller's token, or the sidecar's own), who is calling, the metrics registry, OpenAPI descriptions read into catalog entries for review (`toolgate import`; nothing at serve time), the detectors screening tool output, the shared state's connections, the tracer and its exporter |
 //! | 2 | `catalog`, `executor` | tool definitions as plain data (each names its backend: a builtin, an upstream by name, a program, an MCP server's tool), and the registry of live backends that run them (`executor` reads the catalog's specs; the catalog knows no executor) |
-//! | 3 | `approvals`, `audit`, `emergency`, `flow`, `limits` | what calls leave behind and what stops them: approvals, audit events, emergency denies, what each flow scope has seen, quotas |
+//! | 3 | `approvals`, `audit`, `budgets`, `emergency`, `flow`, `limits` | what calls leave behind and what stops them: approvals, audit events, what each run and caller's day has spent of its budgets, emergency denies, what each flow scope has seen, quotas |
 //! | 4 | `config` | a catalog file assembled into the parts of a running sidecar |
 //! | 5 | `boundary` | the execution boundary: the chain of stages |
 //! | 6 | `admission`, `shadow` | who may come in through a door (identity from the headers, the caps on requests and connections, counted for both doors together); a candidate catalog compared with the boundary's decisions |
@@ -53,6 +53,7 @@ pub mod app;
 pub mod approvals;
 pub mod audit;
 pub mod boundary;
+pub mod budgets;
 pub mod canonical;
 pub mod catalog;
 pub mod cli;

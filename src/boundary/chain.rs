@@ -124,6 +124,9 @@ struct Admitted {
     permit: Permit,
     arguments_sha256: Arc<str>,
     approval_id: Option<String>,
+    /// What it took of its budgets: given back if its backend is never reached.
+    /// (Boxed, none when it took nothing: every call's future holds its place.)
+    budget: Option<Box<crate::budgets::Taken>>,
     /// The arguments' share of the parsed-arguments budget (and their recorded copy's), held
     /// until the backend has answered.
     _held: (structure::ArgumentsHeld, Option<structure::ArgumentsHeld>),
@@ -431,9 +434,10 @@ impl Boundary {
             }
             None => None,
         };
-        // 8. Rate limits: both quotas, or neither; the tool's by the call's cost.
+        // 8. Rate limits and budgets: both quotas and every budget, or none; the tool's quota
+        // (and the budgets' cost) by the call's cost.
         trail.steps.reached(Step::RateLimit);
-        rate_limit::check(state, &asker, tool, &arguments).await?;
+        let budget = rate_limit::check(state, &self.budgets, &asker, tool, &arguments).await?;
         // 9. Approval for risky tools, bound to these exact arguments; used up only when the
         // call reaches its backend.
         // Boxed: only the tools that need approval pay for the stage's state.
@@ -443,16 +447,34 @@ impl Boundary {
             (Err(no), None) => Err(no),
         };
         let approval = match needed {
-            Ok(why) => Some(
-                Box::pin(self.approval(turn, call, tool, &arguments, &arguments_sha256, &why))
-                    .await?,
-            ),
+            Ok(why) => {
+                let checked =
+                    Box::pin(self.approval(turn, call, tool, &arguments, &arguments_sha256, &why))
+                        .await
+                        .and_then(|checked| {
+                            trail.approval_id = Some(checked.id.clone());
+                            approval::check_reuse(&checked.id, checked.already_used, call)?;
+                            Ok(checked)
+                        });
+                match checked {
+                    Ok(checked) => Some(checked),
+                    // Waiting for an approval (or refused one) spends no budget.
+                    Err(refusal) => {
+                        return match budget {
+                            Some(taken) => {
+                                Box::pin(async {
+                                    self.budgets.give_back(*taken).await;
+                                    Err(refusal)
+                                })
+                                .await
+                            }
+                            None => Err(refusal),
+                        };
+                    }
+                }
+            }
             Err(_) => None,
         };
-        trail.approval_id = approval.as_ref().map(|a| a.id.clone());
-        if let Some(checked) = &approval {
-            approval::check_reuse(&checked.id, checked.already_used, call)?;
-        }
         Ok(Admitted {
             permit: Permit::new(
                 call_id.clone(),
@@ -463,6 +485,7 @@ impl Boundary {
             ),
             arguments_sha256,
             approval_id: approval.map(|a| a.id),
+            budget,
             _held: (held, record_held),
         })
     }
@@ -594,6 +617,20 @@ impl Boundary {
                     })
                     .await
                 }
+            };
+            // A call whose backend was never reached (refused on the way, replayed, or not
+            // reached at all) gives back what it took of its budgets.
+            let output = match admitted.budget.take() {
+                // Boxed with the output it carries: only calls that took from a budget, and did
+                // not reach their backend, pay for holding both across the give-back.
+                Some(taken) if !started.load(std::sync::atomic::Ordering::Acquire) => {
+                    Box::pin(async {
+                        self.budgets.give_back(*taken).await;
+                        output
+                    })
+                    .await
+                }
+                _ => output,
             }?;
             // Named whole, so the block owns all of it (its share of the parsed-arguments
             // budget too) until the backend has answered: a block captures only what it names.

@@ -18,7 +18,7 @@
 //! | 7 | bind | `bind.rs` | — |
 //! | 7a | access on the call | `access.rs` (`policy::access_on_call`) | — |
 //! | 7b | flow rules | `flow.rs` | `crate::flow` (memory, Redis) |
-//! | 8 | rate limit | `rate_limit.rs` | `crate::limits` (memory, Redis) |
+//! | 8 | rate limit and budgets | `rate_limit.rs` | `crate::limits`, `crate::budgets` (memory, Redis) |
 //! | 9 | approval | `approval.rs` | `crate::approvals` (memory, Redis) |
 //! | 10 | idempotency | `idempotency/` | its own (memory, Redis) |
 //! | 11 | execute | `execute.rs` | — |
@@ -252,6 +252,8 @@ pub struct Boundary {
     emergency: Arc<EmergencyDenies>,
     /// What each flow scope has seen.
     flow: crate::flow::FlowStore,
+    /// What each run and caller's day has spent of its budgets.
+    budgets: crate::budgets::Budgets,
     /// Where evaluations of conditions that can take long run.
     apart: crate::conditions::Apart,
 }
@@ -269,6 +271,7 @@ impl Boundary {
         let registry = metrics;
         let metrics = BoundaryMetrics::register(registry);
         let quota_metrics = QuotaMetrics::register(registry);
+        let budgets = crate::budgets::Budgets::on(&stores.backend, clock.clone(), registry);
         let rate_limits = Quotas::build(
             &quota_plan(&catalog),
             clock.clone(),
@@ -306,6 +309,7 @@ impl Boundary {
             pins: pins::PinWatch::default(),
             emergency: stores.emergency,
             flow: stores.flow,
+            budgets,
             apart: crate::conditions::Apart::default(),
         }
     }

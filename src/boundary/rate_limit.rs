@@ -11,10 +11,11 @@ use super::{
     policy::{self, Decided},
 };
 use crate::{
+    budgets::{self as budget, Budgets, Charge, Taken},
     catalog::{Catalog, ToolVersion},
     conditions::Evaluated,
     error::{Reason, Refusal, Stage},
-    limits::{self, Cost, QuotaPlan, QuotaScope, QuotaView, ToolQuota, describe},
+    limits::{self, Cost, QuotaPlan, QuotaScope, QuotaView, Spend, ToolQuota, describe},
     settings::Rate,
 };
 
@@ -43,22 +44,85 @@ pub fn cost_location(tool: &ToolVersion) -> String {
     format!("{}@{}.rate_limit.cost", tool.name, tool.version)
 }
 
-/// Takes the call's cells of each quota that applies, or refuses taking none: `RATE_LIMITED`
-/// while a quota has no room; `cost_over_burst` when the cost is more than the tool's quota
-/// ever admits at once; `condition_error` when the cost cannot be evaluated or is negative.
+/// Takes the call's cells of each quota that applies and its share of each budget (its run's,
+/// its caller's day), or refuses taking none: `run_budget_exhausted` when a budget has no room
+/// (checked first: no wait helps); `RATE_LIMITED` while a quota has no room; `cost_over_burst`
+/// when the cost is more than the tool's quota ever admits at once; `condition_error` when the
+/// cost cannot be evaluated or is negative. What it took of the budgets is given back if the
+/// call's backend is never reached.
 pub(super) async fn check(
     state: &CatalogState,
+    budgets: &Budgets,
     asker: &policy::Asker<'_>,
     tool: &ToolVersion,
     arguments: &Value,
-) -> Result<(), Refusal> {
+) -> Result<Option<Box<Taken>>, Refusal> {
     let caller = asker.caller;
     let cost = cost(tool, asker, arguments).0?;
     let tenant_rate = state.catalog.tenant_rate(&caller.tenant);
+    if state.catalog.budgets.is_some() {
+        // Boxed: only catalogs with budgets pay for their charges in every call's future.
+        return Box::pin(check_with_budgets(state, budgets, asker, tool, cost)).await;
+    }
+    let spend = Spend {
+        charges: &[],
+        budgets,
+        max_entries: 0,
+    };
     state
         .rate_limits
-        .check(&caller.tenant, quota_of(tool), tenant_rate, cost)
-        .await
+        .check(&caller.tenant, quota_of(tool), tenant_rate, cost, &spend)
+        .await?;
+    Ok(None)
+}
+
+/// [`check`] for a catalog with budgets.
+async fn check_with_budgets(
+    state: &CatalogState,
+    budgets: &Budgets,
+    asker: &policy::Asker<'_>,
+    tool: &ToolVersion,
+    cost: Cost,
+) -> Result<Option<Box<Taken>>, Refusal> {
+    let caller = asker.caller;
+    let tenant_rate = state.catalog.tenant_rate(&caller.tenant);
+    let (charges, max_entries) = charges_of(&state.catalog, budgets, asker, tool, cost);
+    let spend = Spend {
+        charges: &charges,
+        budgets,
+        max_entries,
+    };
+    let shared = state
+        .rate_limits
+        .check(&caller.tenant, quota_of(tool), tenant_rate, cost, &spend)
+        .await?;
+    Ok((!charges.is_empty()).then(|| Box::new(Taken { charges, shared })))
+}
+
+/// The budgets a call spends from (none without a `budgets` section), and how many entries a
+/// tenant keeps in memory.
+fn charges_of(
+    catalog: &Catalog,
+    budgets: &Budgets,
+    asker: &policy::Asker<'_>,
+    tool: &ToolVersion,
+    Cost(cost): Cost,
+) -> (Vec<Charge>, usize) {
+    match catalog.budgets.as_deref() {
+        Some(policy) => (
+            budget::charges(
+                policy,
+                &asker.caller.tenant,
+                &asker.caller.subject,
+                asker.run_id,
+                &tool.name,
+                cost,
+                budgets.now_ms(),
+            ),
+            policy.max_entries_per_tenant,
+        ),
+        None => (Vec::new(), 0),
+    }
 }
 
 /// Whether the call's quotas have room for it now, consuming nothing: asked before an
@@ -304,7 +368,66 @@ impl Explainer<'_> {
             ),
         };
         rate_trail.quotas = quotas;
+        if let Err(refusal) = self.budgets(turn, tool, cells, &mut rate_trail).await {
+            rate_trail.result = StageResult::Refused;
+            rate_trail.detail = refusal.message.clone();
+            stages.push(rate_trail);
+            return Err(refusal);
+        }
         stages.push(rate_trail);
+        Ok(())
+    }
+
+    /// Stage 8's budgets, reading what each has spent and consuming nothing: what they leave
+    /// joins the trail's sentence, or the refusal of one that has no room for the call.
+    async fn budgets(
+        &self,
+        turn: &Turn,
+        tool: &ToolVersion,
+        cells: u64,
+        trail: &mut StageTrail,
+    ) -> Result<(), Refusal> {
+        let Some(policy) = self.catalog.budgets.as_deref() else {
+            return Ok(());
+        };
+        let budgets = &self.boundary.budgets;
+        let now = budgets.now_ms();
+        let caller = &turn.caller;
+        let charges = budget::charges(
+            policy,
+            &caller.tenant,
+            &caller.subject,
+            &turn.run_id,
+            &tool.name,
+            cells,
+            now,
+        );
+        if charges.is_empty() {
+            return Ok(());
+        }
+        let said = match budgets.usage(&charges).await {
+            Ok(usage) => {
+                let mut said = Vec::new();
+                for (charge, usage) in charges.iter().zip(&usage) {
+                    if let Err(exhausted) = charge.check(usage, now)
+                        && !self.own.quota
+                    {
+                        return Err(exhausted.refusal());
+                    }
+                    said.push(charge.left_in_words(usage, now));
+                }
+                format!("budgets: {}", said.join("; "))
+            }
+            Err(_) => {
+                "what the budgets leave is unknown: the shared state cannot be read".to_owned()
+            }
+        };
+        if trail.result == StageResult::NotApplicable {
+            trail.result = StageResult::Passed;
+            trail.detail = format!("no quota applies to this call; {said}");
+        } else {
+            trail.detail = format!("{}; {said}", trail.detail);
+        }
         Ok(())
     }
 }

@@ -44,6 +44,7 @@ impl CatalogInputs {
         };
         let guard_section = raw.output_guard.as_ref();
         let flow = raw.flow.as_ref().map(FlowPolicy::build).transpose()?;
+        let budgets = raw.budgets.as_ref().map(BudgetPolicy::build).transpose()?;
         let shared = ToolShared {
             flow: flow.as_ref(),
             approvals: &self.approvals,
@@ -249,6 +250,7 @@ impl CatalogInputs {
             platform_tenants,
             call_conditions_take_long,
             flow: flow.map(Arc::new),
+            budgets: budgets.map(Arc::new),
             tools,
             unavailable,
             pinned,

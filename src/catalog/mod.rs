@@ -5,6 +5,7 @@
 
 mod access_lists;
 mod backend;
+pub mod budgets;
 pub mod flow;
 mod http_request;
 mod load;
@@ -37,6 +38,7 @@ pub use backend::{
     BackendContext, BackendSpec, BuiltRequest, BuiltinTool, Discovered, DiscoveredTool, HttpTarget,
     MappingError, McpSource, McpTarget, ProcessSpec, RequestMapping,
 };
+pub use budgets::{Budget, BudgetPolicy};
 pub use flow::{FlowPolicy, LabelSet};
 pub use load::CatalogInputs;
 pub use schema::{BindValue, Binding};
@@ -192,6 +194,8 @@ pub struct Catalog {
     pinned: BTreeMap<String, pins::PinnedTool>,
     /// The run-level flow rules, if the catalog has any.
     pub flow: Option<Arc<FlowPolicy>>,
+    /// The budgets for a run and a caller's day, if the catalog has any.
+    pub budgets: Option<Arc<BudgetPolicy>>,
     pub policy: AccessList,
     pub tenants: BTreeMap<String, TenantPolicy>,
     pub agents: AgentPolicies,

@@ -89,21 +89,27 @@ impl Quotas {
         }
     }
 
-    /// Admits one call of `tool` for `tenant` if both its quotas have room, consuming `cost`
-    /// cells of the tool's (see [`Cost`]) and one of the tenant's; otherwise consumes nothing
-    /// and says how long to wait.
+    /// Admits one call of `tool` for `tenant` if both its quotas and the budgets it spends
+    /// from have room, consuming `cost` cells of the tool's (see [`Cost`]), one of the tenant's
+    /// and its share of each budget; otherwise consumes nothing and says how long to wait (or,
+    /// for a budget, that no wait helps). `Ok(true)` when the shared state decided.
     pub async fn check(
         &self,
         tenant: &str,
         tool: ToolQuota<'_>,
         tenant_rate: Option<Rate>,
         cost: Cost,
-    ) -> Result<(), Refusal> {
+        spend: &Spend<'_>,
+    ) -> Result<bool, Refusal> {
         match self {
-            Quotas::Memory(local) => local.check_cost(tenant, tool, tenant_rate, cost),
+            Quotas::Memory(local) => spend
+                .take_local(|| local.check_cost(tenant, tool, tenant_rate, cost))
+                .map(|()| false),
             // Boxed: only calls that go to Redis pay for its future, and every call's future
             // stays small.
-            Quotas::Shared(shared) => Box::pin(shared.check(tenant, tool, tenant_rate, cost)).await,
+            Quotas::Shared(shared) => {
+                Box::pin(shared.check(tenant, tool, tenant_rate, cost, spend)).await
+            }
         }
     }
 
@@ -138,6 +144,27 @@ impl Quotas {
     /// Keys held in this sidecar's memory.
     pub fn keys_held(&self) -> usize {
         self.local().map_or(0, RateLimits::keys_held)
+    }
+}
+
+/// The budgets a call spends from, decided with its quotas (`crate::budgets`).
+pub struct Spend<'a> {
+    pub charges: &'a [crate::budgets::Charge],
+    pub budgets: &'a crate::budgets::Budgets,
+    /// Most entries a tenant keeps in memory.
+    pub max_entries: usize,
+}
+
+impl Spend<'_> {
+    /// Takes the charges from this sidecar's memory, with the quotas' decision `quotas` taken
+    /// under the same lock.
+    fn take_local(&self, quotas: impl FnOnce() -> Result<(), Refusal>) -> Result<(), Refusal> {
+        self.budgets
+            .take_local(self.charges, self.max_entries, quotas)
+            .map_err(|err| match err {
+                crate::budgets::TakeError::Exhausted(exhausted) => exhausted.refusal(),
+                crate::budgets::TakeError::Other(refusal) => refusal,
+            })
     }
 }
 
@@ -501,9 +528,20 @@ mod tests {
             &QuotaMetrics::register(&crate::metrics::Metrics::new()),
             None,
         );
+        let budgets = crate::budgets::Budgets::on(
+            &state::Backend::Memory,
+            SharedClock::new(ManualClock::new(0)),
+            &crate::metrics::Metrics::new(),
+        );
+        // A catalog without budgets spends from none.
+        let spend = Spend {
+            charges: &[],
+            budgets: &budgets,
+            max_entries: 0,
+        };
         let check = || {
             quotas
-                .check("a", tool, tenant_rate, Cost::ONE)
+                .check("a", tool, tenant_rate, Cost::ONE, &spend)
                 .now_or_never()
                 .expect("the memory limiter answers on the first poll")
         };

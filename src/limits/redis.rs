@@ -19,9 +19,10 @@ use std::{
 use redis::Script;
 
 use super::{
-    Cost, QuotaScope, QuotaView, RateLimits, ToolQuota, metrics::QuotaMetrics, tenant_refusal,
-    tool_refusal,
+    Cost, QuotaScope, QuotaView, RateLimits, Spend, ToolQuota, metrics::QuotaMetrics,
+    tenant_refusal, tool_refusal,
 };
+use crate::budgets::{self, Charge};
 use crate::gcra::Gcra;
 use crate::{
     error::{Reason, Refusal, Stage},
@@ -32,28 +33,39 @@ use crate::{
     },
 };
 
-/// GCRA over the call's quotas (KEYS, at most two, in the order tool then tenant). ARGV[1] is
-/// `take` (admit and commit, or refuse and change nothing) or `view` (report what remains);
-/// then each key's emission interval and tolerance in microseconds and the cells the call
-/// takes of it (at least one: a quota the call takes none of is not sent).
-/// `take` answers {1} when admitted, or {0, index of the refusing key, wait in µs}; `view`
-/// answers the calls each quota would admit now. The arithmetic is `Gcra::decide_cells`'.
-const GCRA: &str = r#"
+/// GCRA over the call's quotas (the first ARGV[2] KEYS, at most two, in the order tool then
+/// tenant), and the call's budgets (the KEYS after them: [`budgets::redis`]). ARGV[1] is
+/// `take` (admit and commit, or refuse and change nothing) or `view` (report what the quotas
+/// leave, no budgets); then each quota's emission interval and tolerance in microseconds and
+/// the cells the call takes of it (at least one: a quota the call takes none of is not sent);
+/// then each budget's arguments. `take` answers {1} when admitted, {2, ...} when a budget has
+/// no room (checked first: its refusal is final, a quota's only says wait), or {0, index of the
+/// refusing quota, wait in µs}; `view` answers the calls each quota would admit now. The
+/// arithmetic is `Gcra::decide_cells`'.
+static GCRA: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        r#"
 local now = now_us
 local take = ARGV[1] == 'take'
-local tats = {}
-local remaining = {}
-for i = 1, #KEYS do
-  local emission = tonumber(ARGV[3 * i - 1])
-  local tolerance = tonumber(ARGV[3 * i])
-  local cells = tonumber(ARGV[3 * i + 1])
+local nq = tonumber(ARGV[2])
+local nb = #KEYS - nq
+local base = 3 + 3 * nq
+if take then
+{check}
+end
+local tats = {{}}
+local remaining = {{}}
+for i = 1, nq do
+  local emission = tonumber(ARGV[3 * i])
+  local tolerance = tonumber(ARGV[3 * i + 1])
+  local cells = tonumber(ARGV[3 * i + 2])
   local tat = tonumber(redis.call('GET', KEYS[i]) or now)
   if tat < now then tat = now end
   local ahead = tat - now
   if take then
     local needed = ahead + emission * (cells - 1)
     if needed > tolerance then
-      return {0, i, needed - tolerance}
+      return {{0, i, needed - tolerance}}
     end
     tats[i] = tat + emission * cells
   elseif ahead > tolerance then
@@ -65,13 +77,18 @@ end
 if not take then
   return remaining
 end
-for i = 1, #KEYS do
+for i = 1, nq do
   redis.call('SET', KEYS[i], string.format('%.0f', tats[i]), 'PX', math.ceil((tats[i] - now) / 1000))
 end
-return {1}
-"#;
+{commit}
+return {{1}}
+"#,
+        check = budgets::redis::CHECK_LUA,
+        commit = budgets::redis::COMMIT_LUA,
+    )
+});
 
-static SCRIPT: LazyLock<Script> = LazyLock::new(|| script(GCRA));
+static SCRIPT: LazyLock<Script> = LazyLock::new(|| script(&GCRA));
 
 /// The quotas of one catalog, decided in Redis.
 pub struct SharedQuotas {
@@ -147,8 +164,13 @@ impl SharedQuotas {
         tool_quota.into_iter().chain(tenant_quota).collect()
     }
 
-    async fn run(&self, mode: &str, quotas: &[Quota]) -> Result<Reply, StateError> {
-        let mut op = Op::new(&SCRIPT).arg(mode);
+    async fn run(
+        &self,
+        mode: &str,
+        quotas: &[Quota],
+        charges: &[Charge],
+    ) -> Result<Reply, StateError> {
+        let mut op = Op::new(&SCRIPT).arg(mode).arg(quotas.len());
         for quota in quotas {
             op = op
                 .key(quota.key.as_str())
@@ -156,24 +178,34 @@ impl SharedQuotas {
                 .arg(quota.gcra.tolerance())
                 .arg(quota.cells);
         }
+        for charge in charges {
+            op = budgets::redis::push(op, &self.redis, charge);
+        }
         Reply::new(self.redis.invoke(Concern::RateLimits, &op).await?)
     }
 
-    /// Admits one call if both its quotas have room, in one round trip.
+    /// Admits one call if both its quotas and every budget of `spend` have room, in one round
+    /// trip. `Ok(true)`: decided by the shared state; `Ok(false)`: by this sidecar alone, during
+    /// an outage.
     pub async fn check(
         &self,
         tenant: &str,
         tool: ToolQuota<'_>,
         tenant_rate: Option<Rate>,
         cost: Cost,
-    ) -> Result<(), Refusal> {
+        spend: &Spend<'_>,
+    ) -> Result<bool, Refusal> {
         let quotas = self.quotas(tenant, tool, tenant_rate, cost);
-        if quotas.is_empty() {
-            return Ok(());
+        if quotas.is_empty() && spend.charges.is_empty() {
+            return Ok(true);
         }
-        let reply = match self.run("take", &quotas).await {
+        let reply = match self.run("take", &quotas, spend.charges).await {
             Ok(reply) => reply,
-            Err(err) => return self.unavailable(err, tenant, tool, tenant_rate, cost),
+            Err(err) => {
+                return self
+                    .unavailable(err, tenant, tool, tenant_rate, cost, spend)
+                    .map(|()| false);
+            }
         };
         if self.falling_back.swap(false, Ordering::Relaxed) {
             tracing::info!("rate limits are shared again");
@@ -186,8 +218,14 @@ impl SharedQuotas {
             let wait = u64::try_from(reply.int(2)?).unwrap_or(0);
             Ok(Some((index, wait)))
         };
+        if reply.int(0).is_ok_and(|answer| answer == 2) {
+            let exhausted =
+                budgets::redis::exhausted(spend.charges, &reply).map_err(unavailable)?;
+            spend.budgets.count_exhausted(&exhausted);
+            return Err(exhausted.refusal());
+        }
         match decided() {
-            Ok(None) => Ok(()),
+            Ok(None) => Ok(true),
             Ok(Some((index, wait_micros))) => {
                 let wait = Duration::from_micros(wait_micros);
                 let quota = quotas
@@ -213,7 +251,7 @@ impl SharedQuotas {
         if quotas.is_empty() {
             return Ok(Vec::new());
         }
-        let reply = self.run("view", &quotas).await?;
+        let reply = self.run("view", &quotas, &[]).await?;
         quotas
             .iter()
             .enumerate()
@@ -238,6 +276,7 @@ impl SharedQuotas {
         tool: ToolQuota<'_>,
         tenant_rate: Option<Rate>,
         cost: Cost,
+        spend: &Spend<'_>,
     ) -> Result<(), Refusal> {
         let outage = matches!(err, StateError::Timeout(_) | StateError::Unreachable(_));
         let Some(local) = self.fallback.as_ref().filter(|_| outage) else {
@@ -247,7 +286,7 @@ impl SharedQuotas {
         if !self.falling_back.swap(true, Ordering::Relaxed) {
             tracing::warn!(error = %err, "shared rate limits unavailable: this sidecar decides quotas alone until the state backend answers");
         }
-        local.check_cost(tenant, tool, tenant_rate, cost)
+        spend.take_local(|| local.check_cost(tenant, tool, tenant_rate, cost))
     }
 }
 
@@ -256,7 +295,7 @@ fn unavailable(err: StateError) -> Refusal {
         Stage::RateLimit,
         Reason::StateUnavailable,
         format!(
-            "the rate limit cannot be checked: {}; retry shortly",
+            "the rate limits and budgets cannot be checked: {}; retry shortly",
             err.for_caller()
         ),
     )

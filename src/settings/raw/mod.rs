@@ -9,6 +9,7 @@ use serde::Deserialize;
 mod access;
 mod audit;
 mod backends;
+mod budgets;
 mod flow;
 mod identity;
 mod limits;
@@ -21,6 +22,7 @@ mod tools;
 pub use access::*;
 pub use audit::*;
 pub use backends::*;
+pub use budgets::*;
 pub use flow::*;
 pub use identity::*;
 pub use limits::*;
@@ -81,6 +83,9 @@ pub struct RawConfig {
     /// caller, over a window) carried, and which tools may not run, or need approval, after
     /// them (e.g. no `external_send` after `private_data` and `untrusted_content`).
     pub flow: Option<RawFlow>,
+    /// Budgets for a whole run (calls, cost, calls of one tool, wall time) and for a caller
+    /// over a day: exhausted, a call is refused `run_budget_exhausted` (docs/handoff.md).
+    pub budgets: Option<RawBudgets>,
     /// The tools, one entry per (name, version).
     #[serde(default)]
     pub tools: Vec<RawTool>,

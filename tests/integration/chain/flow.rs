@@ -8,7 +8,7 @@
 use serde_json::Value;
 use toolgate::proto::{self, ToolStatus};
 
-use crate::support::{Backend, TestServer, call, exec, on_both_backends, who};
+use crate::support::{Backend, TestServer, call, exec, explain_in_run, on_both_backends, who};
 
 const CATALOG: &str = r#"version: 1
 identity: { dev_identity: true }
@@ -301,27 +301,6 @@ async fn a_call_whose_labels_cannot_be_recorded_does_not_run() {
     assert_eq!(c1["status"], "UNAVAILABLE", "{c1}");
     assert!(c1.get("flow_labels").is_none(), "{c1}");
     server.stop().await;
-}
-
-/// ExplainTool, in `run`, by alice: what send_email would get now.
-async fn explain_in_run(server: &TestServer, run: &str, tool: &str) -> proto::ExplainToolResponse {
-    let request = crate::support::execute_request(call(tool, "{}"));
-    server
-        .client()
-        .await
-        .explain_tool(
-            who("acme")
-                .subject("alice")
-                .request(proto::ExplainToolRequest {
-                    call: request.call,
-                    run_id: run.into(),
-                    step: 0,
-                    catalog_revision: String::new(),
-                }),
-        )
-        .await
-        .expect("ExplainTool answers")
-        .into_inner()
 }
 
 fn seen(explained: &proto::ExplainToolResponse) -> Vec<(String, Vec<String>)> {

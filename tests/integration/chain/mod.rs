@@ -15,5 +15,6 @@ pub(crate) mod output_guard;
 pub(crate) mod properties;
 pub(crate) mod quota_cost;
 pub(crate) mod rate_limits;
+pub(crate) mod run_budgets;
 pub(crate) mod sidecar_budgets;
 pub(crate) mod stages;

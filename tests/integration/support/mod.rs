@@ -566,6 +566,31 @@ pub async fn exec(
         .expect("a result")
 }
 
+/// ExplainTool by acme's alice, in `run`: what a call of `tool` with no arguments would get now.
+pub async fn explain_in_run(
+    server: &TestServer,
+    run: &str,
+    tool: &str,
+) -> proto::ExplainToolResponse {
+    let request = execute_request(call(tool, "{}"));
+    server
+        .client()
+        .await
+        .explain_tool(
+            who("acme")
+                .subject("alice")
+                .request(proto::ExplainToolRequest {
+                    call: request.call,
+                    run_id: run.into(),
+                    step: 0,
+                    catalog_revision: String::new(),
+                }),
+        )
+        .await
+        .expect("ExplainTool answers")
+        .into_inner()
+}
+
 pub fn status(result: &proto::ToolResult) -> proto::ToolStatus {
     result.status()
 }
