@@ -405,6 +405,10 @@ impl Explainer<'_> {
                 executors.http.upstream(&target.upstream)?.credential()?,
                 format!("upstream {}", target.upstream),
             ),
+            crate::catalog::BackendSpec::A2a(target) => (
+                executors.http.upstream(&target.upstream)?.credential()?,
+                format!("the agent at upstream {}", target.upstream),
+            ),
             crate::catalog::BackendSpec::Mcp(target) => (
                 executors.mcp.credential(&target.server)?,
                 format!("MCP server {}", target.server),

@@ -418,6 +418,7 @@ impl Boundary {
         debug_assert!(
             catalog.versions().all(|tool| match &tool.backend {
                 crate::catalog::BackendSpec::Http(target) => executors.http.has(&target.upstream),
+                crate::catalog::BackendSpec::A2a(target) => executors.http.has(&target.upstream),
                 _ => true,
             }),
             "a catalog names an upstream its executors do not have"

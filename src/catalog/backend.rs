@@ -16,7 +16,7 @@ use url::Url;
 pub use super::http_request::{BuiltRequest, MappingError, RequestMapping};
 use crate::settings::{
     Env, FieldError, check_url, program_path,
-    raw::{RawExecutor, RawHttpExecutor, RawProcessExecutor},
+    raw::{RawA2aExecutor, RawExecutor, RawHttpExecutor, RawProcessExecutor},
     resolve_path, runnable,
 };
 
@@ -37,6 +37,7 @@ pub enum BackendSpec {
     Http(Arc<HttpTarget>),
     Process(Arc<ProcessSpec>),
     Mcp(McpTarget),
+    A2a(Arc<A2aTarget>),
 }
 
 impl BackendSpec {
@@ -48,12 +49,35 @@ impl BackendSpec {
         path: &str,
         ctx: &BackendContext<'_>,
     ) -> Result<Self, FieldError> {
-        match raw {
-            RawExecutor {
-                builtin: Some(name),
-                http: None,
-                process: None,
-            } => BuiltinTool::from_name(name)
+        let RawExecutor {
+            builtin,
+            http,
+            process,
+            a2a,
+        } = raw;
+        let set = [
+            builtin.is_some(),
+            http.is_some(),
+            process.is_some(),
+            a2a.is_some(),
+        ];
+        match set.iter().filter(|s| **s).count() {
+            0 => {
+                return Err(FieldError::new(
+                    path,
+                    "names no executor; set one of builtin, http, process or a2a",
+                ));
+            }
+            1 => {}
+            _ => {
+                return Err(FieldError::new(
+                    path,
+                    "names more than one executor; set exactly one of builtin, http, process or a2a",
+                ));
+            }
+        }
+        if let Some(name) = builtin {
+            return BuiltinTool::from_name(name)
                 .map(BackendSpec::Builtin)
                 .ok_or_else(|| {
                     FieldError::new(
@@ -67,31 +91,22 @@ impl BackendSpec {
                                 .join(", ")
                         ),
                     )
-                }),
-            RawExecutor {
-                builtin: None,
-                http: Some(http),
-                process: None,
-            } => HttpTarget::build(ctx, http, input_schema, &format!("{path}.http"))
-                .map(|target| BackendSpec::Http(Arc::new(target))),
-            RawExecutor {
-                builtin: None,
-                http: None,
-                process: Some(process),
-            } => ProcessSpec::build(process, &format!("{path}.process"), ctx.base_dir, ctx.env)
-                .map(|p| BackendSpec::Process(Arc::new(p))),
-            RawExecutor {
-                builtin: None,
-                http: None,
-                process: None,
-            } => Err(FieldError::new(
-                path,
-                "names no executor; set one of builtin, http or process",
-            )),
-            _ => Err(FieldError::new(
-                path,
-                "names more than one executor; set exactly one of builtin, http or process",
-            )),
+                });
+        }
+        if let Some(http) = http {
+            return HttpTarget::build(ctx, http, input_schema, &format!("{path}.http"))
+                .map(|target| BackendSpec::Http(Arc::new(target)));
+        }
+        if let Some(a2a) = a2a {
+            return A2aTarget::build(ctx, a2a, input_schema, &format!("{path}.a2a"))
+                .map(|target| BackendSpec::A2a(Arc::new(target)));
+        }
+        match process {
+            Some(process) => {
+                ProcessSpec::build(process, &format!("{path}.process"), ctx.base_dir, ctx.env)
+                    .map(|p| BackendSpec::Process(Arc::new(p)))
+            }
+            None => Err(FieldError::new(path, "names no executor")),
         }
     }
 
@@ -102,6 +117,7 @@ impl BackendSpec {
             BackendSpec::Http(_) => "http",
             BackendSpec::Process(_) => "process",
             BackendSpec::Mcp(_) => "mcp",
+            BackendSpec::A2a(_) => "a2a",
         }
     }
 
@@ -203,6 +219,57 @@ impl HttpTarget {
             upstream: upstream.to_owned(),
             url: base.clone(),
             request,
+        })
+    }
+}
+
+/// An A2A tool: the agent an upstream serves, where its card is, and what the message says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct A2aTarget {
+    pub upstream: String,
+    /// The agent's card, on the upstream's origin.
+    pub card_url: Url,
+    /// The string argument that is the message's text; `None`: the arguments as JSON text.
+    pub message_argument: Option<String>,
+}
+
+/// Where an agent's card is unless the tool says otherwise (A2A 1.0's well-known path).
+pub const DEFAULT_CARD_PATH: &str = "/.well-known/agent-card.json";
+
+impl A2aTarget {
+    pub fn build(
+        ctx: &BackendContext<'_>,
+        raw: &RawA2aExecutor,
+        input_schema: &Value,
+        at: &str,
+    ) -> Result<Self, FieldError> {
+        let upstream = &raw.upstream;
+        let base = ctx.upstreams.get(upstream).ok_or_else(|| {
+            FieldError::new(
+                format!("{at}.upstream"),
+                format!(
+                    "unknown upstream {upstream:?}; configured: {}",
+                    ctx.upstreams.keys().cloned().collect::<Vec<_>>().join(", ")
+                ),
+            )
+        })?;
+        let card_path = raw.card_path.as_deref().unwrap_or(DEFAULT_CARD_PATH);
+        let card_url = url_under(base, card_path, &format!("{at}.card_path"))?;
+        if let Some(argument) = &raw.message_argument {
+            let declared = input_schema
+                .pointer(&format!("/properties/{argument}/type"))
+                .and_then(Value::as_str);
+            if declared != Some("string") {
+                return Err(FieldError::new(
+                    format!("{at}.message_argument"),
+                    format!("{argument:?} must be a string property of the tool's input_schema"),
+                ));
+            }
+        }
+        Ok(A2aTarget {
+            upstream: upstream.to_owned(),
+            card_url,
+            message_argument: raw.message_argument.clone(),
         })
     }
 }

@@ -35,8 +35,8 @@ use crate::{
 };
 pub use access_lists::{AccessList, Decision, Pattern, TenantPolicy, Verdict};
 pub use backend::{
-    BackendContext, BackendSpec, BuiltRequest, BuiltinTool, Discovered, DiscoveredTool, HttpTarget,
-    MappingError, McpSource, McpTarget, ProcessSpec, RequestMapping,
+    A2aTarget, BackendContext, BackendSpec, BuiltRequest, BuiltinTool, Discovered, DiscoveredTool,
+    HttpTarget, MappingError, McpSource, McpTarget, ProcessSpec, RequestMapping,
 };
 pub use budgets::{Budget, BudgetPolicy};
 pub use flow::{FlowPolicy, LabelSet};

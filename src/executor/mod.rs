@@ -8,6 +8,7 @@
 //! they run on are here, in [`Executors`]. A new kind of backend is a variant there with its
 //! spec, a folder here with its [`Executor`], and its arm in [`Executors::for_backend`].
 
+pub mod a2a;
 pub mod builtin;
 pub mod http;
 pub mod mcp;
@@ -156,7 +157,7 @@ impl Executors {
     pub fn for_backend(&self, spec: &BackendSpec) -> &dyn Executor {
         match spec {
             BackendSpec::Builtin(_) => self.builtins.as_ref(),
-            BackendSpec::Http(_) => self.http.as_ref(),
+            BackendSpec::Http(_) | BackendSpec::A2a(_) => self.http.as_ref(),
             BackendSpec::Process(_) => self.process.as_ref(),
             BackendSpec::Mcp(_) => self.mcp.as_ref(),
         }

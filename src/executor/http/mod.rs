@@ -224,10 +224,13 @@ fn header_value(
 /// The tokens one upstream's credentials keep, in bytes.
 const CREDENTIAL_CACHE_BYTES: usize = 4 * 1024 * 1024;
 
-/// Runs `http` tools on the upstreams of one catalog, found by the name the catalog gives.
+/// Runs `http` tools (and `a2a` tools, whose agents are reached through upstreams too) on the
+/// upstreams of one catalog, found by the name the catalog gives.
 #[derive(Debug, Default)]
 pub struct HttpExecutor {
     upstreams: BTreeMap<String, Arc<Upstream>>,
+    /// The A2A agents' endpoints, as their cards last said.
+    pub(crate) agent_cards: super::a2a::Cards,
     /// What issued credentials' lifetimes are read on.
     clock: SharedClock,
 }
@@ -275,6 +278,7 @@ impl HttpExecutor {
             .collect();
         HttpExecutor {
             upstreams,
+            agent_cards: super::a2a::Cards::default(),
             clock: self.clock.clone(),
         }
     }
@@ -283,6 +287,7 @@ impl HttpExecutor {
     pub fn with_clock(clock: SharedClock) -> HttpExecutor {
         HttpExecutor {
             upstreams: BTreeMap::new(),
+            agent_cards: super::a2a::Cards::default(),
             clock,
         }
     }
@@ -295,16 +300,15 @@ impl HttpExecutor {
     /// The upstream a tool names. Built with the catalog that names it, so never missing;
     /// refuse rather than guess.
     fn upstream_of(&self, tool: &HttpTarget) -> Result<&Upstream, ExecError> {
-        self.upstreams
-            .get(&tool.upstream)
-            .map(Arc::as_ref)
-            .ok_or_else(|| {
-                ExecError::Misconfigured(format!("upstream {} is not configured", tool.upstream))
-            })
+        self.upstream_named(&tool.upstream)
     }
 
     /// Fetches the caller's credential for `upstream` onto the permit, unless it has one.
-    async fn authenticate_on(&self, upstream: &Upstream, permit: &Permit) -> Result<(), ExecError> {
+    pub(crate) async fn authenticate_on(
+        &self,
+        upstream: &Upstream,
+        permit: &Permit,
+    ) -> Result<(), ExecError> {
         if permit.issued_credential().is_some() {
             return Ok(());
         }
@@ -323,46 +327,16 @@ impl HttpExecutor {
 
     async fn run(&self, tool: &HttpTarget, permit: &Permit) -> Result<String, ExecError> {
         let upstream = self.upstream_of(tool)?;
-        let _slot = upstream
-            .in_flight
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| {
-                ExecError::Overloaded(format!(
-                    "upstream {} is at its limit of {} calls in flight",
-                    upstream.name, upstream.max_concurrency
-                ))
-            })?;
-        if !upstream
-            .allow_schemes
-            .iter()
-            .any(|s| s == tool.url.scheme())
-        {
-            return Err(ExecError::Refused(format!(
-                "upstream {} may not use {}",
-                upstream.name,
-                tool.url.scheme()
-            )));
-        }
-        upstream
-            .destination
-            .check_literal(&tool.url)
-            .map_err(|err| ExecError::Refused(err.to_string()))?;
+        let _slot = upstream.slot()?;
+        upstream.may_reach(&tool.url)?;
         // The caller's credential for this upstream, before anything is sent: without one, the
         // upstream is not called.
         self.authenticate_on(upstream, permit).await?;
-        let credential = permit.issued_credential();
         let built = tool
             .request
             .request(&tool.url, permit.arguments())
             .map_err(|err| ExecError::BadArguments(err.0))?;
-        // A fresh id per request: call ids repeat (every first call of a turn without one is
-        // tool_step_0_0), so the call id travels in a header of its own.
-        let mut request = upstream
-            .client
-            .request(tool.request.method.clone(), built.url)
-            .headers(upstream.headers.clone())
-            .header("x-request-id", uuid::Uuid::new_v4().to_string());
+        let mut request = upstream.request(tool.request.method.clone(), built.url, permit);
         for (name, value) in built.headers {
             request = request.header(name, value);
         }
@@ -371,48 +345,121 @@ impl HttpExecutor {
                 .header(reqwest::header::CONTENT_TYPE, "application/json")
                 .body(body);
         }
+        let (status, body) = upstream.send(request).await?;
+        let text = String::from_utf8_lossy(&body).into_owned();
+        if tool.request.is_success(status.as_u16()) {
+            return Ok(text);
+        }
+        Err(upstream.failure(status, &text))
+    }
+}
+
+impl Upstream {
+    /// A slot of the upstream's cap on requests in flight, held for as long as the call runs.
+    pub(crate) fn slot(&self) -> Result<tokio::sync::OwnedSemaphorePermit, ExecError> {
+        self.in_flight.clone().try_acquire_owned().map_err(|_| {
+            ExecError::Overloaded(format!(
+                "upstream {} is at its limit of {} calls in flight",
+                self.name, self.max_concurrency
+            ))
+        })
+    }
+
+    /// Whether `url` is one this upstream may be called at: an allowed scheme and, for a
+    /// literal address, an allowed destination (names are checked as they resolve).
+    pub(crate) fn may_reach(&self, url: &Url) -> Result<(), ExecError> {
+        if !self.allow_schemes.iter().any(|s| s == url.scheme()) {
+            return Err(ExecError::Refused(format!(
+                "upstream {} may not use {}",
+                self.name,
+                url.scheme()
+            )));
+        }
+        self.destination
+            .check_literal(url)
+            .map_err(|err| ExecError::Refused(err.to_string()))
+    }
+
+    /// A request of a call to this upstream: its configured headers, a fresh request id, the
+    /// call's id, its trace context and the caller's credential (fetched before, onto the
+    /// permit).
+    pub(crate) fn request(
+        &self,
+        method: reqwest::Method,
+        url: Url,
+        permit: &Permit,
+    ) -> reqwest::RequestBuilder {
+        // A fresh id per request: call ids repeat (every first call of a turn without one is
+        // tool_step_0_0), so the call id travels in a header of its own.
+        let mut request = self
+            .client
+            .request(method, url)
+            .headers(self.headers.clone())
+            .header("x-request-id", uuid::Uuid::new_v4().to_string());
         if let Ok(call_id) = HeaderValue::from_str(permit.call_id()) {
             request = request.header("x-toolgate-call-id", call_id);
         }
         if let Some(traceparent) = permit.traceparent() {
             request = request.header("traceparent", traceparent);
         }
-        if let Some(credential) = credential {
+        if let Some(credential) = permit.issued_credential() {
             request = request.header(reqwest::header::AUTHORIZATION, credential.header().clone());
         }
+        request
+    }
+
+    /// Sends a request and reads its answer, within the upstream's response limit.
+    pub(crate) async fn send(
+        &self,
+        request: reqwest::RequestBuilder,
+    ) -> Result<(StatusCode, Vec<u8>), ExecError> {
         let response = request
             .send()
             .await
-            .map_err(|err| classify(&upstream.name, &err))?;
+            .map_err(|err| classify(&self.name, &err))?;
         let status = response.status();
-        let body = read_capped(response, upstream.max_response_bytes)
+        let body = read_capped(response, self.max_response_bytes)
             .await
             .map_err(|err| match err {
                 BodyError::TooLarge(max) => ExecError::OutputTooLarge(format!(
                     "upstream {} answered with more than {max} bytes",
-                    upstream.name
+                    self.name
                 )),
-                BodyError::Read(err) => classify(&upstream.name, &err),
+                BodyError::Read(err) => classify(&self.name, &err),
             })?;
-        let text = String::from_utf8_lossy(&body).into_owned();
-        if tool.request.is_success(status.as_u16()) {
-            return Ok(text);
-        }
+        Ok((status, body))
+    }
+
+    /// An answer that is not a success: a 5xx is transient (and may have acted), anything else
+    /// the upstream's refusal, its first line passed on.
+    pub(crate) fn failure(&self, status: StatusCode, text: &str) -> ExecError {
         if status.is_server_error() {
-            return Err(ExecError::Unavailable(format!(
+            return ExecError::Unavailable(format!(
                 "upstream {} answered {}",
-                upstream.name,
+                self.name,
                 short_status(status)
-            )));
+            ));
         }
-        Err(ExecError::failed_with(
-            format!(
-                "upstream {} answered {}",
-                upstream.name,
-                short_status(status)
-            ),
-            summary(&text),
-        ))
+        ExecError::failed_with(
+            format!("upstream {} answered {}", self.name, short_status(status)),
+            summary(text),
+        )
+    }
+
+    /// A client for requests that outlive a call (an A2A task's cancel), with the upstream's
+    /// headers.
+    pub(crate) fn detached(&self) -> (reqwest::Client, HeaderMap) {
+        (self.client.clone(), self.headers.clone())
+    }
+}
+
+impl HttpExecutor {
+    /// The upstream of this name, for the executors that call through upstreams (A2A).
+    pub(crate) fn upstream_named(&self, name: &str) -> Result<&Upstream, ExecError> {
+        self.upstreams
+            .get(name)
+            .map(Arc::as_ref)
+            .ok_or_else(|| ExecError::Misconfigured(format!("upstream {name} is not configured")))
     }
 }
 
@@ -421,11 +468,13 @@ impl Executor for HttpExecutor {
         &'a self,
         permit: &'a Permit,
     ) -> Option<BoxFuture<'a, Result<(), ExecError>>> {
-        let BackendSpec::Http(tool) = &permit.tool().backend else {
-            return None;
+        let name = match &permit.tool().backend {
+            BackendSpec::Http(tool) => &tool.upstream,
+            BackendSpec::A2a(tool) => &tool.upstream,
+            _ => return None,
         };
         // A missing upstream is execute's to report.
-        let upstream = self.upstream_of(tool).ok()?;
+        let upstream = self.upstream_named(name).ok()?;
         upstream.credential_spec.as_ref()?;
         Some(self.authenticate_on(upstream, permit).boxed())
     }
@@ -434,6 +483,7 @@ impl Executor for HttpExecutor {
         async move {
             match &permit.tool().backend {
                 BackendSpec::Http(tool) => self.run(tool, permit).await,
+                BackendSpec::A2a(tool) => super::a2a::run(self, tool, permit).await,
                 _ => Err(ExecError::failed("not an http tool")),
             }
         }

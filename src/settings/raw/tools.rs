@@ -170,6 +170,23 @@ pub struct RawExecutor {
     pub http: Option<RawHttpExecutor>,
     /// Run a local program with the arguments as JSON on stdin.
     pub process: Option<RawProcessExecutor>,
+    /// Hand the call to another agent over the Agent2Agent protocol (A2A 1.0, or 0.3 as its
+    /// card says), reached through a configured upstream: the task's lifetime is the call's,
+    /// and a call cancelled or past its deadline cancels the task.
+    pub a2a: Option<RawA2aExecutor>,
+}
+
+/// An A2A tool: a message to the agent an upstream serves, its task's artifacts the output.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawA2aExecutor {
+    /// The upstream's name in `upstreams`: the agent's origin, TLS, headers and credentials.
+    pub upstream: String,
+    /// Where the agent's card is, under the upstream (default /.well-known/agent-card.json).
+    /// The endpoint it names must be on the upstream's origin.
+    pub card_path: Option<String>,
+    /// The string argument that is the message's text (default: the arguments as JSON text).
+    pub message_argument: Option<String>,
 }
 
 /// An HTTP tool.

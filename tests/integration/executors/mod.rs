@@ -1,6 +1,7 @@
 //! The http, process and mcp backends against real peers: an in-process HTTP server, real
 //! programs, and real MCP servers from PyPI and npm.
 
+pub(crate) mod a2a;
 pub(crate) mod credentials;
 pub(crate) mod dns;
 pub(crate) mod documented;
