@@ -132,6 +132,7 @@ fn build(
                 SignIn::Oidc(oidc) => Some(oidc.client_id.clone()),
                 SignIn::Dev => None,
             }),
+        delegation: crate::identity::delegation::DelegationKeys::from_raw(&raw.identity, base_dir)?,
     };
     identity.validate(server.listen)?;
     if let Some(console) = &server.console

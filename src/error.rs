@@ -109,6 +109,8 @@ pub enum Reason {
     DeniedByPolicy,
     EmergencyDenied,
     FlowDenied,
+    HandoffNotAllowed,
+    HandoffTooDeep,
     ConditionError,
     ScopeMissing,
     SchemaViolation,
@@ -175,6 +177,10 @@ impl Reason {
             EmergencyDenied => ("emergency_denied", S::Denied, false),
             // A flow rule: what the run (or caller) has seen forbids this tool now.
             FlowDenied => ("flow_denied", S::Denied, false),
+            // A sub-agent's call of a tool outside what its handoff allowed.
+            HandoffNotAllowed => ("handoff_not_allowed", S::Denied, false),
+            // A handoff past the chain's depth limit.
+            HandoffTooDeep => ("handoff_too_deep", S::Denied, false),
             // A condition that cannot be evaluated decides closed (docs/conditions.md).
             ConditionError => ("condition_error", S::Denied, false),
             ScopeMissing => ("scope_missing", S::Denied, false),
@@ -350,7 +356,7 @@ mod tests {
     /// from the shared state decodes to what was written, for every variant.
     #[test]
     fn every_reason_and_stage_reads_back_from_its_name() {
-        assert_eq!(Reason::ALL.len(), 48);
+        assert_eq!(Reason::ALL.len(), 50);
         for &reason in Reason::ALL {
             assert_eq!(Reason::from_code(reason.code()), Some(reason));
         }

@@ -51,6 +51,7 @@ fuzz_target!(|data: &[u8]| {
                 .unwrap_or_default(),
         ),
         token: None,
+        delegation: None,
     };
     let tool = ToolFacts {
         name: "refund",

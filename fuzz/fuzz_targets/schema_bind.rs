@@ -120,6 +120,7 @@ fn caller(choice: u8) -> Caller {
         method: AuthMethod::Dev,
         claims: Default::default(),
         token: None,
+        delegation: None,
     }
 }
 

@@ -47,6 +47,9 @@ impl AuditEvent {
         object.string(key!("tenant"), self.party.tenant());
         object.string(key!("subject"), self.party.subject());
         object.string(key!("agent"), self.party.agent());
+        if let Some(delegation) = self.party.delegation() {
+            serde_json::to_writer(&mut *object.key(key!("delegation")), &delegation)?;
+        }
         object.string(key!("tool"), &self.tool);
         object.string(key!("tool_version"), &self.tool_version);
         object.optional_string(key!("risk_level"), self.risk_level);
@@ -321,6 +324,7 @@ mod tests {
                 method: AuthMethod::Dev,
                 claims: Default::default(),
                 token: None,
+                delegation: None,
             })),
             ..full.clone()
         };
@@ -355,6 +359,7 @@ mod tests {
                 method: AuthMethod::Dev,
                 claims: Default::default(),
                 token: None,
+                delegation: None,
             })),
             tool: "echo".into(),
             tool_version: "1.0.0".into(),

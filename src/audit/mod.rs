@@ -192,6 +192,34 @@ impl Party {
             Party::Named { agent, .. } => agent,
         }
     }
+
+    /// For a sub-agent's call: the chain it was made in, as records name it.
+    pub fn delegation(&self) -> Option<DelegationRecord<'_>> {
+        match self {
+            Party::Caller(caller) => caller.delegation.as_deref().map(|d| DelegationRecord {
+                root_subject: &caller.subject,
+                agents: &d.chain,
+                parent_call_id: &d.parent_call,
+                run_id: &d.run,
+                depth: d.depth,
+                max_depth: d.max_depth,
+            }),
+            Party::Named { .. } => None,
+        }
+    }
+}
+
+/// A delegated caller's chain in an audit event (`delegation`): the person it works for, the
+/// agents that handed off (the root caller's first), the call that handed off, the root run,
+/// and the depth.
+#[derive(Debug, Serialize)]
+pub struct DelegationRecord<'a> {
+    pub root_subject: &'a str,
+    pub agents: &'a [String],
+    pub parent_call_id: &'a str,
+    pub run_id: &'a str,
+    pub depth: u32,
+    pub max_depth: u32,
 }
 
 impl Default for Party {
@@ -215,10 +243,15 @@ impl PartialEq for Party {
 
 impl Serialize for Party {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut fields = serializer.serialize_struct("Party", 3)?;
+        let delegation = self.delegation();
+        let mut fields =
+            serializer.serialize_struct("Party", 3 + usize::from(delegation.is_some()))?;
         fields.serialize_field("tenant", self.tenant())?;
         fields.serialize_field("subject", self.subject())?;
         fields.serialize_field("agent", self.agent())?;
+        if let Some(delegation) = delegation {
+            fields.serialize_field("delegation", &delegation)?;
+        }
         fields.end()
     }
 }

@@ -214,6 +214,60 @@ fn check_list<'c>(
     Err(Refusal::new(Stage::Access, reason, message))
 }
 
+/// What a handoff allows, last of the lists: a sub-agent's call (made under a delegation) only of
+/// tools every handoff of its chain allows (`handoff_not_allowed`); and a handoff tool's call
+/// only while the chain it would extend stays within its depth (`handoff_too_deep`).
+pub fn handoff(caller: &Caller, tool: &ToolVersion) -> Result<(), Refusal> {
+    let delegation = caller.delegation.as_deref();
+    if let Some(delegation) = delegation
+        && let Some((i, _)) = delegation
+            .tools
+            .iter()
+            .enumerate()
+            .find(|(_, lists)| !lists_admit(lists, &tool.name))
+    {
+        return Err(Refusal::new(
+            Stage::Access,
+            Reason::HandoffNotAllowed,
+            format!(
+                "{} is not among the tools the handoff by {} allows this agent ({})",
+                tool.name,
+                delegation.chain.get(i).map_or("its parent", String::as_str),
+                describe_lists(&delegation.tools[i])
+            ),
+        ));
+    }
+    if let Some(handoff) = &tool.handoff {
+        let depth = delegation.map_or(0, |d| d.depth).saturating_add(1);
+        let max = delegation.map_or(handoff.max_depth, |d| d.max_depth.min(handoff.max_depth));
+        if depth > max {
+            return Err(Refusal::new(
+                Stage::Access,
+                Reason::HandoffTooDeep,
+                format!(
+                    "{} would hand off at depth {depth}; the chain allows {max}",
+                    tool.name
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn lists_admit(lists: &crate::identity::delegation::ToolLists, tool: &str) -> bool {
+    let matches = |pattern: &String| {
+        globset::Glob::new(pattern).is_ok_and(|glob| glob.compile_matcher().is_match(tool))
+    };
+    (lists.allow.is_empty() || lists.allow.iter().any(matches)) && !lists.deny.iter().any(matches)
+}
+
+fn describe_lists(lists: &crate::identity::delegation::ToolLists) -> String {
+    match lists.deny.is_empty() {
+        true => format!("allow {:?}", lists.allow),
+        false => format!("allow {:?}, deny {:?}", lists.allow, lists.deny),
+    }
+}
+
 /// What access is explained on without the call: the caller and the tool.
 pub(super) fn listing<'a>(caller: &'a Caller, tool: &'a ToolVersion) -> Input<'a> {
     Input::listing(caller, tool.facts())
@@ -290,6 +344,7 @@ mod tests {
             method: AuthMethod::Dev,
             claims: Default::default(),
             token: None,
+            delegation: None,
         };
         let tool = config.catalog.resolve("send_email", None, "acme").unwrap();
         let input = Input::listing(&caller, tool.facts());

@@ -86,6 +86,19 @@ impl Boundary {
                 .checked_add(tool.timeout)
                 .unwrap_or(now + crate::settings::MAX_DURATION);
             let deadline = deadline.map_or(tool_deadline, |d| d.min(tool_deadline));
+            // A sub-agent's call ends with its delegation: never past the parent call's deadline.
+            let deadline = match permit.caller().delegation.as_deref() {
+                Some(delegation) => {
+                    let left_ms = i64::try_from(delegation.expires)
+                        .unwrap_or(i64::MAX / 1000)
+                        .saturating_mul(1000)
+                        .saturating_sub(self.clock.unix_ms());
+                    let left =
+                        std::time::Duration::from_millis(u64::try_from(left_ms).unwrap_or(0));
+                    deadline.min(now + left)
+                }
+                None => deadline,
+            };
             // Beyond a tool's concurrency cap, refuse at once rather than queue without bound.
             let _slot = match tool.max_concurrency {
                 Some(_) => state
@@ -124,6 +137,18 @@ impl Boundary {
                         ));
                     }
                 }
+            }
+            // A handoff's delegation, signed before anything is sent: never past this call's
+            // deadline.
+            if let Some(handoff) = &tool.handoff {
+                let token = super::handoff::delegate(
+                    state,
+                    permit,
+                    handoff,
+                    deadline,
+                    self.clock.unix_ms(),
+                )?;
+                permit.set_delegation(token);
             }
             let tenant = &permit.caller().tenant;
             if let Some(id) = approval_id {

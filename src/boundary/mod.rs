@@ -37,6 +37,7 @@ pub mod bind;
 mod chain;
 mod execute;
 mod flow;
+mod handoff;
 pub mod idempotency;
 mod rate_limit;
 pub mod resolve;

@@ -19,17 +19,30 @@ pub struct Permit {
     tool: Arc<ToolVersion>,
     caller: Arc<Caller>,
     arguments: Value,
-    /// W3C trace context to carry to the backend.
-    traceparent: Option<String>,
+    /// W3C trace context to carry to the backend. (Boxed strings, here and below: every
+    /// call's future holds a permit.)
+    traceparent: Option<Box<str>>,
     /// The credential the backend is called with: fetched before the call is started, kept for
     /// the executor and (by what it names) the call's records.
     credential: std::sync::OnceLock<Arc<Credential>>,
+    /// For a handoff tool: the delegation token its backend hands the sub-agent.
+    delegation: std::sync::OnceLock<Box<DelegationToken>>,
     /// Private: nothing outside `boundary` can build a permit.
     _sealed: Sealed,
 }
 
 #[derive(Debug)]
 struct Sealed;
+
+/// A handoff's signed delegation (boxed whole: a thin pointer in every call's permit).
+struct DelegationToken(String);
+
+impl std::fmt::Debug for DelegationToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // A bearer credential: never printed.
+        f.write_str("DelegationToken(..)")
+    }
+}
 
 impl Permit {
     pub(super) fn new(
@@ -47,13 +60,14 @@ impl Permit {
             arguments,
             traceparent: None,
             credential: std::sync::OnceLock::new(),
+            delegation: std::sync::OnceLock::new(),
             _sealed: Sealed,
         }
     }
 
     /// Set as the backend is called, from the span made for that.
     pub(super) fn set_traceparent(&mut self, traceparent: Option<String>) {
-        self.traceparent = traceparent;
+        self.traceparent = traceparent.map(String::into_boxed_str);
     }
 
     /// The W3C `traceparent` for outbound requests, when the call is traced.
@@ -91,6 +105,17 @@ impl Permit {
     /// What names the credential the backend was called with, if one was fetched.
     pub fn credential(&self) -> Option<&Arc<CredentialUsed>> {
         self.credential.get().map(|c| &c.used)
+    }
+
+    /// Keeps the delegation token issued for this handoff call.
+    pub(super) fn set_delegation(&self, token: String) {
+        let _ = self.delegation.set(Box::new(DelegationToken(token)));
+    }
+
+    /// For a handoff tool's call: the delegation token its backend passes to the sub-agent
+    /// (a header, the A2A message's metadata), never to the model.
+    pub fn delegation(&self) -> Option<&str> {
+        self.delegation.get().map(|t| t.0.as_str())
     }
 
     /// The arguments after validation and binding: what the backend receives.

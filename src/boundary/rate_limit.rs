@@ -60,7 +60,12 @@ pub(super) async fn check(
     let caller = asker.caller;
     let cost = cost(tool, asker, arguments).0?;
     let tenant_rate = state.catalog.tenant_rate(&caller.tenant);
-    if state.catalog.budgets.is_some() {
+    let delegated = asker
+        .caller
+        .delegation
+        .as_deref()
+        .is_some_and(|d| !d.budgets.is_empty());
+    if state.catalog.budgets.is_some() || delegated {
         // Boxed: only catalogs with budgets pay for their charges in every call's future.
         return Box::pin(check_with_budgets(state, budgets, asker, tool, cost)).await;
     }
@@ -99,30 +104,49 @@ async fn check_with_budgets(
     Ok((!charges.is_empty()).then(|| Box::new(Taken { charges, shared })))
 }
 
-/// The budgets a call spends from (none without a `budgets` section), and how many entries a
-/// tenant keeps in memory.
-fn charges_of(
+/// The budgets a call spends from — its run's and its caller's day (the catalog's `budgets`),
+/// and each handoff's of its chain — and how many entries a tenant keeps in memory. A
+/// sub-agent's run is its chain's root run: the whole chain spends one run budget.
+pub(super) fn charges_of(
     catalog: &Catalog,
     budgets: &Budgets,
     asker: &policy::Asker<'_>,
     tool: &ToolVersion,
     Cost(cost): Cost,
 ) -> (Vec<Charge>, usize) {
-    match catalog.budgets.as_deref() {
-        Some(policy) => (
-            budget::charges(
-                policy,
-                &asker.caller.tenant,
-                &asker.caller.subject,
-                asker.run_id,
-                &tool.name,
-                cost,
-                budgets.now_ms(),
-            ),
-            policy.max_entries_per_tenant,
+    let caller = asker.caller;
+    let delegation = caller.delegation.as_deref();
+    let run_id = delegation.map_or(asker.run_id, |d| d.run.as_str());
+    let policy = catalog.budgets.as_deref();
+    let mut charges = match policy {
+        Some(policy) => budget::charges(
+            policy,
+            &caller.tenant,
+            &caller.subject,
+            run_id,
+            &tool.name,
+            cost,
+            budgets.now_ms(),
         ),
-        None => (Vec::new(), 0),
+        None => Vec::new(),
+    };
+    let keep = policy.map_or(crate::catalog::budgets::DEFAULT_RUN_WINDOW, |p| {
+        p.run_window
+    });
+    for handoff in delegation.map(|d| d.budgets.as_slice()).unwrap_or_default() {
+        charges.push(budget::handoff_charge(
+            &caller.tenant,
+            handoff,
+            &tool.name,
+            cost,
+            keep,
+        ));
     }
+    let max_entries = policy.map_or(
+        crate::catalog::budgets::DEFAULT_MAX_ENTRIES_PER_TENANT,
+        |p| p.max_entries_per_tenant,
+    );
+    (charges, max_entries)
 }
 
 /// Whether the call's quotas have room for it now, consuming nothing: asked before an
@@ -387,21 +411,16 @@ impl Explainer<'_> {
         cells: u64,
         trail: &mut StageTrail,
     ) -> Result<(), Refusal> {
-        let Some(policy) = self.catalog.budgets.as_deref() else {
-            return Ok(());
-        };
         let budgets = &self.boundary.budgets;
         let now = budgets.now_ms();
-        let caller = &turn.caller;
-        let charges = budget::charges(
-            policy,
-            &caller.tenant,
-            &caller.subject,
-            &turn.run_id,
-            &tool.name,
-            cells,
-            now,
-        );
+        let asker = policy::Asker {
+            caller: &turn.caller,
+            run_id: &turn.run_id,
+            now: std::time::SystemTime::UNIX_EPOCH,
+            trace: false,
+            apart: &self.boundary.apart,
+        };
+        let (charges, _) = charges_of(self.catalog, budgets, &asker, tool, Cost(cells));
         if charges.is_empty() {
             return Ok(());
         }

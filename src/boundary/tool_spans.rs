@@ -59,6 +59,15 @@ pub fn record_call(
     span.set("toolgate.tenant", caller.tenant.clone());
     span.set("toolgate.agent", caller.agent.clone());
     span.set("toolgate.door", door.as_str());
+    if let Some(delegation) = caller.delegation.as_deref() {
+        span.set("toolgate.delegation.depth", i64::from(delegation.depth));
+        span.set("toolgate.delegation.agents", delegation.chain.join(","));
+        span.set(
+            "toolgate.delegation.parent_call_id",
+            delegation.parent_call.clone(),
+        );
+        span.set("toolgate.delegation.run_id", delegation.run.clone());
+    }
     if let Some(tool) = tool {
         span.set("toolgate.tool.version", tool.version.clone());
         span.set("toolgate.risk_level", tool.risk_level.as_str());

@@ -68,6 +68,7 @@ fn visibility_sharing<'c>(
         catalog,
         &Input::listing_sharing(caller, tool.facts(), shared),
     )?;
+    access::handoff(caller, tool)?;
     if let Some(denies) = denies {
         emergency::check(denies, tool, caller)?;
     }
@@ -95,6 +96,10 @@ fn reveals_hidden_tool(
                 | Reason::ToolUnavailable
                 | Reason::DefinitionChanged
                 | Reason::TenantUnknown
+                // Decided after the lists admitted the tool: the person may use it, the
+                // sub-agent's handoff does not let it (docs/handoff.md).
+                | Reason::HandoffNotAllowed
+                | Reason::HandoffTooDeep
         )
         // An emergency deny is told only to a caller that would see the tool without it.
         && match refusal.reason {

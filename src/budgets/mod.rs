@@ -37,6 +37,8 @@ pub enum Kind {
     Run,
     /// One caller (tenant and subject) over a UTC day.
     CallerDaily,
+    /// What one handoff gave its sub-agent (and every agent it hands off to).
+    Handoff,
 }
 
 impl Kind {
@@ -44,6 +46,7 @@ impl Kind {
         match self {
             Kind::Run => "run",
             Kind::CallerDaily => "caller_daily",
+            Kind::Handoff => "handoff",
         }
     }
 }
@@ -109,6 +112,7 @@ impl Exhausted {
         let budget = match self.kind {
             Kind::Run => "run budget",
             Kind::CallerDaily => "daily budget",
+            Kind::Handoff => "handoff's budget",
         };
         let spent = match &self.limit {
             Limit::Calls => format!("{} of its {} calls used", self.used, self.max),
@@ -125,11 +129,14 @@ impl Exhausted {
         Refusal::new(
             Stage::RateLimit,
             Reason::RunBudgetExhausted,
-            format!(
-                "the {budget} ({}: budgets.{}) is exhausted: {spent}",
-                self.whose,
-                self.kind.as_str()
-            ),
+            match self.kind {
+                Kind::Handoff => format!("the {budget} ({}) is exhausted: {spent}", self.whose),
+                _ => format!(
+                    "the {budget} ({}: budgets.{}) is exhausted: {spent}",
+                    self.whose,
+                    self.kind.as_str()
+                ),
+            },
         )
     }
 }
@@ -280,6 +287,38 @@ pub fn charges(
 }
 
 const DAY_MS: i64 = 86_400_000;
+
+/// What a call takes of a budget a handoff of its chain gave (`keep`: how long it is kept after
+/// the call).
+pub fn handoff_charge(
+    tenant: &Arc<str>,
+    handoff: &crate::identity::delegation::HandoffBudget,
+    tool: &str,
+    cost: u64,
+    keep: Duration,
+) -> Charge {
+    let budget = Budget {
+        max_calls: handoff.max_calls,
+        max_cost: handoff.max_cost,
+        max_calls_per_tool: handoff.max_calls_per_tool.clone(),
+        max_wall_time: None,
+    };
+    Charge {
+        key: Key {
+            kind: Kind::Handoff,
+            tenant: tenant.clone(),
+            id: digest(&[&handoff.call]),
+        },
+        tool: budget.tool_limit(tool).map(|max| (tool.to_owned(), max)),
+        budget,
+        cost,
+        keep,
+        whose: format!(
+            "the handoff of call {:?}",
+            handoff.call.split('/').next().unwrap_or("")
+        ),
+    }
+}
 
 fn digest(parts: &[&str]) -> String {
     use sha2::{Digest, Sha256};

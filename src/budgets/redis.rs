@@ -94,6 +94,7 @@ pub fn key(redis: &Redis, charge: &Charge) -> String {
     let kind = match charge.key.kind {
         super::Kind::Run => "run",
         super::Kind::CallerDaily => "day",
+        super::Kind::Handoff => "handoff",
     };
     redis.key(
         &charge.key.tenant,

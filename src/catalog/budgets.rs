@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, time::Duration};
 
 use crate::settings::{
     FieldError, parse_duration,
-    raw::{RawBudget, RawBudgets},
+    raw::{RawBudget, RawBudgets, RawHandoff},
 };
 
 /// Runs (and, apart, callers) a tenant's spending is remembered for in memory unless the catalog
@@ -144,5 +144,73 @@ impl Budget {
     /// The most calls of `tool` it admits, if it counts that tool apart.
     pub fn tool_limit(&self, tool: &str) -> Option<u64> {
         self.max_calls_per_tool.get(tool).copied()
+    }
+}
+
+/// The depth a handoff allows unless it says.
+pub const DEFAULT_MAX_DEPTH: u32 = 2;
+
+/// A tool's handoff (`handoff:`): the sub-agent, the tools it may use, the chain's depth and
+/// what it may spend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handoff {
+    pub agent: String,
+    pub tools: crate::identity::delegation::ToolLists,
+    pub max_depth: u32,
+    pub budget: Option<Budget>,
+}
+
+impl Handoff {
+    pub fn build(raw: &RawHandoff, at: &str) -> Result<Self, FieldError> {
+        let agent = raw.agent.trim();
+        if agent.is_empty() || agent.len() > 256 || agent.chars().any(char::is_control) {
+            return Err(FieldError::new(
+                format!("{at}.agent"),
+                "must be an agent name: 1-256 printable characters",
+            ));
+        }
+        if raw.allow.is_empty() {
+            return Err(FieldError::new(
+                format!("{at}.allow"),
+                "names no tool: a sub-agent may use only what its handoff lists",
+            ));
+        }
+        for (field, patterns) in [("allow", &raw.allow), ("deny", &raw.deny)] {
+            for (i, pattern) in patterns.iter().enumerate() {
+                globset::Glob::new(pattern).map_err(|err| {
+                    FieldError::new(
+                        format!("{at}.{field}[{i}]"),
+                        format!("invalid glob {pattern:?}: {err}"),
+                    )
+                })?;
+            }
+        }
+        let max_depth = match raw.max_depth {
+            None => DEFAULT_MAX_DEPTH,
+            Some(n @ 1..=crate::identity::delegation::MAX_DEPTH) => n,
+            Some(n) => {
+                return Err(FieldError::new(
+                    format!("{at}.max_depth"),
+                    format!(
+                        "{n} is out of range: 1 to {}",
+                        crate::identity::delegation::MAX_DEPTH
+                    ),
+                ));
+            }
+        };
+        let budget = raw
+            .budget
+            .as_ref()
+            .map(|b| Budget::build(b, &format!("{at}.budget"), false))
+            .transpose()?;
+        Ok(Handoff {
+            agent: agent.to_owned(),
+            tools: crate::identity::delegation::ToolLists {
+                allow: raw.allow.clone(),
+                deny: raw.deny.clone(),
+            },
+            max_depth,
+            budget,
+        })
     }
 }

@@ -45,7 +45,10 @@ impl CatalogInputs {
         let guard_section = raw.output_guard.as_ref();
         let flow = raw.flow.as_ref().map(FlowPolicy::build).transpose()?;
         let budgets = raw.budgets.as_ref().map(BudgetPolicy::build).transpose()?;
+        let delegation =
+            crate::identity::delegation::DelegationKeys::from_raw(&raw.identity, &self.base_dir)?;
         let shared = ToolShared {
+            can_delegate: delegation.as_ref().is_some_and(|keys| keys.can_issue()),
             flow: flow.as_ref(),
             approvals: &self.approvals,
             limits: &self.limits,
@@ -251,6 +254,7 @@ impl CatalogInputs {
             call_conditions_take_long,
             flow: flow.map(Arc::new),
             budgets: budgets.map(Arc::new),
+            delegation,
             tools,
             unavailable,
             pinned,
@@ -296,6 +300,7 @@ fn mcp_raw_tool(name: &str, settings: &RawMcpTool, found: &DiscoveredTool) -> Ra
         output_guard: settings.output_guard.clone(),
         flow_labels: settings.flow_labels.clone(),
         openapi: None,
+        handoff: None,
     }
 }
 
@@ -309,6 +314,8 @@ struct ToolShared<'a> {
     guard_section: Option<&'a RawOutputGuard>,
     /// The catalog's flow rules, whose labels tools name.
     flow: Option<&'a FlowPolicy>,
+    /// Whether the sidecar can sign delegations (a handoff tool needs it).
+    can_delegate: bool,
 }
 
 fn build_tool(
@@ -498,6 +505,21 @@ fn build_tool(
     if let (false, Some(map)) = (flow_labels.is_empty(), definition.as_object_mut()) {
         map.insert("flow_labels".to_owned(), json!(raw.flow_labels));
     }
+    let handoff = raw
+        .handoff
+        .as_ref()
+        .map(|h| Handoff::build(h, &format!("{path}.handoff")))
+        .transpose()?
+        .map(Arc::new);
+    if handoff.is_some() && !shared.can_delegate {
+        return Err(FieldError::new(
+            format!("{path}.handoff"),
+            "a handoff needs identity.delegation.signing_key_file to sign its delegation",
+        ));
+    }
+    if let (Some(handoff), Some(map)) = (&raw.handoff, definition.as_object_mut()) {
+        map.insert("handoff".to_owned(), json!(format!("{handoff:?}")));
+    }
     let definition_hash = canonical::sha256_hex(&definition);
     let output_guard = match &raw.output_guard {
         None => shared.guard.clone(),
@@ -543,6 +565,7 @@ fn build_tool(
         definition_hash,
         output_guard,
         flow_labels,
+        handoff,
     })
 }
 

@@ -38,7 +38,7 @@ pub use backend::{
     A2aTarget, BackendContext, BackendSpec, BuiltRequest, BuiltinTool, Discovered, DiscoveredTool,
     HttpTarget, MappingError, McpSource, McpTarget, ProcessSpec, RequestMapping,
 };
-pub use budgets::{Budget, BudgetPolicy};
+pub use budgets::{Budget, BudgetPolicy, Handoff};
 pub use flow::{FlowPolicy, LabelSet};
 pub use load::CatalogInputs;
 pub use schema::{BindValue, Binding};
@@ -133,6 +133,8 @@ pub struct ToolVersion {
     pub output_guard: Arc<Guard>,
     /// The flow labels a call of it adds to its scope once it ran (`flow`).
     pub flow_labels: LabelSet,
+    /// When the tool hands off to another agent: what the sub-agent may do.
+    pub handoff: Option<Arc<Handoff>>,
 }
 
 impl ToolVersion {
@@ -196,6 +198,8 @@ pub struct Catalog {
     pub flow: Option<Arc<FlowPolicy>>,
     /// The budgets for a run and a caller's day, if the catalog has any.
     pub budgets: Option<Arc<BudgetPolicy>>,
+    /// The keys handoff tools sign their delegations with (`identity.delegation`).
+    pub delegation: Option<Arc<crate::identity::delegation::DelegationKeys>>,
     pub policy: AccessList,
     pub tenants: BTreeMap<String, TenantPolicy>,
     pub agents: AgentPolicies,

@@ -22,6 +22,7 @@ fn caller() -> Caller {
         method: AuthMethod::Dev,
         claims: Default::default(),
         token: None,
+        delegation: None,
     }
 }
 

@@ -132,6 +132,7 @@ impl Session {
             },
             claims: Claims::default(),
             token: None,
+            delegation: None,
         }
     }
 }

@@ -12,6 +12,7 @@ fn caller() -> Caller {
         method: crate::identity::AuthMethod::Dev,
         claims: Default::default(),
         token: None,
+        delegation: None,
     }
 }
 

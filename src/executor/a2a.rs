@@ -119,7 +119,11 @@ pub(super) async fn run(
         card: &card,
         permit,
     };
-    let params = send_params(card.protocol, message_text(tool, permit.arguments())?);
+    let params = send_params(
+        card.protocol,
+        message_text(tool, permit.arguments())?,
+        permit.delegation(),
+    );
     let result = match agent.rpc(Method::Send, params).await {
         Ok(result) => result,
         Err(err) => {
@@ -354,9 +358,11 @@ fn message_text(tool: &A2aTarget, arguments: &Value) -> Result<String, ExecError
     }
 }
 
-fn send_params(protocol: Protocol, text: String) -> Value {
+/// The message: its text, and a handoff's delegation in its metadata (for the sub-agent's
+/// runtime, not its model).
+fn send_params(protocol: Protocol, text: String, delegation: Option<&str>) -> Value {
     let id = uuid::Uuid::new_v4().to_string();
-    match protocol {
+    let mut params = match protocol {
         Protocol::V1 => json!({
             "message": { "role": "ROLE_USER", "messageId": id, "parts": [{ "text": text }] },
             "configuration": { "returnImmediately": true },
@@ -368,7 +374,12 @@ fn send_params(protocol: Protocol, text: String) -> Value {
             },
             "configuration": { "blocking": false },
         }),
+    };
+    if let Some(token) = delegation {
+        params["message"]["metadata"] =
+            json!({ crate::identity::delegation::DELEGATION_HEADER: token });
     }
+    params
 }
 
 /// What `SendMessage` answered.

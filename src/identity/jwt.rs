@@ -522,6 +522,7 @@ impl IssuerSettings {
             method: AuthMethod::Jwt,
             claims: self.exposed(claims, max_identity_bytes)?,
             token: None,
+            delegation: None,
         };
         super::check_lengths(&caller, max_identity_bytes)?;
         Ok(caller)

@@ -3,6 +3,7 @@
 //! Production callers present `authorization: Bearer <JWT>`, verified by [`jwt`]. When the config
 //! turns dev identity on, the unauthenticated `x-toolgate-*` headers are accepted instead.
 
+pub mod delegation;
 mod jwks;
 mod jwt;
 mod keys;
@@ -32,6 +33,8 @@ pub struct IdentityConfig {
     /// The approvals console's OpenID Connect client id (`server.console.oidc.client_id`): the
     /// audience of the ID tokens people sign in to it with.
     pub console_client_id: Option<String>,
+    /// The fleet's delegation keys (`identity.delegation`).
+    pub delegation: Option<Arc<delegation::DelegationKeys>>,
 }
 
 impl IdentityConfig {
@@ -99,6 +102,7 @@ static TENANT: HeaderName = HeaderName::from_static(TENANT_HEADER);
 static SUBJECT: HeaderName = HeaderName::from_static(SUBJECT_HEADER);
 static AGENT: HeaderName = HeaderName::from_static(AGENT_HEADER);
 static SCOPES: HeaderName = HeaderName::from_static(SCOPES_HEADER);
+static DELEGATION: HeaderName = HeaderName::from_static(delegation::DELEGATION_HEADER);
 
 /// How the caller was identified.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -106,6 +110,8 @@ static SCOPES: HeaderName = HeaderName::from_static(SCOPES_HEADER);
 pub enum AuthMethod {
     Jwt,
     Dev,
+    /// A delegation token a sidecar issued with a handoff ([`delegation`]).
+    Delegation,
 }
 
 /// Which door a request came in by. A door only converts its protocol to the domain call and
@@ -145,6 +151,8 @@ pub struct Caller {
     pub claims: Claims,
     /// The bearer token the caller was verified by; none for other identities.
     pub token: Option<BearerToken>,
+    /// For a sub-agent's call made under a handoff: the chain it works in and its limits.
+    pub delegation: Option<Arc<delegation::Delegation>>,
 }
 
 /// The bearer token a caller was verified by, for the backends that take the person's own
@@ -277,6 +285,14 @@ pub enum IdentityError {
     },
     #[error("the caller's {0} holds a control character")]
     NotPrintable(&'static str),
+    #[error("invalid delegation: {0}")]
+    InvalidDelegation(String),
+    #[error("a delegation was sent but this sidecar has no delegation keys (identity.delegation)")]
+    DelegationNotConfigured,
+    #[error(
+        "the delegation is for tenant {delegated:?}, but the request's own identity is tenant {own:?}"
+    )]
+    DelegationOtherTenant { delegated: String, own: String },
 }
 
 /// Refuses identities whose parts are longer than the limit (scopes: 16 times it, in total) or
@@ -332,6 +348,7 @@ pub struct IdentityResolver {
     console_jwt: Option<JwtVerifier>,
     /// Each issuer's fetched keys (shared by both verifiers), in the config's order.
     remote: Vec<Option<Arc<RemoteKeys>>>,
+    delegation: Option<Arc<delegation::DelegationKeys>>,
     max_identity_bytes: usize,
 }
 
@@ -408,6 +425,7 @@ impl IdentityResolver {
                     )
                 }),
             remote,
+            delegation: config.delegation.clone(),
             max_identity_bytes: config.max_identity_bytes,
         })
     }
@@ -482,6 +500,36 @@ impl IdentityResolver {
         jwt: Option<&JwtVerifier>,
         metadata: &http::HeaderMap,
     ) -> Result<Arc<Caller>, IdentityError> {
+        if let Some(token) = text(metadata, &DELEGATION)? {
+            let keys = self
+                .delegation
+                .as_ref()
+                .ok_or(IdentityError::DelegationNotConfigured)?;
+            let delegated = keys.verify(token.trim(), self.max_identity_bytes)?;
+            // The request's own identity, when it has one, must verify and be the delegation's
+            // tenant: a token copied into another tenant's call is refused, and the caller is
+            // the delegation's alone (its own identity never widens it).
+            if metadata.contains_key(http::header::AUTHORIZATION) || metadata.contains_key(&TENANT)
+            {
+                let own = self.resolve_own(jwt, metadata)?;
+                if own.tenant != delegated.tenant {
+                    return Err(IdentityError::DelegationOtherTenant {
+                        delegated: delegated.tenant.to_string(),
+                        own: own.tenant.to_string(),
+                    });
+                }
+            }
+            return Ok(Arc::new(delegated));
+        }
+        self.resolve_own(jwt, metadata)
+    }
+
+    /// The caller the request's own credentials name: its bearer token, or dev headers.
+    fn resolve_own(
+        &self,
+        jwt: Option<&JwtVerifier>,
+        metadata: &http::HeaderMap,
+    ) -> Result<Arc<Caller>, IdentityError> {
         if let Some(auth) = text(metadata, &http::header::AUTHORIZATION)? {
             let token = bearer(auth)?;
             let verifier = jwt.ok_or(IdentityError::JwtNotConfigured)?;
@@ -506,6 +554,7 @@ impl IdentityResolver {
             method: AuthMethod::Dev,
             claims: Default::default(),
             token: None,
+            delegation: None,
         };
         check_lengths(&caller, self.max_identity_bytes)?;
         Ok(Arc::new(caller))
@@ -557,6 +606,7 @@ mod tests {
                 max_identity_bytes: 256,
                 mcp_resource: None,
                 console_client_id: None,
+                delegation: None,
             },
             SharedClock::system(),
             1 << 20,

@@ -181,6 +181,7 @@ mod tests {
                 method: AuthMethod::Jwt,
                 claims: Default::default(),
                 token: None,
+                delegation: None,
             }),
             validity: Validity {
                 not_before: None,

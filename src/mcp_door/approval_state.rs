@@ -100,6 +100,7 @@ mod tests {
             method: crate::identity::AuthMethod::Dev,
             claims: Default::default(),
             token: None,
+            delegation: None,
         }
     }
 

@@ -204,6 +204,7 @@ mod tests {
             method: AuthMethod::Dev,
             claims: Default::default(),
             token: None,
+            delegation: None,
         }
     }
 

@@ -400,6 +400,7 @@ mod tests {
                 method: crate::identity::AuthMethod::Dev,
                 claims: Default::default(),
                 token: None,
+                delegation: None,
             }),
             door: crate::identity::Door::Grpc,
             run_id: "r".into(),

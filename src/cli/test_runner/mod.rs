@@ -230,6 +230,7 @@ fn caller(
     }
     Ok(Caller {
         token: None,
+        delegation: None,
         tenant: identity.tenant.as_deref().unwrap_or_default().into(),
         subject: identity.subject.clone().unwrap_or_default(),
         agent: identity.agent.as_deref().unwrap_or_default().into(),

@@ -405,6 +405,13 @@ impl Upstream {
         if let Some(credential) = permit.issued_credential() {
             request = request.header(reqwest::header::AUTHORIZATION, credential.header().clone());
         }
+        // A handoff's delegation, for the sub-agent to call its own sidecar with.
+        if let Some(token) = permit
+            .delegation()
+            .and_then(|t| HeaderValue::from_str(t).ok())
+        {
+            request = request.header(crate::identity::delegation::DELEGATION_HEADER, token);
+        }
         request
     }
 

@@ -26,6 +26,28 @@ pub struct RawIdentity {
     /// customer can be given.
     #[serde(default)]
     pub platform_tenants: Vec<String>,
+    /// Delegation tokens (docs/handoff.md): the key this sidecar signs its handoffs with, and
+    /// the fleet's public keys it accepts sub-agents' delegations under.
+    pub delegation: Option<RawDelegation>,
+}
+
+/// Delegation tokens: signed (ES256) when a handoff tool's call is made, verified when a
+/// sub-agent calls with one.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawDelegation {
+    /// The tokens' `iss` (default `toolgate`): every sidecar of a fleet names the same.
+    pub issuer: Option<String>,
+    /// EC P-256 private key (PEM) this sidecar signs its handoffs' tokens with; without one,
+    /// its handoff tools are refused.
+    pub signing_key_file: Option<String>,
+    /// EC P-256 public keys (PEM) of the fleet: a delegation signed by one of them is accepted.
+    /// A sidecar that receives its own handoffs lists its own public key here too.
+    #[serde(default)]
+    pub verify_key_files: Vec<String>,
+    /// Longest a token lives (default 15m); a handoff's timeout and the parent call's deadline
+    /// shorten it.
+    pub max_ttl: Option<String>,
 }
 
 /// One value, or a list of them.

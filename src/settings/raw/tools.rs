@@ -86,6 +86,31 @@ pub struct RawTool {
     /// The OpenAPI operation this entry was imported from (`toolgate import openapi` writes it):
     /// `toolgate check --spec-drift` reports an operation whose definition changed since.
     pub openapi: Option<RawOpenapiSource>,
+    /// This tool hands the call to another agent (docs/handoff.md): its backend (a2a, http)
+    /// receives a delegation token that keeps the person as the caller and narrows the
+    /// sub-agent to these tools, this depth and this budget. The tool's `timeout` is the
+    /// handoff's.
+    pub handoff: Option<RawHandoff>,
+}
+
+/// A handoff: what the sub-agent may do under it.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawHandoff {
+    /// The sub-agent's name: the agent its calls are made as.
+    pub agent: String,
+    /// The tools the sub-agent may use (globs, at least one); intersected with what the caller
+    /// may use: a handoff never widens.
+    pub allow: Vec<String>,
+    /// Tools it may never use (globs).
+    #[serde(default)]
+    pub deny: Vec<String>,
+    /// The deepest the chain of handoffs may go from the root caller (default 2; at most 16):
+    /// a handoff that would go deeper is refused (`handoff_too_deep`).
+    pub max_depth: Option<u32>,
+    /// What the sub-agent (and every agent it hands off to) may spend under this handoff, on
+    /// top of the run's own budget, which it shares.
+    pub budget: Option<RawBudget>,
 }
 
 /// Where an imported tool came from, and what it was then.

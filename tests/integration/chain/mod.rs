@@ -9,6 +9,7 @@ pub(crate) mod conditions_worked_example;
 pub(crate) mod execution;
 pub(crate) mod explain;
 pub(crate) mod flow;
+pub(crate) mod handoff;
 pub(crate) mod hostile_input;
 pub(crate) mod not_talked_around;
 pub(crate) mod output_guard;

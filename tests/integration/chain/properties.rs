@@ -455,6 +455,7 @@ proptest! {
             method: AuthMethod::Dev,
             claims: Default::default(),
             token: None,
+            delegation: None,
         };
         let tenant = &catalog.tenants["t"].access;
         for name in lists.tools.iter().chain(&lists.probes) {

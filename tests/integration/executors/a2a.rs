@@ -12,14 +12,14 @@ use toolgate::proto::{self, ToolStatus};
 
 use crate::support::{TestServer, call, execute_request, python, spawn_listening, who, within};
 
-struct Agent {
-    url: String,
+pub(crate) struct Agent {
+    pub(crate) url: String,
     http: reqwest::Client,
     _child: tokio::process::Child,
 }
 
 impl Agent {
-    async fn start(args: &[&str]) -> Agent {
+    pub(crate) async fn start(args: &[&str]) -> Agent {
         let (port, child) = spawn_listening(
             tokio::process::Command::new(python())
                 .arg(concat!(
@@ -50,7 +50,7 @@ impl Agent {
     }
 
     /// Every JSON-RPC request the agent received.
-    async fn seen(&self) -> Vec<Value> {
+    pub(crate) async fn seen(&self) -> Vec<Value> {
         self.get("/_seen")
             .await
             .as_array()

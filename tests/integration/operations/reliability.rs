@@ -623,6 +623,7 @@ async fn the_per_call_future_stays_small() {
             method: toolgate::identity::AuthMethod::Dev,
             claims: Default::default(),
             token: None,
+            delegation: None,
         }),
         run_id: "run".into(),
         step: 0,
