@@ -301,6 +301,23 @@ pub(super) fn explain_passed(
             listed.join(", ")
         )
     };
+    let detail = match caller.delegation.as_deref() {
+        Some(delegation) => format!(
+            "{detail}; delegated: acting for {} through {} -> {} (depth {} of {}), within the handoffs' tools ({})",
+            caller.subject,
+            delegation.chain.join(" -> "),
+            caller.agent,
+            delegation.depth,
+            delegation.max_depth,
+            delegation
+                .tools
+                .iter()
+                .map(describe_lists)
+                .collect::<Vec<_>>()
+                .join("; ")
+        ),
+        None => detail,
+    };
     Some(StageTrail {
         rules,
         ..StageTrail::new(Stage::Access, StageResult::Passed, detail)

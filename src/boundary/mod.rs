@@ -66,6 +66,7 @@ use std::{collections::BTreeMap, sync::Arc};
 
 use arc_swap::ArcSwap;
 use futures::{StreamExt, stream};
+use opentelemetry::trace::TraceContextExt;
 use tokio::time::Instant;
 
 pub use approval::condition_location as approval_condition_location;
@@ -197,6 +198,16 @@ impl Turn {
             structure::check_identifier(field, value, limits.max_identifier_bytes)
                 .map_err(|(_, message)| BadTurn(message))?;
         }
+        // A sub-agent's spans continue its parent's trace when its runtime sent none.
+        let trace_parent = match caller.delegation.as_deref() {
+            Some(delegation) if !trace_parent.span().span_context().is_valid() => delegation
+                .traceparent
+                .as_deref()
+                .map_or(trace_parent, |parent| {
+                    spans::extract_from_meta(parent, None)
+                }),
+            _ => trace_parent,
+        };
         Ok(Turn {
             caller,
             door,

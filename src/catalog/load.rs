@@ -517,7 +517,9 @@ fn build_tool(
             "a handoff needs identity.delegation.signing_key_file to sign its delegation",
         ));
     }
-    if let (Some(handoff), Some(map)) = (&raw.handoff, definition.as_object_mut()) {
+    // Only when set, so that the hashes of tools without one stay what they were; as compiled,
+    // so a stated default and its absence hash alike.
+    if let (Some(handoff), Some(map)) = (&handoff, definition.as_object_mut()) {
         map.insert("handoff".to_owned(), json!(format!("{handoff:?}")));
     }
     let definition_hash = canonical::sha256_hex(&definition);

@@ -154,6 +154,8 @@ impl fmt::Debug for ToolVersion {
             .field("name", &self.name)
             .field("version", &self.version)
             .field("status", &self.status)
+            .field("backend", &self.backend)
+            .field("handoff", &self.handoff)
             .finish_non_exhaustive()
     }
 }

@@ -116,6 +116,7 @@ impl std::fmt::Debug for DelegationKeys {
             .field("issuer", &self.issuer)
             .field("signs", &self.signer.is_some())
             .field("verifies", &self.verifiers.len())
+            .field("max_ttl", &self.max_ttl)
             .finish()
     }
 }

@@ -86,6 +86,7 @@ async fn alice_calls(
             who("acme")
                 .subject("alice")
                 .agent("support-bot")
+                .scopes("toolgate:explain")
                 .request(request),
         )
         .await
@@ -372,6 +373,39 @@ async fn a_delegation_copied_into_another_tenants_call_forged_or_tampered_is_una
         .await
         .expect("delegated call");
     assert_eq!(r.into_inner().result.unwrap().status(), ToolStatus::Ok);
+    // Explain shows the chain and its limits, and what the handoff's budget leaves.
+    let mut explain = tonic::Request::new(proto::ExplainToolRequest {
+        call: Some(call("rag_search", r#"{"query":"x"}"#)),
+        run_id: String::new(),
+        step: 0,
+        catalog_revision: String::new(),
+    });
+    explain
+        .metadata_mut()
+        .insert("x-toolgate-delegation", token.parse().unwrap());
+    let explained = client
+        .explain_tool(explain)
+        .await
+        .expect("explained")
+        .into_inner();
+    let detail = |stage: &str| {
+        explained
+            .stages
+            .iter()
+            .find(|s| s.stage == stage)
+            .map(|s| s.detail.clone())
+            .unwrap_or_default()
+    };
+    assert!(
+        detail("access")
+            .contains("delegated: acting for alice through support-bot -> research (depth 1 of 2)"),
+        "{explained:?}"
+    );
+    assert!(
+        detail("rate_limit").contains("run \"r-x\": 4 of 6 calls left")
+            && detail("rate_limit").contains("the handoff of call"),
+        "{explained:?}"
+    );
     // Tampered: one character of its claims changed.
     let mut parts: Vec<String> = token.split('.').map(str::to_owned).collect();
     let flipped = if parts[1].ends_with('A') { 'B' } else { 'A' };

@@ -271,6 +271,7 @@ fn every_default_the_format_states_is_the_one_the_loader_applies() {
         ("process.yaml", read("process.yaml")),
         ("mcp.yaml", read("mcp.yaml")),
         ("identity.yaml", read("identity.yaml")),
+        ("handoff.yaml", read("handoff.yaml")),
         ("jwt and redis", jwt_and_redis.to_owned()),
     ];
     let env = Env::default().with("BILLING_API_TOKEN", "x").with(

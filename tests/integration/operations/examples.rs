@@ -233,21 +233,24 @@ async fn mcp_example_serves_both_servers_with_the_catalogs_settings() {
     let _ = everything.kill().await;
 }
 
-/// examples/identity.yaml (issuers' published keys, a token exchange and client credentials)
-/// passes `toolgate check` as written: loading validates every setting and fetches nothing (the
-/// example's hosts do not exist), so a catalog can be checked where its IdP cannot be reached.
+/// examples/identity.yaml (issuers' published keys, a token exchange and client credentials) and
+/// examples/handoff.yaml (delegation keys, budgets, an A2A handoff) pass `toolgate check` as
+/// written: loading validates every setting and fetches nothing (the examples' hosts do not
+/// exist), so a catalog can be checked where its IdP or agents cannot be reached.
 #[test]
-fn the_identity_example_checks_without_reaching_its_issuers() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args(["check", "--config", "examples/identity.yaml"])
-        .env_remove("TOOLGATE_CONFIG")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("examples/identity.yaml: ok (2 tools"),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+fn the_identity_and_handoff_examples_check_without_reaching_their_peers() {
+    for example in ["examples/identity.yaml", "examples/handoff.yaml"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .args(["check", "--config", example])
+            .env_remove("TOOLGATE_CONFIG")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains(&format!("{example}: ok (2 tools")),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
