@@ -217,8 +217,27 @@ fn check_list<'c>(
 /// What a handoff allows, last of the lists: a sub-agent's call (made under a delegation) only of
 /// tools every handoff of its chain allows (`handoff_not_allowed`); and a handoff tool's call
 /// only while the chain it would extend stays within its depth (`handoff_too_deep`).
-pub fn handoff(caller: &Caller, tool: &ToolVersion) -> Result<(), Refusal> {
+pub fn handoff(catalog: &Catalog, caller: &Caller, tool: &ToolVersion) -> Result<(), Refusal> {
     let delegation = caller.delegation.as_deref();
+    // What an agent of the chain could not use, the agents it handed off to cannot either:
+    // the lists of each apply, as to the person acting as that agent.
+    for agent in delegation.map(|d| d.chain.as_slice()).unwrap_or_default() {
+        let as_agent = Caller {
+            agent: agent.as_str().into(),
+            delegation: None,
+            ..caller.clone()
+        };
+        if let Err(refusal) = check(catalog, &Input::listing(&as_agent, tool.facts())) {
+            return Err(Refusal::new(
+                Stage::Access,
+                Reason::HandoffNotAllowed,
+                format!(
+                    "{} is not a tool agent {agent} of this chain may use ({}), so no agent it handed off to may",
+                    tool.name, refusal.message
+                ),
+            ));
+        }
+    }
     if let Some(delegation) = delegation
         && let Some((i, _)) = delegation
             .tools

@@ -111,9 +111,11 @@ impl Boundary {
 /// Arguments that cannot be shown redacted: one JSON string in their place.
 const HIDDEN: &str = "\"[redacted]\"";
 
-/// Listing, reading and deciding approvals needs the scope `toolgate:approve`.
+/// Listing, reading and deciding approvals needs the scope `toolgate:approve`, held by the
+/// caller itself: a sub-agent acting under a delegation acts only through tool calls.
 fn authorize(approver: &Caller) -> Result<(), DecideError> {
-    match approver.has_scope(approvals::APPROVE_SCOPE) {
+    let delegated = approver.delegation.is_some();
+    match approver.has_scope(approvals::APPROVE_SCOPE) && !delegated {
         true => Ok(()),
         false => Err(DecideError::MissingScope),
     }

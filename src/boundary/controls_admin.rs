@@ -61,7 +61,8 @@ impl Boundary {
         if operator.method == AuthMethod::Dev {
             return Ok(Authority::Platform);
         }
-        if !operator.has_scope(ADMIN_SCOPE) {
+        // A sub-agent acting under a delegation acts only through tool calls.
+        if !operator.has_scope(ADMIN_SCOPE) || operator.delegation.is_some() {
             return Err(DenyError::MissingScope);
         }
         let state = self.state.load();

@@ -10,7 +10,10 @@ use super::{CatalogState, Permit};
 use crate::{
     catalog::Handoff,
     error::{Reason, Refusal, Stage},
-    identity::delegation::{Delegation, HandoffBudget, Issue},
+    identity::{
+        Caller,
+        delegation::{Delegation, HandoffBudget, Issue},
+    },
 };
 
 /// The signed delegation for this call of a handoff tool.
@@ -68,8 +71,22 @@ pub(super) fn delegate(
         traceparent: permit.traceparent().map(str::to_owned),
         expires: now.saturating_add(ttl),
     };
+    // The person's scopes travel (a tool's required scopes still hold), but not the ones
+    // that decide approvals or stop tools: a sub-agent acts only through tool calls.
+    let narrowed = Caller {
+        scopes: caller
+            .scopes
+            .iter()
+            .filter(|s| {
+                s.as_str() != crate::approvals::APPROVE_SCOPE
+                    && s.as_str() != crate::emergency::ADMIN_SCOPE
+            })
+            .cloned()
+            .collect(),
+        ..caller.clone()
+    };
     keys.issue(Issue {
-        caller,
+        caller: &narrowed,
         agent: &handoff.agent,
         delegation,
         now,

@@ -147,7 +147,7 @@ pub(crate) fn through_bind<'c>(
     seen.conditions.extend(listing.take_trace());
     let access::Provisional(provisional) = access?;
     // A sub-agent's handoff: only the tools it allows, and no handoff past the chain's depth.
-    access::handoff(caller, tool)?;
+    access::handoff(catalog, caller, tool)?;
     // An operator's emergency deny, last of access (told only to callers who would see the
     // tool without it: `visibility::as_caller_sees`).
     emergency::check(denies, tool, caller)?;

@@ -68,7 +68,7 @@ fn visibility_sharing<'c>(
         catalog,
         &Input::listing_sharing(caller, tool.facts(), shared),
     )?;
-    access::handoff(caller, tool)?;
+    access::handoff(catalog, caller, tool)?;
     if let Some(denies) = denies {
         emergency::check(denies, tool, caller)?;
     }

@@ -84,6 +84,7 @@ const RESERVED_HEADERS: &[&str] = &[
     "tracestate",
     "x-request-id",
     "x-toolgate-call-id",
+    "x-toolgate-delegation",
 ];
 
 /// A request built from a call's arguments.

@@ -154,7 +154,7 @@ impl fmt::Debug for ToolVersion {
             .field("name", &self.name)
             .field("version", &self.version)
             .field("status", &self.status)
-            .field("backend", &self.backend)
+            // Not the backend: a process's resolved environment may hold secrets.
             .field("handoff", &self.handoff)
             .finish_non_exhaustive()
     }

@@ -24,6 +24,9 @@ identity:
   dev_identity: true
   delegation: {{ signing_key_file: "{private}", verify_key_files: ["{public}"] }}
 {state}tenants: {{ acme: {{}}, globex: {{}} }}
+agents:
+  support-bot: {{ allow: [research, rag_search, deeper] }}
+  "*": {{ allow: ["*"] }}
 budgets:
   run: {{ max_calls: 6 }}
 upstreams:
@@ -46,7 +49,7 @@ tools:
     timeout: 30s
     executor: {{ a2a: {{ upstream: agents, message_argument: question }} }}
     input_schema: {{ type: object, properties: {{ question: {{ type: string }} }}, required: [question] }}
-    handoff: {{ agent: research, allow: [rag_search, deeper], max_depth: 2, budget: {{ max_calls: {handoff_budget} }} }}
+    handoff: {{ agent: research, allow: [rag_search, deeper, refund_order], max_depth: 2, budget: {{ max_calls: {handoff_budget} }} }}
   - name: deeper
     description: Hands a question on to another agent.
     risk_level: read_only
@@ -86,7 +89,7 @@ async fn alice_calls(
             who("acme")
                 .subject("alice")
                 .agent("support-bot")
-                .scopes("toolgate:explain")
+                .scopes("toolgate:explain toolgate:approve toolgate:admin")
                 .request(request),
         )
         .await
@@ -139,7 +142,11 @@ async fn a_sub_agent_works_for_the_person_only_with_the_tools_its_handoff_allows
     let question = script(
         &f.child,
         "acme",
-        json!([["rag_search", {"query": "refund policy"}], ["refund_order", {"order": "o-1"}]]),
+        json!([
+            ["rag_search", {"query": "refund policy"}],
+            ["refund_order", {"order": "o-1"}],
+            ["research", {"question": "echo again"}]
+        ]),
         true,
     );
     let r = alice_calls(&f.parent, "r1", "research", json!({ "question": question })).await;
@@ -156,7 +163,8 @@ async fn a_sub_agent_works_for_the_person_only_with_the_tools_its_handoff_allows
     let searched: Value =
         serde_json::from_str(report["results"][0]["model_text"].as_str().unwrap()).unwrap();
     assert_eq!(searched["filter"]["tenant"], "acme", "{searched}");
-    // refund_order: refused, naming the handoff.
+    // refund_order: the handoff lists it, but support-bot itself may not use it, so neither
+    // may the agent it handed off to.
     assert_eq!(
         outcome(&report, 1),
         ("DENIED".into(), "handoff_not_allowed".into()),
@@ -164,6 +172,19 @@ async fn a_sub_agent_works_for_the_person_only_with_the_tools_its_handoff_allows
     );
     assert!(
         report["results"][1]["model_text"]
+            .as_str()
+            .unwrap()
+            .contains("not a tool agent support-bot of this chain may use"),
+        "{report}"
+    );
+    // research: support-bot may use it, the handoff does not list it.
+    assert_eq!(
+        outcome(&report, 2),
+        ("DENIED".into(), "handoff_not_allowed".into()),
+        "{report}"
+    );
+    assert!(
+        report["results"][2]["model_text"]
             .as_str()
             .unwrap()
             .contains("not among the tools the handoff by support-bot allows"),
@@ -406,6 +427,19 @@ async fn a_delegation_copied_into_another_tenants_call_forged_or_tampered_is_una
             && detail("rate_limit").contains("the handoff of call"),
         "{explained:?}"
     );
+    // The person's approve and admin scopes do not travel: a sub-agent acts only through tool
+    // calls.
+    let mut list = tonic::Request::new(proto::ListApprovalsRequest::default());
+    list.metadata_mut()
+        .insert("x-toolgate-delegation", token.parse().unwrap());
+    let err = f
+        .child
+        .approvals()
+        .await
+        .list_approvals(list)
+        .await
+        .expect_err("a delegation cannot list approvals");
+    assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
     // Tampered: one character of its claims changed.
     let mut parts: Vec<String> = token.split('.').map(str::to_owned).collect();
     let flipped = if parts[1].ends_with('A') { 'B' } else { 'A' };
