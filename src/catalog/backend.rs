@@ -30,6 +30,25 @@ pub struct BackendContext<'a> {
     pub env: &'a Env,
 }
 
+impl BackendContext<'_> {
+    /// The base URL of the upstream a tool at `at` names.
+    fn upstream(&self, name: &str, at: &str) -> Result<&Url, FieldError> {
+        self.upstreams.get(name).ok_or_else(|| {
+            FieldError::new(
+                format!("{at}.upstream"),
+                format!(
+                    "unknown upstream {name:?}; configured: {}",
+                    self.upstreams
+                        .keys()
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )
+        })
+    }
+}
+
 /// How a tool runs, as configured.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BackendSpec {
@@ -197,15 +216,7 @@ impl HttpTarget {
         at: &str,
     ) -> Result<Self, FieldError> {
         let upstream = &raw.upstream;
-        let base = ctx.upstreams.get(upstream).ok_or_else(|| {
-            FieldError::new(
-                format!("{at}.upstream"),
-                format!(
-                    "unknown upstream {upstream:?}; configured: {}",
-                    ctx.upstreams.keys().cloned().collect::<Vec<_>>().join(", ")
-                ),
-            )
-        })?;
+        let base = ctx.upstream(upstream, at)?;
         let static_headers = ctx
             .upstream_headers
             .get(upstream.as_str())
@@ -244,15 +255,7 @@ impl A2aTarget {
         at: &str,
     ) -> Result<Self, FieldError> {
         let upstream = &raw.upstream;
-        let base = ctx.upstreams.get(upstream).ok_or_else(|| {
-            FieldError::new(
-                format!("{at}.upstream"),
-                format!(
-                    "unknown upstream {upstream:?}; configured: {}",
-                    ctx.upstreams.keys().cloned().collect::<Vec<_>>().join(", ")
-                ),
-            )
-        })?;
+        let base = ctx.upstream(upstream, at)?;
         let card_path = raw.card_path.as_deref().unwrap_or(DEFAULT_CARD_PATH);
         let card_url = url_under(base, card_path, &format!("{at}.card_path"))?;
         if let Some(argument) = &raw.message_argument {

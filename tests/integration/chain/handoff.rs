@@ -440,6 +440,17 @@ async fn a_delegation_copied_into_another_tenants_call_forged_or_tampered_is_una
         .await
         .expect_err("a delegation cannot list approvals");
     assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
+    // The token is a credential: no audit event of either sidecar carries it; the child's
+    // record the chain instead.
+    for sidecar in [&f.parent, &f.child] {
+        let events = serde_json::to_string(&sidecar.audit_events().await).unwrap();
+        assert!(
+            !events.contains(&token),
+            "the delegation token in the audit log"
+        );
+    }
+    let child = serde_json::to_string(&f.child.audit_events().await).unwrap();
+    assert!(child.contains("\"delegation\""), "the chain is recorded");
     // Tampered: one character of its claims changed.
     let mut parts: Vec<String> = token.split('.').map(str::to_owned).collect();
     let flipped = if parts[1].ends_with('A') { 'B' } else { 'A' };
